@@ -1,0 +1,44 @@
+# iolstream — the two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export KAFKA_PORT ?= 19092
+
+.PHONY: install test test-fast demo kafka-start kafka-stop bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one).
+test: $(STAMP)
+	@if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh start; fi
+	@status=0; \
+	IOLSTREAM_TEST_BOOTSTRAP=$${IOLSTREAM_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} \
+	  $(PY) -m pytest -q $(PYTEST_ARGS) || status=$$?; \
+	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
+	exit $$status
+
+# Unit tests only (no broker).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not kafka" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+kafka-start:
+	bash scripts/kafka.sh start
+
+kafka-stop:
+	bash scripts/kafka.sh stop
+
+bench: $(STAMP)
+	$(VENV)/bin/iolstream bench --suite core
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
