@@ -1,0 +1,74 @@
+"""Thin wrappers over SciPy's BLAS/LAPACK for the Gram + Cholesky path.
+
+All matrices here are Fortran-ordered (n, n) with the *lower* triangle
+authoritative, as BLAS ``?syrk`` and LAPACK ``?potrf`` leave them. Only SciPy's
+OpenBLAS is called (the same one Numba's ``np.dot`` uses), never NumPy's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import blas, lapack
+
+
+class NotPositiveDefinite(np.linalg.LinAlgError):
+    """A matrix that must be symmetric positive definite is not (numerically)."""
+
+
+def gram_update(gram: np.ndarray, d_t: np.ndarray, sign: float = 1.0) -> None:
+    """A ← A + sign · DᵀD on the lower triangle, in place (one symmetric rank-b update).
+
+    gram : (n, n) float64, F-ordered, lower triangle authoritative
+    d_t  : (n, b) C-contiguous Dᵀ (so ``d_t.T`` is an F-ordered D), float32 or float64
+    Cost b·n² flops (syrk), half of a general DᵀD product.
+    """
+    if d_t.shape[1] == 0:
+        return
+    d_f = d_t.T  # (b, n) F-ordered view, no copy
+    if d_t.dtype == np.float64:
+        res = blas.dsyrk(sign, d_f, beta=1.0, c=gram, trans=1, lower=1, overwrite_c=1)
+        if res is not gram:  # not updated in place (gram not F-ordered float64): copy back
+            gram[...] = res
+    else:
+        # float32 features: product in float32 (twice the GEMM rate), accumulated in float64.
+        part = blas.ssyrk(sign, d_f, trans=1, lower=1)
+        gram += np.tril(part)
+
+
+def symmetric(lower: np.ndarray) -> np.ndarray:
+    """Full symmetric matrix from one whose lower triangle is authoritative."""
+    return np.tril(lower) + np.tril(lower, -1).T
+
+
+def cholesky(gram: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Lower Cholesky factor C of A (A = C Cᵀ), n³/3 flops. Raises NotPositiveDefinite."""
+    factor, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=0)
+    if info != 0:
+        raise NotPositiveDefinite(f"Cholesky failed at column {info}: the Gram matrix is not positive definite")
+    if out is not None:
+        out[...] = factor
+        return out
+    return factor
+
+
+def cho_solve(factor: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """A⁻¹ · rhs from the lower Cholesky factor of A (two triangular solves, 2n²m flops)."""
+    sol, info = lapack.dpotrs(factor, rhs, lower=1)
+    if info != 0:
+        raise ValueError(f"dpotrs: illegal argument {-info}")
+    return sol
+
+
+def inverse_from_cholesky(factor: np.ndarray) -> np.ndarray:
+    """P = A⁻¹ (full symmetric, F-ordered) from the lower Cholesky factor of A."""
+    inv, info = lapack.dpotri(factor, lower=1)
+    if info != 0:
+        raise NotPositiveDefinite(f"dpotri failed ({info})")
+    return np.asfortranarray(symmetric(inv))
+
+
+def gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a · b through SciPy's BLAS (keeps one OpenBLAS pool busy, not two)."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return blas.sgemm(1.0, a, b)
+    return blas.dgemm(1.0, a, b)

@@ -1,0 +1,270 @@
+"""The edRVFL model: random hidden layers, a scaler, L online learners and the ensemble.
+
+``EdRVFL`` ties the pieces together for one task (classification with a declared
+class list, or regression with m outputs). Arrays in, arrays out, no I/O.
+
+    >>> import numpy as np
+    >>> from iolstream.model import EdRVFL, ModelConfig
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((300, 4)); y = (x[:, 0] + x[:, 1] > 0).astype(int)
+    >>> model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none"))
+    >>> for start in range(0, 300, 50):                    # -F: observe, predict, then learn
+    ...     batch = model.observe(x[start:start + 50])
+    ...     _ = model.learn(batch.features_t, model.encode_labels(y[start:start + 50]), predicted=batch.layer_outputs)
+    >>> float((model.predict(x) == y).mean()) > 0.9
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import kernels, learner, regret
+from .network import INITS, RandomNetwork
+from .scaling import SCALER_MODES, Scaler, ScalerNotReady
+
+TASKS = ("classification", "regression")
+ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
+DTYPES = ("float64", "float32")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters, stored exactly as given and validated at construction.
+
+    Defaults were chosen from measurements over the shipped data sets (README, "Defaults").
+    """
+
+    n_inputs: int
+    classes: tuple | None = None  # classification: the declared class list; None: regression
+    n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
+    n_nodes: int = 256
+    n_layers: int = 4
+    lam: float | tuple = 1.0
+    activation: str = "relu"
+    init: str = "xavier"
+    seed: int = 0
+    mode: str = "forward"
+    ensemble: str | None = None  # default: softmax (classification) / mean (regression)
+    solver: str = "auto"
+    dtype: str = "float64"
+    bias_column: bool = True
+    scaler: str = "warmup"
+    warmup_rows: int = 256
+    scaler_mean: tuple | None = None
+    scaler_std: tuple | None = None
+    refactor_every: int = 256
+    track_regret: bool = True
+
+    def __post_init__(self):
+        def bad(key, allowed, got):
+            raise ValueError(f"model.{key}: must be {allowed}, got {got!r}")
+
+        if not (isinstance(self.n_inputs, int) and self.n_inputs >= 1):
+            bad("n_inputs", "an integer ≥ 1", self.n_inputs)
+        if self.classes is not None:
+            if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
+                bad("classes", "a list of at least 2 distinct labels", self.classes)
+            object.__setattr__(self, "classes", tuple(self.classes))
+        elif not (isinstance(self.n_outputs, int) and self.n_outputs >= 1):
+            bad("n_outputs", "an integer ≥ 1", self.n_outputs)
+        for key in ("n_nodes", "n_layers", "refactor_every", "warmup_rows"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                bad(key, "an integer ≥ 1", value)
+        if not isinstance(self.lam, (int, float)):
+            object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
+        learner._as_lams(self.lam, self.n_layers)  # raises with the key named
+        if self.activation not in kernels.ACTIVATIONS:
+            bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
+        if self.init not in INITS:
+            bad("init", f"one of {INITS}", self.init)
+        if self.mode not in learner.MODES:
+            bad("mode", f"one of {learner.MODES}", self.mode)
+        if self.solver not in learner.SOLVERS:
+            bad("solver", f"one of {learner.SOLVERS}", self.solver)
+        if self.dtype not in DTYPES:
+            bad("dtype", f"one of {DTYPES}", self.dtype)
+        if self.scaler not in SCALER_MODES:
+            bad("scaler", f"one of {SCALER_MODES}", self.scaler)
+        if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
+            bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+
+    @property
+    def task(self) -> str:
+        return "classification" if self.classes is not None else "regression"
+
+    @property
+    def m(self) -> int:
+        return len(self.classes) if self.classes is not None else self.n_outputs
+
+    @property
+    def ensemble_rule(self) -> str:
+        return self.ensemble or ENSEMBLES[self.task][0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Prediction:
+    """What ``observe``/``predict_batch`` return for a batch of b rows.
+
+    features_t    : (L, n, b) — D_lᵀ, reusable by ``learn`` to avoid recomputing features
+    layer_outputs : (L, b, m) — D_l β_l with the β in force for this prediction
+    proba         : (b, m) — class probabilities (classification) or None
+    index         : (b,) int — predicted class index (classification) or None
+    value         : (b, m) — regression prediction or None
+    version       : model version that made it
+    """
+
+    features_t: np.ndarray
+    layer_outputs: np.ndarray
+    proba: np.ndarray | None
+    index: np.ndarray | None
+    value: np.ndarray | None
+    version: int
+
+    def labels(self, classes) -> list:
+        return [classes[i] for i in self.index]
+
+
+@dataclass
+class RegretReport:
+    cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
+    expert_loss: np.ndarray  # (L,) min_β over everything labelled
+    cumulative_regret: np.ndarray  # (L,)
+    bound: float  # Theorem 4 (-R) or 5 (-F), with the largest λ_l (the loosest)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_regret(self) -> float:
+        return float(self.cumulative_regret.mean())
+
+
+class EdRVFL:
+    """An ensemble deep RVFL network learning online by -F or -R."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.network = RandomNetwork.create(
+            config.n_inputs, config.n_nodes, config.n_layers, activation=config.activation, init=config.init,
+            seed=config.seed, dtype=np.dtype(config.dtype), bias_column=config.bias_column,
+        )  # fmt: skip
+        self.scaler = Scaler(
+            config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
+        )
+        self.learner = learner.OnlineLearner(
+            self.network.n_columns, config.m, config.n_layers, lam=config.lam, mode=config.mode,
+            solver=config.solver, refactor_every=config.refactor_every, track_regret=config.track_regret,
+        )  # fmt: skip
+        self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+
+    # ------------------------------------------------------------- encoding
+    def encode_labels(self, y) -> np.ndarray:
+        """Targets Y (b, m) float64: one-hot of class labels, or regression values."""
+        if self._class_index is None:
+            return np.asarray(y, dtype=np.float64).reshape(-1, self.config.m)
+        try:
+            index = np.fromiter((self._class_index[v.item() if hasattr(v, "item") else v] for v in y), dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"unknown class {exc.args[0]!r}; declared classes: {list(self.config.classes)}") from None
+        return self.one_hot(index)
+
+    def one_hot(self, index: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(index), self.config.m))
+        out[np.arange(len(index)), index] = 1.0
+        return out
+
+    # ------------------------------------------------------------- features
+    @property
+    def ready(self) -> bool:
+        """False while a warm-up scaler still waits for rows."""
+        return self.scaler.frozen
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """D_lᵀ for every layer, (L, n, b), from raw rows (b, k). Raises ScalerNotReady while warming up."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.config.n_inputs:
+            raise ValueError(f"expected rows of {self.config.n_inputs} features, got shape {x.shape}")
+        return self.network.features(self.scaler.transform(x))
+
+    # ----------------------------------------------------------- prediction
+    def combine(self, layer_outputs: np.ndarray):
+        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
+        rule = self.config.ensemble_rule
+        if self._class_index is None:
+            value = np.median(layer_outputs, axis=0) if rule == "median" else layer_outputs.mean(axis=0)
+            return None, None, value
+        n_layers, b, m = layer_outputs.shape
+        if rule == "softmax":
+            proba = sum(kernels.softmax_rows(np.ascontiguousarray(out)) for out in layer_outputs) / n_layers
+        else:  # majority vote; proba = share of layers voting for each class
+            votes = layer_outputs.argmax(axis=2)
+            proba = np.zeros((b, m))
+            for layer_votes in votes:
+                proba[np.arange(b), layer_votes] += 1.0 / n_layers
+        return proba, proba.argmax(axis=1), None
+
+    def predict_batch(self, x=None, *, features_t=None) -> Prediction:
+        """Pure inference: changes nothing."""
+        features_t = self.features(x) if features_t is None else features_t
+        outputs = self.learner.layer_outputs(features_t)
+        proba, index, value = self.combine(outputs)
+        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version)
+
+    def predict(self, x) -> np.ndarray:
+        """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
+        pred = self.predict_batch(x)
+        if pred.index is not None:
+            return np.asarray(self.config.classes)[pred.index]
+        return pred.value[:, 0] if self.config.m == 1 else pred.value
+
+    # --------------------------------------------------------------- update
+    def observe(self, x) -> Prediction:
+        """A new unlabelled batch: -F forward step (its Gram enters first), then its prediction."""
+        features_t = self.features(x)
+        self.learner.observe(features_t)
+        return self.predict_batch(features_t=features_t)
+
+    def learn(self, features_t, targets, *, gram_in=None, predicted=None) -> np.ndarray:
+        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels)."""
+        return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted)
+
+    def learn_rows(self, x, y) -> np.ndarray:
+        """Labelled rows never observed before: Gram and labels enter together (both modes)."""
+        features_t = self.features(x)
+        return self.learner.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
+
+    # --------------------------------------------------------------- regret
+    def regret(self) -> RegretReport:
+        """Cumulative regret of every layer against its offline expert, and the paper's bound."""
+        st = self.learner.state
+        losses, experts = [], []
+        for ls in st.layers:
+            labelled = ls.gram if ls.gram_labelled is None else ls.gram_labelled
+            if self.config.mode == "forward" and ls.gram_labelled is None:
+                labelled = None  # not tracked: A_r unknown
+            losses.append(ls.loss_sum)
+            experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
+        losses, experts = np.array(losses), np.array(experts)
+        bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
+        bound = bound_fn(
+            st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
+            max(learner._as_lams(self.config.lam, self.config.n_layers)),
+        )  # fmt: skip
+        return RegretReport(losses, experts, losses - experts, bound)
+
+    # ---------------------------------------------------------------- state
+    def weights_digest(self) -> str:
+        h = hashlib.sha256()
+        for w, b in zip(self.network.weights_t, self.network.biases):
+            h.update(np.ascontiguousarray(w).tobytes())
+            h.update(np.ascontiguousarray(b).tobytes())
+        return h.hexdigest()
+
+
+__all__ = ["EdRVFL", "ModelConfig", "Prediction", "RegretReport", "ScalerNotReady"]

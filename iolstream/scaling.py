@@ -1,0 +1,117 @@
+"""Feature scaling (SPEC §4): z-score, frozen once set, because the Gram is only
+meaningful while the scaling never changes.
+
+Modes: ``fixed`` (mean/std given), ``warmup`` (estimated from the first W rows,
+then frozen and kept in the state), ``none``. A column with zero spread is
+centred and left unscaled (std taken as 1) rather than divided by zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCALER_MODES = ("warmup", "fixed", "none")
+
+
+class ScalerNotReady(RuntimeError):
+    """The warm-up scaler has not yet seen its W rows."""
+
+
+class Scaler:
+    """z-score scaler with an explicit, array-only state.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> s = Scaler("warmup", n_features=2, warmup_rows=3)
+    >>> s.partial_fit(np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0]]))
+    >>> s.frozen, s.transform(np.array([[2.0, 6.0]])).round(3).tolist()
+    (True, [[0.0, 1.0]])
+    """
+
+    def __init__(self, mode: str, n_features: int, *, warmup_rows: int = 1000, mean=None, std=None):
+        if mode not in SCALER_MODES:
+            raise ValueError(f"scaler mode must be one of {SCALER_MODES}, got {mode!r}")
+        if mode == "warmup" and warmup_rows < 2:
+            raise ValueError(f"warmup_rows must be ≥ 2, got {warmup_rows}")
+        self.mode = mode
+        self.n_features = n_features
+        self.warmup_rows = warmup_rows
+        self.count = 0
+        self._sum = np.zeros(n_features)
+        self._sumsq_dev = np.zeros(n_features)  # Σ (x - mean)² (Chan et al. parallel update)
+        self.mean = np.zeros(n_features)
+        self.scale = np.ones(n_features)
+        self.frozen = mode == "none"
+        if mode == "fixed":
+            if mean is None or std is None:
+                raise ValueError("scaler mode 'fixed' needs both mean and std")
+            mean, std = np.asarray(mean, float), np.asarray(std, float)
+            if mean.shape != (n_features,) or std.shape != (n_features,):
+                raise ValueError(f"scaler mean/std: expected {n_features} values each, got {mean.shape} and {std.shape}")
+            if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+                raise ValueError("scaler mean/std must be finite and std > 0")
+            self.mean, self.scale, self.frozen = mean, std, True
+
+    @property
+    def rows_needed(self) -> int:
+        """Rows still to be seen before the scaler freezes (0 when ready)."""
+        return 0 if self.frozen else max(self.warmup_rows - self.count, 0)
+
+    def partial_fit(self, x: np.ndarray) -> None:
+        """Accumulate rows while warming up; freeze when W rows have been seen. No-op once frozen."""
+        if self.frozen or len(x) == 0:
+            return
+        x = np.asarray(x, dtype=np.float64)
+        n_b = x.shape[0]
+        mean_b = x.mean(axis=0)
+        dev_b = ((x - mean_b) ** 2).sum(axis=0)
+        if self.count == 0:
+            mean_new, dev_new = mean_b, dev_b
+        else:
+            mean_old = self._sum / self.count
+            total = self.count + n_b
+            delta = mean_b - mean_old
+            mean_new = mean_old + delta * n_b / total
+            dev_new = self._sumsq_dev + dev_b + delta**2 * self.count * n_b / total
+        self.count += n_b
+        self._sum = mean_new * self.count
+        self._sumsq_dev = dev_new
+        if self.count >= self.warmup_rows:
+            self.freeze()
+
+    def freeze(self) -> None:
+        """Fix mean and std from what has been seen (at least 2 rows)."""
+        if self.frozen:
+            return
+        if self.count < 2:
+            raise ScalerNotReady(f"the warm-up scaler has seen {self.count} rows; it needs at least 2 to freeze")
+        self.mean = self._sum / self.count
+        std = np.sqrt(self._sumsq_dev / (self.count - 1))
+        self.scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(self.mean)), std, 1.0)
+        self.frozen = True
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        if not self.frozen:
+            raise ScalerNotReady(f"the warm-up scaler needs {self.rows_needed} more rows before it can scale")
+        if self.mode == "none":
+            return np.asarray(x, dtype=np.float64)
+        return (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
+
+    def to_state(self) -> dict:
+        return {
+            "count": np.array(self.count),
+            "sum": self._sum.copy(),
+            "sumsq_dev": self._sumsq_dev.copy(),
+            "mean": self.mean.copy(),
+            "scale": self.scale.copy(),
+            "frozen": np.array(self.frozen),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.count = int(state["count"])
+        self._sum = np.array(state["sum"], dtype=float)
+        self._sumsq_dev = np.array(state["sumsq_dev"], dtype=float)
+        self.mean = np.array(state["mean"], dtype=float)
+        self.scale = np.array(state["scale"], dtype=float)
+        self.frozen = bool(state["frozen"])

@@ -1,0 +1,133 @@
+"""Model state <-> plain arrays and a small JSON manifest (no pickle, no code loaded).
+
+The state is everything a run needs to continue bit for bit: config, the seed of
+the random weights (regenerated, and checked against a stored digest), the
+scaler, and per layer A, c, β, the cached factor and A_r. ``save_model`` /
+``load_model`` store it as one ``.npz`` read with ``allow_pickle=False``.
+
+    >>> import io, numpy as np
+    >>> from iolstream.model import EdRVFL, ModelConfig
+    >>> m = EdRVFL(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none"))
+    >>> m.learn_rows(np.ones((4, 3)), np.arange(4.0)).shape
+    (2,)
+    >>> buf = io.BytesIO(); save_model(buf, m); _ = buf.seek(0)
+    >>> restored = load_model(buf)
+    >>> bool(np.array_equal(restored.learner.state.layers[1].beta, m.learner.state.layers[1].beta))
+    True
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .learner import LayerState
+from .model import EdRVFL, ModelConfig
+
+FORMAT = "iolstream.model"
+FORMAT_VERSION = 1
+_COUNTERS = (
+    "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
+    "sum_y2", "d_max", "y_max", "version",
+)  # fmt: skip
+
+
+class StateFormatError(ValueError):
+    """A saved state that cannot be read: wrong format, version, or inconsistent contents."""
+
+
+def _json_safe(value):
+    if isinstance(value, tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[str, np.ndarray]]:
+    """(manifest, arrays): the manifest is JSON-able, the arrays plain numeric ndarrays."""
+    st = model.learner.state
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": {k: _json_safe(v) for k, v in model.config.to_dict().items()},
+        "weights_sha256": model.weights_digest(),
+        "counters": {k: getattr(st, k) for k in _COUNTERS},
+        "layers": [
+            {"lam": ls.lam, "factor_kind": ls.factor_kind, "loss_sum": ls.loss_sum, "woodbury_steps": ls.woodbury_steps}
+            for ls in st.layers
+        ],
+    }
+    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    for i, ls in enumerate(st.layers):
+        arrays[f"{prefix}layer{i}/gram"] = np.tril(ls.gram)
+        arrays[f"{prefix}layer{i}/rhs"] = ls.rhs
+        arrays[f"{prefix}layer{i}/beta"] = ls.beta
+        arrays[f"{prefix}layer{i}/factor"] = ls.factor
+        if ls.gram_labelled is not None:
+            arrays[f"{prefix}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
+    return manifest, arrays
+
+
+def _config_from_json(cfg: dict) -> ModelConfig:
+    cfg = dict(cfg)
+    for key in ("classes", "scaler_mean", "scaler_std"):
+        if cfg.get(key) is not None:
+            cfg[key] = tuple(cfg[key])
+    if isinstance(cfg.get("lam"), list):
+        cfg["lam"] = tuple(cfg["lam"])
+    return ModelConfig(**cfg)
+
+
+def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise StateFormatError(
+            f"not an {FORMAT} v{FORMAT_VERSION} state (got {manifest.get('format')} v{manifest.get('format_version')})"
+        )
+    model = EdRVFL(_config_from_json(manifest["config"]))
+    if model.weights_digest() != manifest["weights_sha256"]:
+        raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
+    model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
+    st = model.learner.state
+    for key, value in manifest["counters"].items():
+        setattr(st, key, type(getattr(st, key))(value))
+    try:
+        for i, (ls, meta) in enumerate(zip(st.layers, manifest["layers"], strict=True)):
+            base = f"{prefix}layer{i}/"
+            _restore_layer(ls, meta, arrays, base)
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"inconsistent saved state: {exc}") from None
+    return model
+
+
+def _restore_layer(ls: LayerState, meta: dict, arrays, base: str) -> None:
+    def load(name, like):
+        value = np.asarray(arrays[base + name], dtype=np.float64)
+        if value.shape != like.shape:
+            raise ValueError(f"{base}{name}: shape {value.shape}, expected {like.shape}")
+        return np.asfortranarray(value) if like.flags.f_contiguous else np.ascontiguousarray(value)
+
+    ls.gram = load("gram", ls.gram)
+    ls.rhs = load("rhs", ls.rhs)
+    ls.beta = load("beta", ls.beta)
+    ls.factor = load("factor", ls.factor)
+    if ls.gram_labelled is not None:
+        ls.gram_labelled = load("gram_labelled", ls.gram_labelled)
+    ls.lam, ls.factor_kind = float(meta["lam"]), meta["factor_kind"]
+    ls.loss_sum, ls.woodbury_steps = float(meta["loss_sum"]), int(meta["woodbury_steps"])
+
+
+def save_model(file, model: EdRVFL) -> None:
+    """Write the model to ``file`` (path or binary file object) as an .npz with its manifest."""
+    manifest, arrays = model_to_arrays(model)
+    arrays["__manifest__"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+    np.savez(file, **arrays)
+
+
+def load_model(file) -> EdRVFL:
+    with np.load(file, allow_pickle=False) as data:
+        if "__manifest__" not in data:
+            raise StateFormatError("no __manifest__ in the saved state")
+        manifest = json.loads(bytes(data["__manifest__"]).decode())
+        return model_from_arrays(manifest, {k: data[k] for k in data.files})

@@ -1,0 +1,391 @@
+#!/usr/bin/env bash
+# A real, local, single-node Apache Kafka broker (KRaft, broker+controller in one JVM),
+# for `make test`, the test fixtures and the demo. Needs only java (17+), mvn (first use) and,
+# for the readiness check, python3 (the repo's .venv is preferred when present).
+#
+#   bash scripts/kafka.sh start|stop|restart|status|wipe|log
+#
+# Environment:
+#   KAFKA_PORT              PLAINTEXT port on 127.0.0.1 (default 19092); bootstrap = 127.0.0.1:$KAFKA_PORT
+#   KAFKA_CONTROLLER_PORT   KRaft controller port (default KAFKA_PORT+1)
+#   IOLSTREAM_KAFKA_DATA    state dir: server.properties, pid, kafka.log, data/ (default <repo>/.kafka/data-<port>)
+#   IOLSTREAM_KAFKA_CACHE   dir holding lib/ (the jars) (default ~/.cache/iolstream/kafka-<version>)
+#   KAFKA_HEAP_OPTS         default "-Xms256m -Xmx512m"
+#   KAFKA_JVM_OPTS          extra JVM options
+#   KAFKA_EXTRA_PROPERTIES  extra server.properties lines ("key=value", newline separated), appended last
+#   KAFKA_START_TIMEOUT     seconds to wait for the broker to answer (default 90)
+#   KAFKA_STOP_TIMEOUT      seconds to wait after SIGTERM before SIGKILL (default 30)
+#   JAVA_HOME / MVN         java and maven to use (default: from PATH)
+#
+# Exit codes: 0 ok (status: running), 3 status: stopped, 1 failure, 2 usage.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$SCRIPT_DIR/.." && pwd)"
+POM="$SCRIPT_DIR/kafka/pom.xml"
+
+PORT="${KAFKA_PORT:-19092}"
+CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
+HOST=127.0.0.1
+BOOTSTRAP="$HOST:$PORT"
+STATE_DIR="${IOLSTREAM_KAFKA_DATA:-$REPO/.kafka/data-$PORT}"
+START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
+
+KAFKA_VERSION="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' "$POM" | head -n1)"
+[ -n "$KAFKA_VERSION" ] || { echo "kafka.sh: cannot read <kafka.version> from $POM" >&2; exit 1; }
+CACHE_DIR="${IOLSTREAM_KAFKA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/iolstream/kafka-$KAFKA_VERSION}"
+LIB_DIR="$CACHE_DIR/lib"
+
+PID_FILE="$STATE_DIR/kafka.pid"
+LOG_FILE="$STATE_DIR/kafka.log"
+PROPS="$STATE_DIR/server.properties"
+LOG4J="$STATE_DIR/log4j2.properties"
+DATA_DIR="$STATE_DIR/data"
+
+if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then JAVA="$JAVA_HOME/bin/java"; else JAVA=java; fi
+MVN="${MVN:-mvn}"
+
+log() { echo "kafka.sh[$PORT]: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------- helpers
+
+# Run "$@" holding an exclusive lock on file $1 (flock if available; otherwise unlocked).
+with_lock() {
+    local lockfile="$1"; shift
+    if command -v flock >/dev/null 2>&1; then
+        mkdir -p "$(dirname "$lockfile")"
+        (
+            flock -w 600 9 || die "timed out waiting for lock $lockfile"
+            "$@"
+        ) 9>"$lockfile"
+    else
+        "$@"
+    fi
+}
+
+port_open() {  # port_open PORT -> 0 if something accepts TCP connections on 127.0.0.1:PORT
+    (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
+}
+
+# 0 if $1 is a live process that is a Kafka broker (guards against recycled pids).
+is_broker_pid() {
+    local pid="$1"
+    [ -n "$pid" ] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    if [ -r "/proc/$pid/cmdline" ]; then
+        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q 'kafka\.Kafka'
+    elif command -v ps >/dev/null 2>&1; then
+        ps -o command= -p "$pid" 2>/dev/null | grep -q 'kafka\.Kafka'
+    else
+        return 0
+    fi
+}
+
+running_pid() {  # prints the pid of our running broker, or fails; cleans a stale pid file
+    local pid=""
+    [ -f "$PID_FILE" ] && pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+    if is_broker_pid "$pid"; then echo "$pid"; return 0; fi
+    [ -f "$PID_FILE" ] && rm -f "$PID_FILE"
+    return 1
+}
+
+check_java() {
+    command -v "$JAVA" >/dev/null 2>&1 || die "java not found (Kafka $KAFKA_VERSION needs Java 17+); install a JDK/JRE 17+ or set JAVA_HOME"
+    local v major
+    v="$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n1)"
+    major="${v%%.*}"
+    [ "$major" = 1 ] && major="$(echo "$v" | cut -d. -f2)"
+    if [[ "$major" =~ ^[0-9]+$ ]] && [ "$major" -lt 17 ]; then
+        die "java $v is too old: Kafka $KAFKA_VERSION needs Java 17+ (set JAVA_HOME)"
+    fi
+}
+
+pom_sum() {
+    if command -v sha256sum >/dev/null 2>&1; then sha256sum "$POM" | cut -d' ' -f1
+    elif command -v shasum >/dev/null 2>&1; then shasum -a 256 "$POM" | cut -d' ' -f1
+    else cksum "$POM" | cut -d' ' -f1,2; fi
+}
+
+lib_ok() {
+    [ -f "$LIB_DIR/.pom.sum" ] && [ "$(cat "$LIB_DIR/.pom.sum")" = "$(pom_sum)" ] \
+        && compgen -G "$LIB_DIR/kafka_2.13-*.jar" >/dev/null
+}
+
+# Resolve the jars into $LIB_DIR (once per machine and pom): into a temp dir, then renamed in place.
+resolve_jars_locked() {
+    lib_ok && return 0
+    command -v "$MVN" >/dev/null 2>&1 || die "the Kafka jars are not cached in $LIB_DIR and mvn is not installed (install Maven 3.6+, or set IOLSTREAM_KAFKA_CACHE to a dir holding lib/)"
+    local tmp="$CACHE_DIR/lib.tmp.$$" t0=$SECONDS
+    log "resolving Kafka $KAFKA_VERSION jars with Maven into $LIB_DIR (first use; later starts reuse them) ..."
+    rm -rf "$tmp"
+    if ! "$MVN" -B -q -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp" >"$CACHE_DIR/mvn.log" 2>&1; then
+        tail -n 40 "$CACHE_DIR/mvn.log" >&2 || true
+        rm -rf "$tmp"
+        die "Maven could not resolve the Kafka jars (full output: $CACHE_DIR/mvn.log)"
+    fi
+    pom_sum >"$tmp/.pom.sum"
+    rm -rf "$LIB_DIR.old.$$"
+    [ -d "$LIB_DIR" ] && mv "$LIB_DIR" "$LIB_DIR.old.$$"
+    mv "$tmp" "$LIB_DIR"
+    rm -rf "$LIB_DIR.old.$$"
+    log "jars ready ($(ls "$LIB_DIR" | grep -c '\.jar$') jars, $((SECONDS - t0)) s)"
+}
+
+resolve_jars() {
+    lib_ok && return 0
+    mkdir -p "$CACHE_DIR"
+    with_lock "$CACHE_DIR/.resolve.lock" resolve_jars_locked
+}
+
+write_config() {
+    mkdir -p "$STATE_DIR" "$DATA_DIR"
+    cat >"$PROPS" <<EOF
+# Written by scripts/kafka.sh on every start; edits here are lost (use KAFKA_EXTRA_PROPERTIES).
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+log.dirs=$DATA_DIR
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+delete.topic.enable=true
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=2
+EOF
+    if [ -n "${KAFKA_EXTRA_PROPERTIES:-}" ]; then
+        printf '# KAFKA_EXTRA_PROPERTIES\n%s\n' "$KAFKA_EXTRA_PROPERTIES" >>"$PROPS"
+    fi
+    cat >"$LOG4J" <<'EOF'
+# Written by scripts/kafka.sh. Everything goes to stdout, which kafka.sh sends to kafka.log.
+status = warn
+name = iolstream-local-kafka
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = WARN
+EOF
+}
+
+format_storage() {
+    [ -f "$DATA_DIR/meta.properties" ] && return 0
+    local cluster_id out
+    # A random 16-byte Kafka Uuid, base64url without padding (what `kafka-storage random-uuid` prints).
+    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    log "formatting storage in $DATA_DIR (cluster id $cluster_id)"
+    if ! out="$("$JAVA" -Xmx256m -cp "$LIB_DIR/*" -Dlog4j2.configurationFile="$LOG4J" \
+            kafka.tools.StorageTool format --config "$PROPS" --cluster-id "$cluster_id" 2>&1)"; then
+        echo "$out" >&2
+        die "kafka-storage format failed"
+    fi
+}
+
+# Wait until the broker answers a metadata request listing itself (so topics can be created).
+wait_ready() {
+    local pid="$1" deadline=$((SECONDS + START_TIMEOUT))
+    while ! port_open "$PORT"; do
+        if ! kill -0 "$pid" 2>/dev/null; then fail_start "the broker process exited during startup"; fi
+        [ "$SECONDS" -lt "$deadline" ] || fail_start "port $PORT not open after ${START_TIMEOUT}s"
+        sleep 0.2
+    done
+    local py=""
+    if [ -x "$REPO/.venv/bin/python" ]; then py="$REPO/.venv/bin/python"
+    elif command -v python3 >/dev/null 2>&1; then py=python3; fi
+    if [ -n "$py" ]; then
+        local left=$((deadline - SECONDS)); [ "$left" -gt 5 ] || left=5
+        if ! "$py" - "$BOOTSTRAP" "$left" "$pid" <<'PY' 2>/dev/null
+import os, socket, struct, sys, time
+
+bootstrap, budget, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+deadline = time.time() + budget
+host, port = bootstrap.rsplit(":", 1)
+
+
+def alive():
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def brokers_confluent():
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 3000})
+    def check():
+        return len(admin.list_topics(timeout=3).brokers)
+    return check
+
+
+def brokers_raw():
+    # Metadata v4 request for no topics (non-flexible encoding), answer: broker count.
+    def check():
+        with socket.create_connection((host, int(port)), timeout=3) as s:
+            body = struct.pack(">hhih", 3, 4, 1, 8) + b"kafka.sh" + struct.pack(">ib", 0, 0)
+            s.sendall(struct.pack(">i", len(body)) + body)
+            buf = b""
+            while len(buf) < 16:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise ConnectionError("closed")
+                buf += chunk
+            _size, _corr, _throttle, n = struct.unpack(">iiii", buf[:16])
+            return n
+    return check
+
+
+try:
+    check = brokers_confluent()
+except Exception:
+    check = brokers_raw()
+while True:
+    try:
+        if check() >= 1:
+            sys.exit(0)
+    except Exception as e:  # not ready yet
+        last = e
+    if not alive():
+        print("broker process exited", file=sys.stderr)
+        sys.exit(1)
+    if time.time() > deadline:
+        sys.exit(1)
+    time.sleep(0.3)
+PY
+        then
+            kill -0 "$pid" 2>/dev/null || fail_start "the broker process exited during startup"
+            fail_start "the broker did not answer a metadata request within ${START_TIMEOUT}s"
+        fi
+    else
+        # No python: the port is open; wait for the server's own "started" line.
+        until grep -q 'Kafka Server started' "$LOG_FILE" 2>/dev/null; do
+            kill -0 "$pid" 2>/dev/null || fail_start "the broker process exited during startup"
+            [ "$SECONDS" -lt "$deadline" ] || fail_start "no 'Kafka Server started' in the log after ${START_TIMEOUT}s"
+            sleep 0.3
+        done
+    fi
+}
+
+fail_start() {
+    log "ERROR: $1. Last lines of $LOG_FILE:"
+    tail -n 60 "$LOG_FILE" >&2 2>/dev/null || true
+    local pid
+    if pid="$(running_pid)"; then kill -KILL "$pid" 2>/dev/null || true; fi
+    rm -f "$PID_FILE"
+    exit 1
+}
+
+# ---------------------------------------------------------------- commands
+
+do_start_locked() {
+    local pid
+    if pid="$(running_pid)"; then
+        log "already running (pid $pid) on $BOOTSTRAP"
+        return 0
+    fi
+    for p in "$PORT" "$CONTROLLER_PORT"; do
+        if port_open "$p"; then
+            die "port $p on $HOST is already in use by another process (not a broker of this state dir: $STATE_DIR); choose another KAFKA_PORT"
+        fi
+    done
+    check_java
+    resolve_jars
+    local t0=$SECONDS
+    write_config
+    format_storage
+    [ -f "$LOG_FILE" ] && mv -f "$LOG_FILE" "$LOG_FILE.1"
+    local heap="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
+    # shellcheck disable=SC2206
+    local cmd=("$JAVA" $heap -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
+               -Djava.awt.headless=true -Dlog4j2.configurationFile="$LOG4J" -Dlog4j2.shutdownHookEnabled=false
+               -Dkafka.logs.dir="$STATE_DIR" ${KAFKA_JVM_OPTS:-}
+               -cp "$LIB_DIR/*" kafka.Kafka "$PROPS")
+    # Detached (own session, no inherited stdio, not holding the lock fd 9) so that it outlives
+    # this script and its caller.
+    if command -v setsid >/dev/null 2>&1; then
+        setsid "${cmd[@]}" </dev/null >"$LOG_FILE" 2>&1 9>&- &
+    else
+        nohup "${cmd[@]}" </dev/null >"$LOG_FILE" 2>&1 9>&- &
+    fi
+    pid=$!
+    echo "$pid" >"$PID_FILE"
+    log "starting Kafka $KAFKA_VERSION (pid $pid) on $BOOTSTRAP, controller :$CONTROLLER_PORT, log $LOG_FILE"
+    wait_ready "$pid"
+    log "ready on $BOOTSTRAP after $((SECONDS - t0)) s"
+}
+
+do_stop_locked() {
+    local pid
+    if ! pid="$(running_pid)"; then
+        log "not running"
+        return 0
+    fi
+    log "stopping (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 0.5
+            break
+        fi
+        sleep 0.2
+    done
+    rm -f "$PID_FILE"
+    log "stopped"
+}
+
+do_wipe_locked() {
+    do_stop_locked
+    case "$STATE_DIR" in
+        ""|"/"|"$HOME"|"$REPO") die "refusing to wipe '$STATE_DIR'";;
+    esac
+    rm -rf "$STATE_DIR"
+    log "wiped $STATE_DIR"
+}
+
+do_status() {
+    local pid
+    if pid="$(running_pid)"; then
+        echo "running (pid $pid) on $BOOTSTRAP, Kafka $KAFKA_VERSION, state $STATE_DIR"
+        return 0
+    fi
+    echo "stopped ($BOOTSTRAP, state $STATE_DIR)"
+    return 3
+}
+
+LOCK_FILE="${STATE_DIR%/}.lock"
+cmd="${1:-}"
+case "$cmd" in
+    start)   with_lock "$LOCK_FILE" do_start_locked ;;
+    stop)    with_lock "$LOCK_FILE" do_stop_locked ;;
+    restart) with_lock "$LOCK_FILE" do_stop_locked; with_lock "$LOCK_FILE" do_start_locked ;;
+    status)  do_status ;;
+    wipe)    with_lock "$LOCK_FILE" do_wipe_locked ;;
+    log)     echo "$LOG_FILE" >&2; tail -n "${2:-100}" "$LOG_FILE" ;;
+    *) echo "usage: $0 start|stop|restart|status|wipe|log [lines]   (env KAFKA_PORT=$PORT)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,91 @@
+"""Plain-NumPy twins of the kernels and literal transcriptions of the paper's algorithms.
+
+Slow and obvious on purpose: the reference every fast path is tested against.
+Batches are numbered t = 1, 2, … as in SPEC §2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SELU_ALPHA = 1.6732632423543772
+SELU_SCALE = 1.0507009873554805
+
+
+def activation(z, name):
+    if name == "relu":
+        return np.maximum(z, 0.0)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    if name == "tanh":
+        return np.tanh(z)
+    if name == "selu":
+        return SELU_SCALE * np.where(z > 0, z, SELU_ALPHA * (np.exp(z) - 1.0))
+    if name == "swish":
+        return z / (1.0 + np.exp(-z))
+    if name == "leaky_relu":
+        return np.where(z > 0, z, 0.01 * z)
+    raise ValueError(name)
+
+
+def edrvfl_features(x, weights_t, biases, act, bias_column=True):
+    """D_l = [H_l | X | 1] for every layer, eqs. (1)-(2): list of (b, n) arrays."""
+    ds, h = [], None
+    for layer, (w_t, b) in enumerate(zip(weights_t, biases)):
+        inputs = x if layer == 0 else np.hstack([h, x])
+        h = activation(inputs @ w_t.T + b, act)
+        cols = [h, x] + ([np.ones((x.shape[0], 1))] if bias_column else [])
+        ds.append(np.hstack(cols))
+    return ds
+
+
+def woodbury(eta, d):
+    """η − η Dᵀ (I + D η Dᵀ)⁻¹ D η, as printed in Algorithms 1 and 2."""
+    s = np.eye(d.shape[0]) + d @ eta @ d.T
+    return eta - eta @ d.T @ np.linalg.inv(s) @ d @ eta
+
+
+def paper_ridge(ds, ys, lam):
+    """Algorithm 1 / Theorem 2 for one layer. Returns [β_2, …, β_{T+1}] and the β that predicted each batch.
+
+    η_t = η_{t-1} − η_{t-1} D_tᵀ (I + D_t η_{t-1} D_tᵀ)⁻¹ D_t η_{t-1}
+    β_{t+1} = β_t − η_t (D_tᵀ D_t β_t − D_tᵀ Y_t)        (batch t predicted with β_t)
+    """
+    n, m = ds[0].shape[1], ys[0].shape[1]
+    eta = np.eye(n) / lam
+    beta = np.zeros((n, m))
+    betas, used = [], []
+    for d, y in zip(ds, ys):
+        used.append(beta)
+        eta = woodbury(eta, d)
+        beta = beta - eta @ (d.T @ d @ beta - d.T @ y)
+        betas.append(beta)
+    return betas, used
+
+
+def paper_forward(ds, ys, lam):
+    """Algorithm 2 / Theorem 3 for one layer, labels one batch late.
+
+    η_1 = (λI + D_1ᵀD_1)⁻¹, β_1 = 0; for t = 1 … T−1:
+    η_{t+1} = η_t − η_t D_{t+1}ᵀ (I + D_{t+1} η_t D_{t+1}ᵀ)⁻¹ D_{t+1} η_t
+    β_{t+1} = β_t − η_{t+1} (D_{t+1}ᵀ D_{t+1} β_t − D_tᵀ Y_t)       (batch t+1 predicted with β_{t+1})
+    Returns [β_2, …, β_T] (β after labels of batch t and features of batch t+1).
+    """
+    n, m = ds[0].shape[1], ys[0].shape[1]
+    eta = woodbury(np.eye(n) / lam, ds[0])
+    beta = np.zeros((n, m))
+    betas = []
+    for t in range(len(ds) - 1):
+        d_next = ds[t + 1]
+        eta = woodbury(eta, d_next)
+        beta = beta - eta @ (d_next.T @ d_next @ beta - ds[t].T @ ys[t])
+        betas.append(beta)
+    return betas
+
+
+def offline_expert(ds_gram, ds_labelled, ys, lam):
+    """Closed form: argmin ½λ‖β‖² + ½Σ‖D_qβ − Y_q‖² + ½Σ_{unlabelled}‖Dβ‖² (Theorem 1)."""
+    n = (ds_gram or ds_labelled)[0].shape[1]
+    a = lam * np.eye(n) + sum(d.T @ d for d in ds_gram)
+    c = sum(d.T @ y for d, y in zip(ds_labelled, ys))
+    return np.linalg.solve(a, c)
