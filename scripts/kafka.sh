@@ -83,6 +83,14 @@ is_broker_pid() {
     fi
 }
 
+wait_exit() {  # wait_exit PID SECONDS -> 0 once PID is gone (a zombie counts as gone)
+    local deadline=$((SECONDS + $2))
+    while is_broker_pid "$1"; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.1
+    done
+}
+
 running_pid() {  # prints the pid of our running broker, or fails; cleans a stale pid file
     local pid=""
     [ -f "$PID_FILE" ] && pid="$(cat "$PID_FILE" 2>/dev/null || true)"
@@ -345,22 +353,23 @@ do_stop_locked() {
     fi
     log "stopping (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + STOP_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            sleep 0.5
-            break
-        fi
-        sleep 0.2
-    done
+    if ! wait_exit "$pid" "$STOP_TIMEOUT"; then
+        log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_exit "$pid" 10 || die "pid $pid survived SIGKILL"
+    fi
     rm -f "$PID_FILE"
     log "stopped"
 }
 
 do_wipe_locked() {
-    do_stop_locked
+    local pid
+    if pid="$(running_pid)"; then  # its data is about to go: no need for a graceful shutdown
+        log "killing (pid $pid)"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_exit "$pid" 10 || die "pid $pid survived SIGKILL"
+        rm -f "$PID_FILE"
+    fi
     case "$STATE_DIR" in
         ""|"/"|"$HOME"|"$REPO") die "refusing to wipe '$STATE_DIR'";;
     esac

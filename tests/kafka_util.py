@@ -33,6 +33,7 @@ __all__ = [
     "produce_json",
     "unique_group",
     "wait_for_broker",
+    "warm_up",
 ]
 
 #: One consumed message: (key, value_bytes, headers, partition, offset).
@@ -155,6 +156,8 @@ def produce_json(
     every message, a sequence of keys (one per value), or a function value -> key.
     Returns the (partition, offset) of every message, in order. Raises RuntimeError on any
     delivery error or if not all messages are delivered within ``timeout`` s.
+    The producer is not idempotent (that costs ~0.5 s per call); pass
+    ``conf={"enable.idempotence": True}`` if a test needs it.
     """
     values = list(values)
     if isinstance(key, (str, bytes)) or key is None:
@@ -165,7 +168,7 @@ def produce_json(
         keys = list(key)
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys for {len(values)} values")
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **(conf or {})})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2, **(conf or {})})
     results: list[tuple[int, int] | None] = [None] * len(values)
     errors: list[str] = []
 
@@ -231,6 +234,7 @@ def consume_all(
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "isolation.level": isolation_level,
+            "fetch.wait.max.ms": 100,  # end-of-partition is noticed after one empty fetch
             **(conf or {}),
         }
     )
@@ -280,11 +284,44 @@ def committed_offsets(
     """The group's committed offsets {partition: next offset to read, or None if never committed}.
 
     ``partitions`` is a partition count or an iterable of partition numbers.
+    The group coordinator may still be loading on a fresh broker (NOT_COORDINATOR,
+    COORDINATOR_LOAD_IN_PROGRESS, ...): such retriable errors are retried until ``timeout``.
     """
     parts = range(partitions) if isinstance(partitions, int) else list(partitions)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    deadline = time.monotonic() + timeout
     try:
-        tps = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
+        while True:
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                tps = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=left)
+                break
+            except KafkaException as e:
+                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                if err is None or not _coordinator_retriable(err) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         consumer.close()
     return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in tps}
+
+
+def _coordinator_retriable(err: KafkaError) -> bool:
+    return err.retriable() or err.code() in (
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._WAIT_COORD,
+        KafkaError._TIMED_OUT,
+    )
+
+
+def warm_up(bootstrap: str, timeout: float = 60.0) -> None:
+    """Make the broker's internal topics exist and their coordinators load, so the first
+    test using a consumer group or a transaction is not the one paying for it (a few seconds
+    on a fresh broker) and racing its own timeouts. Cheap (~0.1 s) on a warm broker."""
+    committed_offsets(bootstrap, unique_group("warm-up"), "__warm_up__", 1, timeout=timeout)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"warm-up-{uuid.uuid4().hex[:12]}"}
+    )
+    producer.init_transactions(timeout)

@@ -45,8 +45,15 @@ def woodbury(eta, d):
     return eta - eta @ d.T @ np.linalg.inv(s) @ d @ eta
 
 
-def paper_ridge(ds, ys, lam):
+def softmax(z):
+    """Row-wise softmax, shifted by the row maximum (the textbook stable form)."""
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def paper_ridge(ds, ys, lam, etas=None):
     """Algorithm 1 / Theorem 2 for one layer. Returns [β_2, …, β_{T+1}] and the β that predicted each batch.
+    ``etas``, if a list, receives η_1, …, η_T.
 
     η_t = η_{t-1} − η_{t-1} D_tᵀ (I + D_t η_{t-1} D_tᵀ)⁻¹ D_t η_{t-1}
     β_{t+1} = β_t − η_t (D_tᵀ D_t β_t − D_tᵀ Y_t)        (batch t predicted with β_t)
@@ -58,34 +65,50 @@ def paper_ridge(ds, ys, lam):
     for d, y in zip(ds, ys):
         used.append(beta)
         eta = woodbury(eta, d)
+        if etas is not None:
+            etas.append(eta)
         beta = beta - eta @ (d.T @ d @ beta - d.T @ y)
         betas.append(beta)
     return betas, used
 
 
-def paper_forward(ds, ys, lam):
+def paper_forward(ds, ys, lam, etas=None):
     """Algorithm 2 / Theorem 3 for one layer, labels one batch late.
 
     η_1 = (λI + D_1ᵀD_1)⁻¹, β_1 = 0; for t = 1 … T−1:
     η_{t+1} = η_t − η_t D_{t+1}ᵀ (I + D_{t+1} η_t D_{t+1}ᵀ)⁻¹ D_{t+1} η_t
     β_{t+1} = β_t − η_{t+1} (D_{t+1}ᵀ D_{t+1} β_t − D_tᵀ Y_t)       (batch t+1 predicted with β_{t+1})
     Returns [β_2, …, β_T] (β after labels of batch t and features of batch t+1).
+    ``etas``, if a list, receives η_1, …, η_T.
     """
     n, m = ds[0].shape[1], ys[0].shape[1]
     eta = woodbury(np.eye(n) / lam, ds[0])
+    if etas is not None:
+        etas.append(eta)
     beta = np.zeros((n, m))
     betas = []
     for t in range(len(ds) - 1):
         d_next = ds[t + 1]
         eta = woodbury(eta, d_next)
+        if etas is not None:
+            etas.append(eta)
         beta = beta - eta @ (d_next.T @ d_next @ beta - ds[t].T @ ys[t])
         betas.append(beta)
     return betas
 
 
-def offline_expert(ds_gram, ds_labelled, ys, lam):
-    """Closed form: argmin ½λ‖β‖² + ½Σ‖D_qβ − Y_q‖² + ½Σ_{unlabelled}‖Dβ‖² (Theorem 1)."""
-    n = (ds_gram or ds_labelled)[0].shape[1]
-    a = lam * np.eye(n) + sum(d.T @ d for d in ds_gram)
-    c = sum(d.T @ y for d, y in zip(ds_labelled, ys))
+def offline_expert(ds_gram, ds_labelled, ys, lam, shape=None):
+    """Closed form: argmin ½λ‖β‖² + ½Σ‖D_qβ − Y_q‖² + ½Σ_{unlabelled}‖Dβ‖² (Theorem 1).
+
+    ``shape`` = (n, m) is needed only when both lists may be empty (then β = 0).
+    """
+    n, m = shape if shape is not None else ((ds_gram or ds_labelled)[0].shape[1], ys[0].shape[1])
+    a = lam * np.eye(n) + sum((d.T @ d for d in ds_gram), np.zeros((n, n)))
+    c = sum((d.T @ y for d, y in zip(ds_labelled, ys)), np.zeros((n, m)))
     return np.linalg.solve(a, c)
+
+
+def expert_objective(ds_labelled, ys, lam):
+    """min_β ½λ‖β‖² + Σ_q ½‖D_q β − Y_q‖², evaluated at the minimiser from the data itself (SPEC §3)."""
+    beta = offline_expert(ds_labelled, ds_labelled, ys, lam)
+    return 0.5 * lam * float((beta**2).sum()) + sum(0.5 * float(((d @ beta - y) ** 2).sum()) for d, y in zip(ds_labelled, ys))

@@ -1,0 +1,43 @@
+"""``iolstream run -c config/worker.yaml``: the long-running Kafka worker."""
+
+from __future__ import annotations
+
+import logging
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("run", help="run the worker: features and labels in, predictions out")
+    p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
+    p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+    p.add_argument("--max-seconds", type=float, help="stop (cleanly) after this long")
+    p.add_argument("--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    import dataclasses
+
+    from . import logs
+    from .config import load_config
+    from .worker import EXIT_FATAL, Worker, WorkerError
+
+    cfg = load_config(args.config)
+    if args.bootstrap:
+        cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
+    logs.setup(cfg.logging.level, cfg.logging.format)
+    metrics = None
+    if cfg.metrics.port:
+        from .metrics import Metrics
+
+        metrics = Metrics(cfg)
+        metrics.serve()
+    try:
+        worker = Worker(cfg, metrics=metrics)
+    except WorkerError as exc:
+        logging.getLogger("iolstream.worker").error("cannot start: %s", exc)
+        return EXIT_FATAL
+    if metrics is not None:
+        metrics.attach(worker)
+    worker.install_signal_handlers()
+    return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds)

@@ -1,0 +1,638 @@
+"""Input messages -> validated arrays, predictions -> JSON (SPEC §5). No I/O, no Kafka types.
+
+A message carries one row or a batch::
+
+    features  {"id": "a1", "x": [0.1, 2.0], "ts": 123}
+              {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts" optional; a list or one int)
+    labels    {"id": "a1", "y": 3}
+              {"ids": ["a1", "a2"], "y": [3, 0]}
+
+Nothing is silently dropped. ``decode_features`` / ``decode_labels`` return the
+good rows and a list of ``(BadInput, bytes)`` dead letters:
+
+- a problem with the whole message (empty, oversize, not JSON, not an object,
+  ``ids`` and ``x`` of different lengths, ``x`` not a list of lists, empty
+  batch) -> one dead letter carrying the raw bytes;
+- a problem with one row of a batch (wrong feature count, null or a
+  non-number in x, missing/invalid id, unknown class, bad label, an id
+  repeated within the message) -> only that row is rejected; its dead letter
+  is the row re-encoded as a one-row message (``{"id":..,"x":..}`` /
+  ``{"id":..,"y":..}``, plus the row's "ts" if it had one), which decodes on
+  its own to the same problem. ``detail`` names the row index in the batch.
+
+Decisions worth knowing:
+
+- ``null`` in x (or in a regression y) is ``non_finite``: orjson and
+  JavaScript serialise NaN/Infinity as null. A ``NaN``/``Infinity`` token is
+  not JSON, and a literal that overflows a double (``1e400``) is refused by
+  orjson, so both make the whole message ``malformed_json``.
+- Booleans, strings, lists and objects in x are ``bad_schema`` (a type error).
+- Ids: non-empty strings of at most ``MAX_ID_CHARS`` characters without NUL
+  (numpy unicode arrays in snapshots drop trailing NULs); ints (not bools)
+  become ``str(id)``. Missing, null or "" -> ``missing_id``; another type or
+  a too long id -> ``bad_schema``.
+- "ts" (event time, ms): int or finite float >= 0 (truncated to int), null or
+  absent -> -1. Anything else -> ``bad_schema`` (row-level in a ts list).
+- Classification y: the declared class itself; int classes also accept
+  integral floats (3.0) and numeric strings ("3", via ``int()``); string
+  classes accept only those exact strings. A scalar that is not a class ->
+  ``unknown_class`` (a non-finite float -> ``non_finite``); a bool, null,
+  list or object -> ``bad_label``.
+- Regression y: a number (m = 1; ``[v]`` is accepted too) or a list of m
+  numbers; wrong shape/type -> ``bad_label``, null -> ``non_finite``.
+
+Batch messages take a vectorised path (one ``np.array`` of the whole x) and
+fall back to the per-row reference checks only when something is off, so the
+overhead over ``orjson.loads`` stays about one numpy conversion.
+
+    >>> rows, bad = decode_features(b'{"ids": ["a", "b"], "x": [[1, 2], [3]]}', 2, max_bytes=1000)
+    >>> rows.ids, rows.X.tolist(), rows.ts.tolist()
+    (['a'], [[1.0, 2.0]], [-1])
+    >>> [(b.reason, b.detail, raw) for b, raw in bad]
+    [('wrong_feature_count', 'row 1: expected 2 features, got 1', b'{"id":"b","x":[3]}')]
+    >>> target = TargetSpec.classification(("cat", "dog"))
+    >>> labels, bad = decode_labels(b'{"id": "a", "y": "dog"}', target, max_bytes=1000)
+    >>> labels.ids, labels.Y.tolist(), bad
+    (['a'], [1], [])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import orjson
+
+REASONS: tuple[str, ...] = (
+    "malformed_json",  # not JSON (also: empty value, NaN/Infinity tokens, numbers overflowing a double)
+    "bad_schema",  # not an object, wrong types, ids/x lengths differ, empty batch
+    "missing_id",  # id absent, null or ""
+    "wrong_feature_count",
+    "non_finite",  # null (NaN as serialised by orjson/JS) in x or a regression y
+    "unknown_class",
+    "bad_label",  # wrong type/shape of y for the task
+    "oversize",  # value longer than max_bytes (checked before parsing)
+    "unknown_id",  # label whose feature row never came within the wait
+    "expired_id",  # label for a row that expired (or was evicted) before its label came
+    "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
+)
+
+MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
+MAX_TS_MS = 2**62  # event times beyond this are not milliseconds
+MAX_DETAIL_CHARS = 500
+
+
+class BadInput(Exception):
+    """Why a message (or one row of it) was rejected.
+
+    reason : one of REASONS (stable: used in metrics and dead-letter headers)
+    detail : one line naming what was wrong, e.g. "row 3: expected 18 features, got 17"
+    """
+
+    def __init__(self, reason: str, detail: str):
+        if reason not in REASONS:
+            raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {REASONS}")
+        detail = " ".join(str(detail).split())  # one line
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[: MAX_DETAIL_CHARS - 3] + "..."
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, BadInput):
+            return NotImplemented
+        return (self.reason, self.detail) == (other.reason, other.detail)
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.detail))
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureRows:
+    """Validated feature rows.
+
+    ids : list of b unique non-empty str
+    X   : ndarray of shape (b, k), float64, C-contiguous, all finite
+    ts  : ndarray of shape (b,), int64 — event time in ms, -1 where absent
+    """
+
+    ids: list[str]
+    X: np.ndarray
+    ts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRows:
+    """Validated labels.
+
+    ids : list of b unique non-empty str
+    Y   : classification: ndarray of shape (b,), int64 — index into TargetSpec.classes;
+          regression: ndarray of shape (b, m), float64, all finite
+    """
+
+    ids: list[str]
+    Y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a label is: ``classification`` over declared ``classes`` (all int or all str, at
+    least 2, distinct; ``n_outputs == len(classes)``) or ``regression`` with ``n_outputs`` values."""
+
+    task: str
+    classes: tuple | None
+    n_outputs: int
+
+    def __post_init__(self):
+        if self.task == "classification":
+            classes = tuple(self.classes) if self.classes is not None else ()
+            all_int = all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes)
+            all_str = all(isinstance(c, str) for c in classes)
+            if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str):
+                raise ValueError(f"classes must be at least 2 distinct ints or strings, got {self.classes!r}")
+            classes = tuple(int(c) for c in classes) if all_int else classes
+            object.__setattr__(self, "classes", classes)
+            if self.n_outputs != len(classes):
+                raise ValueError(f"n_outputs must equal the number of classes ({len(classes)}), got {self.n_outputs}")
+        elif self.task == "regression":
+            if self.classes is not None:
+                raise ValueError("regression takes no classes")
+            if not isinstance(self.n_outputs, int) or isinstance(self.n_outputs, bool) or self.n_outputs < 1:
+                raise ValueError(f"n_outputs must be an int >= 1, got {self.n_outputs!r}")
+        else:
+            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
+
+    @classmethod
+    def classification(cls, classes) -> TargetSpec:
+        classes = tuple(classes)
+        return cls("classification", classes, len(classes))
+
+    @classmethod
+    def regression(cls, n_outputs: int = 1) -> TargetSpec:
+        return cls("regression", None, n_outputs)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a bool"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _may_hold_bool(raw: bytes) -> bool:
+    """False when ``raw`` surely holds no JSON ``true``/``false`` (numpy would read them as 1.0/0.0).
+
+    Two memchr scans rule out most messages; otherwise the 'u' of "true" and the 'l' of
+    "false" are located with numpy and their neighbours checked. A hit inside a string
+    (an id "true-1") only sends the message to the exact per-row path.
+    """
+    if raw.find(b"u") < 0 and raw.find(b"l") < 0:
+        return False
+    a = np.frombuffer(raw, dtype=np.uint8)
+    p = np.flatnonzero(a[2:-1] == ord("u")) + 2  # t r [u] e
+    if p.size and ((a[p - 2] == ord("t")) & (a[p - 1] == ord("r")) & (a[p + 1] == ord("e"))).any():
+        return True
+    p = np.flatnonzero(a[2:-2] == ord("l")) + 2  # f a [l] s e
+    return bool(p.size and ((a[p - 2] == ord("f")) & (a[p - 1] == ord("a")) & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())
+
+
+def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]:
+    return [(BadInput(reason, detail), raw)]
+
+
+def _parse(value: bytes | None, max_bytes: int):
+    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks."""
+    raw = b"" if value is None else bytes(value)
+    if not raw:
+        return None, raw, _whole("malformed_json", "empty value (null or zero bytes)", raw)
+    if len(raw) > max_bytes:
+        return None, raw, _whole("oversize", f"value is {len(raw)} bytes, limit {max_bytes}", raw)
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, raw, _whole("malformed_json", f"not valid JSON: {exc}", raw)
+    if type(obj) is not dict:
+        return None, raw, _whole("bad_schema", f"top level is {_json_type(obj)}, not an object", raw)
+    return obj, raw, None
+
+
+def _check_id(v) -> tuple[str | None, str | None, str]:
+    """(id, None, "") or (None, reason, why) — the reference rule for one id."""
+    t = type(v)
+    if t is str:
+        if not v:
+            return None, "missing_id", "id is empty"
+        if len(v) > MAX_ID_CHARS:
+            return None, "bad_schema", f"id is {len(v)} characters, limit {MAX_ID_CHARS}"
+        if "\x00" in v:
+            return None, "bad_schema", "id contains a NUL character"
+        return v, None, ""
+    if t is int:
+        return str(v), None, ""
+    if v is None:
+        return None, "missing_id", "id is missing or null"
+    return None, "bad_schema", f"id is {_json_type(v)}, not a string"
+
+
+def _check_ts(v) -> tuple[int | None, str]:
+    """(ms, "") with -1 for absent, or (None, why)."""
+    if v is None:
+        return -1, ""
+    t = type(v)
+    if t is int and 0 <= v <= MAX_TS_MS:
+        return v, ""
+    if t is float and 0.0 <= v <= MAX_TS_MS:  # also rejects nan
+        return int(v), ""
+    return None, f"ts {_short(v)} is not a time in ms (an int >= 0)"
+
+
+def _fast_ids(ids: list) -> bool:
+    """True when every id is a valid str and ids are unique (the common case), cheaply."""
+    if set(map(type, ids)) != {str}:
+        return False
+    unique = set(ids)
+    if len(unique) != len(ids) or "" in unique:
+        return False
+    return max(map(len, ids)) <= MAX_ID_CHARS and "\x00" not in "".join(ids)
+
+
+def _row_message(id_value, key: str, value, ts=None) -> bytes:
+    msg = {"id": id_value, key: value}
+    if ts is not None:
+        msg["ts"] = ts
+    return orjson.dumps(msg)
+
+
+def _batch_ts(obj: dict, b: int, raw: bytes):
+    """(ts_values, ts_raw_per_row, None) or (None, None, dead letters) for a batch's "ts"."""
+    ts = obj.get("ts")
+    if ts is None:
+        return np.full(b, -1, dtype=np.int64), None, None
+    if type(ts) is list:
+        if len(ts) != b:
+            return None, None, _whole("bad_schema", f"'ts' has {len(ts)} entries but 'x' has {b}", raw)
+        arr = np.array(ts) if ts else np.empty(0, dtype=np.int64)
+        if arr.dtype.kind in "iu" and arr.size and arr.min() >= 0 and arr.max() <= MAX_TS_MS:
+            return arr.astype(np.int64), ts, None
+        return None, ts, None  # per-row check by the caller
+    value, why = _check_ts(ts)
+    if value is None:
+        return None, None, _whole("bad_schema", why, raw)
+    return np.full(b, value, dtype=np.int64), [ts] * b, None
+
+
+# ---------------------------------------------------------------- features
+
+
+def _check_x_row(row, k: int) -> tuple[str | None, str]:
+    """(None, "") or (reason, why) — the reference rule for one feature row (a list)."""
+    if len(row) != k:
+        return "wrong_feature_count", f"expected {k} features, got {len(row)}"
+    for j, v in enumerate(row):
+        t = type(v)
+        if t is float:
+            if not math.isfinite(v):  # cannot come from orjson, but arrays may be built elsewhere
+                return "non_finite", f"x[{j}] is {v}"
+        elif t is not int:
+            if v is None:
+                return "non_finite", f"x[{j}] is null"
+            return "bad_schema", f"x[{j}] is {_json_type(v)}, not a number"
+    return None, ""
+
+
+def decode_features(
+    value: bytes | None, n_features: int, *, max_bytes: int
+) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
+    """Validated rows of ``n_features`` floats, or None when no row is good, plus the dead letters."""
+    obj, raw, dead = _parse(value, max_bytes)
+    if dead:
+        return None, dead
+    if "ids" in obj:
+        if "id" in obj:
+            return None, _whole("bad_schema", "both 'id' and 'ids' given", raw)
+        return _decode_feature_batch(obj, raw, n_features)
+    # one row: any problem rejects the raw message
+    x = obj.get("x")
+    if type(x) is not list:
+        return None, _whole("bad_schema", "'x' is missing" if x is None else f"'x' is {_json_type(x)}, not an array", raw)
+    row_id, reason, why = _check_id(obj.get("id"))
+    if reason is None:
+        reason, why = _check_x_row(x, n_features)
+    if reason is None:
+        ts, why = _check_ts(obj.get("ts"))
+        reason = "bad_schema" if ts is None else None
+    if reason is not None:
+        return None, _whole(reason, why, raw)
+    X = np.array(x, dtype=np.float64).reshape(1, n_features)
+    return FeatureRows([row_id], X, np.array([ts], dtype=np.int64)), []
+
+
+def _decode_feature_batch(obj: dict, raw: bytes, k: int):
+    ids, x = obj["ids"], obj.get("x")
+    if type(ids) is not list or type(x) is not list:
+        which = "ids" if type(ids) is not list else "x"
+        return None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+    b = len(ids)
+    if b != len(x):
+        return None, _whole("bad_schema", f"'ids' has {b} entries but 'x' has {len(x)}", raw)
+    if b == 0:
+        return None, _whole("bad_schema", "empty batch", raw)
+    if set(map(type, x)) != {list}:
+        j = next(j for j, row in enumerate(x) if type(row) is not list)
+        return None, _whole("bad_schema", f"x[{j}] is {_json_type(x[j])}: 'x' must be an array of arrays", raw)
+    ts_values, ts_raw, dead = _batch_ts(obj, b, raw)
+    if dead:
+        return None, dead
+
+    # fast path: every id a unique valid string, x a clean (b, k) numeric block, ts fine
+    if ts_values is not None and _fast_ids(ids) and not _may_hold_bool(raw):
+        try:
+            X = np.array(x)
+        except ValueError:  # ragged
+            X = None
+        if X is not None and X.shape == (b, k) and X.dtype.kind in "fiu":
+            X = np.ascontiguousarray(X, dtype=np.float64)
+            if np.isfinite(X).all():
+                return FeatureRows(ids, X, ts_values), []
+
+    # reference path, row by row
+    good_ids, good_x, good_ts, dead, first_row = [], [], [], [], {}
+    for i in range(b):
+        row_ts = None if ts_raw is None else ts_raw[i]
+        row_id, reason, why = _check_id(ids[i])
+        if reason is None:
+            reason, why = _check_x_row(x[i], k)
+        if reason is None:
+            ts, why = _check_ts(row_ts)
+            reason = "bad_schema" if ts is None else None
+        if reason is None and row_id in first_row:
+            reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
+        if reason is not None:
+            dead.append((BadInput(reason, f"row {i}: {why}"), _row_message(ids[i], "x", x[i], row_ts)))
+            continue
+        first_row[row_id] = i
+        good_ids.append(row_id)
+        good_x.append(x[i])
+        good_ts.append(ts)
+    if not good_ids:
+        return None, dead
+    X = np.array(good_x, dtype=np.float64).reshape(len(good_ids), k)
+    return FeatureRows(good_ids, X, np.array(good_ts, dtype=np.int64)), dead
+
+
+# ---------------------------------------------------------------- labels
+
+
+@lru_cache(maxsize=32)
+def _class_lookup(classes: tuple) -> dict:
+    """Class value -> index; int classes also answer to their decimal string (and, by hashing,
+    to integral floats: 3.0 == 3). Bools must be screened out before a lookup (True == 1)."""
+    lookup = {c: i for i, c in enumerate(classes)}
+    if isinstance(classes[0], int):
+        lookup.update({str(c): i for i, c in enumerate(classes)})
+    return lookup
+
+
+def _check_class(v, target: TargetSpec) -> tuple[int | None, str | None, str]:
+    """(index, None, "") or (None, reason, why) — the reference rule for one class label."""
+    t = type(v)
+    if t is bool or v is None or t is list or t is dict:
+        return None, "bad_label", f"y is {_json_type(v)}, not a class label"
+    lookup = _class_lookup(target.classes)
+    int_classes = isinstance(target.classes[0], int)
+    key = v
+    if t is float:
+        if not math.isfinite(v):
+            return None, "non_finite", f"y is {v}"
+        key = v if int_classes else None
+    elif t is int:
+        key = v if int_classes else None
+    elif t is str and int_classes and v not in lookup:
+        try:
+            key = int(v)
+        except ValueError:
+            key = None
+    index = lookup.get(key) if key is not None else None
+    if index is None:
+        return None, "unknown_class", f"y {_short(v)} is not one of the declared classes"
+    return index, None, ""
+
+
+def _check_regression(v, m: int) -> tuple[list | None, str | None, str]:
+    """(list of m floats, None, "") or (None, reason, why) — the reference rule for one target."""
+    values = v if type(v) is list else [v]
+    if type(v) is not list and m != 1:
+        return None, "bad_label", f"y is {_json_type(v)}, expected an array of {m} numbers"
+    if len(values) != m:
+        return None, "bad_label", f"y has {len(values)} values, expected {m}"
+    for j, u in enumerate(values):
+        t = type(u)
+        if u is None:
+            return None, "non_finite", f"y[{j}] is null" if m > 1 else "y is null"
+        if t is not int and t is not float:
+            return None, "bad_label", f"y[{j}] is {_json_type(u)}, not a number"
+        if t is float and not math.isfinite(u):
+            return None, "non_finite", f"y[{j}] is {u}"
+    return [float(u) for u in values], None, ""
+
+
+def _check_label(v, target: TargetSpec):
+    if target.task == "classification":
+        return _check_class(v, target)
+    return _check_regression(v, target.n_outputs)
+
+
+def _labels_array(values: list, target: TargetSpec) -> np.ndarray:
+    if target.task == "classification":
+        return np.array(values, dtype=np.int64).reshape(len(values))
+    return np.array(values, dtype=np.float64).reshape(len(values), target.n_outputs)
+
+
+def decode_labels(
+    value: bytes | None, target: TargetSpec, *, max_bytes: int
+) -> tuple[LabelRows | None, list[tuple[BadInput, bytes]]]:
+    """Validated labels (class indices or regression values), or None, plus the dead letters."""
+    obj, raw, dead = _parse(value, max_bytes)
+    if dead:
+        return None, dead
+    if "ids" in obj:
+        if "id" in obj:
+            return None, _whole("bad_schema", "both 'id' and 'ids' given", raw)
+        return _decode_label_batch(obj, raw, target)
+    if "y" not in obj:
+        return None, _whole("bad_schema", "'y' is missing", raw)
+    row_id, reason, why = _check_id(obj.get("id"))
+    if reason is None:
+        y, reason, why = _check_label(obj["y"], target)
+    if reason is not None:
+        return None, _whole(reason, why, raw)
+    return LabelRows([row_id], _labels_array([y], target)), []
+
+
+def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
+    ids, y = obj["ids"], obj.get("y")
+    if type(ids) is not list or type(y) is not list:
+        which = "ids" if type(ids) is not list else "y"
+        return None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+    b = len(ids)
+    if b != len(y):
+        return None, _whole("bad_schema", f"'ids' has {b} entries but 'y' has {len(y)}", raw)
+    if b == 0:
+        return None, _whole("bad_schema", "empty batch", raw)
+
+    if _fast_ids(ids) and not _may_hold_bool(raw):
+        Y = _fast_labels(y, target)
+        if Y is not None:
+            return LabelRows(ids, Y), []
+
+    good_ids, good_y, dead, first_row = [], [], [], {}
+    for i in range(b):
+        row_id, reason, why = _check_id(ids[i])
+        if reason is None:
+            value, reason, why = _check_label(y[i], target)
+        if reason is None and row_id in first_row:
+            reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
+        if reason is not None:
+            dead.append((BadInput(reason, f"row {i}: {why}"), _row_message(ids[i], "y", y[i])))
+            continue
+        first_row[row_id] = i
+        good_ids.append(row_id)
+        good_y.append(value)
+    if not good_ids:
+        return None, dead
+    return LabelRows(good_ids, _labels_array(good_y, target)), dead
+
+
+def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
+    """The labels array when every y is clean (no bools: screened by the caller), else None."""
+    if target.task == "classification":
+        try:
+            index = list(map(_class_lookup(target.classes).get, y))
+        except TypeError:  # an unhashable y (list, object)
+            return None
+        if None in index:
+            return None
+        return np.array(index, dtype=np.int64)
+    m = target.n_outputs
+    try:
+        Y = np.array(y)
+    except ValueError:  # ragged
+        return None
+    if Y.dtype.kind not in "fiu":
+        return None
+    if Y.shape == (len(y),) and m == 1:
+        Y = Y.reshape(-1, 1)
+    if Y.shape != (len(y), m):
+        return None
+    Y = np.ascontiguousarray(Y, dtype=np.float64)
+    return Y if np.isfinite(Y).all() else None
+
+
+# ---------------------------------------------------------------- output
+
+
+def encode_label(label, target: TargetSpec):
+    """The JSON-able y of one stored label: the class itself, a float (m = 1) or a list of floats."""
+    if target.task == "classification":
+        return target.classes[int(label)]
+    values = np.asarray(label, dtype=np.float64).reshape(-1).tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def label_message(row_id: str, label, target: TargetSpec) -> bytes:
+    """A one-row label message ``{"id":..,"y":..}`` for a stored label (class index or values)."""
+    return _row_message(row_id, "y", encode_label(label, target))
+
+
+def feature_message(row_id: str, x: np.ndarray, ts: int = -1) -> bytes:
+    """A one-row feature message ``{"id":..,"x":..[,"ts":..]}`` for a stored row."""
+    return _row_message(row_id, "x", np.asarray(x, dtype=np.float64).tolist(), int(ts) if ts >= 0 else None)
+
+
+def encode_predictions(
+    ids: list[str],
+    y_hat: np.ndarray,
+    proba: np.ndarray | None,
+    *,
+    model_version: int,
+    ts_in: np.ndarray | None,
+    ts_out_ms: int,
+    mode: str,
+    classes: tuple | None,
+) -> list[bytes]:
+    """One JSON prediction per row (SPEC §5).
+
+    y_hat   : classification (``classes`` given): (b,) int class indices, emitted as the class
+              itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
+    proba   : (b, m) class probabilities (classification) or None
+    ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
+    Fields: id, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode.
+    Non-finite floats are written as null (orjson's rule).
+
+    >>> encode_predictions(["a"], np.array([1]), np.array([[0.25, 0.75]]), model_version=3,
+    ...                    ts_in=np.array([-1]), ts_out_ms=99, mode="forward", classes=("no", "yes"))
+    [b'{"id":"a","y_hat":"yes","proba":[0.25,0.75],"model_version":3,"ts":99,"mode":"forward"}']
+    """
+    b = len(ids)
+    if classes is not None:
+        labels = [classes[i] for i in np.asarray(y_hat).reshape(b).tolist()]
+    else:
+        values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
+        labels = values[:, 0].tolist() if values.shape[1] == 1 else values.tolist()
+    probas = np.asarray(proba, dtype=np.float64).reshape(b, -1).tolist() if proba is not None else None
+    event = np.asarray(ts_in).reshape(b).tolist() if ts_in is not None else [-1] * b
+    model_version, ts_out_ms = int(model_version), int(ts_out_ms)
+    out = []
+    for i in range(b):
+        msg = {"id": ids[i], "y_hat": labels[i]}
+        if probas is not None:
+            msg["proba"] = probas[i]
+        msg["model_version"] = model_version
+        msg["ts"] = ts_out_ms
+        if event[i] >= 0:
+            msg["event_ts"] = event[i]
+        msg["mode"] = mode
+        out.append(orjson.dumps(msg))
+    return out
+
+
+def dead_letter_headers(bad: BadInput, source_topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    """Kafka headers for a dead letter; its value is the raw (or re-encoded row) bytes.
+
+    >>> dead_letter_headers(BadInput("missing_id", "row 2: id is empty"), "features", 0, 41)[:2]
+    [('iolstream.reason', b'missing_id'), ('iolstream.detail', b'row 2: id is empty')]
+    """
+    return [
+        ("iolstream.reason", bad.reason.encode()),
+        ("iolstream.detail", bad.detail.encode("utf-8", "replace")),
+        ("iolstream.source.topic", str(source_topic).encode("utf-8", "replace")),
+        ("iolstream.source.partition", str(int(partition)).encode()),
+        ("iolstream.source.offset", str(int(offset)).encode()),
+    ]

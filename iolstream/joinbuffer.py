@@ -1,0 +1,543 @@
+"""The bounded label-join buffer and the micro-batcher (SPEC §5). Pure logic, explicit state.
+
+``JoinBuffer`` holds feature rows that were observed (their Gram already in A,
+SPEC §2 -F) and wait for a label, and labels that came before their row
+("early" labels). Every label ends in exactly one place, each counted:
+
+- joined with its row, once (``labels_joined``; ``labels_early_joined`` of those were held early);
+- a duplicate of a label already joined or already held early (``labels_duplicate``;
+  the first label is the one applied, later ones are counted, not dead-lettered);
+- rejected ``expired_id`` — its row expired or was evicted (``labels_expired_id``);
+- rejected ``unknown_id`` — held early past ``early_label_ttl_ms`` or pushed out of
+  the full early buffer, oldest first, without its row coming (``labels_orphan``);
+- still held early (``n_early``).
+
+Rows leave the buffer by joining, by expiry (``expire``: age > ttl, in ms and/or
+in batches) or by eviction (a full buffer drops its oldest rows; returned in
+``JoinResult.evicted`` by the ``add_rows`` call that overflowed it). Expired and
+evicted rows are returned with their data — the model keeps their Gram by
+default, a caller may downdate — and remembered as expired, so a late label is
+told apart from an unknown one. Joined ids are remembered too, so a late
+duplicate label is counted as one. That memory is a FIFO of ``remember_done``
+ids; past it an id is forgotten and a late label for it ends as ``unknown_id``.
+
+A feature row whose id is pending, or remembered (labelled or expired), is a
+``duplicate_id``. Call ``screen_rows`` on a batch *before* the forward step so
+a duplicate never enters A; ``add_rows`` applies the same rule as a safety net.
+
+Ages: a row observed in batch s at time t is expired by ``expire(now, seq)`` once
+``seq - s > row_ttl_batches`` or ``now - t > row_ttl_ms`` (so with
+``row_ttl_batches=1`` its label may come while the next batch is processed).
+Expiry scans from the oldest row and stops at the first young one, which
+assumes ``now_ms`` and ``batch_seq`` do not go backwards (if the clock steps
+back, rows expire late, never early).
+
+    >>> import numpy as np
+    >>> from iolstream.codec import LabelRows, TargetSpec
+    >>> buf = JoinBuffer(target=TargetSpec.classification((0, 1)), n_features=2, max_pending_rows=100,
+    ...                  row_ttl_ms=None, row_ttl_batches=2, early_label_ttl_ms=60_000,
+    ...                  max_early_labels=100, remember_done=1000)
+    >>> buf.add_labels(LabelRows(["b"], np.array([1])), now_ms=0).ids     # label before its row: held
+    []
+    >>> buf.add_rows(["a", "b"], np.ones((2, 2)), batch_seq=1, now_ms=5).ids  # "b" joins on arrival
+    ['b']
+    >>> res = buf.add_labels(LabelRows(["a", "a"], np.array([0, 0])), now_ms=9)
+    >>> res.ids, res.Y.tolist(), res.batch_seq.tolist(), buf.counters["labels_duplicate"]
+    (['a'], [0], [1], 1)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codec import BadInput, FeatureRows, LabelRows, TargetSpec, feature_message, label_message
+
+LABELLED, EXPIRED = 1, 2  # kinds of remembered ids
+
+COUNTERS = (
+    "rows_added",  # rows accepted by add_rows (joined on arrival, held, or evicted at once)
+    "rows_duplicate",  # rows rejected as duplicate_id (screen_rows or add_rows)
+    "rows_expired",  # pending rows past their ttl
+    "rows_evicted",  # pending rows dropped because the buffer was full
+    "labels_received",
+    "labels_joined",  # joined with their row (on label arrival or later from the early store)
+    "labels_early_held",
+    "labels_early_joined",
+    "labels_duplicate",
+    "labels_orphan",  # early labels rejected as unknown_id (ttl or capacity)
+    "labels_expired_id",  # labels rejected as expired_id
+)
+
+
+def _id_array(ids) -> np.ndarray:
+    return np.array(list(ids), dtype=str) if ids else np.empty(0, dtype="U1")
+
+
+@dataclass
+class ExpireResult:
+    """Rows that left the buffer unlabelled, and early labels given up on.
+
+    ids       : list of e str, oldest first
+    X         : (e, k) float64 — the rows as added
+    batch_seq : (e,) int64 — the batch each row was observed in
+    rejected  : [(BadInput("unknown_id"), label message bytes)] — orphan early labels
+    """
+
+    ids: list[str]
+    X: np.ndarray
+    batch_seq: np.ndarray
+    rejected: list[tuple[BadInput, bytes]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class JoinResult:
+    """Rows joined with their labels by one call, plus what the call rejected or evicted.
+
+    ids       : list of j str
+    X         : (j, k) float64
+    Y         : classification (j,) int64 class indices; regression (j, m) float64
+    batch_seq : (j,) int64 — the batch each joined row was observed in
+    rejected  : [(BadInput, bytes)] — duplicate_id rows, expired_id labels, unknown_id
+                early labels pushed out by capacity; bytes re-encode the row / label
+    evicted   : rows pushed out of a full buffer by this add_rows (empty for add_labels)
+    """
+
+    ids: list[str]
+    X: np.ndarray
+    Y: np.ndarray
+    batch_seq: np.ndarray
+    rejected: list[tuple[BadInput, bytes]]
+    evicted: ExpireResult
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class JoinBuffer:
+    """Pending feature rows waiting for labels, and early labels waiting for rows.
+
+    Pending rows: an OrderedDict id -> slot (insertion = arrival order, O(1) removal
+    anywhere and at the front) over growable preallocated arrays X / batch_seq / added_ms.
+    Early labels: an OrderedDict id -> (label, added_ms). Remembered ids: an OrderedDict
+    id -> LABELLED | EXPIRED, bounded FIFO.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: TargetSpec,
+        n_features: int,
+        max_pending_rows: int,
+        row_ttl_ms: int | None,
+        row_ttl_batches: int | None,
+        early_label_ttl_ms: int,
+        max_early_labels: int,
+        remember_done: int,
+    ):
+        for name, value, low in (
+            ("n_features", n_features, 1), ("max_pending_rows", max_pending_rows, 1),
+            ("early_label_ttl_ms", early_label_ttl_ms, 0), ("max_early_labels", max_early_labels, 0),
+            ("remember_done", remember_done, 0), ("row_ttl_ms", row_ttl_ms, 0), ("row_ttl_batches", row_ttl_batches, 0),
+        ):  # fmt: skip
+            if value is None and name.startswith("row_ttl"):
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not isinstance(target, TargetSpec):
+            raise TypeError(f"target must be a TargetSpec, got {type(target).__name__}")
+        self.target = target
+        self.n_features = int(n_features)
+        self.max_pending_rows = int(max_pending_rows)
+        self.row_ttl_ms = None if row_ttl_ms is None else int(row_ttl_ms)
+        self.row_ttl_batches = None if row_ttl_batches is None else int(row_ttl_batches)
+        self.early_label_ttl_ms = int(early_label_ttl_ms)
+        self.max_early_labels = int(max_early_labels)
+        self.remember_done = int(remember_done)
+
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._pending: OrderedDict[str, int] = OrderedDict()
+        self._early: OrderedDict[str, tuple] = OrderedDict()
+        self._done: OrderedDict[str, int] = OrderedDict()
+        self._free: list[int] = []  # slots released by joined / expired rows
+        self._high = 0  # slots [0, _high) have been handed out at least once
+        capacity = min(self.max_pending_rows, 1024)
+        self._X = np.empty((capacity, self.n_features))
+        self._seq = np.empty(capacity, dtype=np.int64)
+        self._added_ms = np.empty(capacity, dtype=np.int64)
+
+    # ------------------------------------------------------------- sizes
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    @property
+    def n_early(self) -> int:
+        return len(self._early)
+
+    def __repr__(self) -> str:
+        return f"JoinBuffer(pending={len(self)}, early={self.n_early}, remembered={len(self._done)})"
+
+    # ----------------------------------------------------------- helpers
+    def _grow(self, needed: int) -> None:
+        capacity = len(self._seq)
+        if needed <= capacity:
+            return
+        capacity = max(needed, min(2 * capacity, self.max_pending_rows))
+        for name in ("_X", "_seq", "_added_ms"):
+            old = getattr(self, name)
+            new = np.empty((capacity,) + old.shape[1:], dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def _remember(self, row_id: str, kind: int) -> None:
+        done = self._done
+        done[row_id] = kind
+        while len(done) > self.remember_done:
+            done.popitem(last=False)
+
+    def _empty_y(self) -> np.ndarray:
+        if self.target.task == "classification":
+            return np.empty(0, dtype=np.int64)
+        return np.empty((0, self.target.n_outputs))
+
+    def _y_array(self, values: list) -> np.ndarray:
+        if not values:
+            return self._empty_y()
+        if self.target.task == "classification":
+            return np.array(values, dtype=np.int64)
+        return np.array(values, dtype=np.float64).reshape(len(values), self.target.n_outputs)
+
+    def _empty_rows(self) -> ExpireResult:
+        return ExpireResult([], np.empty((0, self.n_features)), np.empty(0, dtype=np.int64), [])
+
+    def _release(self, ids: list[str], slots: list[int], rejected=None) -> ExpireResult:
+        """Copy the rows in ``slots`` out and free the slots."""
+        if not slots:
+            return ExpireResult([], np.empty((0, self.n_features)), np.empty(0, dtype=np.int64), rejected or [])
+        result = ExpireResult(ids, self._X[slots], self._seq[slots], rejected or [])
+        self._free.extend(slots)
+        return result
+
+    def _duplicate_why(self, row_id: str) -> str:
+        if row_id in self._pending:
+            return f"id {row_id!r} is already pending"
+        kind = self._done.get(row_id)
+        if kind == LABELLED:
+            return f"id {row_id!r} was already labelled"
+        if kind == EXPIRED:
+            return f"id {row_id!r} already expired unlabelled"
+        return f"id {row_id!r} is repeated within the batch"
+
+    # ------------------------------------------------------------- rows
+    def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
+        """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""
+        pending, done = self._pending, self._done
+        seen: set[str] = set()
+        keep, rejected = [], []
+        for i, row_id in enumerate(rows.ids):
+            if row_id in pending or row_id in done or row_id in seen:
+                bad = BadInput("duplicate_id", self._duplicate_why(row_id))
+                rejected.append((bad, feature_message(row_id, rows.X[i], int(rows.ts[i]))))
+            else:
+                seen.add(row_id)
+                keep.append(i)
+        if not rejected:
+            return rows, []
+        self.counters["rows_duplicate"] += len(rejected)
+        if not keep:
+            return None, rejected
+        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+
+    def add_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
+        """Rows just observed (already forward-updated). Early labels waiting for them join now.
+
+        Rows beyond ``max_pending_rows`` push the oldest pending rows out (possibly some of
+        these very rows, if the batch alone is larger); they are returned in ``.evicted``.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.shape != (len(ids), self.n_features):
+            raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
+        pending, early, done, free = self._pending, self._early, self._done, self._free
+        new_rows, new_slots, join_rows, join_y, rejected = [], [], [], [], []
+        for i, row_id in enumerate(ids):
+            if row_id in pending or row_id in done:
+                rejected.append((BadInput("duplicate_id", self._duplicate_why(row_id)), feature_message(row_id, X[i])))
+                continue
+            held = early.pop(row_id, None)
+            if held is not None:
+                join_rows.append(i)
+                join_y.append(held[0])
+                self._remember(row_id, LABELLED)
+                continue
+            if free:
+                slot = free.pop()
+            else:
+                slot = self._high
+                self._high += 1
+            pending[row_id] = slot
+            new_rows.append(i)
+            new_slots.append(slot)
+        if new_slots:
+            self._grow(self._high)
+            self._X[new_slots] = X[new_rows]
+            self._seq[new_slots] = batch_seq
+            self._added_ms[new_slots] = now_ms
+
+        evicted = self._empty_rows()
+        over = len(pending) - self.max_pending_rows
+        if over > 0:
+            out = [pending.popitem(last=False) for _ in range(over)]
+            for row_id, _ in out:
+                self._remember(row_id, EXPIRED)
+            evicted = self._release([row_id for row_id, _ in out], [slot for _, slot in out])
+            self.counters["rows_evicted"] += over
+
+        c = self.counters
+        c["rows_added"] += len(new_rows) + len(join_rows)
+        c["rows_duplicate"] += len(rejected)
+        c["labels_joined"] += len(join_rows)
+        c["labels_early_joined"] += len(join_rows)
+        return JoinResult(
+            [ids[i] for i in join_rows], X[join_rows], self._y_array(join_y),
+            np.full(len(join_rows), batch_seq, dtype=np.int64), rejected, evicted,
+        )  # fmt: skip
+
+    # ----------------------------------------------------------- labels
+    def add_labels(self, labels: LabelRows, now_ms: int) -> JoinResult:
+        """Join the labels whose rows are pending; hold the others as early, or count/reject them."""
+        Y = labels.Y
+        if self.target.task == "classification":
+            ok = Y.ndim == 1 and Y.dtype.kind in "iu"
+        else:
+            ok = Y.ndim == 2 and Y.shape[1] == self.target.n_outputs
+        if not ok or len(Y) != len(labels.ids):
+            raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
+        pending, early, done = self._pending, self._early, self._done
+        join_ids, join_slots, join_y, rejected = [], [], [], []
+        n_duplicate = n_held = n_orphan = n_expired = 0
+        for row_id, y in zip(labels.ids, Y.tolist()):
+            slot = pending.pop(row_id, None)
+            if slot is not None:
+                join_ids.append(row_id)
+                join_slots.append(slot)
+                join_y.append(y)
+                self._remember(row_id, LABELLED)
+                continue
+            kind = done.get(row_id)
+            if kind == LABELLED or (kind is None and row_id in early):
+                n_duplicate += 1
+            elif kind == EXPIRED:
+                n_expired += 1
+                bad = BadInput("expired_id", f"label for id {row_id!r} came after its row expired unlabelled")
+                rejected.append((bad, label_message(row_id, y, self.target)))
+            else:
+                early[row_id] = (y, now_ms)
+                n_held += 1
+                while len(early) > self.max_early_labels:
+                    old_id, (old_y, _) = early.popitem(last=False)
+                    n_orphan += 1
+                    bad = BadInput("unknown_id", f"label for id {old_id!r} pushed out of the full early-label buffer "
+                                                 f"({self.max_early_labels}) before its row came")  # fmt: skip
+                    rejected.append((bad, label_message(old_id, old_y, self.target)))
+        joined = self._release(join_ids, join_slots)
+        c = self.counters
+        c["labels_received"] += len(labels.ids)
+        c["labels_joined"] += len(join_ids)
+        c["labels_duplicate"] += n_duplicate
+        c["labels_expired_id"] += n_expired
+        c["labels_early_held"] += n_held
+        c["labels_orphan"] += n_orphan
+        return JoinResult(joined.ids, joined.X, self._y_array(join_y), joined.batch_seq, rejected, self._empty_rows())
+
+    # ----------------------------------------------------------- expiry
+    def expire(self, now_ms: int, batch_seq: int) -> ExpireResult:
+        """Rows older than their ttl (returned, remembered as expired) and early labels older than
+        ``early_label_ttl_ms`` (rejected as unknown_id)."""
+        pending, ttl_ms, ttl_batches = self._pending, self.row_ttl_ms, self.row_ttl_batches
+        out_ids, out_slots = [], []
+        while pending:
+            row_id, slot = next(iter(pending.items()))
+            young_ms = ttl_ms is None or now_ms - int(self._added_ms[slot]) <= ttl_ms
+            young_batches = ttl_batches is None or batch_seq - int(self._seq[slot]) <= ttl_batches
+            if young_ms and young_batches:
+                break
+            pending.popitem(last=False)
+            self._remember(row_id, EXPIRED)
+            out_ids.append(row_id)
+            out_slots.append(slot)
+        self.counters["rows_expired"] += len(out_ids)
+
+        early, rejected = self._early, []
+        while early:
+            row_id, (y, added_ms) = next(iter(early.items()))
+            if now_ms - added_ms <= self.early_label_ttl_ms:
+                break
+            early.popitem(last=False)
+            bad = BadInput("unknown_id", f"label for id {row_id!r} waited {now_ms - added_ms} ms "
+                                         f"(limit {self.early_label_ttl_ms}) and its row never came")  # fmt: skip
+            rejected.append((bad, label_message(row_id, y, self.target)))
+        self.counters["labels_orphan"] += len(rejected)
+        return self._release(out_ids, out_slots, rejected)
+
+    # ------------------------------------------------------------ state
+    def to_state(self) -> dict[str, np.ndarray]:
+        """Plain arrays (no objects: loads with allow_pickle=False), every sequence oldest first."""
+        slots = np.fromiter(self._pending.values(), dtype=np.int64, count=len(self._pending))
+        early = list(self._early.values())
+        early_y = self._y_array([y for y, _ in early])
+        return {
+            "pending_ids": _id_array(self._pending),
+            "pending_X": self._X[slots],
+            "pending_batch_seq": self._seq[slots],
+            "pending_added_ms": self._added_ms[slots],
+            "early_ids": _id_array(self._early),
+            "early_Y": early_y,
+            "early_added_ms": np.array([t for _, t in early], dtype=np.int64),
+            "done_ids": _id_array(self._done),
+            "done_kind": np.fromiter(self._done.values(), dtype=np.int8, count=len(self._done)),
+            "counter_names": _id_array(self.counters),
+            "counter_values": np.fromiter(self.counters.values(), dtype=np.int64, count=len(self.counters)),
+        }
+
+    @classmethod
+    def from_state(cls, state, **kwargs) -> JoinBuffer:
+        """A buffer equal to the one that wrote ``state`` (kwargs as for __init__). Limits that
+        shrank since are enforced by the next add (evictions are returned and counted then)."""
+        buf = cls(**kwargs)
+        ids = [str(s) for s in state["pending_ids"].tolist()]
+        X = np.asarray(state["pending_X"], dtype=np.float64)
+        n = len(ids)
+        seq, added = np.asarray(state["pending_batch_seq"]), np.asarray(state["pending_added_ms"])
+        if X.shape != (n, buf.n_features) or seq.shape != (n,) or added.shape != (n,):
+            raise ValueError(f"inconsistent pending rows in state: {n} ids, X {X.shape}, n_features {buf.n_features}")
+        if n > len(buf._seq):
+            buf._X = np.empty((n, buf.n_features))
+            buf._seq = np.empty(n, dtype=np.int64)
+            buf._added_ms = np.empty(n, dtype=np.int64)
+        buf._X[:n], buf._seq[:n], buf._added_ms[:n] = X, seq, added
+        buf._high = n
+        buf._pending = OrderedDict(zip(ids, range(n)))
+
+        early_ids = [str(s) for s in state["early_ids"].tolist()]
+        early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
+        if early_y.shape != (len(early_ids),) + buf._empty_y().shape[1:]:
+            raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {buf.target}")
+        if early_ms.shape != (len(early_ids),):
+            raise ValueError("inconsistent early labels in state")
+        buf._early = OrderedDict(zip(early_ids, zip(early_y.tolist(), early_ms.tolist())))
+
+        done_ids = [str(s) for s in state["done_ids"].tolist()]
+        kinds = np.asarray(state["done_kind"]).tolist()
+        if len(kinds) != len(done_ids) or not set(kinds) <= {LABELLED, EXPIRED}:
+            raise ValueError("inconsistent remembered ids in state")
+        buf._done = OrderedDict(zip(done_ids, kinds))
+        while len(buf._done) > buf.remember_done:
+            buf._done.popitem(last=False)
+
+        names = [str(s) for s in state["counter_names"].tolist()]
+        buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))
+        return buf
+
+
+class MicroBatcher:
+    """Feature rows waiting to form a batch: up to ``max_rows``, or whatever is there once
+    the oldest row has waited ``max_latency_ms``.
+
+    >>> import numpy as np
+    >>> mb = MicroBatcher(max_rows=3, max_latency_ms=50)
+    >>> mb.add(FeatureRows(["a", "b"], np.zeros((2, 1)), np.array([-1, -1])), now_ms=0)
+    >>> mb.due(10), mb.time_to_due(10), mb.due(50)
+    (False, 40, True)
+    >>> mb.take().ids, len(mb)
+    (['a', 'b'], 0)
+    """
+
+    def __init__(self, max_rows: int, max_latency_ms: int):
+        if max_rows < 1 or max_latency_ms < 0:
+            raise ValueError(f"need max_rows >= 1 and max_latency_ms >= 0, got {max_rows}, {max_latency_ms}")
+        self.max_rows = int(max_rows)
+        self.max_latency_ms = int(max_latency_ms)
+        self._chunks: deque[tuple[FeatureRows, int]] = deque()  # (rows, arrival ms), oldest first
+        self._n = 0
+        self._n_features = 0  # remembered for the shape of an empty state
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, rows: FeatureRows | None, now_ms: int) -> None:
+        if rows is None or len(rows) == 0:
+            return
+        self._chunks.append((rows, int(now_ms)))
+        self._n += len(rows)
+        self._n_features = rows.X.shape[1]
+
+    def due(self, now_ms: int) -> bool:
+        """Full, or the oldest row has waited at least max_latency_ms."""
+        return self._n >= self.max_rows or (self._n > 0 and now_ms - self._chunks[0][1] >= self.max_latency_ms)
+
+    def time_to_due(self, now_ms: int) -> int | None:
+        """Milliseconds until due (0 when due), None when empty: a poll timeout."""
+        if self._n == 0:
+            return None
+        if self._n >= self.max_rows:
+            return 0
+        return max(0, self._chunks[0][1] + self.max_latency_ms - int(now_ms))
+
+    def take(self) -> FeatureRows | None:
+        """The oldest rows, at most max_rows (whether due or not), or None when empty."""
+        if self._n == 0:
+            return None
+        parts, need = [], self.max_rows
+        while need and self._chunks:
+            rows, arrived = self._chunks[0]
+            if len(rows) <= need:
+                self._chunks.popleft()
+                parts.append(rows)
+                need -= len(rows)
+            else:
+                parts.append(_slice(rows, 0, need))
+                self._chunks[0] = (_slice(rows, need, len(rows)), arrived)
+                need = 0
+        batch = parts[0] if len(parts) == 1 else _concat(parts)
+        self._n -= len(batch)
+        return batch
+
+    def to_state(self) -> dict[str, np.ndarray]:
+        rows = _concat([r for r, _ in self._chunks]) if self._chunks else None
+        arrival = [t for r, t in self._chunks for _ in range(len(r))]
+        return {
+            "ids": _id_array(rows.ids if rows else []),
+            "X": rows.X if rows else np.empty((0, self._n_features)),
+            "ts": rows.ts if rows else np.empty(0, dtype=np.int64),
+            "arrival_ms": np.array(arrival, dtype=np.int64),
+        }
+
+    @classmethod
+    def from_state(cls, state, **kwargs) -> MicroBatcher:
+        mb = cls(**kwargs)
+        ids = [str(s) for s in state["ids"].tolist()]
+        X = np.ascontiguousarray(state["X"], dtype=np.float64)
+        ts, arrival = np.asarray(state["ts"], dtype=np.int64), np.asarray(state["arrival_ms"], dtype=np.int64)
+        if X.ndim != 2 or len(X) != len(ids) or ts.shape != (len(ids),) or arrival.shape != (len(ids),):
+            raise ValueError("inconsistent micro-batcher state")
+        mb._n_features = X.shape[1]
+        # one chunk per run of equal arrival times (batch boundaries depend only on row counts)
+        starts = [0] + [i for i in range(1, len(ids)) if arrival[i] != arrival[i - 1]] + [len(ids)]
+        for a, b in zip(starts[:-1], starts[1:]):
+            if b > a:
+                mb.add(FeatureRows(ids[a:b], X[a:b], ts[a:b].copy()), int(arrival[a]))
+        return mb
+
+
+def _slice(rows: FeatureRows, a: int, b: int) -> FeatureRows:
+    return FeatureRows(rows.ids[a:b], rows.X[a:b], rows.ts[a:b])
+
+
+def _concat(parts: list[FeatureRows]) -> FeatureRows:
+    ids = [row_id for p in parts for row_id in p.ids]
+    return FeatureRows(ids, np.concatenate([p.X for p in parts]), np.concatenate([p.ts for p in parts]))
