@@ -24,6 +24,8 @@ import sys
 COMMANDS = {
     "evaluate": ("iolstream.evaluate", "run the IOL process over a data set and report it as the paper does"),
     "simulate": ("iolstream.simulate", "the paper's Supplementary F simulation: regrets of -R and -F"),
+    "bench": ("iolstream.bench", "throughput benchmarks against baselines measured in the same run"),
+    "run": ("iolstream.cmd_run", "run the Kafka worker: features and labels in, predictions out"),
 }
 
 EXIT_USAGE = 2

@@ -40,6 +40,9 @@ Decisions worth knowing:
   list or object -> ``bad_label``.
 - Regression y: a number (m = 1; ``[v]`` is accepted too) or a list of m
   numbers; wrong shape/type -> ``bad_label``, null -> ``non_finite``.
+- An id repeated within one message (features or labels): the later row is
+  ``duplicate_id``. Across messages, repeated labels are the join buffer's
+  business (counted and applied once, not dead-lettered).
 
 Batch messages take a vectorised path (one ``np.array`` of the whole x) and
 fall back to the per-row reference checks only when something is off, so the
@@ -82,6 +85,7 @@ REASONS: tuple[str, ...] = (
 MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
 MAX_TS_MS = 2**62  # event times beyond this are not milliseconds
 MAX_DETAIL_CHARS = 500
+_NUMBER_TYPES = frozenset((int, float))  # exact types: bool is not a number here
 
 
 class BadInput(Exception):
@@ -220,7 +224,10 @@ def _may_hold_bool(raw: bytes) -> bool:
     if p.size and ((a[p - 2] == ord("t")) & (a[p - 1] == ord("r")) & (a[p + 1] == ord("e"))).any():
         return True
     p = np.flatnonzero(a[2:-2] == ord("l")) + 2  # f a [l] s e
-    return bool(p.size and ((a[p - 2] == ord("f")) & (a[p - 1] == ord("a")) & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())
+    if not p.size:
+        return False
+    f_a = (a[p - 2] == ord("f")) & (a[p - 1] == ord("a"))
+    return bool((f_a & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())
 
 
 def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]:
@@ -229,7 +236,7 @@ def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]
 
 def _parse(value: bytes | None, max_bytes: int):
     """(obj, raw, None) or (None, raw, dead letters) for the message-level checks."""
-    raw = b"" if value is None else bytes(value)
+    raw = value if type(value) is bytes else bytes(value or b"")
     if not raw:
         return None, raw, _whole("malformed_json", "empty value (null or zero bytes)", raw)
     if len(raw) > max_bytes:
@@ -315,10 +322,12 @@ def _check_x_row(row, k: int) -> tuple[str | None, str]:
     """(None, "") or (reason, why) — the reference rule for one feature row (a list)."""
     if len(row) != k:
         return "wrong_feature_count", f"expected {k} features, got {len(row)}"
+    if _NUMBER_TYPES.issuperset(map(type, row)):  # the common case; orjson never yields nan/inf floats
+        return None, ""
     for j, v in enumerate(row):
         t = type(v)
         if t is float:
-            if not math.isfinite(v):  # cannot come from orjson, but arrays may be built elsewhere
+            if not math.isfinite(v):  # unreachable from orjson, kept for completeness
                 return "non_finite", f"x[{j}] is {v}"
         elif t is not int:
             if v is None:
@@ -341,7 +350,8 @@ def decode_features(
     # one row: any problem rejects the raw message
     x = obj.get("x")
     if type(x) is not list:
-        return None, _whole("bad_schema", "'x' is missing" if x is None else f"'x' is {_json_type(x)}, not an array", raw)
+        why = "'x' is missing" if x is None else f"'x' is {_json_type(x)}, not an array"
+        return None, _whole("bad_schema", why, raw)
     row_id, reason, why = _check_id(obj.get("id"))
     if reason is None:
         reason, why = _check_x_row(x, n_features)
@@ -507,7 +517,8 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
     if b == 0:
         return None, _whole("bad_schema", "empty batch", raw)
 
-    if _fast_ids(ids) and not _may_hold_bool(raw):
+    y_types = set(map(type, y))  # a flat y shows its bools here; a nested one needs the raw scan
+    if _fast_ids(ids) and bool not in y_types and (list not in y_types or not _may_hold_bool(raw)):
         Y = _fast_labels(y, target)
         if Y is not None:
             return LabelRows(ids, Y), []

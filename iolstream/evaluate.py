@@ -96,11 +96,13 @@ class Protocol:
 
 
 def time_points(n_batches: int, n_points: int) -> list[int]:
-    """About ``n_points`` batch indices in 1..T, logarithmically spaced, always with 1 and T.
+    """About ``n_points`` batch indices in 1..T, logarithmically spaced, with 1 and T (only T if n_points = 1).
 
     >>> time_points(371, 6)
     [1, 3, 11, 35, 115, 371]
     """
+    if n_points == 1:
+        return [n_batches]
     if n_batches <= n_points:
         return list(range(1, n_batches + 1))
     points = np.unique(np.round(np.geomspace(1, n_batches, n_points)).astype(int))

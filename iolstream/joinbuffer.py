@@ -312,7 +312,8 @@ class JoinBuffer:
         """Join the labels whose rows are pending; hold the others as early, or count/reject them."""
         Y = labels.Y
         if self.target.task == "classification":
-            ok = Y.ndim == 1 and Y.dtype.kind in "iu"
+            in_range = Y.size == 0 or 0 <= Y.min() <= Y.max() < len(self.target.classes)
+            ok = Y.ndim == 1 and Y.dtype.kind in "iu" and in_range
         else:
             ok = Y.ndim == 2 and Y.shape[1] == self.target.n_outputs
         if not ok or len(Y) != len(labels.ids):

@@ -31,8 +31,8 @@ def gram_update(gram: np.ndarray, d_t: np.ndarray, sign: float = 1.0) -> None:
             gram[...] = res
     else:
         # float32 features: product in float32 (twice the GEMM rate), accumulated in float64.
-        part = blas.ssyrk(sign, d_f, trans=1, lower=1)
-        gram += np.tril(part)
+        part = blas.ssyrk(sign, d_f, trans=1, lower=1)  # lower triangle filled, upper left at zero
+        gram += part
 
 
 def symmetric(lower: np.ndarray) -> np.ndarray:

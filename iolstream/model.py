@@ -76,8 +76,19 @@ class ModelConfig:
             if not (isinstance(value, int) and value >= 1):
                 bad(key, "an integer ≥ 1", value)
         if not isinstance(self.lam, (int, float)):
-            object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
-        learner._as_lams(self.lam, self.n_layers)  # raises with the key named
+            try:
+                object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
+            except (TypeError, ValueError):
+                bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
+        try:
+            learner._as_lams(self.lam, self.n_layers)
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None  # _as_lams' message starts with "lam:"
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
+            bad("seed", "an integer ≥ 0", self.seed)
+        for key in ("bias_column", "track_regret"):
+            if not isinstance(getattr(self, key), bool):
+                bad(key, "true or false", getattr(self, key))
         if self.activation not in kernels.ACTIVATIONS:
             bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
@@ -90,6 +101,18 @@ class ModelConfig:
             bad("dtype", f"one of {DTYPES}", self.dtype)
         if self.scaler not in SCALER_MODES:
             bad("scaler", f"one of {SCALER_MODES}", self.scaler)
+        if self.scaler == "warmup" and self.warmup_rows < 2:
+            bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
+        if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
+            for key, low in (("scaler_mean", -np.inf), ("scaler_std", 0.0)):
+                value = getattr(self, key)
+                try:
+                    arr = np.asarray(value, dtype=np.float64)
+                except (TypeError, ValueError):
+                    arr = np.empty(0)
+                if arr.shape != (self.n_inputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                    what = "finite numbers" + (" > 0" if low == 0.0 else "")
+                    bad(key, f"a list of {self.n_inputs} {what} with scaler 'fixed'", value)
         if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
             bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
 
@@ -137,7 +160,7 @@ class RegretReport:
     cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
     expert_loss: np.ndarray  # (L,) min_β over everything labelled
     cumulative_regret: np.ndarray  # (L,)
-    bound: float  # Theorem 4 (-R) or 5 (-F), with the largest λ_l (the loosest)
+    bound: float  # Theorem 4 (-R) or 5 (-F), with the smallest λ_l (the loosest: the bounds fall as λ grows)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -254,7 +277,7 @@ class EdRVFL:
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
         bound = bound_fn(
             st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
-            max(learner._as_lams(self.config.lam, self.config.n_layers)),
+            min(learner._as_lams(self.config.lam, self.config.n_layers)),
         )  # fmt: skip
         return RegretReport(losses, experts, losses - experts, bound)
 

@@ -59,10 +59,14 @@ class Scaler:
         return 0 if self.frozen else max(self.warmup_rows - self.count, 0)
 
     def partial_fit(self, x: np.ndarray) -> None:
-        """Accumulate rows while warming up; freeze when W rows have been seen. No-op once frozen."""
+        """Accumulate rows while warming up; freeze when W rows have been seen. No-op once frozen.
+
+        Only the first W rows count (SPEC §4), so the frozen scaling does not depend on where the
+        micro-batch boundaries fell: rows of ``x`` beyond the W-th are ignored.
+        """
         if self.frozen or len(x) == 0:
             return
-        x = np.asarray(x, dtype=np.float64)
+        x = np.asarray(x, dtype=np.float64)[: self.warmup_rows - self.count]
         n_b = x.shape[0]
         mean_b = x.mean(axis=0)
         dev_b = ((x - mean_b) ** 2).sum(axis=0)

@@ -85,7 +85,10 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
         raise StateFormatError(
             f"not an {FORMAT} v{FORMAT_VERSION} state (got {manifest.get('format')} v{manifest.get('format_version')})"
         )
-    model = EdRVFL(_config_from_json(manifest["config"]))
+    try:
+        model = EdRVFL(_config_from_json(manifest["config"]))
+    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
+        raise StateFormatError(f"saved config does not load: {exc}") from None
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})

@@ -166,27 +166,32 @@ class StreamProcessor:
             rows = self.batcher.take()
             if not self.model.ready:
                 self._warm_up(rows, force=force)
-                if not self.model.ready:
-                    continue
-                held, self.held = self.held, []
-                for h in held:
-                    self._predict_batch(h, now_ms, out)
+                if self.model.ready:
+                    self._release_held(now_ms, out)
                 continue
             self._predict_batch(rows, now_ms, out)
+            self._fold_if_due(now_ms, out, force=False)  # labels that joined meanwhile count before the next batch
         if force and self.held and not self.model.ready:
             self._warm_up(None, force=True)
-            held, self.held = self.held, []
-            for h in held:
-                self._predict_batch(h, now_ms, out)
+            self._release_held(now_ms, out)
+        self._fold_if_due(now_ms, out, force=force)
+        self._expire(now_ms, out)
+        out.batch_seconds = time.perf_counter() - t0
+        return out
+
+    def _fold_if_due(self, now_ms: int, out: StepOutput, *, force: bool) -> None:
         if self.label_queue_rows and (
             force
             or self.label_queue_rows >= self.cfg.label_batch_rows
             or now_ms - self.label_queue_since_ms >= self.cfg.max_label_latency_ms
         ):
-            out.rows_learned = self._fold_labels()
-        self._expire(now_ms, out)
-        out.batch_seconds = time.perf_counter() - t0
-        return out
+            out.rows_learned += self._fold_labels()
+
+    def _release_held(self, now_ms: int, out: StepOutput) -> None:
+        held, self.held = self.held, []
+        for rows in held:
+            self._predict_batch(rows, now_ms, out)
+            self._fold_if_due(now_ms, out, force=False)
 
     def _warm_up(self, rows: FeatureRows | None, *, force: bool) -> None:
         if rows is not None:

@@ -378,6 +378,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         log.info("stopping: final batch, flush, snapshot, commit")
+        self.stop_event.set()  # no second checkpoint from the revoke that close() triggers
         if self.exactly_once:
             if not self.tx_open:
                 self.producer.begin_transaction()

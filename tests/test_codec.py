@@ -68,7 +68,8 @@ def test_oversize_is_checked_before_parsing():
 
 
 @pytest.mark.parametrize(
-    "raw", [b"{", b'{"id": "a", "x": [1, 2, NaN]}', b'{"id": "a", "x": [1, 2, Infinity]}', b'{"id": "a", "x": [1, 2, 1e400]}']
+    "raw",
+    [b"{", b'{"id": "a", "x": [1, 2, NaN]}', b'{"id": "a", "x": [1, 2, Infinity]}', b'{"id": "a", "x": [1, 2, 1e400]}'],
 )
 def test_not_json_is_malformed_and_keeps_raw_bytes(raw):
     rows, bad = decode_features(raw, K, max_bytes=MAX)
@@ -208,7 +209,9 @@ def test_bool_in_batch_is_caught(ids):
 # A Hypothesis property: decoding a batch equals decoding its rows one by one, and the
 # fast path equals the reference path.
 GOOD = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=K, max_size=K)
-CELL = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.integers(-(2**40), 2**40), st.none(), st.booleans(), st.just("1"))
+CELL = st.one_of(
+    st.floats(-1e6, 1e6, allow_nan=False), st.integers(-(2**40), 2**40), st.none(), st.booleans(), st.just("1")
+)
 ROW_X = st.one_of(GOOD, GOOD, st.lists(CELL, min_size=K - 1, max_size=K + 1))
 ROW_ID = st.one_of(st.sampled_from(["a", "b", "c", "d", "e", "user-1"]), st.integers(0, 5), st.just(""), st.none())
 
@@ -258,7 +261,9 @@ def test_int_classes(y, result):
         assert got is None and bad[0][0].reason == result
 
 
-@pytest.mark.parametrize("y, result", [("dog", 1), ("cat", 0), ("DOG", "unknown_class"), (1, "unknown_class"), (False, "bad_label")])
+@pytest.mark.parametrize(
+    "y, result", [("dog", 1), ("cat", 0), ("DOG", "unknown_class"), (1, "unknown_class"), (False, "bad_label")]
+)
 def test_string_classes(y, result):
     got, bad = labels({"id": "a", "y": y}, STR_CLASSES)
     if isinstance(result, int):
@@ -269,9 +274,10 @@ def test_string_classes(y, result):
 
 @pytest.mark.parametrize(
     "target, y, result",
-    [(REG1, 2.5, [[2.5]]), (REG1, [2.5], [[2.5]]), (REG1, 3, [[3.0]]), (REG1, "2.5", "bad_label"), (REG1, None, "non_finite"),
-     (REG1, [1, 2], "bad_label"), (REG1, True, "bad_label"), (REG2, [1, 2.5], [[1.0, 2.5]]), (REG2, 1.0, "bad_label"),
-     (REG2, [1, None], "non_finite"), (REG2, [1, 2, 3], "bad_label"), (REG2, [1, [2]], "bad_label")],
+    [(REG1, 2.5, [[2.5]]), (REG1, [2.5], [[2.5]]), (REG1, 3, [[3.0]]), (REG1, "2.5", "bad_label"),
+     (REG1, None, "non_finite"), (REG1, [1, 2], "bad_label"), (REG1, True, "bad_label"),
+     (REG2, [1, 2.5], [[1.0, 2.5]]), (REG2, 1.0, "bad_label"), (REG2, [1, None], "non_finite"),
+     (REG2, [1, 2, 3], "bad_label"), (REG2, [1, [2]], "bad_label")],
 )  # fmt: skip
 def test_regression_labels(target, y, result):
     got, bad = labels({"id": "a", "y": y}, target)
@@ -282,7 +288,9 @@ def test_regression_labels(target, y, result):
 
 
 @pytest.mark.parametrize(
-    "obj", [{"id": "a"}, {"ids": ["a"], "y": 1}, {"ids": ["a", "b"], "y": [1]}, {"ids": [], "y": []}, {"id": "a", "ids": ["a"], "y": 1}]
+    "obj",
+    [{"id": "a"}, {"ids": ["a"], "y": 1}, {"ids": ["a", "b"], "y": [1]}, {"ids": [], "y": []},
+     {"id": "a", "ids": ["a"], "y": 1}],
 )
 def test_label_structural_problems(obj):
     assert only_reason(labels(obj, INT_CLASSES)) == "bad_schema"
@@ -292,8 +300,11 @@ def test_label_missing_id():
     assert only_reason(labels({"y": 1}, INT_CLASSES)) == "missing_id"
 
 
-@pytest.mark.parametrize("target, ys", [(INT_CLASSES, [0, 3, 1.0, "1"]), (STR_CLASSES, ["cat", "dog", "dog", "cat"]),
-                                        (REG1, [1.5, 2, [3.0], -4]), (REG2, [[1, 2], [3, 4], [5, 6.5], [0, 0]])])  # fmt: skip
+@pytest.mark.parametrize(
+    "target, ys",
+    [(INT_CLASSES, [0, 3, 1.0, "1"]), (STR_CLASSES, ["cat", "dog", "dog", "cat"]),
+     (REG1, [1.5, 2, [3.0], -4]), (REG2, [[1, 2], [3, 4], [5, 6.5], [0, 0]])],
+)  # fmt: skip
 def test_clean_label_batches_match_single_rows(target, ys):
     got, bad = labels({"ids": ["a", "b", "c", "d"], "y": ys}, target)
     assert bad == [] and got.ids == ["a", "b", "c", "d"]
@@ -308,7 +319,9 @@ def test_partial_bad_label_batch():
     assert [(b.reason, b.detail.split(":")[0]) for b, _ in bad] == [
         ("unknown_class", "row 1"), ("bad_label", "row 2"), ("missing_id", "row 3"), ("duplicate_id", "row 4")
     ]  # fmt: skip
-    assert [orjson.loads(raw) for _, raw in bad] == [{"id": "b", "y": 2}, {"id": "c", "y": True}, {"id": "", "y": 0}, {"id": "a", "y": 0}]
+    assert [orjson.loads(raw) for _, raw in bad] == [
+        {"id": "b", "y": 2}, {"id": "c", "y": True}, {"id": "", "y": 0}, {"id": "a", "y": 0}
+    ]  # fmt: skip
     assert labels(bad[0][1], INT_CLASSES)[1][0][0].reason == "unknown_class"
 
 
@@ -365,15 +378,21 @@ def test_encode_predictions_classification():
         model_version=4, ts_in=np.array([1000, -1]), ts_out_ms=2000, mode="forward", classes=INT_CLASSES.classes,
     )  # fmt: skip
     assert [orjson.loads(o) for o in out] == [
-        {"id": "a", "y_hat": 3, "proba": [0.1, 0.2, 0.7], "model_version": 4, "ts": 2000, "event_ts": 1000, "mode": "forward"},
+        {"id": "a", "y_hat": 3, "proba": [0.1, 0.2, 0.7], "model_version": 4, "ts": 2000, "event_ts": 1000,
+         "mode": "forward"},
         {"id": "b", "y_hat": 0, "proba": [0.5, 0.25, 0.25], "model_version": 4, "ts": 2000, "mode": "forward"},
     ]
 
 
-@pytest.mark.parametrize("y_hat, expected", [(np.array([[1.5], [np.nan]]), [1.5, None]), (np.array([1.5, 2.0]), [1.5, 2.0]),
-                                             (np.array([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.0, 4.0]])])  # fmt: skip
+@pytest.mark.parametrize(
+    "y_hat, expected",
+    [(np.array([[1.5], [np.nan]]), [1.5, None]), (np.array([1.5, 2.0]), [1.5, 2.0]),
+     (np.array([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.0, 4.0]])],
+)  # fmt: skip
 def test_encode_predictions_regression(y_hat, expected):
-    out = encode_predictions(["a", "b"], y_hat, None, model_version=1, ts_in=None, ts_out_ms=5, mode="ridge", classes=None)
+    out = encode_predictions(
+        ["a", "b"], y_hat, None, model_version=1, ts_in=None, ts_out_ms=5, mode="ridge", classes=None
+    )
     msgs = [orjson.loads(o) for o in out]
     assert [m["y_hat"] for m in msgs] == expected and all("proba" not in m and m["mode"] == "ridge" for m in msgs)
 

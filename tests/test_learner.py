@@ -117,7 +117,7 @@ LAMS = {"lam=1": 1.0, "lam per layer": (0.3, 1.0, 4.0)}
 @pytest.mark.parametrize("solver", ["cholesky", "woodbury", "auto"])
 def test_ridge_equals_algorithm_1(solver, sizes_name, lam_name):
     """-R, Algorithm 1: learn(D_t, Y_t) in order; β_{t+1} and η_t after every step; batch t predicted with β_t."""
-    seed_ = 1000 + len(sizes_name) + 7 * len(lam_name)
+    seed_ = 1000 + 10 * list(BATCH_SIZES).index(sizes_name) + list(LAMS).index(lam_name)
     lam, sizes = LAMS[lam_name], BATCH_SIZES[sizes_name]
     feats, ys = make_batches(seed_, sizes)
     learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, lam=lam, mode="ridge", solver=solver, refactor_every=7)
@@ -146,7 +146,7 @@ def test_ridge_equals_algorithm_1(solver, sizes_name, lam_name):
 @pytest.mark.parametrize("solver", ["cholesky", "woodbury", "auto"])
 def test_forward_equals_algorithm_2(solver, sizes_name, lam_name):
     """-F, Algorithm 2: observe(F_1); then for t: observe(F_{t+1}); learn(F_t, Y_t) → β_{t+1}, η_{t+1}."""
-    seed_ = 2000 + len(sizes_name) + 7 * len(lam_name)
+    seed_ = 2000 + 10 * list(BATCH_SIZES).index(sizes_name) + list(LAMS).index(lam_name)
     lam, sizes = LAMS[lam_name], BATCH_SIZES[sizes_name]
     feats, ys = make_batches(seed_, sizes)
     learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, lam=lam, mode="forward", solver=solver, refactor_every=7)
@@ -263,7 +263,7 @@ def test_theorem_1_closed_form_at_every_step(mode, solver, seed_):
 ORDER_SEED = 4242
 
 
-def fixed_events(mode: str):
+def fixed_events():
     """A fixed list of learner calls whose final sums do not depend on their order."""
     rng = np.random.default_rng(ORDER_SEED)
     sizes = [3, 1, 6, 2, 5, 4]
@@ -296,10 +296,10 @@ def play(events, order, mode, solver):
 
 
 @seed(20261125)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), mode=st.sampled_from(["forward", "ridge"]), solver=st.sampled_from(["cholesky", "woodbury", "auto"]))
 def test_final_state_independent_of_arrival_order(data, mode, solver):
-    events = fixed_events(mode)
+    events = fixed_events()
     order = data.draw(st.permutations(range(len(events))), label="order")
     ref = play(events, range(len(events)), mode, "cholesky")
     got = play(events, order, mode, solver)
@@ -324,7 +324,7 @@ op_strategy = st.lists(
 
 
 @seed(777)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=op_strategy,
     mode=st.sampled_from(["forward", "ridge"]),
@@ -548,6 +548,8 @@ def test_float32_path_stays_close_to_float64_closed_form():
 
     (MEASUREMENTS.md had 7e-4 / 1.8e-3 / 3.7e-3 for a prototype that also accumulated in float32.)
     The error does not grow with the stream: A is a float64 sum, only each batch's DᵀD is rounded.
+    Against a float64 *model* fed the same rows (float64 weights and features too) it is the same
+    order: 8.0e-6 / 4.6e-6 after 100 / 1,000 batches, with identical predicted classes.
     This test runs 1,000 batches (~4 s) and asserts 10× the measured value; A factorises at the end.
     """
     errors = measure_float32((100, 1000))
@@ -562,7 +564,7 @@ def test_float32_path_5000_batches():
     assert errors[5000] <= 10 * FLOAT32_MEASURED[5000], f"{errors[5000]:.2e}, data_seed=1"
 
 
-WOODBURY_MEASURED = {100: 1.5e-13, 1000: 3.5e-13, 5000: 6.0e-13}
+WOODBURY_MEASURED = {100: 1.0e-13, 1000: 3.7e-13, 5000: 5.2e-13}
 
 
 def test_float64_woodbury_stays_close_to_closed_form():
@@ -572,8 +574,8 @@ def test_float64_woodbury_stays_close_to_closed_form():
     Relative error of β against the closed form A⁻¹c, max over layers, measured with
     ``.venv/bin/python tests/test_learner.py``:
 
-        after 100 / 1,000 / 5,000 batches:  1.5e-13 / 3.5e-13 / 6.0e-13   (refactor_every=256)
-        without any rebuild (refactor_every=10**9):   1.0e-13 / 4.2e-13 / 1.6e-12
+        after 100 / 1,000 / 5,000 batches:  1.0e-13 / 3.7e-13 / 5.2e-13   (refactor_every=256)
+        without any rebuild (refactor_every=10**9):   1.0e-13 / 4.4e-13 / 1.5e-12
 
     SPEC bound: 1e-6. This test runs 1,000 batches (~1 s) and asserts 1e-9 (SPEC's 1e-6 with room
     to spare, ~3,000× the measured value) and P symmetric positive definite at the end.

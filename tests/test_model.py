@@ -1,0 +1,399 @@
+"""The edRVFL model: label coding, ensembles, configuration, scaling and regret (SPEC §1, §3, §4).
+
+Seeds are fixed and printed in every assertion message.
+"""
+
+from __future__ import annotations
+
+import naive
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from iolstream import kernels, regret
+from iolstream.model import EdRVFL, ModelConfig
+from iolstream.scaling import Scaler, ScalerNotReady
+
+K = 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
+    with threadpool_limits(1):
+        yield
+
+
+def small(**kwargs) -> ModelConfig:
+    base = dict(n_inputs=K, n_nodes=16, n_layers=3, scaler="none", seed=0)
+    return ModelConfig(**{**base, **kwargs})
+
+
+def rows(seed: int, b: int, k: int = K):
+    return np.random.default_rng(seed).standard_normal((b, k))
+
+
+def state_copy(model: EdRVFL) -> dict:
+    st = model.learner.state
+    out = {k: v for k, v in vars(st).items() if k not in ("layers", "extra")}
+    for i, ls in enumerate(st.layers):
+        for k, v in vars(ls).items():
+            out[f"{i}/{k}"] = v.copy() if isinstance(v, np.ndarray) else v
+    out.update({f"scaler/{k}": v.copy() for k, v in model.scaler.to_state().items()})
+    return out
+
+
+def assert_same(a: dict, b: dict, msg: str):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert np.array_equal(a[key], b[key]), f"{msg}: {key}"
+        else:
+            assert a[key] == b[key], f"{msg}: {key}"
+
+
+# --------------------------------------------------------------------------- labels
+
+
+@pytest.mark.parametrize("classes", [(0, 1, 2), (3, -1, 7, 5), ("cat", "dog", "eel")])
+def test_classification_one_hot_and_predictions(classes):
+    seed = 1
+    model = EdRVFL(small(classes=classes))
+    m = len(classes)
+    picks = np.random.default_rng(seed).integers(0, m, 40)
+    y = [classes[i] for i in picks]
+    onehot = model.encode_labels(y)
+    np.testing.assert_array_equal(onehot, np.eye(m)[picks])
+    np.testing.assert_array_equal(model.encode_labels(np.asarray(y)), onehot)  # NumPy scalars too
+    x = rows(seed, 40)
+    model.learn_rows(x, y)
+    pred = model.predict_batch(x)
+    assert pred.proba.shape == (40, m) and pred.index.shape == (40,) and pred.value is None
+    assert pred.layer_outputs.shape == (3, 40, m) and pred.features_t.shape == (3, 16 + K + 1, 40)
+    labels = model.predict(x)
+    assert list(labels) == [classes[i] for i in pred.index] == pred.labels(classes)
+    assert float(np.mean(labels == np.asarray(y))) > 0.6, f"fits its own training rows, seed={seed}"
+
+
+@pytest.mark.parametrize("classes,unknown", [((0, 1, 2), 3), (("cat", "dog"), "cow")])
+def test_unknown_class_is_named(classes, unknown):
+    model = EdRVFL(small(classes=classes))
+    with pytest.raises(ValueError, match=repr(unknown)):
+        model.encode_labels([classes[0], unknown])
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_regression_outputs(m):
+    seed = 2
+    rng = np.random.default_rng(seed)
+    model = EdRVFL(small(n_outputs=m, n_nodes=32, lam=1e-3))
+    x = rng.standard_normal((400, K))
+    coef = rng.standard_normal((K, m))
+    y = x @ coef  # linear: D = [H | X | 1] holds X itself
+    model.learn_rows(x, y[:, 0] if m == 1 else y)
+    pred = model.predict_batch(x[:50])
+    assert pred.proba is None and pred.index is None and pred.value.shape == (50, m)
+    assert pred.layer_outputs.shape == (3, 50, m)
+    out = model.predict(x[:50])
+    assert out.shape == ((50,) if m == 1 else (50, m))
+    np.testing.assert_allclose(out.reshape(50, m), y[:50], atol=1e-2, err_msg=f"m={m} seed={seed}")
+    np.testing.assert_array_equal(model.encode_labels(y), y)
+
+
+# --------------------------------------------------------------------------- ensembles
+
+
+def _trained(seed: int, **kwargs) -> tuple[EdRVFL, np.ndarray]:
+    model = EdRVFL(small(n_layers=5, **kwargs))
+    x = rows(seed, 60)
+    if model.config.task == "classification":
+        y = [model.config.classes[i] for i in np.random.default_rng(seed + 1).integers(0, model.config.m, 60)]
+    else:
+        y = np.random.default_rng(seed + 1).standard_normal((60, model.config.m))
+    model.learn_rows(x, y)
+    return model, rows(seed + 2, 30)
+
+
+def test_softmax_ensemble_is_the_mean_of_layer_softmaxes():
+    model, x = _trained(3, classes=(0, 1, 2, 3))
+    pred = model.predict_batch(x)
+    want = np.mean([naive.softmax(out) for out in pred.layer_outputs], axis=0)
+    np.testing.assert_allclose(pred.proba, want, rtol=1e-12, err_msg="seed=3")
+    np.testing.assert_allclose(pred.proba.sum(axis=1), 1.0, rtol=1e-14)
+    np.testing.assert_array_equal(pred.index, want.argmax(axis=1))
+
+
+def test_vote_ensemble():
+    model, x = _trained(4, classes=("a", "b", "c"), ensemble="vote")
+    pred = model.predict_batch(x)
+    votes = pred.layer_outputs.argmax(axis=2)  # (L, b)
+    want = np.stack([(votes == c).mean(axis=0) for c in range(3)], axis=1)
+    np.testing.assert_allclose(pred.proba, want, rtol=1e-14, err_msg="seed=4")
+    np.testing.assert_allclose(pred.proba.sum(axis=1), 1.0, rtol=1e-14)
+    assert (pred.proba[np.arange(30), pred.index] == pred.proba.max(axis=1)).all()
+    # a hand-made case: 5 layers vote 2, 0, 2, 1, 2 for row 0 and 1, 1, 0, 0, 1 for row 1
+    outputs = np.zeros((5, 2, 3))
+    for layer, (a, b) in enumerate([(2, 1), (0, 1), (2, 0), (1, 0), (2, 1)]):
+        outputs[layer, 0, a] = outputs[layer, 1, b] = 1.0
+    proba, index, value = model.combine(outputs)
+    np.testing.assert_allclose(proba, [[0.2, 0.2, 0.6], [0.4, 0.6, 0.0]])
+    assert index.tolist() == [2, 1] and value is None
+
+
+@pytest.mark.parametrize("rule", ["mean", "median"])
+def test_regression_ensembles(rule):
+    model, x = _trained(5, n_outputs=2, ensemble=rule)
+    pred = model.predict_batch(x)
+    outs = pred.layer_outputs
+    want = np.median(outs, axis=0) if rule == "median" else outs.mean(axis=0)
+    np.testing.assert_allclose(pred.value, want, rtol=1e-14, err_msg=f"{rule} seed=5")
+    # a hand-made case with L = 5: the median is the middle value, not the mean
+    layer_values = np.array([1.0, 100.0, -3.0, 2.0, 0.5]).reshape(5, 1, 1)
+    _, _, value = model.combine(layer_values)
+    assert value[0, 0] == (1.0 if rule == "median" else 20.1)
+
+
+def test_default_ensembles():
+    assert small(classes=(0, 1)).ensemble_rule == "softmax"
+    assert small().ensemble_rule == "mean"
+
+
+def test_softmax_probabilities_survive_huge_layer_outputs():
+    model = EdRVFL(small(classes=(0, 1, 2)))
+    outputs = np.array([[[1e6, -1e6, 0.0]], [[800.0, 0.0, 799.0]]])
+    proba, index, _ = model.combine(outputs)
+    assert np.isfinite(proba).all() and index.tolist() == [0]
+    np.testing.assert_allclose(proba.sum(), 1.0)
+    np.testing.assert_allclose(proba, np.mean([kernels.softmax_rows(o) for o in outputs], axis=0))
+
+
+# --------------------------------------------------------------------------- purity
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+def test_predict_batch_is_pure_and_inputs_unchanged(mode):
+    seed = 6
+    model = EdRVFL(small(classes=(0, 1, 2), mode=mode, scaler="warmup", warmup_rows=20))
+    x = rows(seed, 30)
+    model.scaler.partial_fit(x)
+    batch = model.observe(x)
+    model.learn(batch.features_t, model.encode_labels([0, 1, 2] * 10), predicted=batch.layer_outputs)
+    x_new = rows(seed + 1, 8)
+    x_copy = x_new.copy()
+    before = state_copy(model)
+    first = model.predict_batch(x_new)
+    second = model.predict_batch(x_new)
+    model.predict(x_new)
+    assert_same(before, state_copy(model), f"predict_batch, mode={mode}, seed={seed}")
+    np.testing.assert_array_equal(first.layer_outputs, second.layer_outputs)
+    np.testing.assert_array_equal(first.proba, second.proba)
+    assert first.version == second.version == model.learner.state.version
+    np.testing.assert_array_equal(x_new, x_copy)
+    y = model.encode_labels([1] * 8)
+    y_copy, f_copy = y.copy(), first.features_t.copy()
+    model.observe(x_new)
+    model.learn(first.features_t, y)
+    np.testing.assert_array_equal(x_new, x_copy)
+    np.testing.assert_array_equal(y, y_copy)
+    np.testing.assert_array_equal(first.features_t, f_copy)
+
+
+# --------------------------------------------------------------------------- configuration
+
+BAD_CONFIGS = [
+    ("n_inputs", dict(n_inputs=0)),
+    ("n_inputs", dict(n_inputs=2.5)),
+    ("n_inputs", dict(n_inputs="5")),
+    ("classes", dict(classes=(1,))),
+    ("classes", dict(classes=("a", "b", "a"))),
+    ("n_outputs", dict(n_outputs=0)),
+    ("n_nodes", dict(n_nodes=0)),
+    ("n_nodes", dict(n_nodes=16.0)),
+    ("n_layers", dict(n_layers=-1)),
+    ("refactor_every", dict(refactor_every=0)),
+    ("warmup_rows", dict(warmup_rows=0)),
+    ("warmup_rows", dict(scaler="warmup", warmup_rows=1)),
+    ("lam", dict(lam=0.0)),
+    ("lam", dict(lam=-1.0)),
+    ("lam", dict(lam=float("inf"))),
+    ("lam", dict(lam=(1.0, 2.0))),  # 3 layers
+    ("lam", dict(lam=(1.0, float("nan"), 1.0))),
+    ("lam", dict(lam="big")),
+    ("lam", dict(lam=None)),
+    ("seed", dict(seed=-1)),
+    ("seed", dict(seed="0")),
+    ("activation", dict(activation="gelu")),
+    ("init", dict(init="orthogonal")),
+    ("mode", dict(mode="backward")),
+    ("solver", dict(solver="qr")),
+    ("dtype", dict(dtype="float16")),
+    ("scaler", dict(scaler="minmax")),
+    ("scaler_mean", dict(scaler="fixed")),
+    ("scaler_mean", dict(scaler="fixed", scaler_mean=(0.0,) * 4, scaler_std=(1.0,) * K)),
+    ("scaler_std", dict(scaler="fixed", scaler_mean=(0.0,) * K, scaler_std=(1.0,) * (K - 1) + (0.0,))),
+    ("scaler_std", dict(scaler="fixed", scaler_mean=(0.0,) * K, scaler_std=None)),
+    ("ensemble", dict(ensemble="vote")),  # regression
+    ("ensemble", dict(classes=(0, 1), ensemble="median")),
+    ("bias_column", dict(bias_column="no")),
+    ("track_regret", dict(track_regret=1)),
+]
+
+
+@pytest.mark.parametrize("key,kwargs", BAD_CONFIGS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(BAD_CONFIGS)])
+def test_config_errors_name_the_key(key, kwargs):
+    with pytest.raises(ValueError, match=rf"^model\.{key}:"):
+        small(**kwargs)
+
+
+def test_good_configs_are_stored_as_given():
+    cfg = small(classes=["x", "y"], lam=[0.5, 1, 2], scaler="fixed", scaler_mean=[0.0] * K, scaler_std=[2.0] * K)
+    assert cfg.classes == ("x", "y") and cfg.lam == (0.5, 1.0, 2.0) and cfg.m == 2 and cfg.task == "classification"
+    assert small(n_outputs=3).m == 3 and small().task == "regression"
+    assert cfg.to_dict()["scaler_mean"] == [0.0] * K
+
+
+def test_per_layer_lam_reaches_the_layers():
+    model = EdRVFL(small(lam=(0.5, 1.0, 2.0)))
+    assert [ls.lam for ls in model.learner.state.layers] == [0.5, 1.0, 2.0]
+    n = model.network.n_columns
+    for ls, lam in zip(model.learner.state.layers, (0.5, 1.0, 2.0)):
+        np.testing.assert_array_equal(np.tril(ls.gram), lam * np.eye(n))
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_fixed_scaler():
+    mean, std = np.arange(K, dtype=float), np.linspace(0.5, 3, K)
+    model = EdRVFL(small(scaler="fixed", scaler_mean=tuple(mean), scaler_std=tuple(std)))
+    x = rows(7, 10)
+    assert model.ready
+    np.testing.assert_allclose(model.scaler.transform(x), (x - mean) / std, rtol=1e-15)
+    np.testing.assert_array_equal(model.features(x), model.network.features((x - mean) / std))
+
+
+def test_no_scaler():
+    model = EdRVFL(small(scaler="none"))
+    x = rows(8, 10)
+    assert model.ready
+    model.scaler.partial_fit(x)  # a no-op
+    np.testing.assert_array_equal(model.scaler.transform(x), x)
+    np.testing.assert_array_equal(model.features(x), model.network.features(x))
+
+
+@pytest.mark.parametrize("sizes", [[256], [100, 100, 100], [1] * 5 + [300], [255, 2]])
+def test_warmup_scaler_freezes_on_the_first_w_rows(sizes):
+    """Estimated from exactly the first W = 256 rows whatever the batch boundaries; frozen after."""
+    seed = 9
+    x = np.random.default_rng(seed).standard_normal((sum(sizes), K)) * [1, 2, 3, 4, 5] + [0, 1e3, -5, 0, 7]
+    x[:, 3] = 4.25  # a zero-spread column: centred, not divided by zero
+    model = EdRVFL(small(scaler="warmup", warmup_rows=256))
+    assert not model.ready
+    with pytest.raises(ScalerNotReady):
+        model.features(x[:3])
+    start = 0
+    for b in sizes:
+        if model.ready:
+            break
+        assert model.scaler.rows_needed == 256 - start
+        model.scaler.partial_fit(x[start : start + b])
+        start += b
+    assert model.ready and model.scaler.rows_needed == 0 and model.scaler.count == 256, f"sizes={sizes}"
+    head = x[:256]
+    std = head.std(axis=0, ddof=1)
+    std[3] = 1.0
+    np.testing.assert_allclose(model.scaler.mean, head.mean(axis=0), rtol=1e-12, err_msg=f"sizes={sizes} seed={seed}")
+    np.testing.assert_allclose(model.scaler.scale, std, rtol=1e-10, err_msg=f"sizes={sizes} seed={seed}")
+    z = model.scaler.transform(head)
+    assert np.isfinite(z).all() and (z[:, 3] == 0).all()
+    np.testing.assert_allclose(z.mean(axis=0), 0, atol=1e-9)
+    frozen = model.scaler.to_state()
+    model.scaler.partial_fit(rows(seed + 1, 50) * 100)  # frozen: nothing changes any more
+    assert_same(frozen, model.scaler.to_state(), f"scaler changed after freezing, sizes={sizes}")
+    assert np.isfinite(model.features(x[:5])).all()
+
+
+def test_warmup_scaler_explicit_freeze_and_errors():
+    s = Scaler("warmup", 2, warmup_rows=10)
+    s.partial_fit(np.ones((1, 2)))
+    with pytest.raises(ScalerNotReady):
+        s.freeze()  # needs 2 rows
+    s.partial_fit(np.array([[3.0, 1.0]]))
+    s.freeze()
+    np.testing.assert_allclose(s.mean, [2.0, 1.0])
+    np.testing.assert_allclose(s.scale, [np.sqrt(2.0), 1.0])
+    with pytest.raises(ValueError, match="mean and std"):
+        Scaler("fixed", 2)
+
+
+# --------------------------------------------------------------------------- regret
+
+
+def _stream_with_regret(mode: str, seed: int, classification: bool, lam=(0.5, 1.0, 2.0)):
+    """-F: observe, then labels two batches late with the predictions made at observe time.
+    -R: predict with the β in force, then learn. Returns the model and the stored stream."""
+    rng = np.random.default_rng(seed)
+    kwargs = dict(classes=(0, 1, 2)) if classification else dict(n_outputs=2)
+    model = EdRVFL(small(mode=mode, lam=lam, **kwargs))
+    stored = []  # (features_t, Y, [β_l used for the prediction])
+    pending = []
+    for t in range(14):
+        b = int(rng.integers(1, 12))
+        x = rng.standard_normal((b, K))
+        y = model.one_hot(rng.integers(0, 3, b)) if classification else rng.standard_normal((b, 2))
+        pred = model.observe(x) if mode == "forward" else model.predict_batch(x)
+        betas = [ls.beta.copy() for ls in model.learner.state.layers]
+        pending.append((pred, y, betas))
+        if mode == "ridge" or len(pending) > 2:
+            pred, y, betas = pending.pop(0)
+            model.learn(pred.features_t, y, predicted=pred.layer_outputs)
+            stored.append((pred.features_t, y, betas))
+    return model, stored
+
+
+@pytest.mark.parametrize("classification", [True, False])
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+def test_regret_equals_brute_force(mode, classification):
+    seed = 10
+    lam = (0.5, 1.0, 2.0)
+    model, stored = _stream_with_regret(mode, seed, classification, lam)
+    report = model.regret()
+    for layer in range(3):
+        msg = f"mode={mode} classification={classification} layer {layer} seed={seed}"
+        ds = [f[layer].T for f, _, _ in stored]
+        ys = [y for _, y, _ in stored]
+        losses = sum(0.5 * float(((d @ betas[layer] - y) ** 2).sum()) for d, (_, y, betas) in zip(ds, stored))
+        expert = naive.expert_objective(ds, ys, lam[layer])
+        np.testing.assert_allclose(report.cumulative_loss[layer], losses, rtol=1e-10, err_msg=msg)
+        np.testing.assert_allclose(report.expert_loss[layer], expert, rtol=1e-9, err_msg=msg)
+        np.testing.assert_allclose(report.cumulative_regret[layer], losses - expert, rtol=1e-9, atol=1e-9 * losses, err_msg=msg)
+    assert np.isfinite(report.bound) and report.bound >= 0
+    assert np.isfinite(report.mean_regret)
+    st = model.learner.state
+    # The reported bound holds for every layer: the largest of the per-layer bounds (smallest λ_l).
+    bound_fn = regret.bound_forward if mode == "forward" else regret.bound_ridge
+    per_layer = [bound_fn(st.y_max, st.max_label_batch, 16 + K, st.label_batches, st.d_max, lam_l) for lam_l in lam]
+    assert report.bound == max(per_layer), f"{report.bound} vs per layer {per_layer}"
+    assert (report.cumulative_regret <= np.array(per_layer)).all(), f"Theorems 4–5 violated? seed={seed}"
+    assert st.label_batches == len(stored) and st.rows_labelled == sum(y.shape[0] for _, y, _ in stored)
+    d_max = max(float(np.abs(f).max()) for f, _, _ in stored)
+    assert st.d_max == d_max
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+def test_regret_bound_edge_cases(mode):
+    model = EdRVFL(small(mode=mode, n_outputs=1))
+    report = model.regret()  # nothing labelled yet
+    assert report.bound == 0.0
+    np.testing.assert_array_equal(report.cumulative_regret, 0.0)
+    model.learn_rows(rows(11, 1), [0.5])  # T = 1, b = 1
+    report = model.regret()
+    assert np.isfinite(report.bound) and report.bound >= 0 and np.isfinite(report.cumulative_regret).all()
+
+
+def test_regret_without_tracking_is_unknown_for_forward():
+    model = EdRVFL(small(track_regret=False, n_outputs=1))
+    batch = model.observe(rows(12, 6))
+    model.learn(batch.features_t, np.ones((6, 1)), predicted=batch.layer_outputs)
+    report = model.regret()
+    assert np.isnan(report.expert_loss).all() and np.isfinite(report.cumulative_loss).all()
