@@ -1,29 +1,59 @@
 """The worker's pure stream logic: micro-batch, forward step, predict, join labels, fold in.
 
-No Kafka here: messages come in as bytes with an opaque ``source`` (the adapter's
-topic/partition/offset, passed back untouched on dead letters), and every step
-returns what to emit. The whole state (model, batcher, join buffer, queues,
+No Kafka here: messages come in as bytes with an opaque, JSON-able ``source`` (the
+adapter's topic/partition/offset, passed back untouched on dead letters), and every
+step returns what to emit. The whole state (model, batcher, join buffer, queues,
 counters) is explicit and round-trips through ``to_state``/``from_state`` so a
-snapshot taken between two messages resumes exactly.
+snapshot taken between two messages resumes bit for bit.
 
 One step (``step``):
 1. a due feature batch is taken; -F: ``model.observe`` puts its Gram in A, then
    it is predicted (-R: predicted with the β in force);
 2. its rows wait in the join buffer with the layer outputs that predicted them;
 3. joined labels are folded in as batches (``label_batch_rows`` or
-   ``max_label_latency_ms``), reusing cached features where the batch is still cached;
+   ``max_label_latency_ms``);
 4. expired rows and orphan labels are settled.
+
+Rules worth knowing:
+- While the warm-up scaler is not frozen, batches are held (no prediction, no Gram);
+  they are predicted in order once it freezes. A forced step (shutdown, rebalance)
+  never freezes it early: the scaling would then depend on when the worker stopped.
+- A feature row whose id is pending, done, or already waiting in the batcher or the
+  warm-up hold is a ``duplicate_id`` at arrival: it never enters A.
+- The features D of a label batch are recomputed from the stored rows, except when
+  the batch is exactly one observed batch in its order: then the cached D of that
+  batch is reused. Both give the same bits (same rows, same shapes), so a run
+  restored from a snapshot (no cache) continues bitwise like one that never stopped.
+- A dead letter of a one-row message carries the message's raw bytes; one row of a
+  batch message carries that row re-encoded (codec). An early label given up on
+  (``unknown_id``) carries the source of the message that brought it.
+
+    >>> import numpy as np
+    >>> from iolstream.config import StreamConfig
+    >>> from iolstream.model import EdRVFL, ModelConfig
+    >>> model = EdRVFL(ModelConfig(n_inputs=2, classes=(0, 1), n_nodes=8, n_layers=2, scaler="none"))
+    >>> proc = StreamProcessor(model, StreamConfig(batch_rows=2, max_batch_latency_ms=10))
+    >>> proc.on_features(b'{"ids": ["a", "b"], "x": [[0, 1], [1, 0]]}', "src@0", now_ms=0)
+    []
+    >>> out = proc.step(now_ms=0)
+    >>> [key for key, _ in out.predictions], out.rows_predicted
+    (['a', 'b'], 2)
+    >>> dead = proc.on_labels(b'{"id": "a", "y": 7}', "src@1", now_ms=1)
+    >>> [(d.bad.reason, d.value, d.source) for d in dead]
+    [('unknown_class', b'{"id": "a", "y": 7}', 'src@1')]
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from . import codec, state_io
-from .codec import BadInput, FeatureRows, LabelRows, TargetSpec
+from .codec import BadInput, FeatureRows, TargetSpec
 from .config import StreamConfig
 from .joinbuffer import JoinBuffer, MicroBatcher
 from .model import EdRVFL
@@ -35,7 +65,7 @@ FEATURE_CACHE_BYTES = 256 * 2**20  # features of recent batches kept for their l
 class DeadLetter:
     value: bytes
     bad: BadInput
-    source: object  # opaque: what the adapter passed in
+    source: object  # opaque: what the adapter passed in; None when unknown
 
 
 @dataclass
@@ -100,6 +130,8 @@ class StreamProcessor:
             max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
         )  # fmt: skip
         self.held: list[FeatureRows] = []  # batches waiting for the warm-up scaler
+        self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
+        self._early_sources: OrderedDict[str, object] = OrderedDict()  # early label id -> its message's source
         self.label_queue: list = []  # joined rows waiting to be folded in: (payload (j, w), Y, batch_seq)
         self.label_queue_rows = 0
         self.label_queue_since_ms: int | None = None
@@ -116,36 +148,77 @@ class StreamProcessor:
         self._cache_bytes = 0
 
     # ------------------------------------------------------------ input
-    def _dead(self, rejected, source) -> list[DeadLetter]:
+    def _dead(self, rejected, source, raw: bytes | None = None) -> list[DeadLetter]:
+        """Count and wrap rejections; ``raw``: the message's bytes, used when it held this one row only."""
         out = []
-        for bad, raw in rejected:
+        for bad, value in rejected:
             self.dead_letters[bad.reason] = self.dead_letters.get(bad.reason, 0) + 1
-            out.append(DeadLetter(raw, bad, source))
+            out.append(DeadLetter(raw if raw is not None else value, bad, source))
         return out
 
     def on_features(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
         rows, rejected = codec.decode_features(value, self.n_features, max_bytes=self.cfg.max_message_bytes)
-        if rows is not None and len(rows.ids):
-            rows, duplicates = self.join.screen_rows(rows)  # an id already pending or done never enters A
-            rejected = rejected + duplicates
+        dead = self._dead(rejected, source)
+        if rows is None or not len(rows.ids):
+            return dead
+        single = len(rows.ids) == 1 and not rejected
+        rows, duplicates = self.join.screen_rows(rows)  # an id already pending or done never enters A
+        if rows is not None and self._queued_ids.intersection(rows.ids):
+            rows, queued = self._screen_queued(rows)
+            duplicates += queued
+        dead += self._dead(duplicates, source, raw=value if single else None)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
+            self._queued_ids.update(rows.ids)
             self.batcher.add(rows, now_ms)
-        return self._dead(rejected, source)
+        return dead
+
+    def _screen_queued(self, rows: FeatureRows):
+        """Split off rows whose id already waits in the batcher or the warm-up hold."""
+        keep = [i for i, row_id in enumerate(rows.ids) if row_id not in self._queued_ids]
+        rejected = [
+            (BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
+             codec.feature_message(row_id, rows.X[i], int(rows.ts[i])))
+            for i, row_id in enumerate(rows.ids) if row_id in self._queued_ids
+        ]  # fmt: skip
+        self.join.counters["rows_duplicate"] += len(rejected)
+        if not keep:
+            return None, rejected
+        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
 
     def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
         labels, rejected = codec.decode_labels(value, self.target, max_bytes=self.cfg.max_message_bytes)
         dead = self._dead(rejected, source)
-        if labels is not None and len(labels.ids):
-            self.counters["labels_in"] += len(labels.ids)
-            result = self.join.add_labels(labels, now_ms)
-            self._queue_joined(result, now_ms)
-            dead += self._dead(result.rejected, source)
+        if labels is None or not len(labels.ids):
+            return dead
+        self.counters["labels_in"] += len(labels.ids)
+        held_before = self.join.counters["labels_early_held"]
+        result = self.join.add_labels(labels, now_ms)
+        self._queue_joined(result, now_ms)
+        mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
+        single = len(labels.ids) == 1 and not rejected
+        dead += self._dead(mine, source, raw=value if single else None)
+        if self.join.counters["labels_early_held"] > held_before:
+            settled = set(result.ids).union(_label_id(raw) for _, raw in mine)
+            for row_id in labels.ids:  # held early (or, mixed in, a duplicate: harmless, bounded)
+                if row_id not in settled and row_id not in self._early_sources:
+                    self._early_sources[row_id] = source
+            while len(self._early_sources) > max(self.cfg.max_early_labels, 1):
+                self._early_sources.popitem(last=False)
+        dead += self._orphans(result.rejected)
         return dead
+
+    def _orphans(self, rejected) -> list[DeadLetter]:
+        """Early labels given up on (unknown_id), each with the source of the message that brought it."""
+        out = []
+        for bad, raw in rejected:
+            if bad.reason == "unknown_id":
+                out += self._dead([(bad, raw)], self._early_sources.pop(_label_id(raw), None))
+        return out
 
     # ------------------------------------------------------------- step
     def next_due_ms(self, now_ms: int) -> int | None:
@@ -157,23 +230,20 @@ class StreamProcessor:
         return min(waits) if waits else None
 
     def step(self, now_ms: int, *, force: bool = False) -> StepOutput:
-        """Run whatever is due; ``force`` flushes partial batches (shutdown, snapshot, end of replay)."""
-        import time
-
+        """Run whatever is due; ``force`` flushes partial batches and queued labels (shutdown,
+        snapshot, end of a transaction) — but never freezes a warm-up scaler early."""
         out = StepOutput()
         t0 = time.perf_counter()
         while len(self.batcher) and (force or self.batcher.due(now_ms)):
             rows = self.batcher.take()
             if not self.model.ready:
-                self._warm_up(rows, force=force)
+                self.held.append(rows)
+                self.model.scaler.partial_fit(rows.X)  # only the first warmup_rows rows count
                 if self.model.ready:
                     self._release_held(now_ms, out)
                 continue
             self._predict_batch(rows, now_ms, out)
             self._fold_if_due(now_ms, out, force=False)  # labels that joined meanwhile count before the next batch
-        if force and self.held and not self.model.ready:
-            self._warm_up(None, force=True)
-            self._release_held(now_ms, out)
         self._fold_if_due(now_ms, out, force=force)
         self._expire(now_ms, out)
         out.batch_seconds = time.perf_counter() - t0
@@ -193,20 +263,14 @@ class StreamProcessor:
             self._predict_batch(rows, now_ms, out)
             self._fold_if_due(now_ms, out, force=False)
 
-    def _warm_up(self, rows: FeatureRows | None, *, force: bool) -> None:
-        if rows is not None:
-            self.held.append(rows)
-            self.model.scaler.partial_fit(rows.X)
-        if force and not self.model.ready and self.model.scaler.count >= 2:
-            self.model.scaler.freeze()
-
     def _predict_batch(self, rows: FeatureRows, now_ms: int, out: StepOutput) -> None:
-        rows, duplicates = self.join.screen_rows(rows)  # repeats across messages still in the batcher
+        self._queued_ids.difference_update(rows.ids)
+        rows, duplicates = self.join.screen_rows(rows)  # a safety net: on_features screened every id
         out.dead_letters += self._dead(duplicates, None)
         if rows is None:
             return
         self.batch_seq += 1
-        pred = self.model.observe(rows.X)  # -F: Gram in before the prediction; -R: β in force
+        pred = self.model.observe(rows.X)  # -F: Gram in before the prediction (Algorithm 2); -R: β in force
         self.counters["batches"] += 1
         b = len(rows.ids)
         values = codec.encode_predictions(
@@ -221,6 +285,8 @@ class StreamProcessor:
         payload = np.hstack([rows.X, position, pred.layer_outputs.transpose(1, 0, 2).reshape(b, -1)])
         self._cache_put(self.batch_seq, pred.features_t, b)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
+        for row_id in result.ids:  # early labels joined now
+            self._early_sources.pop(row_id, None)
         self._queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
         self._settle_unlabelled(result.evicted)
@@ -234,7 +300,8 @@ class StreamProcessor:
             self.label_queue_since_ms = now_ms
 
     def _fold_labels(self) -> int:
-        """Learn every queued joined row: c += DᵀY (-F) or Gram and c (-R), in one batch."""
+        """Learn every queued joined row in one batch: c += DᵀY (-F, the Gram is in A already)
+        or Gram and c together (-R)."""
         payload = np.concatenate([q[0] for q in self.label_queue])
         y = np.concatenate([q[1] for q in self.label_queue])
         seqs = np.concatenate([q[2] for q in self.label_queue])
@@ -276,34 +343,23 @@ class StreamProcessor:
             self._cache[seq] = (entry[0], left)
 
     def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """D_lᵀ of joined rows: gathered from cached batches where possible, recomputed otherwise."""
+        """D_lᵀ of joined rows: the cached D of their batch when they are that whole batch in order,
+        else recomputed from x. Never a gather from cached batches: BLAS gives other bits for
+        other shapes, and a restored run (empty cache) must continue bitwise."""
         first = int(seqs[0])
-        if first in self._cache and (seqs == first).all():
-            feats, pending = self._cache[first]
-            if feats.shape[2] == len(seqs) and (positions == np.arange(len(seqs))).all():
-                self._cache_release(first, len(seqs))
-                return feats  # the in-order case: a whole batch labelled together, no copy
-        out = None
-        missing = np.ones(len(seqs), dtype=bool)
+        entry = self._cache.get(first)
+        whole = (
+            entry is not None and entry[0].shape[2] == len(seqs) and (seqs == first).all()
+            and (positions == np.arange(len(seqs))).all()
+        )  # fmt: skip
         for seq, count in zip(*np.unique(seqs, return_counts=True)):
-            entry = self._cache.get(int(seq))
-            if entry is not None:
-                rows = np.flatnonzero(seqs == seq)
-                if out is None:
-                    out = np.empty(entry[0].shape[:2] + (len(seqs),), dtype=entry[0].dtype)
-                out[:, :, rows] = entry[0][:, :, positions[rows]]
-                missing[rows] = False
             self._cache_release(int(seq), int(count))
-        if out is None:
-            return self.model.features(x)
-        if missing.any():
-            out[:, :, missing] = self.model.features(x[missing])
-        return out
+        return entry[0] if whole else self.model.features(x)
 
     def _expire(self, now_ms: int, out: StepOutput) -> None:
         result = self.join.expire(now_ms, self.batch_seq)
         self._settle_unlabelled(result)
-        out.dead_letters += self._dead(result.rejected, None)
+        out.dead_letters += self._orphans(result.rejected)
 
     def _settle_unlabelled(self, result) -> None:
         """Rows that left the buffer without a label: their Gram stays in A unless forget_expired."""
@@ -319,10 +375,17 @@ class StreamProcessor:
     def pending_rows(self) -> int:
         return len(self.join)
 
+    @property
+    def held_rows(self) -> int:
+        """Rows waiting for the warm-up scaler (not predicted yet)."""
+        return sum(len(r) for r in self.held)
+
     def status(self) -> dict:
         c = dict(self.counters)
         c.update({f"join_{k}": v for k, v in self.join.counters.items()})
         c["pending"] = self.pending_rows
+        c["held"] = self.held_rows
+        c["early_labels"] = self.join.n_early
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
@@ -349,6 +412,8 @@ class StreamProcessor:
             "dead_letters": self.dead_letters,
             "metric": {"n": self.metric.n, "total": self.metric.total},
             "label_queue_since_ms": self.label_queue_since_ms,
+            "last_label_rows": self.last_label_rows,
+            "early_sources": [[row_id, source] for row_id, source in self._early_sources.items()],
         }
         return manifest, arrays
 
@@ -363,6 +428,8 @@ class StreamProcessor:
         proc.metric.n, proc.metric.total = int(st["metric"]["n"]), float(st["metric"]["total"])
         proc.metric.window.extend(arrays["metric/window"].tolist())
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
+        proc.last_label_rows = int(st.get("last_label_rows", 0))
+        proc._early_sources = OrderedDict((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
             proc.held = [FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])]
@@ -370,6 +437,9 @@ class StreamProcessor:
             {k[len("batcher/") :]: v for k, v in arrays.items() if k.startswith("batcher/")},
             max_rows=cfg.batch_rows, max_latency_ms=cfg.max_batch_latency_ms,
         )  # fmt: skip
+        proc._queued_ids = {i for rows in proc.held for i in rows.ids}
+        if "batcher/ids" in arrays:
+            proc._queued_ids.update(str(i) for i in arrays["batcher/ids"].tolist())
         proc.join = JoinBuffer.from_state(
             {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")},
             target=proc.target, n_features=proc._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
@@ -381,6 +451,16 @@ class StreamProcessor:
             proc.label_queue_rows = len(arrays["queue/y"])
             proc.label_queue_since_ms = st["label_queue_since_ms"]
         return proc
+
+
+def _label_id(raw: bytes) -> str:
+    """The id of a one-row label message (the join buffer re-encodes the labels it rejects)."""
+    return str(orjson.loads(raw)["id"])
+
+
+def _tuples(value):
+    """JSON lists back to the tuples they were written from (sources are tuples or scalars)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _concat_rows(rows: list[FeatureRows], k: int) -> dict[str, np.ndarray]:

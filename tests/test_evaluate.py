@@ -1,0 +1,182 @@
+"""Tests for iolstream.evaluate (the protocol, as a pure function) and iolstream.baselines."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from iolstream.datasets import DataError, Dataset, load
+from iolstream.evaluate import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run, time_points
+
+SMALL = {"n_nodes": 32, "n_layers": 2}
+JSON_KEYS = {
+    "name", "metric", "test_metric", "prequential_metric", "cumulative_regret", "regret_bound",
+    "rows_per_second", "seconds", "curve",
+}  # fmt: skip
+
+
+def toy(n_rows=400, seed=1) -> Dataset:
+    """Three linearly separable-ish classes in 5 features."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_rows, 5))
+    y = np.argmax(x @ rng.standard_normal((5, 3)) + 0.3 * rng.standard_normal((n_rows, 3)), axis=1)
+    return Dataset("toy", np.ascontiguousarray(x), y, "classification", (0, 1, 2), tuple(f"f{i}" for i in range(5)), "toy")
+
+
+def toy_regression(n_rows=300, seed=2) -> Dataset:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_rows, 4))
+    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.standard_normal(n_rows)
+    return Dataset("toyreg", np.ascontiguousarray(x), y, "regression", None, ("a", "b", "c", "d"), "toy regression")
+
+
+@pytest.fixture(scope="module")
+def both():
+    return evaluate(toy(), model=SMALL, protocol=Protocol(batch=10, label_delay=1, seed=0))
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def test_counts_and_curve(both):
+    forward, ridge = both
+    assert (forward.name, ridge.name) == ("edRVFL-F", "edRVFL-R")
+    for r in both:
+        assert (r.rows, r.test_rows, r.batch, r.batches) == (320, 80, 10, 32)
+        assert r.metric == "accuracy" and r.label_delay == 1
+        assert r.batch_prequential.shape == r.batch_loss.shape == (32,)
+        assert not np.isnan(r.batch_loss).any(), "every batch's labels must arrive by the end"
+        ts = [t for t, _ in r.curve]
+        assert ts == sorted(set(ts)) and ts[0] == 1 and ts[-1] == 32
+        assert r.curve_rows == sorted(r.curve_rows) and r.curve_rows[-1] == 320
+        assert 0.0 <= r.prequential_metric <= 1.0 and r.test_metric > 0.85
+        assert r.cumulative_regret is not None and r.regret_bound > 0
+        assert r.rows_per_second > 0 and r.seconds > 0
+        # The prequential metric is the row-weighted mean of the per-batch ones (all batches are full here).
+        assert r.prequential_metric == pytest.approx(r.batch_prequential.mean())
+
+
+def test_first_point_is_the_untrained_model(both):
+    # After batch 1 no label has arrived (delay 1): β = 0 in both modes, the same constant prediction.
+    assert both[0].curve[0] == both[1].curve[0]
+
+
+def test_forward_and_ridge_end_equal_but_stream_differently(both):
+    forward, ridge = both
+    # Theorem 1: once every label is in, -F and -R hold the same sums, hence the same β.
+    assert forward.test_metric == pytest.approx(ridge.test_metric, abs=1e-12)
+    assert forward.curve[-1][1] == pytest.approx(ridge.curve[-1][1], abs=1e-12)
+    # ... but each batch was predicted with a different β.
+    assert forward.prequential_metric != ridge.prequential_metric
+    assert not np.allclose(forward.batch_loss, ridge.batch_loss)
+    assert forward.cumulative_regret != pytest.approx(ridge.cumulative_regret)
+
+
+@pytest.mark.parametrize("batch, delay", [(7, 1), (25, 1), (10, 4), (0.05, 2)])
+def test_final_model_depends_on_neither_batching_nor_delay(both, batch, delay):
+    (result,) = evaluate(toy(), model=SMALL, modes=("forward",), protocol=Protocol(batch=batch, label_delay=delay))
+    assert result.test_metric == pytest.approx(both[0].test_metric, abs=1e-12)
+    assert not np.isnan(result.batch_loss).any()
+
+
+def test_label_delay_keeps_early_points_untrained():
+    (result,) = evaluate(toy(), model=SMALL, modes=("ridge",), protocol=Protocol(batch=10, label_delay=3))
+    untrained = result.curve[0][1]
+    assert [v for t, v in result.curve if t <= 3] == [untrained] * 3  # no label before batch 4 is predicted
+
+
+def test_json_is_serialisable_with_the_required_keys(both):
+    for r in both:
+        obj = json.loads(json.dumps(r.to_json(), allow_nan=False))
+        assert JSON_KEYS <= set(obj)
+        assert obj["metric"] == "accuracy" and len(obj["curve"]) == len(r.curve)
+        assert "batch_loss" not in obj
+        full = r.to_json(per_batch=True)
+        assert len(full["batch_loss"]) == len(full["batch_prequential"]) == r.batches
+
+
+def test_regression_reports_rmse():
+    results = evaluate(toy_regression(), model=SMALL, protocol=Protocol(batch=12))
+    for r in results:
+        assert r.metric == "rmse" and r.task == "regression"
+        assert 0 < r.test_metric < 1.0  # the target's std is about 1.2
+        assert math.isfinite(r.prequential_metric) and r.prequential_metric > r.test_metric
+    assert results[0].test_metric == pytest.approx(results[1].test_metric, rel=1e-9)
+
+
+def test_curve_test_rows_caps_only_the_curve():
+    protocol = Protocol(batch=10, curve_test_rows=20)
+    (result,) = evaluate(toy(), model=SMALL, modes=("forward",), protocol=protocol)
+    assert result.curve_test_rows == 20 and result.test_rows == 80
+
+
+def test_time_points():
+    assert time_points(5, 20) == [1, 2, 3, 4, 5]
+    assert time_points(371, 6) == [1, 3, 11, 35, 115, 371]
+    assert time_points(40, 1) == [40]
+    pts = time_points(10_000, 20)
+    assert pts[0] == 1 and pts[-1] == 10_000 and len(pts) == 20
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [({"batch": 0}, "batch"), ({"batch": 2.5}, "batch"), ({"label_delay": 0}, "label_delay"),
+     ({"test_fraction": 1.0}, "test_fraction"), ({"rows": 0}, "rows")],
+)  # fmt: skip
+def test_protocol_rejects_bad_values(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        Protocol(**kwargs)
+
+
+def test_split_is_seeded_and_capped():
+    ds = toy()
+    a, b = make_split(ds, Protocol(seed=3)), make_split(ds, Protocol(seed=3))
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
+    c = make_split(ds, Protocol(seed=4, rows=100, test_fraction=0.25))
+    assert (len(c.x_train), len(c.x_test)) == (75, 25)
+
+
+def test_unknown_class_is_a_data_error():
+    with pytest.raises(DataError, match=r"unknown class 2 in row \d+; declared classes: \[0, 1\]"):
+        make_split(toy(), Protocol(), classes=(0, 1))
+
+
+def test_warmup_scaler_sees_only_training_rows():
+    split = make_split(toy(), Protocol(seed=0))
+    learner = EdRVFLLearner(model_config(split, "forward", {**SMALL, "warmup_rows": 50}))
+    run(learner, split, Protocol(batch=10, curve_points=1))
+    assert np.allclose(learner.model.scaler.mean, split.x_train[:50].mean(axis=0))
+
+
+def test_fixed_scaler_uses_the_training_part():
+    split = make_split(toy(), Protocol(seed=0))
+    cfg = model_config(split, "ridge", {**SMALL, "scaler": "fixed"})
+    assert np.allclose(cfg.scaler_mean, split.x_train.mean(axis=0))
+
+
+def test_iris_end_to_end():
+    results = evaluate(load("iris"), model=SMALL)
+    assert [r.batches for r in results] == [30, 30]
+    assert min(r.test_metric for r in results) > 0.85
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+@pytest.mark.parametrize("name", ["os-elm", "river-softmax", "river-arf"])
+def test_baselines_run_the_same_protocol(name):
+    (result,) = evaluate(toy(200), model=SMALL, modes=(), baselines=(name,), protocol=Protocol(batch=20))
+    assert result.name == name and result.batches == 8 and result.rows == 160
+    assert result.test_metric > 0.6
+    assert not np.isnan(result.batch_loss).any()
+    if name == "os-elm":
+        assert result.cumulative_regret is not None and result.regret_bound > 0
+    else:
+        assert result.cumulative_regret is None and result.to_json()["regret_bound"] is None
+
+
+@pytest.mark.parametrize("name", ["os-elm", "river-softmax"])
+def test_baselines_do_regression(name):
+    (result,) = evaluate(toy_regression(), model=SMALL, modes=(), baselines=(name,), protocol=Protocol(batch=30))
+    assert result.metric == "rmse" and math.isfinite(result.test_metric)
