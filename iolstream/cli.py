@@ -26,6 +26,8 @@ COMMANDS = {
     "simulate": ("iolstream.simulate", "the paper's Supplementary F simulation: regrets of -R and -F"),
     "bench": ("iolstream.bench", "throughput benchmarks against baselines measured in the same run"),
     "run": ("iolstream.cmd_run", "run the Kafka worker: features and labels in, predictions out"),
+    "produce": ("iolstream.produce", "replay a data set into the features and labels topics"),
+    "snapshot": ("iolstream.cmd_snapshot", "inspect worker snapshots: format, config, counters, offsets, checksum"),
 }
 
 EXIT_USAGE = 2

@@ -26,18 +26,27 @@ def run(args) -> int:
     if args.bootstrap:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
     logs.setup(cfg.logging.level, cfg.logging.format)
+    log = logging.getLogger("iolstream.worker")
     metrics = None
     if cfg.metrics.port:
         from .metrics import Metrics
 
         metrics = Metrics(cfg)
-        metrics.serve()
+        try:  # up before the model loads: /healthz and /readyz answer 503 "starting" meanwhile
+            metrics.serve()
+        except OSError as exc:
+            log.error("cannot start: metrics.port %s:%d: %s", cfg.metrics.host, cfg.metrics.port, exc)
+            return EXIT_FATAL
     try:
-        worker = Worker(cfg, metrics=metrics)
-    except WorkerError as exc:
-        logging.getLogger("iolstream.worker").error("cannot start: %s", exc)
-        return EXIT_FATAL
-    if metrics is not None:
-        metrics.attach(worker)
-    worker.install_signal_handlers()
-    return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds)
+        try:
+            worker = Worker(cfg, metrics=metrics)
+        except WorkerError as exc:
+            log.error("cannot start: %s", exc)
+            return EXIT_FATAL
+        if metrics is not None:
+            metrics.attach(worker)
+        worker.install_signal_handlers()
+        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds)
+    finally:
+        if metrics is not None:
+            metrics.close()

@@ -99,7 +99,7 @@ def time_points(n_batches: int, n_points: int) -> list[int]:
     """About ``n_points`` batch indices in 1..T, logarithmically spaced, with 1 and T (only T if n_points = 1).
 
     >>> time_points(371, 6)
-    [1, 3, 11, 35, 115, 371]
+    [1, 3, 11, 35, 114, 371]
     """
     if n_points == 1:
         return [n_batches]
@@ -550,8 +550,10 @@ def main(args) -> int:
     import sys
 
     from . import datasets
+    from .cli import model_defaults
     from .progress import ProgressBar, Table
 
+    defaults = model_defaults()
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
     if args.csv is None and args.target:
@@ -562,10 +564,14 @@ def main(args) -> int:
         raise DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
-    protocol = Protocol(
-        batch=args.batch, label_delay=args.label_delay, test_fraction=args.test_fraction, seed=args.seed,
-        rows=args.rows, curve_points=args.curve_points, curve_test_rows=args.curve_test_rows or None,
-    )  # fmt: skip
+    try:
+        protocol = Protocol(
+            batch=args.batch, label_delay=args.label_delay, test_fraction=args.test_fraction, seed=args.seed,
+            rows=args.rows, curve_points=args.curve_points, curve_test_rows=args.curve_test_rows or None,
+        )  # fmt: skip
+    except ValueError as exc:  # "label_delay: ..." -> "--label-delay: ..."
+        key, _, rest = str(exc).partition(":")
+        raise ValueError(f"--{key.replace('_', '-')}:{rest}") from None
     model = dict(
         n_nodes=args.nodes, n_layers=args.layers, activation=args.activation, init=args.init, seed=args.seed,
         scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype,
@@ -624,8 +630,15 @@ def main(args) -> int:
         def on_batch(t, total, bar=bar):
             bar.update(t, f"batch {t}/{total}")
 
-        result = run(learner, split, protocol, on_point=on_point, on_batch=on_batch)
-        bar.close()
+        try:
+            result = run(learner, split, protocol, on_point=on_point, on_batch=on_batch)
+        except np.linalg.LinAlgError as exc:  # the Gram lost positive definiteness: features ≫ λ
+            raise ValueError(
+                f"{learner.name}: {exc} (the hidden features are too large for λ = {model.get('lam', defaults['lam'])}: "
+                "try a larger --lam, or --init xavier/kaiming)"
+            ) from None
+        finally:
+            bar.close()
         results.append(result)
         if args.json:
             print(json.dumps(result.to_json(per_batch=args.per_batch), allow_nan=False), flush=True)

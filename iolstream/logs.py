@@ -1,7 +1,27 @@
 """Logging setup: human-readable lines for terminals, or one JSON object per line.
 
-JSON lines carry the event name (``extra={"event": ...}``), the logger, the level,
-the message, and any structured fields passed as ``extra={"status": {...}}``.
+``setup(level, fmt)`` configures the ``iolstream`` logger tree (the worker, the metrics
+server, and librdkafka's own messages as ``iolstream.kafka``) from ``logging.level`` and
+``logging.format`` of the worker config.
+
+A JSON line has ``ts`` (UTC, ms), ``level``, ``logger``, ``event`` and ``message``, then
+every structured field the call passed with ``extra=`` (counters, batch ids, offsets)::
+
+    log.info("snapshot %s written", name, extra={"event": "snapshot", "bytes": 1234})
+    {"ts":"2026-01-02T03:04:05.678Z","level":"info","logger":"iolstream.worker","event":"snapshot",
+     "message":"snapshot snap-000000000001.iolsnap written","bytes":1234}
+
+``event`` defaults to the last part of the logger's name. Values JSON cannot hold become
+strings (NaN becomes null), so a log call never fails because of its fields.
+
+    >>> import io, logging
+    >>> out = io.StringIO()
+    >>> setup("INFO", "json", stream=out)
+    >>> logging.getLogger("iolstream.worker").info("rows=%d", 3, extra={"event": "status", "rows": 3})
+    >>> line = orjson.loads(out.getvalue())
+    >>> line["event"], line["message"], line["rows"], line["level"]
+    ('status', 'rows=3', 3, 'info')
+    >>> reset()
 """
 
 from __future__ import annotations
@@ -12,34 +32,87 @@ import time
 
 import orjson
 
+# attributes every LogRecord has: anything else on a record came from ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+FORMATS = ("text", "json")
+
+
+def _utc(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created * 1000) % 1000:03d}Z"
+
+
+def _plain(value):
+    """``value`` with what orjson refuses made JSON-able (tuple keys, sets, ...)."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    return value
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per record (see the module docstring)."""
+
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": _utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": getattr(record, "event", record.name.rsplit(".", 1)[-1]),
             "message": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and key != "event":
+            if key not in _STANDARD and key not in out:
                 out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(out, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        if record.stack_info:
+            out["stack"] = record.stack_info
+        try:
+            return orjson.dumps(out, default=str, option=_JSON_OPTIONS).decode()
+        except TypeError:  # e.g. a dict keyed by tuples
+            return orjson.dumps(_plain(out), default=str, option=_JSON_OPTIONS).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """``12:34:56.789 INFO    iolstream.worker: message`` (local time), for terminals."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
 
 
 def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
-    """Configure the root ``iolstream`` logger (idempotent)."""
+    """Configure the ``iolstream`` logger (idempotent: replaces the handler of an earlier call).
+
+    ``fmt="json"`` also logs an uncaught exception as one JSON line before the process ends."""
+    if fmt not in FORMATS:
+        raise ValueError(f"logging.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("iolstream")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    if fmt == "json":
+        sys.excepthook = _log_uncaught
+    elif sys.excepthook is _log_uncaught:
+        sys.excepthook = sys.__excepthook__
+
+
+def reset() -> None:
+    """Undo ``setup``: no handler of ours, records propagate to the root logger again (tests)."""
+    root = logging.getLogger("iolstream")
+    root.handlers[:] = []
+    root.setLevel(logging.NOTSET)
+    root.propagate = True
+    if sys.excepthook is _log_uncaught:
+        sys.excepthook = sys.__excepthook__
+
+
+def _log_uncaught(exc_type, exc, tb) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    logging.getLogger("iolstream").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb),
+                                            extra={"event": "crash"})  # fmt: skip

@@ -8,8 +8,8 @@ second; it is erased before any table row is printed, so both can share a termin
     >>> table = Table([("model", 8), ("acc", 6, ".3f")], stream=out)
     >>> table.header(); table.row("edRVFL-F", 0.96123)
     >>> print(out.getvalue(), end="")
-    model       acc
-    edRVFL-F  0.961
+    model        acc
+    edRVFL-F   0.961
 """
 
 from __future__ import annotations

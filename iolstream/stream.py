@@ -7,12 +7,15 @@ counters) is explicit and round-trips through ``to_state``/``from_state`` so a
 snapshot taken between two messages resumes bit for bit.
 
 One step (``step``):
-1. a due feature batch is taken; -F: ``model.observe`` puts its Gram in A, then
-   it is predicted (-R: predicted with the β in force);
-2. its rows wait in the join buffer with the layer outputs that predicted them;
-3. joined labels are folded in as batches (``label_batch_rows`` or
-   ``max_label_latency_ms``);
-4. expired rows and orphan labels are settled.
+1. joined labels that are due (``label_batch_rows`` rows queued, or the oldest waited
+   ``max_label_latency_ms``) are folded in as one batch;
+2. each due feature batch is taken; -F: ``model.observe`` puts its Gram in A, then it
+   is predicted (-R: predicted with the β in force); its rows wait in the join buffer
+   with the layer outputs that predicted them; labels joined meanwhile are folded in
+   when due, before the next batch;
+3. expired rows and orphan labels are settled.
+With labels one batch late and ``label_batch_rows`` = ``batch_rows`` this is the
+paper's recursion (evaluate's protocol), step for step.
 
 Rules worth knowing:
 - While the warm-up scaler is not frozen, batches are held (no prediction, no Gram);
@@ -234,16 +237,17 @@ class StreamProcessor:
         snapshot, end of a transaction) — but never freezes a warm-up scaler early."""
         out = StepOutput()
         t0 = time.perf_counter()
+        self._fold_if_due(now_ms, out, force=False)  # labels that came since the last batch, before the next one
         while len(self.batcher) and (force or self.batcher.due(now_ms)):
             rows = self.batcher.take()
             if not self.model.ready:
                 self.held.append(rows)
-                self.model.scaler.partial_fit(rows.X)  # only the first warmup_rows rows count
+                self._warm_up()
                 if self.model.ready:
                     self._release_held(now_ms, out)
                 continue
             self._predict_batch(rows, now_ms, out)
-            self._fold_if_due(now_ms, out, force=False)  # labels that joined meanwhile count before the next batch
+            self._fold_if_due(now_ms, out, force=False)  # early labels joined by this batch, before the next
         self._fold_if_due(now_ms, out, force=force)
         self._expire(now_ms, out)
         out.batch_seconds = time.perf_counter() - t0
@@ -256,6 +260,16 @@ class StreamProcessor:
             or now_ms - self.label_queue_since_ms >= self.cfg.max_label_latency_ms
         ):
             out.rows_learned += self._fold_labels()
+
+    def _warm_up(self) -> None:
+        """Freeze the warm-up scaler once the held batches hold its W rows: fitted on exactly the first
+        W rows in one call, so the scaling never depends on where the batch boundaries fell (SPEC §4)."""
+        scaler = self.model.scaler
+        if self.held_rows < scaler.warmup_rows:
+            return
+        head = np.concatenate([rows.X for rows in self.held])[: scaler.warmup_rows]
+        scaler.partial_fit(head[scaler.count :])  # count > 0 only in a state saved by an older version
+        scaler.freeze()
 
     def _release_held(self, now_ms: int, out: StepOutput) -> None:
         held, self.held = self.held, []
@@ -398,6 +412,7 @@ class StreamProcessor:
         manifest, arrays = state_io.model_to_arrays(self.model)
         held = _concat_rows(self.held, self.n_features)
         arrays.update({f"held/{k}": v for k, v in held.items()})
+        arrays["held/sizes"] = np.array([len(rows) for rows in self.held], dtype=np.int64)  # one batch each
         arrays.update({f"batcher/{k}": v for k, v in self.batcher.to_state().items()})
         arrays.update({f"join/{k}": v for k, v in self.join.to_state().items()})
         if self.label_queue:
@@ -432,7 +447,9 @@ class StreamProcessor:
         proc._early_sources = OrderedDict((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
-            proc.held = [FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])]
+            rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
+            bounds = np.concatenate([[0], np.cumsum(held.get("sizes", [len(rows)]))])
+            proc.held = [_slice(rows, a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
         proc.batcher = MicroBatcher.from_state(
             {k[len("batcher/") :]: v for k, v in arrays.items() if k.startswith("batcher/")},
             max_rows=cfg.batch_rows, max_latency_ms=cfg.max_batch_latency_ms,
@@ -461,6 +478,10 @@ def _label_id(raw: bytes) -> str:
 def _tuples(value):
     """JSON lists back to the tuples they were written from (sources are tuples or scalars)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _slice(rows: FeatureRows, a: int, b: int) -> FeatureRows:
+    return FeatureRows(rows.ids[a:b], rows.X[a:b], rows.ts[a:b])
 
 
 def _concat_rows(rows: list[FeatureRows], k: int) -> dict[str, np.ndarray]:

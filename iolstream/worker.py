@@ -5,36 +5,65 @@ The only module that knows topics, partitions and offsets. The loop is short:
     consume → processor.on_features / on_labels → processor.step → produce predictions
     and dead letters → checkpoint when due (flush, snapshot, commit) → status line
 
-Durability (SPEC §6):
-- at-least-once (default): offsets are committed only up to the latest durable
-  snapshot; after a crash, predictions made since that snapshot may come again.
-- exactly-once: every cycle's predictions, dead letters and input offsets commit in
-  one Kafka transaction; snapshots are written after commits; on restart the input
-  between the snapshot's offsets and the committed ones is replayed into the model
-  without emitting anything. An aborted transaction reloads the snapshot and replays.
+Durability (SPEC §6). A snapshot holds the state and ``positions``, the next offset of every
+partition the state has consumed, and the worker always resumes from a snapshot's positions:
+
+- at-least-once (default): offsets are committed only after a snapshot covering them is
+  durable, and only those; after a crash, predictions made since that snapshot may come again.
+- exactly-once: each poll cycle ends with a forced step (every row consumed is predicted in
+  the cycle that consumed it), and the cycle's predictions, dead letters and input offsets
+  commit in one Kafka transaction; the snapshot is written after the commit, so committed
+  offsets run ahead of it. On restart the input between the snapshot's positions and the
+  committed offsets is replayed into the model without emitting (it was emitted before); a
+  forced step separates replayed from new input. An aborted transaction reloads the snapshot
+  and replays; fencing and other fatal producer errors end the process with EXIT_FATAL.
+- A partition the state has never consumed (not in the snapshot) starts at its beginning,
+  whatever the group committed: the model must see every row (exactly-once replays the part
+  below the committed offset without emitting).
+- Commits never go backwards: a partition still below the offset the group had committed
+  when it was assigned (being replayed) is left out of commits.
+- Rebalances: a revoke writes a snapshot (at-least-once: and commits its offsets) before the
+  partitions go; an assignment seeks every partition to the state's own position.
+- Shutdown (SIGTERM/SIGINT): finish the batch, flush, commit, final snapshot, close, exit 0,
+  all within ``durability.shutdown_grace_seconds``; a watchdog exits EXIT_FATAL if it overruns.
+
+Limits of "same model after a crash" (the sums are the same, so are the row/label counters):
+- expiry runs on the wall clock: a row whose ``row_ttl_ms`` (or an early label whose
+  ``early_label_ttl_ms``) runs out while the worker is down or replaying expires at restart,
+  though its label would have joined in an uninterrupted run; ``row_ttl_batches`` counts
+  batches, whose boundaries move with restarts. Keep ttls well above outage + replay time;
+- a warm-up scaler takes the first W rows consumed: with several feature partitions their
+  interleaving, hence the scaler, may differ between runs (use one feature partition or a
+  fixed scaler when that matters).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from . import codec
+from . import codec, runtime
 from .config import WorkerConfig
 from .model import EdRVFL
-from .snapshot import SnapshotStore
+from .snapshot import SnapshotError, SnapshotStore, crash_point, fault_point
+from .state_io import StateFormatError
 from .stream import DeadLetter, StepOutput, StreamProcessor
 
 log = logging.getLogger("iolstream.worker")
 
 EXIT_OK = 0
-EXIT_FATAL = 3  # fenced producer, failed delivery, incompatible snapshot: let the orchestrator restart us
+EXIT_FATAL = 3  # fenced producer, failed delivery, incompatible snapshot, shutdown overrun: let the orchestrator restart us
+KAFKA_TIMEOUT = 30.0  # seconds for one blocking broker call (flush, commit, transaction step)
+MAX_ABORTS_IN_A_ROW = 3  # a transaction that keeps failing (an undeliverable output) is not retried for ever
+SNAPSHOT_BYTES_PER_SECOND = 50e6  # a conservative write rate (encode, checksum, write, fsync) for the timing checks
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
 class WorkerError(RuntimeError):
@@ -75,6 +104,56 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
     return [n.topic for n in new]
 
 
+def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:
+    """Upper estimate of a snapshot: per layer A, its factor and A_r (n×n), c and β; a full join buffer."""
+    mc = cfg.model
+    n = mc.n_nodes + mc.n_inputs + int(mc.bias_column)
+    pending = cfg.stream.max_pending_rows * (mc.n_inputs + 1 + mc.n_layers * mc.m)
+    return 8 * (mc.n_layers * (3 * n * n + 2 * n * mc.m) + pending)
+
+
+def check_timing(cfg: WorkerConfig) -> list[str]:
+    """Refuse Kafka timeouts the loop could overrun (WorkerError naming the key); return warnings.
+
+    Between two polls the worker may flush, commit and write a snapshot: the group expels a
+    consumer that takes longer than ``max.poll.interval.ms``. In exactly-once mode one
+    transaction spans one poll cycle (poll, decode, forced step, produce, commit), which must
+    end within ``transaction.timeout.ms``.
+    """
+    snapshot_s = estimated_snapshot_bytes(cfg) / SNAPSHOT_BYTES_PER_SECOND
+    poll_ms = int(cfg.kafka.consumer.get("max.poll.interval.ms", 300_000))
+    need_ms = 1000 * (2 * KAFKA_TIMEOUT + snapshot_s)
+    if poll_ms < need_ms:
+        raise WorkerError(
+            f"kafka.consumer.max.poll.interval.ms: {poll_ms} is below the {need_ms:.0f} ms one checkpoint may take "
+            f"(flush and commit up to {KAFKA_TIMEOUT:.0f} s each, a snapshot of up to "
+            f"{estimated_snapshot_bytes(cfg) / 1e6:.0f} MB ≈ {snapshot_s:.1f} s)"
+        )
+    warnings = []
+    if cfg.durability.exactly_once:
+        txn_ms = int(cfg.kafka.producer.get("transaction.timeout.ms", 60_000))
+        cycle_ms = cfg.kafka.poll_timeout_ms + max(cfg.stream.max_batch_latency_ms, cfg.stream.max_label_latency_ms)
+        need_txn_ms = max(10_000, 10 * cycle_ms)
+        if txn_ms < need_txn_ms:
+            raise WorkerError(
+                f"kafka.producer.transaction.timeout.ms: {txn_ms} leaves too little room for one poll cycle "
+                f"(kafka.poll_timeout_ms + the larger stream latency = {cycle_ms} ms, plus processing); "
+                f"use at least {need_txn_ms}"
+            )
+        if txn_ms > poll_ms:
+            warnings.append(
+                f"kafka.producer.transaction.timeout.ms ({txn_ms}) exceeds kafka.consumer.max.poll.interval.ms "
+                f"({poll_ms}): a worker expelled from the group could hold a transaction open that long, "
+                "stalling read_committed readers"
+            )
+    if snapshot_s > cfg.durability.shutdown_grace_seconds / 2:
+        warnings.append(
+            f"durability.shutdown_grace_seconds ({cfg.durability.shutdown_grace_seconds:g}) may not fit the final "
+            f"snapshot (up to {estimated_snapshot_bytes(cfg) / 1e6:.0f} MB ≈ {snapshot_s:.1f} s)"
+        )
+    return warnings
+
+
 class Worker:
     """One long-running worker process around one model."""
 
@@ -84,27 +163,44 @@ class Worker:
         self.store = SnapshotStore(cfg.snapshot.dir, cfg.snapshot.keep)
         self.exactly_once = cfg.durability.exactly_once
         self.stop_event = threading.Event()
-        self.positions: dict[tuple[str, int], int] = {}  # next offset to read, per consumed partition
+        self.positions: dict[tuple[str, int], int] = {}  # next offset to read, per partition the state consumed
         self.replay_until: dict[tuple[str, int], int] = {}  # exactly-once: input a committed txn already covered
+        self.committed_floor: dict[tuple[str, int], int] = {}  # the group's committed offset, per assigned partition
         self.assigned: set[tuple[str, int]] = set()
         self.checkpoint = Checkpoint()
         self.delivery_errors = 0
+        self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
+        self.aborts_in_a_row = 0
         self.last_tick = time.monotonic()
         self.replaying = False
+        self.signalled = False
+        self.stop_deadline: float | None = None  # monotonic time by which a shutdown must be over
+        self._watchdog: threading.Timer | None = None
+        for warning in check_timing(cfg):
+            log.warning("%s", warning)
         self.processor = self._load_state()
+        runtime.configure_for_model(self.processor.model.network.n_columns)  # BLAS threads (MEASUREMENTS.md trap)
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
         self.tx_open = False
+        self.tx_started = 0.0
+        self.rows_per_message = 32.0  # in the last cycle, to size the next consume (a guess to begin with)
+        self.cooperative = False  # partition.assignment.strategy cooperative-sticky: incremental (un)assign
 
     # ------------------------------------------------------------ state
     def _fresh_processor(self) -> StreamProcessor:
         return StreamProcessor(EdRVFL(self.cfg.model), self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
 
     def _load_state(self) -> StreamProcessor:
-        snap = self.store.load_latest()
+        """The newest valid snapshot's processor (a fresh one if there is none); sets ``positions``."""
+        try:
+            snap = self.store.load_latest()
+        except SnapshotError as exc:  # another format version: never skipped silently
+            raise WorkerError(f"cannot load the snapshots in {self.store.dir}: {exc}") from None
         if snap is None:
             log.info("no snapshot in %s: starting a fresh model", self.store.dir)
             self.positions = {}
+            self.checkpoint = Checkpoint()
             return self._fresh_processor()
         saved = snap.manifest["config"]
         wanted = self.cfg.model.to_dict()
@@ -114,19 +210,27 @@ class Worker:
                 f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
                 "restore that config, or move the snapshot directory away to start a fresh model"
             )
-        proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+        try:
+            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+        except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
+            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         self.positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
-        self.checkpoint = Checkpoint(proc.counters["batches"], time.monotonic(), dict(self.positions))
+        self.checkpoint = Checkpoint(
+            proc.counters["batches"], time.monotonic(), dict(self.positions), snapshot_bytes=snap.size_bytes,
+            written_at=snap.manifest.get("written_at_ms", 0) / 1000.0,  # the snapshot's age counts from its write
+        )  # fmt: skip
         log.info(
             "loaded snapshot %s (%d bytes, %.3f s): %d rows in, %d labelled, offsets %s",
             snap.path.name, snap.size_bytes, snap.seconds, proc.counters["rows_in"], proc.counters["rows_learned"],
-            _fmt_offsets(self.positions),
+            _fmt_offsets(self.positions), extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
         )  # fmt: skip
         return proc
 
     # ------------------------------------------------------------ kafka
     def _client_conf(self) -> dict:
-        return {"bootstrap.servers": self.cfg.kafka.bootstrap_servers, **self.cfg.kafka.client}
+        # librdkafka's own log lines go through logging too (JSON when logging.format is json)
+        return {"bootstrap.servers": self.cfg.kafka.bootstrap_servers, "logger": logging.getLogger("iolstream.kafka"),
+                **self.cfg.kafka.client}  # fmt: skip
 
     def _open(self) -> None:
         if self.cfg.topics.create:
@@ -140,55 +244,129 @@ class Worker:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
+            # static membership: a restarted worker gets its partitions back at once, instead of
+            # waiting session.timeout.ms for the broker to expel the member it was before a crash
+            "group.instance.id": self.cfg.transactional_id,
             **self.cfg.kafka.consumer,
         }
         if self.metrics is not None:
             consumer_conf.setdefault("statistics.interval.ms", 5000)
             consumer_conf["stats_cb"] = self.metrics.on_stats
         self.consumer = Consumer(consumer_conf)
-        producer_conf = {**self._client_conf(), "linger.ms": 5, "enable.idempotence": True, **self.cfg.kafka.producer}
+        producer_conf = {
+            **self._client_conf(), "linger.ms": 5, "enable.idempotence": True, "error_cb": self._on_error,
+            **self.cfg.kafka.producer,
+        }  # fmt: skip
         if self.exactly_once:
             producer_conf["transactional.id"] = self.cfg.transactional_id
         self.producer = Producer(producer_conf)
         if self.exactly_once:
-            self.producer.init_transactions(30)
-        self.consumer.subscribe([self.cfg.topics.features, self.cfg.topics.labels], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            try:  # fences any older instance with our transactional.id and aborts its open transaction
+                self.producer.init_transactions(KAFKA_TIMEOUT)
+            except KafkaException as exc:
+                raise WorkerError(
+                    f"init_transactions for transactional.id {self.cfg.transactional_id!r} failed: {exc.args[0]} "
+                    "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
+                ) from None
+        self.cooperative = "cooperative" in str(consumer_conf.get("partition.assignment.strategy", ""))
+        self.consumer.subscribe(
+            [self.cfg.topics.features, self.cfg.topics.labels],
+            on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
+        )  # fmt: skip
+
+    def _committed(self, keys) -> dict[tuple[str, int], int]:
+        """The group's committed offsets of ``keys`` (partitions without one are left out)."""
+        if not keys:
+            return {}
+        for attempt in range(5):
+            try:
+                tps = self.consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=KAFKA_TIMEOUT)
+                return {(tp.topic, tp.partition): tp.offset for tp in tps if tp.offset >= 0}
+            except KafkaException as exc:  # e.g. the group coordinator is still loading
+                if not exc.args[0].retriable() or attempt == 4:
+                    raise
+                time.sleep(0.5)
+        return {}  # not reached
+
+    def _start_offset(self, key: tuple[str, int], committed: dict) -> int:
+        """Where ``key`` resumes: the state's position, or the partition's beginning if the state never read it.
+
+        Notes the group's committed offset, below which commits never go and (exactly-once) input is
+        replayed without emitting: a committed transaction emitted its outputs already."""
+        start = self.positions.get(key)
+        floor = committed.get(key)
+        if floor is None:
+            self.committed_floor.pop(key, None)
+        else:
+            self.committed_floor[key] = floor
+            if start is None:
+                log.warning("%s[%d]: no snapshot covers it; reading from its beginning although the group "
+                            "committed offset %d", key[0], key[1], floor)  # fmt: skip
+        if self.exactly_once and floor is not None and floor > (start or 0):
+            self.replay_until[key] = floor
+        else:
+            self.replay_until.pop(key, None)
+        return start if start is not None else OFFSET_BEGINNING
 
     def _on_assign(self, consumer, partitions) -> None:
-        committed = {}
-        if self.exactly_once:
-            for tp in consumer.committed(partitions, timeout=30):
-                if tp.offset >= 0:
-                    committed[(tp.topic, tp.partition)] = tp.offset
+        """Seek every assigned partition to the state's position (never to the group's offset, which
+        may be ahead of the state in exactly-once mode or after a damaged snapshot was skipped)."""
+        committed = self._committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            if key in self.positions:
-                tp.offset = self.positions[key]  # replay from the snapshot, never from ahead of it
-            if self.exactly_once and key in committed:
-                start = self.positions.get(key, committed[key])
-                if committed[key] > start:
-                    self.replay_until[key] = committed[key]
-                else:
-                    self.replay_until.pop(key, None)
+            tp.offset = self._start_offset(key, committed)
             self.assigned.add(key)
-        consumer.assign(partitions)
-        log.info("assigned %s; replay until %s", _fmt_offsets({(p.topic, p.partition): p.offset for p in partitions}),
-                 _fmt_offsets(self.replay_until) or "-")  # fmt: skip
+        if self.cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        log.info("assigned %s; replay without emitting until %s",
+                 _fmt_offsets({(p.topic, p.partition): p.offset for p in partitions}),
+                 _fmt_offsets(self.replay_until) or "-", extra={"event": "assigned"})  # fmt: skip
 
     def _on_revoke(self, consumer, partitions) -> None:
-        log.info("partitions revoked: %s", [(p.topic, p.partition) for p in partitions])
+        """Partitions taken away: checkpoint first (at-least-once commits their offsets, exactly-once
+        committed them with the last transaction); the positions stay in the state."""
+        log.info("partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"})
         if not self.stop_event.is_set():
-            self._flush_and_checkpoint(force_step=True)
+            self._flush_and_checkpoint()
+        self._forget(partitions)
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+
+    def _on_lost(self, consumer, partitions) -> None:
+        """Partitions lost (this member was expelled from the group): nothing may be committed for them."""
+        log.warning("partitions lost: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "lost"})
+        self._forget(partitions)
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+
+    def _forget(self, partitions) -> None:
         for tp in partitions:
-            self.assigned.discard((tp.topic, tp.partition))
-        consumer.unassign()
+            key = (tp.topic, tp.partition)
+            self.assigned.discard(key)
+            self.replay_until.pop(key, None)
+            self.committed_floor.pop(key, None)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal_error = err  # raised by the loop: librdkafka cannot continue (e.g. fenced)
+        else:
+            log.warning("kafka: %s", err)
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
             self.delivery_errors += 1
-            log.error("delivery to %s failed: %s", msg.topic(), err)
+            if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):  # not a transaction abort's
+                log.error("delivery to %s failed: %s", msg.topic(), err)
 
     def _produce(self, topic: str, value: bytes, key=None, headers=None) -> None:
+        if self.exactly_once:
+            self._ensure_txn()
         while True:
             try:
                 self.producer.produce(topic, value, key=key, headers=headers, on_delivery=self._on_delivery)
@@ -203,20 +381,59 @@ class Worker:
         self._emit_dead(out.dead_letters)
         if self.metrics is not None:
             self.metrics.on_step(self, out)
+        if out.predictions and log.isEnabledFor(logging.DEBUG):
+            log.debug("batch up to #%d: %d predictions (%s .. %s), %d rows learned, model version %d",
+                      self.processor.batch_seq, len(out.predictions), out.predictions[0][0], out.predictions[-1][0],
+                      out.rows_learned, self.processor.model.learner.state.version,
+                      extra={"event": "batch", "batch_seq": self.processor.batch_seq, "rows": out.rows_predicted,
+                             "first_id": out.predictions[0][0], "last_id": out.predictions[-1][0],
+                             "rows_learned": out.rows_learned, "seconds": round(out.batch_seconds, 6)})  # fmt: skip
 
     def _emit_dead(self, dead: list[DeadLetter]) -> None:
         for d in dead:
             src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
             headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
             self._produce(self.cfg.topics.dead_letters, d.value if d.value is not None else b"", headers=headers)
+        if dead and self.metrics is not None:
+            self.metrics.on_dead_letters(dead)
 
     # ------------------------------------------------------------- loop
-    def request_stop(self, *_args) -> None:
+    def request_stop(self, signum=None, _frame=None) -> None:
+        """Stop after the current cycle (a signal handler); a second signal exits at once."""
+        if signum is not None:
+            if self.signalled:
+                log.error("second %s: exiting now, without a final snapshot", signal.Signals(signum).name)
+                os._exit(EXIT_FATAL)
+            self.signalled = True
+            log.info("%s: stopping within %g s", signal.Signals(signum).name, self.cfg.durability.shutdown_grace_seconds)
+            self._start_watchdog()
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+
+    def _start_watchdog(self) -> None:
+        """Exit EXIT_FATAL if the shutdown is not over within the grace period (an orchestrator kills us anyway)."""
+        if self._watchdog is not None:
+            return
+        grace = self.cfg.durability.shutdown_grace_seconds
+        self.stop_deadline = time.monotonic() + grace
+
+        def overrun():
+            log.error("shutdown took longer than durability.shutdown_grace_seconds=%g: exiting with %d; "
+                      "the last durable snapshot and the offsets committed with it stand", grace, EXIT_FATAL)  # fmt: skip
+            os._exit(EXIT_FATAL)
+
+        self._watchdog = threading.Timer(grace, overrun)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _timeout(self, seconds: float) -> float:
+        """``seconds``, cut to what is left of the shutdown grace period (keeping 1 s for the rest)."""
+        if self.stop_deadline is None:
+            return seconds
+        return max(0.5, min(seconds, self.stop_deadline - time.monotonic() - 1.0))
 
     def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None) -> int:
         """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds``); returns an exit code."""
@@ -230,7 +447,11 @@ class Worker:
                 consumed = self._poll_once()
                 if consumed:
                     last_input = time.monotonic()
-                if self.delivery_errors:
+                if self.metrics is not None:
+                    self.metrics.tick(self)
+                if self.fatal_error is not None:
+                    raise WorkerError(self._fatal_message(self.fatal_error))
+                if self.delivery_errors and not self.exactly_once:  # exactly-once: the transaction aborts instead
                     raise WorkerError(f"{self.delivery_errors} messages could not be delivered; not committing past them")
                 if time.monotonic() - last_status >= self.cfg.logging.status_every_seconds:
                     self.log_status()
@@ -239,23 +460,26 @@ class Worker:
                     break
                 if idle_stop_seconds is not None and time.monotonic() - last_input >= idle_stop_seconds:
                     break
-            self._shutdown()
-            return EXIT_OK
+            return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
-            log.error("fatal: %s", exc)
-            self._close(commit=False)
+            log.error("fatal: %s", exc, extra={"event": "fatal"})
+            self._close()
             return EXIT_FATAL
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
 
     def _poll_once(self) -> int:
+        """One cycle: consume, feed the processor, step, (exactly-once) commit, checkpoint when due."""
         proc = self.processor
         due = proc.next_due_ms(now_ms())
         timeout_ms = self.cfg.kafka.poll_timeout_ms if due is None else min(self.cfg.kafka.poll_timeout_ms, due)
-        msgs = self.consumer.consume(num_messages=self.cfg.stream.batch_rows * 4, timeout=max(timeout_ms, 0) / 1000.0)
-        if self.exactly_once and msgs and not self.tx_open:
-            self.producer.begin_transaction()
-            self.tx_open = True
+        # a cycle (one transaction in exactly-once mode) takes about 4 batches of rows, however many per message
+        want = max(1, min(4 * self.cfg.stream.batch_rows, round(4 * self.cfg.stream.batch_rows / self.rows_per_message)))
+        msgs = self.consumer.consume(num_messages=want, timeout=max(timeout_ms, 0) / 1000.0)
         now = now_ms()
         consumed = 0
+        rows_before = proc.counters["rows_in"] + proc.counters["labels_in"]
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -269,12 +493,13 @@ class Worker:
             key = (msg.topic(), msg.partition())
             replay = key in self.replay_until and msg.offset() < self.replay_until[key]
             if replay != self.replaying:
-                # never mix replayed (already emitted) and new input in one batch
-                self._step(now, force=True)
+                self._step(now, force=True)  # never mix replayed (already emitted) and new input in one step
                 self.replaying = replay
             source = (msg.topic(), msg.partition(), msg.offset())
             if msg.topic() == self.cfg.topics.features:
                 dead = proc.on_features(msg.value(), source, now)
+                if self.metrics is not None:
+                    self.metrics.on_features(self, msg.timestamp())  # produce time, for the latency histogram
             else:
                 dead = proc.on_labels(msg.value(), source, now)
             if not self.replaying:
@@ -282,8 +507,14 @@ class Worker:
             self.positions[key] = msg.offset() + 1
             if replay and msg.offset() + 1 >= self.replay_until[key]:
                 del self.replay_until[key]
+                log.info("%s[%d]: replayed up to the committed offset %d", key[0], key[1], msg.offset() + 1)
+            crash_point("mid_batch")
+        if consumed:
+            self.rows_per_message = max(1.0, (proc.counters["rows_in"] + proc.counters["labels_in"] - rows_before) / consumed)
         self._step(now, force=self.exactly_once and bool(msgs))
-        if self.exactly_once and self.tx_open:
+        if self.replaying and not self.replay_until:  # replay over: what the processor holds now is new input
+            self.replaying = False
+        if self.exactly_once:
             self._commit_transaction()
         self.producer.poll(0)
         if self._checkpoint_due():
@@ -299,41 +530,99 @@ class Worker:
                 self.metrics.on_step(self, out, replay=True)
             return
         self._emit(out)
+        if out.predictions:
+            crash_point("after_produce")
+
+    def _offsets_to_commit(self) -> list[TopicPartition]:
+        """The positions of the assigned partitions, except those not past the group's committed
+        offset (being replayed): a commit never moves an offset backwards."""
+        return [
+            TopicPartition(t, p, o) for (t, p), o in sorted(self.positions.items())
+            if (t, p) in self.assigned and o > self.committed_floor.get((t, p), -1)
+        ]  # fmt: skip
 
     # ------------------------------------------------------ transactions
-    def _commit_transaction(self) -> None:
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self.positions.items() if (t, p) in self.assigned]
-        try:
-            self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
-            self.producer.commit_transaction(30)
-            self.tx_open = False
-            if self.metrics is not None:
-                self.metrics.transactions_committed.inc()
-        except KafkaException as exc:
-            kerr = exc.args[0]
-            if kerr.fatal():
-                raise WorkerError(f"transactional producer fenced or failed fatally: {kerr}") from None
-            log.warning("transaction failed (%s): aborting and rolling the model back to the last snapshot", kerr)
-            self._abort_and_rewind()
+    def _ensure_txn(self) -> None:
+        if not self.tx_open:
+            self.producer.begin_transaction()
+            self.tx_open = True
+            self.tx_started = time.monotonic()
 
-    def _abort_and_rewind(self) -> None:
+    def _commit_transaction(self) -> None:
+        """End the cycle's transaction: 1. add the input offsets 2. commit, retrying retriable errors
+        3. on an abortable error (or retries running out) abort and roll the model back. Any other
+        error (fenced, fatal) raises WorkerError: the process ends and its orchestrator restarts it."""
+        offsets = self._offsets_to_commit()
+        if not self.tx_open and not offsets:
+            return  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
+        self._ensure_txn()
         try:
-            self.producer.abort_transaction(30)
-        finally:
-            self.tx_open = False
+            if offsets:
+                group = self.consumer.consumer_group_metadata()
+                self._txn_call(lambda t: self.producer.send_offsets_to_transaction(offsets, group, t))
+            if fault_point("abort_txn"):  # test-only: an abortable failure
+                raise KafkaException(KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True))
+            crash_point("before_txn_commit")
+            self._txn_call(self.producer.commit_transaction)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.txn_requires_abort() or err.retriable()) or err.fatal():
+                raise WorkerError(self._fatal_message(err)) from None
+            log.warning("transaction failed (%s): aborting it and rolling the model back to the last snapshot", err)
+            self._abort_and_rewind(err)
+            return
+        self.tx_open = False
+        self.aborts_in_a_row = 0
+        for tp in offsets:
+            self.committed_floor[(tp.topic, tp.partition)] = tp.offset
+        seconds = time.monotonic() - self.tx_started
+        if seconds * 1000 > int(self.cfg.kafka.producer.get("transaction.timeout.ms", 60_000)) / 2:
+            log.warning("a transaction took %.1f s, over half of transaction.timeout.ms", seconds)
+        if self.metrics is not None:
+            self.metrics.transactions_committed.inc()
+        crash_point("after_txn_commit")
+
+    def _txn_call(self, op) -> None:
+        """A blocking transactional call ``op(timeout)``, called again while it fails retriably."""
+        deadline = time.monotonic() + self._timeout(KAFKA_TIMEOUT)
+        while True:
+            try:
+                op(max(0.1, deadline - time.monotonic()))
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.retriable() or err.txn_requires_abort() or time.monotonic() >= deadline:
+                    raise
+                log.warning("retrying after a retriable transaction error: %s", err)
+                time.sleep(0.2)
+
+    def _fatal_message(self, err: KafkaError) -> str:
+        if err.code() in _FENCED:
+            return (f"producer fenced: another worker with transactional.id {self.cfg.transactional_id!r} has started "
+                    f"({err.str()}); this one stops")  # fmt: skip
+        return f"the transactional producer failed fatally: {err.str()} ({err.name()})"
+
+    def _abort_and_rewind(self, why: KafkaError) -> None:
+        """Abort the open transaction, then roll the model back: reload the newest snapshot and seek
+        every assigned partition to its positions; what the group committed is replayed without emitting."""
+        try:
+            self._txn_call(self.producer.abort_transaction)
+        except KafkaException as exc:
+            raise WorkerError(f"aborting a failed transaction failed too: {exc.args[0]}") from None
+        self.tx_open = False
+        self.delivery_errors = 0  # those of the aborted transaction
+        self.aborts_in_a_row += 1
         if self.metrics is not None:
             self.metrics.transactions_aborted.inc()
+        if self.aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
+            raise WorkerError(f"{self.aborts_in_a_row} transactions in a row aborted (last: {why.str()}); giving up")
         self.processor = self._load_state()
-        committed = self.consumer.committed([TopicPartition(t, p) for t, p in self.assigned], timeout=30)
-        self.replay_until = {}
-        for tp in committed:
-            key = (tp.topic, tp.partition)
-            start = self.positions.get(key, tp.offset)
-            if tp.offset >= 0 and tp.offset > start:
-                self.replay_until[key] = tp.offset
-            seek_to = start if start >= 0 else OFFSET_INVALID
-            if seek_to != OFFSET_INVALID:
-                self.consumer.seek(TopicPartition(tp.topic, tp.partition, seek_to))
+        self.replaying = False
+        committed = self._committed(sorted(self.assigned))
+        for key in sorted(self.assigned):
+            self.consumer.seek(TopicPartition(key[0], key[1], self._start_offset(key, committed)))
+        log.info("rolled back to offsets %s; replay without emitting until %s", _fmt_offsets(self.positions) or "-",
+                 _fmt_offsets(self.replay_until) or "-")  # fmt: skip
 
     # ------------------------------------------------------- checkpoints
     def _checkpoint_due(self) -> bool:
@@ -344,57 +633,81 @@ class Worker:
         return batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds
 
     def _flush_and_checkpoint(self, *, force_step: bool = False) -> bool:
-        """1. step (optionally flushing partial batches) 2. flush the producer 3. write the snapshot
-        4. commit the snapshot's offsets (at-least-once; exactly-once commits them in transactions).
-        Returns False, committing nothing, if anything before the commit failed."""
+        """1. (shutdown) step, flushing the partial batch 2. exactly-once: commit an open transaction
+        3. flush the producer 4. write the snapshot 5. at-least-once: commit the snapshot's offsets.
+        Returns False, writing and committing nothing, if an output could not be delivered."""
         if force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
         if self.exactly_once and self.tx_open:
             self._commit_transaction()
-        remaining = self.producer.flush(30)
+        remaining = self.producer.flush(self._timeout(KAFKA_TIMEOUT))
         if remaining or self.delivery_errors:
-            log.error("checkpoint skipped: %d messages undelivered, %d delivery errors", remaining, self.delivery_errors)
+            log.error("checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
+                      remaining, self.delivery_errors)  # fmt: skip
             return False
         manifest, arrays = self.processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(self.positions.items())]
         manifest["worker"] = {"exactly_once": self.exactly_once, "group_id": self.cfg.kafka.group_id}
-        snap = self.store.write(manifest, arrays)
+        try:
+            snap = self.store.write(manifest, arrays)
+        except OSError as exc:
+            raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
         self.checkpoint = Checkpoint(
             self.processor.counters["batches"], time.monotonic(), dict(self.positions), snap.seconds, snap.size_bytes,
             time.time(),
         )  # fmt: skip
         if self.metrics is not None:
             self.metrics.on_snapshot(snap)
+        log.info("snapshot %s: %.1f MB in %.3f s, offsets %s", snap.path.name, snap.size_bytes / 1e6, snap.seconds,
+                 _fmt_offsets(self.positions), extra={"event": "snapshot", "bytes": snap.size_bytes,
+                                                      "seconds": round(snap.seconds, 4)})  # fmt: skip
+        if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
+            log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         if not self.exactly_once:
-            offsets = [TopicPartition(t, p, o) for (t, p), o in self.positions.items() if (t, p) in self.assigned]
-            if offsets:
-                try:
-                    self.consumer.commit(offsets=offsets, asynchronous=False)
-                except KafkaException as exc:
-                    log.warning("offset commit failed (the snapshot covers it; retried next checkpoint): %s", exc)
-        log.info("snapshot %s: %d bytes in %.3f s, offsets %s", snap.path.name, snap.size_bytes, snap.seconds,
-                 _fmt_offsets(self.positions))  # fmt: skip
+            self._commit_offsets()
         return True
 
-    def _shutdown(self) -> None:
-        log.info("stopping: final batch, flush, snapshot, commit")
+    def _commit_offsets(self) -> None:
+        """At-least-once: commit the offsets the snapshot just written covers (and never more)."""
+        offsets = self._offsets_to_commit()
+        if not offsets:
+            return
+        crash_point("before_commit")
+        try:
+            if fault_point("fail_commit"):  # test-only: a failing commit
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))
+            result = self.consumer.commit(offsets=offsets, asynchronous=False) or []
+            failed = [tp for tp in result if tp.error is not None]
+            if failed:
+                raise KafkaException(failed[0].error)
+        except KafkaException as exc:
+            log.warning("offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc)
+            return
+        for tp in offsets:
+            self.committed_floor[(tp.topic, tp.partition)] = tp.offset
+
+    def _shutdown(self) -> bool:
+        """Stop: finish the current batch, emit and flush it, commit, write the final snapshot, close.
+        Returns False if the final checkpoint failed (the process then exits non-zero)."""
+        log.info("stopping: final batch, flush, commit, snapshot", extra={"event": "stopping"})
         self.stop_event.set()  # no second checkpoint from the revoke that close() triggers
+        self._start_watchdog()
         if self.exactly_once:
-            if not self.tx_open:
-                self.producer.begin_transaction()
-                self.tx_open = True
             self._step(now_ms(), force=True)
             self._commit_transaction()
         ok = self._flush_and_checkpoint(force_step=True)
         self.log_status()
-        self._close(commit=ok)
+        self._close()
+        log.info("stopped%s", "" if ok else ": the final checkpoint failed", extra={"event": "stopped", "ok": ok})
+        return ok
 
-    def _close(self, *, commit: bool) -> None:
+    def _close(self) -> None:
         if self.producer is not None and self.exactly_once and self.tx_open:
             try:
-                self.producer.abort_transaction(5)
+                self.producer.abort_transaction(self._timeout(5.0))
             except KafkaException:
                 pass
+            self.tx_open = False
         if self.consumer is not None:
             try:
                 self.consumer.close()

@@ -113,7 +113,7 @@ def test_curve_test_rows_caps_only_the_curve():
 
 def test_time_points():
     assert time_points(5, 20) == [1, 2, 3, 4, 5]
-    assert time_points(371, 6) == [1, 3, 11, 35, 115, 371]
+    assert time_points(371, 6) == [1, 3, 11, 35, 114, 371]
     assert time_points(40, 1) == [40]
     pts = time_points(10_000, 20)
     assert pts[0] == 1 and pts[-1] == 10_000 and len(pts) == 20

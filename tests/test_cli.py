@@ -1,0 +1,208 @@
+"""Tests for the ``iolstream`` command line (cli.py, and the evaluate/simulate commands)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from iolstream.cli import COMMANDS, main
+
+FAST = ["--nodes", "16", "--layers", "2"]
+
+
+@pytest.fixture
+def csv_file(tmp_path):
+    """A small, learnable 3-class CSV with string labels."""
+
+    def write(rows=None, name="data.csv"):
+        if rows is None:
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((120, 3))
+            labels = np.array(["a", "b", "c"])[np.argmax(x @ rng.standard_normal((3, 3)), axis=1)]
+            rows = [f"{u:.4f},{v:.4f},{w:.4f},{lab}" for (u, v, w), lab in zip(x, labels)]
+        path = tmp_path / name
+        path.write_text("f1,f2,f3,label\n" + "\n".join(rows) + "\n")
+        return str(path)
+
+    return write
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_usage_error(rc, err, *needles):
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
+    assert lines[0].startswith("iolstream evaluate: error: ") or lines[0].startswith("iolstream simulate: error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unknown_column(capsys, csv_file):
+    rc, _, err = run(capsys, "evaluate", "--csv", csv_file(), "--target", "nosuch", *FAST)
+    assert_usage_error(rc, err, "'nosuch'", "f1, f2, f3, label")
+
+
+def test_non_numeric_feature(capsys, csv_file):
+    path = csv_file(["1,2,3,a", "4,five,6,b", "7,8,9,a"] * 5)
+    rc, _, err = run(capsys, "evaluate", "--csv", path, "--target", "label", *FAST)
+    assert_usage_error(rc, err, "column 'f2', row 2", "non-numeric", "'five'")
+
+
+def test_nan_feature(capsys, csv_file):
+    path = csv_file(["1,2,3,a", "4,5,6,b", "7,nan,9,a"] * 5)
+    rc, _, err = run(capsys, "evaluate", "--csv", path, "--target", "label", *FAST)
+    assert_usage_error(rc, err, "column 'f2', row 3", "non-finite")
+
+
+def test_unknown_class(capsys, csv_file):
+    rc, _, err = run(capsys, "evaluate", "--csv", csv_file(), "--target", "label", "--classes", "a,b", *FAST)
+    assert_usage_error(rc, err, "unknown class 'c'", "declared classes: ['a', 'b']")
+
+
+def test_unknown_class_for_integer_labels(capsys):
+    rc, _, err = run(capsys, "evaluate", "--dataset", "iris", "--classes", "0,1", *FAST)
+    assert_usage_error(rc, err, "unknown class 2")
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--dataset", "iris", "--mode", "sideways"], ["--mode", "invalid choice", "'sideways'"]),
+        (["--dataset", "nosuch"], ["unknown data set 'nosuch'", "segment"]),
+        (["--csv", "x.csv"], ["--csv needs --target"]),
+        (["--dataset", "iris", "--target", "y"], ["--target applies only to --csv"]),
+        (["--dataset", "iris", "--label-delay", "0"], ["--label-delay: must be an integer ≥ 1"]),
+        (["--dataset", "iris", "--batch", "-3"], ["--batch", "'-3'"]),
+        (["--dataset", "iris", "--batch", "2.5"], ["--batch", "2.5"]),
+        (["--dataset", "iris", "--test-fraction", "1.5"], ["--test-fraction: must be in (0, 1)"]),
+        (["--dataset", "iris", "--lam", "0"], ["--lam", "positive"]),
+        (["--dataset", "iris", "--lam", "1", "--log2-inv-lam", "2"], ["not allowed with"]),
+        (["--dataset", "iris", "--baseline", "svm"], ["--baseline", "invalid choice"]),
+        (["--dataset", "iris", "--plot", "curve.pdf"], ["--plot", ".png"]),
+        (["--csv", "/nonexistent/file.csv", "--target", "y"], ["/nonexistent/file.csv", "cannot read"]),
+        (["--dataset", "iris", "--rows", "2"], ["need at least"]),
+        ([], ["one of the arguments --dataset --csv is required"]),
+    ],
+)
+def test_bad_arguments_are_one_line(capsys, argv, needles):
+    rc, _, err = run(capsys, "evaluate", *argv)
+    assert_usage_error(rc, err, *needles)
+
+
+def test_numerical_failure_is_one_line_with_a_hint(capsys):
+    # N(0, 1) weights under 8 ReLU layers: features ~10⁸, far too large for λ = 1e-9.
+    rc, _, err = run(capsys, "evaluate", "--dataset", "wine", "--nodes", "64", "--layers", "8", "--init", "normal",
+                     "--lam", "1e-9", "--quiet")  # fmt: skip
+    assert_usage_error(rc, err, "not positive definite", "try a larger --lam")
+
+
+def test_plot_to_unwritable_place(capsys, tmp_path):
+    rc, _, err = run(capsys, "evaluate", "--dataset", "iris", "--quiet", *FAST, "--plot", str(tmp_path / "no" / "dir.png"))
+    assert_usage_error(rc, err, "cannot write")
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def test_table_while_running(capsys, csv_file):
+    rc, out, err = run(capsys, "evaluate", "--csv", csv_file(), "--target", "label", *FAST)
+    assert rc == 0 and err == ""
+    assert "test acc" in out and "preq acc" in out
+    assert out.count("edRVFL-F") >= 3 and out.count("edRVFL-R") >= 3  # curve rows and the summary
+    assert "96 training rows in 32 batches of 3" in out
+
+
+def test_json_objects(capsys, csv_file):
+    rc, out, err = run(capsys, "evaluate", "--csv", csv_file(), "--target", "label", *FAST, "--json", "--seed", "3",
+                       "--baseline", "os-elm", "--log2-inv-lam", "2")  # fmt: skip
+    assert rc == 0
+    objs = [json.loads(line) for line in out.splitlines()]
+    assert [o["name"] for o in objs] == ["edRVFL-F", "edRVFL-R", "os-elm"]
+    for o in objs:
+        for key in ("metric", "test_metric", "prequential_metric", "cumulative_regret", "regret_bound",
+                    "rows_per_second", "seconds", "curve"):  # fmt: skip
+            assert key in o
+        assert o["metric"] == "accuracy" and o["seed"] == 3
+        assert all(len(p) == 2 for p in o["curve"])
+    assert objs[0]["config"]["lam"] == 0.25 and objs[0]["config"]["n_nodes"] == 16
+    assert objs[0]["test_metric"] == pytest.approx(objs[1]["test_metric"])
+    assert "edRVFL-F" in err  # the table went to stderr
+
+
+def test_defaults_come_from_model_config(capsys):
+    from iolstream.model import ModelConfig
+
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "iris", "--json", "--quiet", "--mode", "forward")
+    (obj,) = [json.loads(line) for line in out.splitlines()]
+    default = ModelConfig(n_inputs=4, classes=(0, 1, 2))
+    for key in ("n_nodes", "n_layers", "lam", "activation", "init", "scaler", "warmup_rows"):
+        assert obj["config"][key] == getattr(default, key), key
+
+
+def test_regression_dataset(capsys):
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "friedman", "--rows", "600", *FAST, "--json", "--quiet")
+    objs = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and [o["metric"] for o in objs] == ["rmse", "rmse"] and objs[0]["rows"] == 480
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    path = tmp_path / "curves.png"
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "iris", *FAST, "--plot", str(path))
+    assert rc == 0 and f"plot written to {path}" in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def test_simulate_prints_the_table(capsys, tmp_path):
+    path = tmp_path / "sim.png"
+    rc, out, err = run(capsys, "simulate", "-T", "40", "-n", "2", "--lam", "0.01", "1/T", "--plot", str(path))
+    assert rc == 0, err
+    assert "single stream" in out and "batch stream" in out
+    assert out.count("  -R  ") == 4 and out.count("  -F  ") == 4  # 2 streams × 2 λ
+    assert "CR_T" in out and "‖β−β°‖²" in out
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_json(capsys):
+    rc, out, _ = run(capsys, "simulate", "-T", "30", "-n", "2", "--lam", "0.01", "--streams", "batch", "--json", "--quiet")
+    objs = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and [(o["stream"], o["mode"]) for o in objs] == [("batch", "ridge"), ("batch", "forward")]
+    assert {"cumulative_regret", "beta_error", "immediate_regret"} <= set(objs[0])
+
+
+def test_simulate_bad_lambda(capsys):
+    rc, _, err = run(capsys, "simulate", "--lam", "0")
+    assert_usage_error(rc, err, "--lam")
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_top_level_help_imports_no_command():
+    code = (
+        "import sys; from iolstream.cli import main; rc = main(['--help']);"
+        "heavy = [m for m in ('numba', 'iolstream.model', 'iolstream.evaluate', 'matplotlib') if m in sys.modules];"
+        "print('RESULT', rc, heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "RESULT 0 []" in out
+    for name in COMMANDS:
+        assert name in out
+
+
+def test_unknown_command(capsys):
+    rc, _, err = run(capsys, "nosuch")
+    assert rc == 2 and err.strip().startswith("iolstream: error: argument COMMAND: invalid choice")

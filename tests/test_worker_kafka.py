@@ -1,0 +1,388 @@
+"""The worker on a real broker (SPEC §5): predictions, the label join, dead letters, outages.
+
+Most tests run ``Worker(cfg).run()`` in a thread (fast: one process, warm JIT) and stop it
+once its counters say everything arrived; one runs ``iolstream run`` as a subprocess and
+stops it with SIGTERM. Every test has its own topics, consumer group and snapshot dir.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+from kafka_util import committed_offsets, consume_all, create_topics, produce_json, unique_group, wait_for_broker
+
+from iolstream import cli, produce
+from iolstream.config import config_from_dict
+from iolstream.datasets import load
+from iolstream.evaluate import Protocol, evaluate
+from iolstream.model import EdRVFL
+from iolstream.worker import EXIT_OK, Worker
+
+pytestmark = pytest.mark.kafka
+
+REPO = Path(__file__).resolve().parent.parent
+SEGMENT_CLASSES = ["brickface", "cement", "foliage", "grass", "path", "sky", "window"]
+
+
+def worker_raw(bootstrap: str, topics: list[str], tmp_path, **sections) -> dict:
+    """A worker config for segment on the test's own topics, group and snapshot dir; ``sections``
+    (e.g. ``model={"n_nodes": 32}``) update the defaults section by section."""
+    features, labels, predictions, dead = topics
+    raw = {
+        "model": {"n_inputs": 18, "classes": SEGMENT_CLASSES},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": unique_group("worker")},
+        "topics": {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead},
+        "snapshot": {"dir": str(tmp_path / f"snapshots-{uuid.uuid4().hex[:6]}")},
+        "metrics": {"port": 0},
+        "logging": {"status_every_seconds": 2},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return raw
+
+
+class WorkerThread:
+    """``Worker(cfg).run()`` in a thread; ``wait`` polls its counters, ``stop`` ends it cleanly."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.worker = Worker(cfg)
+        self.exit_code = None
+        self.thread = threading.Thread(target=self._run, name="worker", daemon=True)
+
+    def _run(self):
+        self.exit_code = self.worker.run()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.thread.is_alive():
+            self.stop()
+
+    def status(self) -> dict:
+        return self.worker.processor.status()
+
+    def wait(self, condition, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.status()
+            if condition(s):
+                return s
+            assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.worker.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        return self.exit_code
+
+
+def segment(rows: int | None = None, seed: int = 0):
+    ds = load("segment")
+    order = np.random.default_rng(seed).permutation(ds.n_rows)[:rows]
+    return ds.X[order], ds.y[order]
+
+
+def send(bootstrap, cfg, X, y, options: produce.PlanOptions) -> dict:
+    return produce.send(produce.iter_plan(X, y, options), producer_conf={"bootstrap.servers": bootstrap},
+                        features_topic=cfg.topics.features, labels_topic=cfg.topics.labels)  # fmt: skip
+
+
+def predictions_by_id(bootstrap, topic, expected=None) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for _, value, _, _, _ in consume_all(bootstrap, topic, expected=expected, timeout=15):
+        obj = orjson.loads(value)
+        out.setdefault(obj["id"], []).append(obj)
+    return out
+
+
+def offline_model(cfg, X, y, labelled):
+    """The offline learner fed the same joined data: the warm-up scaler on the first W rows, every
+    observed row's Gram in A (-F), every joined label once in c (SPEC §2)."""
+    model = EdRVFL(cfg.model)
+    model.scaler.partial_fit(X[: cfg.model.warmup_rows])
+    features_t = model.features(X)
+    model.learner.observe(features_t)
+    model.learn(np.ascontiguousarray(features_t[:, :, labelled]), model.encode_labels(y[labelled]))
+    return model
+
+
+def assert_same_model(got: EdRVFL, want: EdRVFL, rtol=1e-9) -> None:
+    np.testing.assert_array_equal(got.scaler.mean, want.scaler.mean)
+    for layer, (a, b) in enumerate(zip(got.learner.state.layers, want.learner.state.layers)):
+        for name in ("gram", "rhs", "beta"):
+            x, z = getattr(a, name), getattr(b, name)
+            x, z = (np.tril(x), np.tril(z)) if name == "gram" else (x, z)
+            np.testing.assert_allclose(x, z, rtol=rtol, atol=rtol * np.abs(z).max(), err_msg=f"layer {layer} {name}")
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def test_every_row_predicted_once_accuracy_close_to_evaluate(kafka_bootstrap, kafka_topics, tmp_path):
+    """segment with evaluate's defaults (seed 0, 1848 training rows, b = 55, labels one batch late),
+    replayed by `iolstream produce --shuffle --follow --plot`: one prediction per row, and the
+    prequential accuracy within 0.02 of evaluate's. The model differs from evaluate's only in when
+    labels join (Kafka interleaves the two topics, so a label may miss the next batch and wait one
+    more); the final model, with every label in, is the same sums (to round-off)."""
+    (offline,) = evaluate(load("segment"), modes=("forward",), protocol=Protocol(seed=0))
+    b, n = offline.batch, offline.rows
+    assert (b, n) == (55, 1848)
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, stream={
+        "batch_rows": b, "label_batch_rows": b, "max_batch_latency_ms": 1000, "max_label_latency_ms": 1000,
+    }), environ={})  # fmt: skip
+    png = tmp_path / "curve.png"
+    args = [
+        "produce", "--dataset", "segment", "--shuffle", "--seed", "0", "--rows", str(n), "--bootstrap", kafka_bootstrap,
+        "--features-topic", topics[0], "--labels-topic", topics[1], "--predictions-topic", topics[2],
+        "--label-delay-rows", str(b), "--follow", "--follow-timeout", "30", "--plot", str(png), "--quiet",
+    ]  # fmt: skip
+    with WorkerThread(cfg) as w:
+        assert cli.main(args) == 0
+        status = w.wait(lambda s: s["labels_in"] == n, 30, "every label")
+        assert w.stop() == EXIT_OK
+    status = w.status()
+    assert (status["rows_in"], status["predictions_out"], status["rows_learned"], status["dead_letters"]) == (n, n, n, 0)
+    preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
+    assert sorted(preds) == sorted(f"r{i}" for i in range(n)) and all(len(p) == 1 for p in preds.values())
+    assert all(p[0]["mode"] == "forward" and len(p[0]["proba"]) == 7 and "event_ts" in p[0] for p in preds.values())
+    assert png.stat().st_size > 10_000
+
+    X, y = segment(n)
+    y_hat = np.array([preds[f"r{i}"][0]["y_hat"] for i in range(n)])
+    accuracy = float((y_hat == y).mean())
+    print(f"prequential accuracy: worker {accuracy:.4f}, evaluate {offline.prequential_metric:.4f}")
+    assert status["metric"] == pytest.approx(accuracy, abs=1e-12)  # the worker's own count agrees
+    assert abs(accuracy - offline.prequential_metric) <= 0.02
+    assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, np.arange(n)))
+
+
+def test_delayed_shuffled_missing_duplicated_labels_equal_the_offline_learner(kafka_bootstrap, kafka_topics, tmp_path):
+    """Labels 40 rows late, shuffled in windows of 30, 10 % never sent, 15 % twice, in batch
+    messages of 7: counters exact, one prediction per row, and the final model equals the offline
+    learner on the joined rows (A, c, β to rtol 1e-9)."""
+    n = 900
+    X, y = segment(n, seed=1)
+    options = produce.PlanOptions(batch_rows=7, label_delay_rows=40, missing_fraction=0.1, duplicate_fraction=0.15,
+                                  shuffle_window=30, seed=11)  # fmt: skip
+    messages = produce.plan(X, y, options)
+    sent = [i for m in messages if m.kind == "labels" for i in m.obj["ids"]]
+    labelled = np.array(sorted({int(i[1:]) for i in sent}))
+    assert 0 < len(sent) - len(labelled) and len(labelled) < n, "the plan must hold duplicates and missing labels"
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 48, "n_layers": 2, "warmup_rows": 100},
+                                      stream={"batch_rows": 32, "label_batch_rows": 24}), environ={})  # fmt: skip
+    with WorkerThread(cfg) as w:
+        send(kafka_bootstrap, cfg, X, y, options)
+        w.wait(lambda s: s["labels_in"] == len(sent) and s["predictions_out"] == n and s["rows_learned"] == len(labelled),
+               60, "every row and label")  # fmt: skip
+        assert w.stop() == EXIT_OK
+    s = w.status()
+    assert (s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"]) == (n, n, len(labelled), n - len(labelled))
+    assert s["join_labels_duplicate"] == len(sent) - len(labelled) and s["join_labels_joined"] == len(labelled)
+    assert (s["dead_letters"], s["join_labels_orphan"], s["join_labels_expired_id"]) == (0, 0, 0)
+    preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
+    assert len(preds) == n and all(len(p) == 1 for p in preds.values())
+    assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, labelled))
+
+
+def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, kafka_topics, tmp_path):
+    """Each SPEC §5 bad input ends in the dead-letter topic with its raw bytes, reason and source
+    topic/partition/offset headers; the worker keeps running and its model stays bitwise the same."""
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    features, labels_topic, _, dead_topic = topics
+    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path,
+        model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 40},
+        stream={"batch_rows": 16, "label_batch_rows": 1, "max_message_bytes": 2048, "row_ttl_ms": 1500,
+                "early_label_ttl_ms": 1000},
+    ), environ={})  # fmt: skip
+    X, y = segment(100, seed=2)
+    good = lambda i: {"id": f"r{i}", "x": X[i].tolist()}  # noqa: E731
+    label = lambda i: {"id": f"r{i}", "y": str(y[i])}  # noqa: E731
+    with WorkerThread(cfg) as w:
+        produce_json(kafka_bootstrap, features, [good(i) for i in range(64)] + [{"id": "lonely", "x": X[64].tolist()}])
+        produce_json(kafka_bootstrap, labels_topic, [label(i) for i in range(64)])
+        w.wait(lambda s: s["rows_learned"] == 64 and s["join_rows_expired"] == 1, 30, "the good rows, and 'lonely' to expire")
+        proc = w.worker.processor
+        before = {name: [getattr(ls, name).copy() for ls in proc.model.learner.state.layers] for name in ("gram", "rhs", "beta")}
+        version = proc.model.learner.state.version
+
+        x = X[0].tolist()
+        bad_features = [
+            (b'{"id": "m1", "x": [1, 2', "malformed_json"),
+            (b"", "malformed_json"),
+            (orjson.dumps({"x": x}), "missing_id"),
+            (orjson.dumps({"id": "w1", "x": x[:5]}), "wrong_feature_count"),
+            (orjson.dumps({"id": "n1", "x": [None] + x[1:]}), "non_finite"),
+            (b'{"id": "n2", "x": [NaN' + b", 1" * 17 + b"]}", "malformed_json"),
+            (b'{"id": "n3", "x": [Infinity' + b", 1" * 17 + b"]}", "malformed_json"),
+            (orjson.dumps({"id": "o1", "x": x, "pad": "z" * 3000}), "oversize"),
+            (orjson.dumps({"id": "s1", "x": "not a list"}), "bad_schema"),
+            (orjson.dumps(good(3)), "duplicate_id"),
+        ]
+        bad_labels = [
+            (orjson.dumps({"id": "r5", "y": "marble"}), "unknown_class"),
+            (orjson.dumps({"id": "r5", "y": [1, 2]}), "bad_label"),
+            (b"{]", "malformed_json"),
+            (orjson.dumps({"y": "sky"}), "missing_id"),
+            (orjson.dumps({"id": "r5", "y": "sky", "pad": "z" * 3000}), "oversize"),
+            (orjson.dumps({"id": "lonely", "y": "sky"}), "expired_id"),
+            (orjson.dumps({"id": "ghost", "y": "sky"}), "unknown_id"),  # held early, given up on after 1 s
+        ]
+        where = {}
+        for topic, bad in ((features, bad_features), (labels_topic, bad_labels)):
+            offsets = produce_json(kafka_bootstrap, topic, [raw for raw, _ in bad])
+            where.update({(topic, p, o): (raw, reason) for (raw, reason), (p, o) in zip(bad, offsets)})
+        produce_json(kafka_bootstrap, labels_topic, [label(7)])  # a duplicate label: counted, applied once
+        w.wait(lambda s: s["dead_letters"] == len(where) and s["join_labels_duplicate"] == 1, 30, "every dead letter")
+        after = {name: [getattr(ls, name) for ls in proc.model.learner.state.layers] for name in ("gram", "rhs", "beta")}
+        assert proc.model.learner.state.version == version
+        for name in before:
+            assert all(np.array_equal(a, b) for a, b in zip(before[name], after[name])), f"{name} changed"
+
+        produce_json(kafka_bootstrap, features, [good(i) for i in range(65, 100)])  # still alive and learning
+        produce_json(kafka_bootstrap, labels_topic, [label(i) for i in range(65, 100)])
+        w.wait(lambda s: s["rows_learned"] == 99, 30, "the rows after the bad input")
+        assert w.stop() == EXIT_OK
+
+    letters = consume_all(kafka_bootstrap, dead_topic, expected=len(where), timeout=15)
+    got = {}
+    for _, value, headers, _, _ in letters:
+        h = dict(headers)
+        source = (h["iolstream.source.topic"].decode(), int(h["iolstream.source.partition"]), int(h["iolstream.source.offset"]))
+        got[source] = (value, h["iolstream.reason"].decode())
+        assert h["iolstream.detail"], source
+    assert got.keys() == where.keys()
+    for source, (raw, reason) in where.items():
+        assert got[source][1] == reason, source
+        if reason == "unknown_id":  # re-encoded by the join buffer: the same message, compact JSON
+            assert orjson.loads(got[source][0]) == orjson.loads(raw)
+        else:
+            assert got[source][0] == raw, source
+    assert w.status()["dead_letters"] == len(where)
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 (the controller) free on 127.0.0.1: 19292 when it is free."""
+    def free(port):
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) != 0
+
+    preferred = int(os.environ.get("IOLSTREAM_TEST_OUTAGE_PORT", "19292"))
+    for port in [preferred] + list(range(preferred + 10, preferred + 400, 10)):
+        if free(port) and free(port + 1):
+            return port
+    raise RuntimeError("no free port pair for the outage broker")
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A private broker (scripts/kafka.sh, its own port and data dir) this test may stop and start:
+    the session broker may be shared, or come from IOLSTREAM_TEST_BOOTSTRAP."""
+    port = _free_port_pair()
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_CONTROLLER_PORT"}
+    env.update(KAFKA_PORT=str(port), IOLSTREAM_KAFKA_DATA=str(tmp_path / "kafka"))
+
+    def sh(cmd: str) -> None:
+        r = subprocess.run(["bash", str(REPO / "scripts" / "kafka.sh"), cmd], env=env, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+        assert r.returncode == 0, f"kafka.sh {cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+    sh("start")
+    bootstrap = f"127.0.0.1:{port}"
+    wait_for_broker(bootstrap, timeout=60)
+    try:
+        yield bootstrap, sh
+    finally:
+        subprocess.run(["bash", str(REPO / "scripts" / "kafka.sh"), "wipe"], env=env, capture_output=True, timeout=120)
+
+
+def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
+    """Stop the broker for 30 s mid-stream, start it again: the worker reconnects and ends with
+    every row predicted exactly once (no crash, so even at-least-once mode emits nothing twice:
+    the idempotent producer dedups its retries and the consumer keeps its positions), and with the
+    counters and model of a run that saw no outage."""
+    bootstrap, sh = own_broker
+    tag = uuid.uuid4().hex[:8]
+    topics = [f"outage-{tag}-{s}" for s in ("features", "labels", "predictions", "dead")]
+    cfg = config_from_dict(worker_raw(bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 100},
+                                      stream={"batch_rows": 20, "label_batch_rows": 20},
+                                      snapshot={"every_seconds": 3}), environ={})  # fmt: skip
+    n = 1000
+    X, y = segment(n, seed=3)
+    options = produce.PlanOptions(batch_rows=5, label_delay_rows=30, seed=3)
+    messages = produce.plan(X, y, options)
+    create_topics(bootstrap, topics)
+    sent = {}
+
+    def producer():  # 100 rows/s, through the outage: librdkafka holds the messages meanwhile
+        sent.update(produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=topics[0],
+                                 labels_topic=topics[1], rate=100.0))  # fmt: skip
+
+    with WorkerThread(cfg) as w:
+        feeder = threading.Thread(target=producer, daemon=True)
+        feeder.start()
+        w.wait(lambda s: s["predictions_out"] >= 200, 60, "the first predictions")
+        sh("stop")
+        stopped, at = time.monotonic(), w.status()["predictions_out"]
+        time.sleep(30)
+        assert w.thread.is_alive(), "the worker died during the outage"
+        sh("start")
+        print(f"broker down for {time.monotonic() - stopped:.1f} s, from prediction {at} of {n}")
+        feeder.join(120)
+        assert sent.get("feature_rows") == n, "the producer did not deliver everything"
+        w.wait(lambda s: s["labels_in"] == n and s["predictions_out"] == n and s["rows_learned"] == n, 90, "everything")
+        assert w.stop() == EXIT_OK
+    preds = predictions_by_id(bootstrap, topics[2], expected=n)
+    assert sorted(preds) == sorted(f"r{i}" for i in range(n))
+    assert all(len(p) == 1 for p in preds.values()), "a row was predicted twice"
+    s = w.status()
+    assert (s["rows_in"], s["predictions_out"], s["labels_in"], s["rows_learned"], s["dead_letters"]) == (n, n, n, n, 0)
+    assert committed_offsets(bootstrap, cfg.kafka.group_id, topics[0]) == {0: sum(m.kind == "features" for m in messages)}
+    assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, np.arange(n)))
+
+
+def test_iolstream_run_subprocess_stops_cleanly_on_sigterm(kafka_bootstrap, kafka_topics, tmp_path):
+    """`iolstream run -c worker.yaml` as a process: it predicts, and SIGTERM makes it finish the batch,
+    snapshot, commit and exit 0."""
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    raw = worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 50},
+                     stream={"batch_rows": 25})  # fmt: skip
+    path = tmp_path / "worker.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    n = 300
+    X, y = segment(n, seed=4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOLSTREAM_")}
+    proc = subprocess.Popen([sys.executable, "-m", "iolstream.cli", "run", "-c", str(path)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        cfg = config_from_dict(raw, environ={})
+        send(kafka_bootstrap, cfg, X, y, produce.PlanOptions(batch_rows=10, label_delay_rows=20))
+        preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
+        assert len(preds) == n
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "SIGTERM" in out and "rows_in=300 predictions=300" in out, out
+    assert list(Path(raw["snapshot"]["dir"]).glob("*.iolsnap")), "no final snapshot"
+    assert committed_offsets(kafka_bootstrap, raw["kafka"]["group_id"], topics[0]) == {0: n // 10}
