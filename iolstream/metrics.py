@@ -23,7 +23,7 @@ snapshot carries across restarts.
 Exported (all ``iolstream_``):
 
 =====================================  ==========  =============================================
-name                                   type        labels
+name                                   type        labels; meaning
 =====================================  ==========  =============================================
 rows_in_total                          counter     feature rows accepted
 predictions_total                      counter     predictions produced
@@ -169,7 +169,12 @@ class _WorkerCollector:
         m = self.metrics
         with m._lock:
             v, totals, lag = m._view, m._totals, m._lag
-        if not v:
+        for hist in (m.batch_seconds, m.latency, m.event_latency):
+            yield hist.family()
+        ready = GaugeMetricFamily(PREFIX + "ready", "1 when /readyz answers 200")
+        ready.add_metric([], float(m.ready()[0]))
+        yield ready
+        if not v:  # no worker attached yet (the model is loading)
             return
 
         def counter(name, doc, value):
@@ -220,9 +225,6 @@ class _WorkerCollector:
         for (topic, part), value in sorted(lag.items()):
             lag_family.add_metric([topic, str(part)], value)
         yield lag_family
-        yield gauge("ready", "1 when /readyz answers 200", float(m.ready()[0]))
-        for hist in (m.batch_seconds, m.latency, m.event_latency):
-            yield hist.family()
 
 
 def _finite(v) -> float:

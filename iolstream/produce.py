@@ -21,6 +21,7 @@ what the worker actually emitted, live, and as a learning curve (``plot_curve``)
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -245,8 +246,8 @@ class Follower:
     """Reads the predictions topic (from its end when started) and joins each prediction of
     this replay's ids with the true label: the prequential metric of what the worker emitted.
 
-    correct[i] (classification: 1.0/0.0) or squared error (regression) of row i, NaN until
-    its prediction came. ``duplicates`` counts predictions of an id seen before.
+    errors[i]: 1.0/0.0 for a right/wrong class (classification) or the squared error (regression)
+    of row i, NaN until its prediction came. ``duplicates`` counts predictions of an id seen before.
     """
 
     def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str):
@@ -259,6 +260,7 @@ class Follower:
         else:
             self.truth = np.asarray(y, dtype=np.float64).reshape(len(ids), -1)
         self.errors = np.full(len(ids), np.nan)
+        self.seen = np.zeros(len(ids), dtype=bool)
         self.arrival: list[int] = []  # row indices in the order their predictions came
         self.received = 0
         self.duplicates = 0
@@ -324,9 +326,10 @@ class Follower:
         if i is None:
             return  # another replay's row
         self.received += 1
-        if not np.isnan(self.errors[i]):
+        if self.seen[i]:
             self.duplicates += 1
             return
+        self.seen[i] = True
         if "mode" in obj:
             self.modes.add(obj["mode"])
         if self.task == "classification":
@@ -437,9 +440,10 @@ def add_parser(subparsers):
     kafka.add_argument("--bootstrap", metavar="HOST:PORT", help=f"(default: the config's, else {DEFAULT_BOOTSTRAP})")
     kafka.add_argument("--features-topic", metavar="TOPIC", help="(default: the config's, else iol.features)")
     kafka.add_argument("--labels-topic", metavar="TOPIC", help="(default: the config's, else iol.labels)")
-    kafka.add_argument("--predictions-topic", metavar="TOPIC", help="for --follow (default: the config's, else iol.predictions)")
+    kafka.add_argument("--predictions-topic", metavar="TOPIC",
+                       help="for --follow (default: the config's, else iol.predictions)")  # fmt: skip
     kafka.add_argument("--create-topics", action="store_true",
-                       help="create missing topics first (features, labels, and with a config predictions and dead letters)")  # fmt: skip
+                       help="create missing topics first: features, labels, predictions (and dead letters with -c)")  # fmt: skip
 
     how = p.add_argument_group("replay")
     how.add_argument("--batch-rows", type=_positive_int, default=1, metavar="B",
@@ -458,7 +462,7 @@ def add_parser(subparsers):
 
     out = p.add_argument_group("follow the worker")
     out.add_argument("--follow", action="store_true",
-                     help="read the predictions meanwhile: live prequential metric, wait until every row is predicted")  # fmt: skip
+                     help="read the predictions meanwhile: live prequential metric; wait until every row is predicted")  # fmt: skip
     out.add_argument("--follow-timeout", type=_non_negative_float, default=30.0, metavar="S",
                      help="stop waiting after S seconds without a new prediction (default: %(default)s)")  # fmt: skip
     out.add_argument("--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions")
@@ -487,7 +491,8 @@ def resolve_target(args) -> KafkaTarget:
     dead = None
     if args.config:
         cfg = load_config(args.config)
-        topics, client, bootstrap, dead = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers, cfg.topics.dead_letters
+        topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
+        dead = cfg.topics.dead_letters
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
     target = KafkaTarget(
         conf, args.features_topic or topics.features, args.labels_topic or topics.labels,
@@ -588,7 +593,8 @@ def main(args) -> int:
     say(f"{follower.predicted}/{n} rows predicted (mode {modes}), prequential {metric_name} "
         f"{follower.metric():.4f}, {follower.duplicates} duplicate predictions")  # fmt: skip
     if args.plot and follower.predicted:
-        plot_curve(follower.errors, task, args.plot, title=f"{description.split(':')[0]}: the worker's predictions")
+        name = args.dataset or os.path.basename(args.csv)
+        plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
         say(f"learning curve written to {args.plot}")
     if not done:
         print(f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "

@@ -18,9 +18,10 @@ With labels one batch late and ``label_batch_rows`` = ``batch_rows`` this is the
 paper's recursion (evaluate's protocol), step for step.
 
 Rules worth knowing:
-- While the warm-up scaler is not frozen, batches are held (no prediction, no Gram);
-  they are predicted in order once it freezes. A forced step (shutdown, rebalance)
-  never freezes it early: the scaling would then depend on when the worker stopped.
+- While the warm-up scaler is not frozen, batches are held (no prediction, no Gram); once
+  it freezes they are predicted in order, each after the labels of the ones before. A
+  forced step (shutdown, rebalance) never freezes it early: the scaling would then
+  depend on when the worker stopped.
 - A feature row whose id is pending, done, or already waiting in the batcher or the
   warm-up hold is a ``duplicate_id`` at arrival: it never enters A.
 - The features D of a label batch are recomputed from the stored rows, except when
@@ -272,10 +273,13 @@ class StreamProcessor:
         scaler.freeze()
 
     def _release_held(self, now_ms: int, out: StepOutput) -> None:
+        """Predict the held batches in order. Their labels that came meanwhile (early) join as each
+        batch enters the buffer and are folded in before the next one: the held batches spanned the
+        whole warm-up, far beyond the label latency."""
         held, self.held = self.held, []
         for rows in held:
             self._predict_batch(rows, now_ms, out)
-            self._fold_if_due(now_ms, out, force=False)
+            self._fold_if_due(now_ms, out, force=True)
 
     def _predict_batch(self, rows: FeatureRows, now_ms: int, out: StepOutput) -> None:
         self._queued_ids.difference_update(rows.ids)

@@ -463,6 +463,7 @@ class Worker:
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
             log.error("fatal: %s", exc, extra={"event": "fatal"})
+            self.stop_event.set()  # no checkpoint from the revoke that close() triggers: the state may be ahead of Kafka
             self._close()
             return EXIT_FATAL
         finally:

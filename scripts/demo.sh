@@ -11,14 +11,16 @@
 #   5. stops the worker with SIGTERM (it must exit 0), deletes the demo topics, and stops the
 #      broker only if it started it.
 #
-# Environment: KAFKA_PORT (default 19092), DEMO_RATE rows/s (default 100), DEMO_DIR (default
-# .iolstream/demo), KEEP_TOPICS=1 to keep the demo topics, IOLSTREAM (the CLI, default .venv/bin/iolstream).
+# Environment: KAFKA_PORT (default 19092), DEMO_RATE rows/s (default 100), DEMO_PLOT (default
+# demo-learning-curve.png), DEMO_DIR for the worker's log and snapshots (default .iolstream/demo),
+# KEEP_TOPICS=1 to keep the demo topics, IOLSTREAM (the CLI, default .venv/bin/iolstream).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PORT="${KAFKA_PORT:-19092}"
 RATE="${DEMO_RATE:-100}"
 OUT="${DEMO_DIR:-.iolstream/demo}"
+PLOT="${DEMO_PLOT:-demo-learning-curve.png}"
 IOLSTREAM="${IOLSTREAM:-.venv/bin/iolstream}"
 PYTHON="$(dirname "$IOLSTREAM")/python"
 RUN="demo-$(date +%Y%m%d-%H%M%S)-$$"
@@ -87,7 +89,7 @@ echo "pid $WORKER_PID"
 say "producer: segment at $RATE rows/s; labels 50 rows late, shuffled within 20 rows, 3 % sent twice, 2 % never"
 "$IOLSTREAM" produce -c config/worker.yaml --create-topics --dataset segment --shuffle --seed 0 --rate "$RATE" \
     --label-delay-rows 50 --shuffle-window 20 --duplicate-fraction 0.03 --missing-fraction 0.02 \
-    --follow --plot "$OUT/learning-curve.png"
+    --follow --plot "$PLOT"
 
 say "stopping the worker (SIGTERM)"
 kill -TERM "$WORKER_PID"
@@ -103,4 +105,4 @@ if [ "$code" != 0 ]; then
 fi
 echo "worker exited 0; final snapshot in $OUT/snapshots"
 
-say "done: learning curve in $OUT/learning-curve.png"
+say "done: learning curve in $PLOT"

@@ -303,7 +303,8 @@ def test_ridge_predicts_with_the_beta_in_force_and_learns_gram_with_labels():
     reference = EdRVFL(proc.model.config)
     first = reference.predict_batch(X[:16])
     for start in (16, 32, 48):
-        rec.feed([("l", labels(range(start - 16, start), y), None, start), ("f", features(range(start, start + 16), X), None, start)])
+        rec.feed([("l", labels(range(start - 16, start), y), None, start),
+                  ("f", features(range(start, start + 16), X), None, start)])  # fmt: skip
     got = np.array([orjson.loads(v)["proba"] for _, v in rec.predictions[:16]])
     np.testing.assert_array_equal(got, first.proba)
     rec.feed([("force", None, None, 99)])  # rows 48-63 are never labelled: never in A

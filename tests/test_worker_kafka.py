@@ -86,6 +86,14 @@ class WorkerThread:
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
 
+    def wait_assigned(self, partitions: int = 2, timeout: float = 30.0) -> None:
+        """Until the group gave the worker its partitions (then it reads new input as it comes)."""
+        deadline = time.monotonic() + timeout
+        while len(self.worker.assigned) < partitions:
+            assert time.monotonic() < deadline, "the worker got no partitions"
+            assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code})"
+            time.sleep(0.05)
+
     def stop(self, timeout: float = 60.0) -> int:
         self.worker.request_stop()
         self.thread.join(timeout)
@@ -138,9 +146,14 @@ def assert_same_model(got: EdRVFL, want: EdRVFL, rtol=1e-9) -> None:
 def test_every_row_predicted_once_accuracy_close_to_evaluate(kafka_bootstrap, kafka_topics, tmp_path):
     """segment with evaluate's defaults (seed 0, 1848 training rows, b = 55, labels one batch late),
     replayed by `iolstream produce --shuffle --follow --plot`: one prediction per row, and the
-    prequential accuracy within 0.02 of evaluate's. The model differs from evaluate's only in when
-    labels join (Kafka interleaves the two topics, so a label may miss the next batch and wait one
-    more); the final model, with every label in, is the same sums (to round-off)."""
+    prequential accuracy within 0.02 of evaluate's.
+
+    The worker runs evaluate's recursion (test_stream checks that bitwise) except for when labels
+    join: Kafka interleaves the two topics as it fetches them, so a label may miss the batch after
+    its own and wait one more. That changes a few predictions of that batch, never more than its 55
+    rows (0.03); measured: 0.8983 against 0.8983 in 8 of 9 runs, 0.8977 in one. 0.02 (37 rows)
+    leaves room without hiding a real difference, such as labels lost or joined twice. The final
+    model, with every label in, is the same sums (to round-off)."""
     (offline,) = evaluate(load("segment"), modes=("forward",), protocol=Protocol(seed=0))
     b, n = offline.batch, offline.rows
     assert (b, n) == (55, 1848)
@@ -155,6 +168,7 @@ def test_every_row_predicted_once_accuracy_close_to_evaluate(kafka_bootstrap, ka
         "--label-delay-rows", str(b), "--follow", "--follow-timeout", "30", "--plot", str(png), "--quiet",
     ]  # fmt: skip
     with WorkerThread(cfg) as w:
+        w.wait_assigned()  # it reads the stream as it comes, as a deployed worker would
         assert cli.main(args) == 0
         status = w.wait(lambda s: s["labels_in"] == n, 30, "every label")
         assert w.stop() == EXIT_OK
