@@ -217,9 +217,9 @@ def test_dockerfile_shape():
     (user,) = [a for i, a in stage if i == "USER"]
     assert user.split(":")[0] not in ("0", "root")
     runs = [a for i, a in stage if i == "RUN"]
-    users = [i for i, _ in stage]
+    instructions = [i for i, _ in stage]
     warm = next(k for k, (i, a) in enumerate(stage) if i == "RUN" and "warmup.py" in a)
-    assert users.index("USER") < warm, "the cache is warmed as the user who reads (and extends) it"
+    assert instructions.index("USER") < warm, "the cache is warmed as the user who reads (and extends) it"
     assert "useradd" in " ".join(runs) and image_env()["NUMBA_CACHE_DIR"]
     assert exec_form("ENTRYPOINT") == ["iolstream"]
     assert exec_form("CMD")[:2] == ["run", "-c"]
