@@ -49,7 +49,9 @@ def describe(path: Path) -> dict:
     out["valid"] = True
     out["read_seconds"] = round(time.perf_counter() - t0, 4)
     out["manifest"] = manifest
-    out["arrays"] = {k: {"dtype": str(v.dtype), "shape": list(v.shape), "bytes": int(v.nbytes)} for k, v in sorted(arrays.items())}
+    out["arrays"] = {
+        k: {"dtype": str(v.dtype), "shape": list(v.shape), "bytes": int(v.nbytes)} for k, v in sorted(arrays.items())
+    }
     return out
 
 

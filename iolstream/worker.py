@@ -211,7 +211,9 @@ class Worker:
                 "restore that config, or move the snapshot directory away to start a fresh model"
             )
         try:
-            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+            proc = StreamProcessor.from_state(
+                snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows
+            )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         self.positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}

@@ -137,11 +137,21 @@ def print_table(table, best, datasets, top: int, title: str) -> None:
         print(line)
 
 
+def _is_current_default(setting: dict) -> bool:
+    """The setting ModelConfig now defaults to (kept in stage 2 as the reference), if it is on the grid."""
+    from iolstream.model import ModelConfig
+
+    d = ModelConfig(n_inputs=1)
+    lam = float(np.log2(d.lam)) if np.isscalar(d.lam) else None
+    return (int(setting["n_nodes"]), int(setting["n_layers"]), setting["activation"], setting["init"]) == (
+        d.n_nodes, d.n_layers, d.activation, d.init) and lam is not None and float(setting["log2_lam"]) == lam
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="sweep_defaults.csv", help="CSV of every run (appended; resumable)")
     p.add_argument("--stage2-seeds", type=int, default=5, help="seeds 0..S-1 for the best settings (default: 5)")
-    p.add_argument("--top", type=int, default=20, help="settings carried to stage 2 and printed (default: 20)")
+    p.add_argument("--top", type=int, default=20, help="stage 2 takes the TOP best by worst gap and by mean gap (default: 20)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--report-only", action="store_true", help="rank what the CSV holds, run nothing")
     args = p.parse_args(argv)
@@ -150,7 +160,11 @@ def main(argv=None) -> int:
         run_grid(args.out, settings(), [0], args.datasets)
     table, best = rank(args.out, [0], args.datasets)
     print_table(table, best, args.datasets, args.top, "Stage 1: whole grid, seed 0, ranked by worst gap to the best")
-    finalists = [r["setting"] for r in table[: args.top]]
+    by_mean = sorted(table, key=lambda r: r["mean_gap"])
+    finalists = []
+    for r in table[: args.top] + by_mean[: args.top] + [r for r in table if _is_current_default(r["setting"])]:
+        if r["setting"] not in finalists:
+            finalists.append(r["setting"])
     seeds = list(range(args.stage2_seeds))
     if not args.report_only:
         grid2 = [{k: type(GRID[k][0])(v) for k, v in s.items()} for s in finalists]
@@ -158,7 +172,7 @@ def main(argv=None) -> int:
     keys = {tuple(str(s[k]) for k in KEY) for s in finalists}
     table2, best2 = rank(args.out, seeds, args.datasets)
     table2 = [r for r in table2 if tuple(str(r["setting"][k]) for k in KEY) in keys]
-    print_table(table2, best2, args.datasets, args.top,
+    print_table(table2, best2, args.datasets, len(table2),
                 f"Stage 2: the {len(table2)} finalists, mean over seeds {seeds[0]}..{seeds[-1]} (gaps to the best finalist)")  # fmt: skip
     return 0
 

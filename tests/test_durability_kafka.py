@@ -273,14 +273,17 @@ def test_kill_at_chosen_points_then_model_is_exact(
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_kill_at_random_instants_of_a_live_stream(tmp_path, kafka_bootstrap, kafka_topics, outputs, stream, reference, exactly_once):
+def test_kill_at_random_instants_of_a_live_stream(
+    tmp_path, kafka_bootstrap, kafka_topics, outputs, stream, reference, exactly_once
+):
     """The stream is produced live (~8,000 rows/s) while workers are killed with SIGKILL at
     random instants 0.2–2 s after they are assigned their partitions, and restarted."""
     messages, ids = stream
     features, labels = kafka_topics("features", "labels")
-    rig = WorkerRig(tmp_path, kafka_bootstrap, {"features": features, "labels": labels, **outputs}, exactly_once=exactly_once)
+    inputs = {"features": features, "labels": labels}
+    rig = WorkerRig(tmp_path, kafka_bootstrap, {**inputs, **outputs}, exactly_once=exactly_once)
     rng = np.random.default_rng(SEED)
-    sender = threading.Thread(target=send_stream, args=(kafka_bootstrap, {"features": features, "labels": labels}, messages, 8_000))
+    sender = threading.Thread(target=send_stream, args=(kafka_bootstrap, inputs, messages, 8_000))
     sender.start()
     delays = []
     try:
@@ -309,7 +312,9 @@ def test_kill_at_random_instants_of_a_live_stream(tmp_path, kafka_bootstrap, kaf
 # ---------------------------------------------------------------------- damaged snapshots
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_damaged_newest_snapshot_falls_back_to_the_previous(tmp_path, kafka_bootstrap, backlog, outputs, stream, reference, exactly_once):
+def test_damaged_newest_snapshot_falls_back_to_the_previous(
+    tmp_path, kafka_bootstrap, backlog, outputs, stream, reference, exactly_once
+):
     """After a crash the newest snapshot is truncated; after the next crash it is bit-flipped.
     Each restart skips it with a warning, loads the previous one, and the final model is exact."""
     messages, ids = stream
@@ -336,11 +341,14 @@ def test_damaged_newest_snapshot_falls_back_to_the_previous(tmp_path, kafka_boot
 # ------------------------------------------------------------------------------- shutdown
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_sigterm_finishes_the_batch_snapshots_commits_and_exits_0(tmp_path, kafka_bootstrap, kafka_topics, outputs, stream, exactly_once):
+def test_sigterm_finishes_the_batch_snapshots_commits_and_exits_0(
+    tmp_path, kafka_bootstrap, kafka_topics, outputs, stream, exactly_once
+):
     messages, ids = stream
     features, labels = kafka_topics("features", "labels")
-    rig = WorkerRig(tmp_path, kafka_bootstrap, {"features": features, "labels": labels, **outputs}, exactly_once=exactly_once)
-    sender = threading.Thread(target=send_stream, args=(kafka_bootstrap, {"features": features, "labels": labels}, messages, 20_000))
+    inputs = {"features": features, "labels": labels}
+    rig = WorkerRig(tmp_path, kafka_bootstrap, {**inputs, **outputs}, exactly_once=exactly_once)
+    sender = threading.Thread(target=send_stream, args=(kafka_bootstrap, inputs, messages, 20_000))
     sender.start()
     try:
         proc, log_path = rig.start(idle=60)
@@ -381,12 +389,15 @@ def test_shutdown_overrunning_the_grace_period_exits_non_zero(tmp_path, kafka_bo
 # ------------------------------------------------------------------- failing flush / commit
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(tmp_path, kafka_bootstrap, kafka_topics, backlog, exactly_once):
+def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(
+    tmp_path, kafka_bootstrap, kafka_topics, backlog, exactly_once
+):
     """Predictions the broker refuses (topic max.message.bytes too small): the worker stops
     non-zero; at-least-once commits nothing past a snapshot, exactly-once commits nothing at all."""
     (predictions,) = kafka_topics("predictions", config={"max.message.bytes": "100"})
     (dead,) = kafka_topics("dead")
-    rig = WorkerRig(tmp_path, kafka_bootstrap, {**backlog, "predictions": predictions, "dead_letters": dead}, exactly_once=exactly_once)
+    topics = {**backlog, "predictions": predictions, "dead_letters": dead}
+    rig = WorkerRig(tmp_path, kafka_bootstrap, topics, exactly_once=exactly_once)
     rc, log = rig.run(idle=10)
     assert rc == EXIT_FATAL, log[-3000:]
     committed = rig.committed()
