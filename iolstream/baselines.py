@@ -80,14 +80,15 @@ class OSELM:
         return float(self.learner.learn(hidden_t, targets, predicted=outputs)[0])
 
     def predict(self, x):
-        out = [self._decide(self.learner.layer_outputs(self._hidden_t(x[i : i + 4096]))[0]) for i in range(0, len(x), 4096)]
-        return np.concatenate(out)
+        chunks = (x[i : i + 4096] for i in range(0, len(x), 4096))
+        return np.concatenate([self._decide(self.learner.layer_outputs(self._hidden_t(c))[0]) for c in chunks])
 
     def regret(self):
         st = self.learner.state
         ls = st.layers[0]
         expert = regret_mod.expert_loss(ls.rhs, ls.gram, st.sum_y2)
-        bound = regret_mod.bound_ridge(st.y_max, st.max_label_batch, self.config.n_nodes, st.label_batches, st.d_max, self.lam)
+        n_nodes = self.config.n_nodes  # (N + k) of Theorem 4 becomes N: no direct link
+        bound = regret_mod.bound_ridge(st.y_max, st.max_label_batch, n_nodes, st.label_batches, st.d_max, self.lam)
         return ls.loss_sum - expert, bound
 
     def describe(self) -> dict:

@@ -154,7 +154,9 @@ def make_split(dataset: Dataset, protocol: Protocol, *, classes=None) -> Split:
         for row, label in enumerate(y.tolist()):
             i = lookup.get(_plain(label), lookup.get(str(label)))
             if i is None:
-                raise DataError(f"{dataset.name}: unknown class {label!r} in row {row + 1}; declared classes: {list(declared)}")
+                raise DataError(
+                    f"{dataset.name}: unknown class {label!r} in row {row + 1}; declared classes: {list(declared)}"
+                )
             index[row] = i
         y = index
     else:
@@ -523,20 +525,26 @@ def add_parser(subparsers):
 
     prot = p.add_argument_group("protocol")
     prot.add_argument("--batch", type=_batch, default=DEFAULT_BATCH, metavar="B",
-                      help="rows per batch, or a fraction of the training set if < 1, e.g. 0.0027 (default: %(default)s)")  # fmt: skip
+                      help="rows per batch, or a fraction of the training set if < 1, e.g. 0.0027 "
+                           "(default: %(default)s)")  # fmt: skip
     prot.add_argument("--label-delay", type=int, default=1, metavar="D",
-                      help="labels of batch t arrive before batch t+D is predicted; 1 is the paper's (default: 1)")  # fmt: skip
+                      help="labels of batch t arrive before batch t+D is predicted; 1 is the paper's "
+                           "(default: 1)")  # fmt: skip
     prot.add_argument("--test-fraction", type=float, default=0.2, metavar="F", help="(default: %(default)s)")
-    prot.add_argument("--seed", type=int, default=defaults["seed"], help="shuffle and random weights (default: %(default)s)")
+    prot.add_argument("--seed", type=int, default=defaults["seed"],
+                      help="shuffle, random weights and generated data (default: %(default)s)")  # fmt: skip
     prot.add_argument("--curve-points", type=_positive_int, default=20, metavar="P",
                       help="about P log-spaced test points (default: %(default)s)")  # fmt: skip
     prot.add_argument("--curve-test-rows", type=int, default=20_000, metavar="R",
-                      help="test rows used for the curve, 0 = all; the final metric uses all (default: %(default)s)")  # fmt: skip
+                      help="test rows used for the curve, 0 = all; the final metric uses all "
+                           "(default: %(default)s)")  # fmt: skip
     prot.add_argument("--baseline", action="append", default=[], metavar="NAME", choices=BASELINES,
-                      help=f"also run a comparison learner on the same stream (repeatable): {', '.join(BASELINES)}")  # fmt: skip
+                      help="also run a comparison learner on the same stream (repeatable): "
+                           + ", ".join(BASELINES))  # fmt: skip
 
     out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="one JSON object per mode/baseline on stdout (the table goes to stderr)")
+    out.add_argument("--json", action="store_true",
+                     help="one JSON object per mode/baseline on stdout (the table goes to stderr)")  # fmt: skip
     out.add_argument("--per-batch", action="store_true", help="with --json: add the per-batch prequential metric and loss")
     out.add_argument("--plot", metavar="FILE.png", help="draw the test-metric curves over rows seen")
     out.add_argument("--quiet", action="store_true", help="no table, no progress bar")

@@ -99,6 +99,7 @@ class OnlineLearner:
     refactor_every : int — Woodbury steps between exact rebuilds of P from A
     track_regret : bool — keep A_r (labelled rows only) for the exact regret of -F (costs one
         extra symmetric rank-b update per labelled batch; -R gets it for free since A_r = A)
+        and the D_m, Y_m of the bounds (one pass over D per labelled batch)
 
     Examples
     --------
@@ -204,13 +205,14 @@ class OnlineLearner:
             return losses
         new = np.flatnonzero(~gram_in)
         targets_f = np.asfortranarray(targets)
+        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
         for layer, ls in enumerate(st.layers):
             d_t = features_t[layer]
             if new.size:
                 self._enter_gram(ls, d_t if new.size == b else np.ascontiguousarray(d_t[:, new]))
             if ls.gram_labelled is not None:
                 linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.gemm(d_t, targets_f) if d_t.dtype == np.float64 else linalg.gemm(d_t.astype(np.float64), targets_f)
+            ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
             ls.loss_sum += float(losses[layer])
             ls.beta = self._solve(ls)
         st.rows_observed += int(new.size)
@@ -218,8 +220,9 @@ class OnlineLearner:
         st.label_batches += 1
         st.max_label_batch = max(st.max_label_batch, b)
         st.sum_y2 += float((targets**2).sum())
-        st.d_max = max(st.d_max, float(np.abs(features_t).max()))
-        st.y_max = max(st.y_max, float(np.abs(targets).max()), float(np.abs(predicted).max()))
+        if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
+            st.d_max = max(st.d_max, float(np.abs(features_t).max()))
+            st.y_max = max(st.y_max, float(np.abs(targets).max()), float(np.abs(predicted).max()))
         st.version += 1
         return losses
 

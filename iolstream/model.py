@@ -274,6 +274,8 @@ class EdRVFL:
             losses.append(ls.loss_sum)
             experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
         losses, experts = np.array(losses), np.array(experts)
+        if not self.config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
+            return RegretReport(losses, experts, losses - experts, float("nan"))
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
         bound = bound_fn(
             st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,

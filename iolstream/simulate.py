@@ -313,6 +313,14 @@ def print_table(cfg: SimulationConfig, results, stream) -> None:
           "best offline expert;\nF<R: share of repetitions where -F's CR_T is below -R's.", file=stream)  # fmt: skip
 
 
+def _log_binned(values: np.ndarray, n_bins: int = 40):
+    """(bin centre t, mean of values over the bin) over log-spaced bins of t = 1..T."""
+    edges = np.unique(np.round(np.geomspace(1, len(values) + 1, n_bins + 1)).astype(int))
+    centres = np.sqrt(edges[:-1] * edges[1:])
+    means = [values[a - 1 : b - 1].mean() for a, b in zip(edges[:-1], edges[1:])]
+    return centres, means
+
+
 def plot(cfg: SimulationConfig, results, path: str) -> None:
     """Per stream: mean immediate regret over t (smoothed over log bins) and the cumulative regret curve."""
     import matplotlib
@@ -322,7 +330,6 @@ def plot(cfg: SimulationConfig, results, path: str) -> None:
 
     fig, axes = plt.subplots(len(cfg.streams), 2, figsize=(11, 4 * len(cfg.streams)), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    t = np.arange(1, cfg.horizon + 1)
     for row, name in enumerate(cfg.streams):
         for i, lam in enumerate(cfg.resolved_lams):
             for r in results:
@@ -330,10 +337,13 @@ def plot(cfg: SimulationConfig, results, path: str) -> None:
                     continue
                 style = "-" if r.mode == "forward" else "--"
                 label = f"{MODE_NAMES[r.mode]}, λ={lam:.3g}"
-                axes[row, 0].plot(t, np.maximum(r.immediate_regret, 1e-12), style, color=colors[i % len(colors)], lw=1, label=label)
+                color = colors[i % len(colors)]
+                axes[row, 0].plot(*_log_binned(r.immediate_regret), style, color=color, lw=1, label=label)
                 xs, ys = zip(*r.cumulative_regret_curve)
-                axes[row, 1].plot(xs, ys, style, marker="o", ms=2, color=colors[i % len(colors)], label=label)
-        axes[row, 0].set(xscale="log", yscale="log", xlabel="t", ylabel="mean IR_t", title=f"{name} stream: immediate regret")
+                axes[row, 1].plot(xs, ys, style, marker="o", ms=2, color=color, label=label)
+        axes[row, 0].set(xscale="log", xlabel="t", ylabel="mean IR_t (log-spaced bins)",
+                         title=f"{name} stream: immediate regret")  # fmt: skip
+        axes[row, 0].set_yscale("symlog", linthresh=1.0)  # the mean IR_t dips below 0 late in the stream
         axes[row, 1].set(xscale="log", xlabel="t", ylabel="mean CR_t", title=f"{name} stream: cumulative regret")
         for ax in axes[row]:
             ax.grid(True, which="both", alpha=0.3)

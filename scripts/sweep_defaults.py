@@ -96,7 +96,8 @@ def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
             if i % 50 == 0 or i == len(todo):
                 fh.flush()
                 elapsed = time.perf_counter() - start
-                print(f"\r{i}/{len(todo)} runs, {elapsed:.0f} s, ~{elapsed / i * (len(todo) - i):.0f} s left", end="", file=sys.stderr)
+                left = elapsed / i * (len(todo) - i)
+                print(f"\r{i}/{len(todo)} runs, {elapsed:.0f} s, ~{left:.0f} s left", end="", file=sys.stderr)
     print(file=sys.stderr)
 
 
@@ -115,7 +116,8 @@ def rank(path: str, seeds, datasets) -> list[dict]:
         preq = {d: float(np.mean([p for _, p, _ in v[d]])) for d in datasets}
         gaps = [best[d] - test[d] for d in datasets]
         table.append({
-            "setting": dict(zip(KEY, key)), "test": test, "preq": preq, "worst_gap": max(gaps), "mean_gap": float(np.mean(gaps)),
+            "setting": dict(zip(KEY, key)), "test": test, "preq": preq,
+            "worst_gap": max(gaps), "mean_gap": float(np.mean(gaps)),
             "mean_test": float(np.mean(list(test.values()))), "mean_preq": float(np.mean(list(preq.values()))),
             "seconds": float(np.sum([s for d in datasets for _, _, s in v[d]]) / len(seeds)),
         })  # fmt: skip
@@ -133,7 +135,8 @@ def print_table(table, best, datasets, top: int, title: str) -> None:
         s = r["setting"]
         line = f"{i:>4} {s['n_nodes']:>4} {s['n_layers']:>2} {s['log2_lam']:>5} {s['activation']:>5} {s['init']:>8} "
         line += " ".join(f"{r['test'][d]:>8.4f}" for d in datasets)
-        line += f" {r['mean_test']:>7.4f} {r['mean_preq']:>7.4f} {r['worst_gap']:>9.4f} {r['mean_gap']:>8.4f} {r['seconds']:>6.2f}"
+        line += f" {r['mean_test']:>7.4f} {r['mean_preq']:>7.4f} {r['worst_gap']:>9.4f} {r['mean_gap']:>8.4f}"
+        line += f" {r['seconds']:>6.2f}"
         print(line)
 
 
@@ -151,7 +154,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="sweep_defaults.csv", help="CSV of every run (appended; resumable)")
     p.add_argument("--stage2-seeds", type=int, default=5, help="seeds 0..S-1 for the best settings (default: 5)")
-    p.add_argument("--top", type=int, default=20, help="stage 2 takes the TOP best by worst gap and by mean gap (default: 20)")
+    p.add_argument("--top", type=int, default=20,
+                   help="stage 2 takes the TOP best by worst gap and by mean gap (default: 20)")  # fmt: skip
     p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--report-only", action="store_true", help="rank what the CSV holds, run nothing")
     args = p.parse_args(argv)
@@ -173,7 +177,8 @@ def main(argv=None) -> int:
     table2, best2 = rank(args.out, seeds, args.datasets)
     table2 = [r for r in table2 if tuple(str(r["setting"][k]) for k in KEY) in keys]
     print_table(table2, best2, args.datasets, len(table2),
-                f"Stage 2: the {len(table2)} finalists, mean over seeds {seeds[0]}..{seeds[-1]} (gaps to the best finalist)")  # fmt: skip
+                f"Stage 2: the {len(table2)} finalists, mean over seeds {seeds[0]}..{seeds[-1]} "
+                "(gaps to the best finalist)")  # fmt: skip
     return 0
 
 

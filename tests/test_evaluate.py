@@ -180,3 +180,12 @@ def test_baselines_run_the_same_protocol(name):
 def test_baselines_do_regression(name):
     (result,) = evaluate(toy_regression(), model=SMALL, modes=(), baselines=(name,), protocol=Protocol(batch=30))
     assert result.metric == "rmse" and math.isfinite(result.test_metric)
+
+
+def test_one_row_one_layer_forward_predicts_the_same_classes_as_ridge():
+    """b = 1, L = 1: the -F output is the -R output divided by 1 + x A⁻¹ xᵀ (push-through identity),
+    so the predicted classes, hence the prequential accuracy, coincide; the squared losses do not."""
+    model = {"n_nodes": 24, "n_layers": 1}
+    forward, ridge = evaluate(toy(150), model=model, protocol=Protocol(batch=1, curve_points=1))
+    assert np.array_equal(forward.batch_prequential, ridge.batch_prequential)
+    assert not np.allclose(forward.batch_loss[1:], ridge.batch_loss[1:])

@@ -90,7 +90,9 @@ def test_seeded(paper_noise):
     assert again[0].cumulative_regret == _cells(paper_noise)[("single", 0.005, "ridge")].cumulative_regret
 
 
-@pytest.mark.parametrize("kwargs", [{"horizon": 0}, {"noise": -1.0}, {"noise_mode": "loud"}, {"lams": (0.0,)}, {"streams": ("x",)}])
+@pytest.mark.parametrize(
+    "kwargs", [{"horizon": 0}, {"noise": -1.0}, {"noise_mode": "loud"}, {"lams": (0.0,)}, {"streams": ("x",)}]
+)
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         SimulationConfig(**kwargs)
