@@ -18,6 +18,7 @@ class list, or regression with m outputs). Arrays in, arrays out, no I/O.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -185,6 +186,7 @@ class EdRVFL:
             solver=config.solver, refactor_every=config.refactor_every, track_regret=config.track_regret,
         )  # fmt: skip
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+        self.thread_tuner = None  # set by runtime.configure_for_model: BLAS threads chosen by timing
 
     # ------------------------------------------------------------- encoding
     def encode_labels(self, y) -> np.ndarray:
@@ -249,9 +251,15 @@ class EdRVFL:
     # --------------------------------------------------------------- update
     def observe(self, x) -> Prediction:
         """A new unlabelled batch: -F forward step (its Gram enters first), then its prediction."""
+        tuner = self.thread_tuner
+        if tuner is not None:
+            threads, started = tuner.choose(), time.perf_counter()
         features_t = self.features(x)
         self.learner.observe(features_t)
-        return self.predict_batch(features_t=features_t)
+        pred = self.predict_batch(features_t=features_t)
+        if tuner is not None:
+            tuner.record(threads, time.perf_counter() - started, len(pred.layer_outputs[0]))
+        return pred
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels)."""

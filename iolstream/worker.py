@@ -179,7 +179,7 @@ class Worker:
         for warning in check_timing(cfg):
             log.warning("%s", warning)
         self.processor = self._load_state()
-        runtime.configure_for_model(self.processor.model.network.n_columns)  # BLAS threads (MEASUREMENTS.md trap)
+        runtime.configure_for_model(self.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
         self.tx_open = False
@@ -620,6 +620,7 @@ class Worker:
         if self.aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
             raise WorkerError(f"{self.aborts_in_a_row} transactions in a row aborted (last: {why.str()}); giving up")
         self.processor = self._load_state()
+        runtime.configure_for_model(self.processor.model)
         self.replaying = False
         committed = self._committed(sorted(self.assigned))
         for key in sorted(self.assigned):
