@@ -102,10 +102,12 @@ def _run_worker_until(cfg, rows: int, timeout: float) -> tuple[float, object]:
 
     w = Worker(cfg)
     th = threading.Thread(target=w.run, kwargs={"max_seconds": timeout}, daemon=True)
-    t0 = time.monotonic()
     th.start()
+    while not w.assigned and th.is_alive():  # start the clock once the group has given us the partitions
+        time.sleep(0.005)
+    t0 = time.monotonic()
     while w.processor.counters["predictions_out"] < rows and th.is_alive():
-        time.sleep(0.01)
+        time.sleep(0.005)
     seconds = time.monotonic() - t0
     w.request_stop()
     th.join(60)

@@ -282,11 +282,7 @@ class StreamProcessor:
             self._fold_if_due(now_ms, out, force=True)
 
     def _predict_batch(self, rows: FeatureRows, now_ms: int, out: StepOutput) -> None:
-        self._queued_ids.difference_update(rows.ids)
-        rows, duplicates = self.join.screen_rows(rows)  # a safety net: on_features screened every id
-        out.dead_letters += self._dead(duplicates, None)
-        if rows is None:
-            return
+        self._queued_ids.difference_update(rows.ids)  # on_features screened every id (pending, done, queued)
         self.batch_seq += 1
         pred = self.model.observe(rows.X)  # -F: Gram in before the prediction (Algorithm 2); -R: β in force
         self.counters["batches"] += 1

@@ -479,7 +479,13 @@ class Worker:
         timeout_ms = self.cfg.kafka.poll_timeout_ms if due is None else min(self.cfg.kafka.poll_timeout_ms, due)
         # a cycle (one transaction in exactly-once mode) takes about 4 batches of rows, however many per message
         want = max(1, min(4 * self.cfg.stream.batch_rows, round(4 * self.cfg.stream.batch_rows / self.rows_per_message)))
-        msgs = self.consumer.consume(num_messages=want, timeout=max(timeout_ms, 0) / 1000.0)
+        # consume(n, timeout) waits out the whole timeout unless n messages come: take what is
+        # already fetched, and block only for the first message when nothing is (latency, not batching)
+        msgs = self.consumer.consume(num_messages=want, timeout=0)
+        if not msgs:
+            first = self.consumer.poll(max(timeout_ms, 0) / 1000.0)
+            if first is not None:
+                msgs = [first] + (self.consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
         now = now_ms()
         consumed = 0
         rows_before = proc.counters["rows_in"] + proc.counters["labels_in"]
