@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from threadpoolctl import threadpool_limits
+
 from . import learner as learner_mod
 from . import regret as regret_mod
+from . import runtime
 from .datasets import DataError
 from .model import ModelConfig
 from .network import RandomNetwork
@@ -57,6 +60,9 @@ class OSELM:
         self._classification = config.task == "classification"
 
     def start(self, x_head):
+        runtime.configure_blas()
+        if runtime.blas_threads_for(self.config.n_nodes) == 1:
+            threadpool_limits(limits=1, user_api="blas")  # as runtime.configure_for_model does for small models
         if not self.scaler.frozen:
             self.scaler.partial_fit(x_head[: self.config.warmup_rows])
             self.scaler.freeze()

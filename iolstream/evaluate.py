@@ -36,6 +36,7 @@ from typing import Callable, Protocol as TypingProtocol
 
 import numpy as np
 
+from . import runtime
 from .baselines import BASELINES, make_baseline
 from .datasets import DATASETS, DataError, Dataset
 from .kernels import ACTIVATIONS
@@ -222,6 +223,7 @@ class EdRVFLLearner:
         self._classification = config.task == "classification"
 
     def start(self, x_head: np.ndarray) -> None:
+        runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them (MEASUREMENTS.md trap)
         scaler = self.model.scaler
         if not scaler.frozen:
             scaler.partial_fit(x_head[: self.config.warmup_rows])

@@ -83,6 +83,8 @@ class ThreadTuner:
         self.cost = {1: None, self.max_threads: None}  # seconds per row, exponentially averaged
         self.steps = 0
         self._lib = None
+        self._last = None
+        self._switched = False
 
     def _controller(self):
         if self._lib is None:
@@ -99,15 +101,19 @@ class ThreadTuner:
             threads = untried[0]
         else:
             best = min(self.cost, key=self.cost.get)
-            explore = self.steps % self.period == self.period - 1
+            explore = self.steps % self.period >= self.period - 3  # three steps: one to wake, two to time
             threads = next(n for n in self.cost if n != best) if explore else best
         lib = self._controller()
         if lib:
             lib.set_num_threads(threads)
+        self._switched = threads != self._last
+        self._last = threads
         return threads
 
     def record(self, threads: int, seconds: float, rows: int) -> None:
         self.steps += 1
+        if self._switched and self.cost[threads] is not None:
+            return  # the first step after a switch pays for waking or parking threads: not representative
         per_row = seconds / max(rows, 1)
         old = self.cost[threads]
         self.cost[threads] = per_row if old is None else 0.5 * old + 0.5 * per_row

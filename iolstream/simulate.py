@@ -48,7 +48,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from threadpoolctl import threadpool_limits
+
 from . import regret as regret_mod
+from . import runtime
 from .evaluate import time_points
 from .learner import OnlineLearner
 
@@ -172,6 +175,9 @@ def run_one(cfg: SimulationConfig, stream: str, mode: str, lam: float, d, y, bet
 
 def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResult]:
     """Every (stream, λ, mode) cell, -R before -F, streams and λ in the order given."""
+    runtime.configure_blas()
+    if runtime.blas_threads_for(cfg.dim) == 1:  # small matrices: one BLAS thread (runtime's policy)
+        threadpool_limits(limits=1, user_api="blas")
     points = time_points(cfg.horizon, cfg.curve_points)
     cells = [(s, lam, m) for s in cfg.streams for lam in cfg.resolved_lams for m in ("ridge", "forward")]
     acc = {
