@@ -25,6 +25,7 @@ from .bench import bench_core_step
 from .config import config_from_dict
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
+BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite
 K, M = 10, 10
 
 
@@ -77,13 +78,14 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
             p.poll(0.05)
 
 
-def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes):
+def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256):
     return config_from_dict(
         {
             "model": {"n_inputs": K, "classes": list(classes), "n_nodes": n_nodes, "n_layers": n_layers,
                       "warmup_rows": 256, "track_regret": False},
             "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
             "topics": {"features": topics[0], "labels": topics[1], "predictions": topics[2], "dead_letters": topics[3]},
+            "stream": {"batch_rows": batch_rows, "label_batch_rows": batch_rows},
             "snapshot": {"dir": snap_dir, "every_seconds": 30, "every_batches": 100_000},
             "metrics": {"port": 0},
             "logging": {"level": "WARNING"},
@@ -207,7 +209,7 @@ def run_kafka(args) -> dict:
         entry = {"learner_rows_per_second": learner.rows_per_second}
         for label, batch_rows, n in (("batch_messages", 256, rows), ("row_messages", 1, rows // 4)):
             topics = _topics(f"{name}-{label}")
-            cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes)
+            cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes, BATCH[name])
             from .worker import ensure_topics
 
             ensure_topics(cfg)
@@ -221,7 +223,7 @@ def run_kafka(args) -> dict:
         entry["batch_vs_row_messages"] = entry["worker_batch_messages_rows_per_second"] / entry["worker_row_messages_rows_per_second"]
         rate = entry["worker_batch_messages_rows_per_second"] / 2
         topics = _topics(f"{name}-latency")
-        cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes)
+        cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes, BATCH[name])
         from .worker import ensure_topics
 
         ensure_topics(cfg)
