@@ -411,6 +411,7 @@ def plot_curve(errors: np.ndarray, task: str, path: str, *, title: str = "", win
 
 
 def add_parser(subparsers):
+    from .cli import non_negative_float, non_negative_int, positive_int
     from .datasets import DATASETS
 
     p = subparsers.add_parser(
@@ -428,7 +429,7 @@ def add_parser(subparsers):
     which.add_argument("--dataset", metavar="NAME", help=f"built-in stream: {', '.join(DATASETS)}")
     which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
     src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
-    src.add_argument("--rows", type=_positive_int, metavar="N", help="send at most N rows (after --shuffle)")
+    src.add_argument("--rows", type=positive_int, metavar="N", help="send at most N rows (after --shuffle)")
     src.add_argument("--seed", type=int, default=0, help="--shuffle and the label faults (default: %(default)s)")
     src.add_argument("--shuffle", action="store_true",
                      help="shuffle the rows with the seed first (the order `evaluate --seed` streams)")  # fmt: skip
@@ -446,24 +447,24 @@ def add_parser(subparsers):
                        help="create missing topics first: features, labels, predictions (and dead letters with -c)")  # fmt: skip
 
     how = p.add_argument_group("replay")
-    how.add_argument("--batch-rows", type=_positive_int, default=1, metavar="B",
+    how.add_argument("--batch-rows", type=positive_int, default=1, metavar="B",
                      help="rows per message: 1 = row messages, more = batch messages (default: %(default)s)")  # fmt: skip
-    how.add_argument("--label-delay-rows", type=_non_negative_int, default=0, metavar="D",
+    how.add_argument("--label-delay-rows", type=non_negative_int, default=0, metavar="D",
                      help="a label goes out once D later rows went out (default: %(default)s)")  # fmt: skip
-    how.add_argument("--label-delay-seconds", type=_non_negative_float, default=0.0, metavar="S",
+    how.add_argument("--label-delay-seconds", type=non_negative_float, default=0.0, metavar="S",
                      help="... and S seconds after that (default: %(default)s)")  # fmt: skip
     how.add_argument("--missing-fraction", type=float, default=0.0, metavar="F", help="labels never sent (default: 0)")
     how.add_argument("--duplicate-fraction", type=float, default=0.0, metavar="F", help="labels sent twice (default: 0)")
-    how.add_argument("--shuffle-window", type=_non_negative_int, default=0, metavar="W",
+    how.add_argument("--shuffle-window", type=non_negative_int, default=0, metavar="W",
                      help="labels shuffled within windows of W rows: out of order (default: 0)")  # fmt: skip
-    how.add_argument("--rate", type=_non_negative_float, default=0.0, metavar="ROWS_PER_S",
+    how.add_argument("--rate", type=non_negative_float, default=0.0, metavar="ROWS_PER_S",
                      help="feature rows per second; 0 = as fast as possible (default: 0)")  # fmt: skip
     how.add_argument("--no-ts", dest="with_ts", action="store_false", help="no event time on features")
 
     out = p.add_argument_group("follow the worker")
     out.add_argument("--follow", action="store_true",
                      help="read the predictions meanwhile: live prequential metric; wait until every row is predicted")  # fmt: skip
-    out.add_argument("--follow-timeout", type=_non_negative_float, default=30.0, metavar="S",
+    out.add_argument("--follow-timeout", type=non_negative_float, default=30.0, metavar="S",
                      help="stop waiting after S seconds without a new prediction (default: %(default)s)")  # fmt: skip
     out.add_argument("--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions")
     out.add_argument("--quiet", action="store_true", help="no progress output")
@@ -626,33 +627,3 @@ class _Reporter:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def _positive_int(text: str) -> int:
-    from .evaluate import _positive_int as check
-
-    return check(text)
-
-
-def _non_negative_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}")
-    return value
