@@ -353,6 +353,7 @@ def test_sigterm_finishes_the_batch_snapshots_commits_and_exits_0(
     try:
         proc, log_path = rig.start(idle=60)
         wait_for(log_path, r"snapshot snap-000000000002")
+        wait_for(log_path, r"snapshot snap-\d+\.iolsnap: .*features\[0\]@[1-9]")  # features consumed (a loaded box lags)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)

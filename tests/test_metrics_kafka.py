@@ -399,7 +399,8 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
     for name in ("iolstream_prediction_latency_seconds", "iolstream_event_latency_seconds"):
         assert value(s, name + "_count") == 200
         assert 0 < value(s, name + "_sum") / 200 < 10.0
-    assert value(s, "iolstream_batch_update_seconds_count") >= proc.counters["batches"] / 2
+    # one observation per step that did work; a step may run several batches when input piles up
+    assert 1 <= value(s, "iolstream_batch_update_seconds_count") <= proc.counters["batches"] + proc.counters["label_batches"]
 
     # snapshots: the newest file on disk
     newest = max((tmp_path / "snapshots").glob("snap-*.iolsnap"))
