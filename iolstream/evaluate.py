@@ -230,7 +230,9 @@ class EdRVFLLearner:
             scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
 
     def arrive(self, x):
-        pred = self.model.observe(x) if self.config.mode == "forward" else self.model.predict_batch(x)
+        # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
+        # predicts (= predict_batch), but it runs under the model's BLAS ThreadTuner as in the worker.
+        pred = self.model.observe(x)
         return pred, (pred.index if self._classification else pred.value)
 
     def label(self, pred, y) -> float:

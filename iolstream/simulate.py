@@ -141,7 +141,7 @@ class SimulationResult:
 
 
 def _stream(cfg: SimulationConfig, stream: str, rep: int):
-    """(D of shape (T+1, b, dim), Y of shape (T+1, b, 1), β°, ε) for one repetition: seeded by (seed, stream, rep)."""
+    """(D (T+1, b, dim), Y (T+1, b, 1), β° (dim,), ε (T+1, b, 1)) of one repetition, seeded by (seed, stream, rep)."""
     rng = np.random.default_rng([cfg.seed, STREAMS.index(stream), rep])
     b = cfg.rows_per_step(stream)
     beta = rng.normal(cfg.beta_mean(stream), 1.0, size=cfg.dim)
@@ -180,10 +180,8 @@ def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResul
         threadpool_limits(limits=1, user_api="blas")
     points = time_points(cfg.horizon, cfg.curve_points)
     cells = [(s, lam, m) for s in cfg.streams for lam in cfg.resolved_lams for m in ("ridge", "forward")]
-    acc = {
-        cell: {"ir": np.zeros(cfg.horizon), "cr": np.zeros((cfg.repetitions, len(points))), "err": np.zeros(cfg.repetitions)}
-        for cell in cells
-    }
+    reps = cfg.repetitions
+    acc = {c: {"ir": np.zeros(cfg.horizon), "cr": np.zeros((reps, len(points))), "err": np.zeros(reps)} for c in cells}
     total, done = len(cells) * cfg.repetitions, 0
     for stream in cfg.streams:
         for rep in range(cfg.repetitions):
