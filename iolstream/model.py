@@ -42,9 +42,9 @@ class ModelConfig:
     n_inputs: int
     classes: tuple | None = None  # classification: the declared class list; None: regression
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 256
-    n_layers: int = 4
-    lam: float | tuple = 1.0
+    n_nodes: int = 512  # defaults: the most robust setting of scripts/sweep_defaults.py (README, "Defaults")
+    n_layers: int = 2
+    lam: float | tuple = 0.5
     activation: str = "relu"
     init: str = "xavier"
     seed: int = 0

@@ -101,9 +101,10 @@ def assert_bitwise(a: dict, b: dict, what: str) -> None:
         assert np.array_equal(a[key], b[key]), f"{what}: {key} differs (max |Δ| {np.abs(a[key] - b[key]).max():.3g})"
 
 
-def offline_sums(cfg: ModelConfig, X, y, warmup_rows, observed, labelled, *, lam=1.0):
+def offline_sums(cfg: ModelConfig, X, y, warmup_rows, observed, labelled):
     """A = λI + Σ_observed DᵀD and c = Σ_labelled DᵀY, β = A⁻¹c per layer (SPEC §2): the closed form."""
     model = EdRVFL(cfg)
+    lam = float(cfg.lam)  # the configs here use one λ for every layer
     model.scaler.partial_fit(X[:warmup_rows])
     out = []
     for layer in range(cfg.n_layers):
