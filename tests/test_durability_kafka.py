@@ -404,7 +404,8 @@ def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(
     committed = rig.committed()
     snaps = rig.store().paths()
     if exactly_once:  # label-only transactions (no output) may commit; no features offset can
-        assert "transactions in a row aborted" in log
+        # usually "N transactions in a row aborted"; on a loaded box the delivery timeout may fire first
+        assert re.search(r"fatal: .*(transactions in a row aborted|deliver|abort)", log), log[-3000:]
         assert (backlog["features"], 0) not in committed
         assert consume_all(kafka_bootstrap, predictions, timeout=1, isolation_level="read_committed") == []
     else:
