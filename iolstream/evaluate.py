@@ -526,6 +526,9 @@ def add_parser(subparsers):
     mdl.add_argument("--warmup-rows", type=_positive_int, default=defaults["warmup_rows"], metavar="W",
                      help="(default: %(default)s)")  # fmt: skip
     mdl.add_argument("--dtype", choices=("float64", "float32"), default=defaults["dtype"], help="(default: %(default)s)")
+    mdl.add_argument("--no-regret", dest="track_regret", action="store_false",
+                     help="do not track the regret (-F then skips one Gram update per labelled batch: faster; "
+                          "its cumulative regret and both bounds are reported as null)")  # fmt: skip
 
     prot = p.add_argument_group("protocol")
     prot.add_argument("--batch", type=_batch, default=DEFAULT_BATCH, metavar="B",
@@ -586,7 +589,7 @@ def main(args) -> int:
         raise ValueError(f"--{key.replace('_', '-')}:{rest}") from None
     model = dict(
         n_nodes=args.nodes, n_layers=args.layers, activation=args.activation, init=args.init, seed=args.seed,
-        scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype,
+        scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype, track_regret=args.track_regret,
     )  # fmt: skip
     if args.lam is not None:
         model["lam"] = args.lam

@@ -150,6 +150,14 @@ def test_defaults_come_from_model_config(capsys):
         assert obj["config"][key] == getattr(default, key), key
 
 
+def test_no_regret(capsys):
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "iris", *FAST, "--no-regret", "--json", "--quiet")
+    forward, ridge = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and forward["cumulative_regret"] is None and forward["regret_bound"] is None
+    assert ridge["cumulative_regret"] is not None  # -R's A_r is its A: the regret costs nothing extra
+    assert forward["test_metric"] == ridge["test_metric"]
+
+
 def test_regression_dataset(capsys):
     rc, out, _ = run(capsys, "evaluate", "--dataset", "friedman", "--rows", "600", *FAST, "--json", "--quiet")
     objs = [json.loads(line) for line in out.splitlines()]
