@@ -484,7 +484,7 @@ def evaluate(
 
 def add_parser(subparsers):
     """``iolstream evaluate``: the protocol above, as a command."""
-    from .cli import model_defaults
+    from .cli import model_defaults, positive_float, positive_int
 
     defaults = model_defaults()
     p = subparsers.add_parser(
@@ -505,25 +505,25 @@ def add_parser(subparsers):
                      help="--csv only: classification or regression (default: auto)")  # fmt: skip
     src.add_argument("--classes", metavar="A,B,...",
                      help="declare the class list (comma-separated); a label outside it is an error")  # fmt: skip
-    src.add_argument("--rows", type=_positive_int, metavar="N", help="use at most N rows (after shuffling; poker: generate N)")
+    src.add_argument("--rows", type=positive_int, metavar="N", help="use at most N rows (after shuffling; poker: generate N)")
     src.add_argument("--no-sort-cards", dest="sort_cards", action="store_false",
                      help="poker: keep the cards in draw order (default: sorted, as the paper did)")  # fmt: skip
 
     mdl = p.add_argument_group("model (defaults: ModelConfig)")
     mdl.add_argument("--mode", choices=("forward", "ridge", "both"), default="both", help="-F, -R or both (default: both)")
-    mdl.add_argument("--layers", type=_positive_int, default=defaults["n_layers"], metavar="L",
+    mdl.add_argument("--layers", type=positive_int, default=defaults["n_layers"], metavar="L",
                      help="hidden layers L (default: %(default)s)")  # fmt: skip
-    mdl.add_argument("--nodes", type=_positive_int, default=defaults["n_nodes"], metavar="N",
+    mdl.add_argument("--nodes", type=positive_int, default=defaults["n_nodes"], metavar="N",
                      help="nodes per layer N (default: %(default)s)")  # fmt: skip
     lam = mdl.add_mutually_exclusive_group()
-    lam.add_argument("--lam", type=_positive_float, metavar="λ", help=f"ridge prior λ (default: {defaults['lam']})")
+    lam.add_argument("--lam", type=positive_float, metavar="λ", help=f"ridge prior λ (default: {defaults['lam']})")
     lam.add_argument("--log2-inv-lam", type=float, metavar="V", help="λ = 2^-V, as in the paper's tables")
     mdl.add_argument("--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)")
     mdl.add_argument("--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)")
     mdl.add_argument("--scaler", choices=("warmup", "fixed", "none"), default=defaults["scaler"],
                      help="z-score from the first --warmup-rows training rows, from the whole training part "
                           "(fixed), or none (default: %(default)s)")  # fmt: skip
-    mdl.add_argument("--warmup-rows", type=_positive_int, default=defaults["warmup_rows"], metavar="W",
+    mdl.add_argument("--warmup-rows", type=positive_int, default=defaults["warmup_rows"], metavar="W",
                      help="(default: %(default)s)")  # fmt: skip
     mdl.add_argument("--dtype", choices=("float64", "float32"), default=defaults["dtype"], help="(default: %(default)s)")
     mdl.add_argument("--no-regret", dest="track_regret", action="store_false",
@@ -540,7 +540,7 @@ def add_parser(subparsers):
     prot.add_argument("--test-fraction", type=float, default=0.2, metavar="F", help="(default: %(default)s)")
     prot.add_argument("--seed", type=int, default=defaults["seed"],
                       help="shuffle, random weights and generated data (default: %(default)s)")  # fmt: skip
-    prot.add_argument("--curve-points", type=_positive_int, default=20, metavar="P",
+    prot.add_argument("--curve-points", type=positive_int, default=20, metavar="P",
                       help="about P log-spaced test points (default: %(default)s)")  # fmt: skip
     prot.add_argument("--curve-test-rows", type=int, default=20_000, metavar="R",
                       help="test rows used for the curve, 0 = all; the final metric uses all "
@@ -711,34 +711,12 @@ def plot_curves(results, path: str, *, title: str = "") -> None:
 # ------------------------------------------------------------------------ arg helpers
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _batch(text: str) -> float:
     import argparse
 
-    value = _positive_float(text)
+    from .cli import positive_float
+
+    value = positive_float(text)
     if value >= 1:
         if value != int(value):
             raise argparse.ArgumentTypeError(f"expected whole rows (≥ 1) or a fraction (< 1), got {text!r}")
