@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 
@@ -126,7 +127,12 @@ class JoinBuffer:
     anywhere and at the front) over growable preallocated arrays X / batch_seq / added_ms.
     Early labels: an OrderedDict id -> (label, added_ms). Remembered ids: an OrderedDict
     id -> LABELLED | EXPIRED, bounded FIFO.
+
+    The common cases (a batch of new ids; labels that all join) take bulk paths with no per-row
+    Python; ``fast_paths = False`` forces the row-by-row paths, which give the same results.
     """
+
+    fast_paths = True
 
     def __init__(
         self,
@@ -200,6 +206,35 @@ class JoinBuffer:
         while len(done) > self.remember_done:
             done.popitem(last=False)
 
+    def _remember_all(self, ids: list[str], kind: int) -> None:
+        """``_remember`` for ids none of which is remembered yet, in one pass (same resulting FIFO)."""
+        done = self._done
+        done.update(zip(ids, repeat(kind)))
+        over = len(done) - self.remember_done
+        if over > 0:
+            deque(map(done.popitem, repeat(False, over)), maxlen=0)
+
+    def _take_slots(self, n: int) -> list[int]:
+        """n free slots: released ones first, then fresh ones (the arrays grow to fit)."""
+        free = self._free
+        reuse = min(n, len(free))
+        slots = free[len(free) - reuse :]
+        del free[len(free) - reuse :]
+        if reuse < n:
+            slots.extend(range(self._high, self._high + n - reuse))
+            self._high += n - reuse
+            self._grow(self._high)
+        return slots
+
+    def _all_new(self, ids: list[str]) -> bool:
+        """No id is pending, remembered, held early, or repeated: the common case, checked in C loops."""
+        return (
+            len(set(ids)) == len(ids)
+            and self._pending.keys().isdisjoint(ids)
+            and self._done.keys().isdisjoint(ids)
+            and (not self._early or self._early.keys().isdisjoint(ids))
+        )
+
     def _empty_y(self) -> np.ndarray:
         if self.target.task == "classification":
             return np.empty(0, dtype=np.int64)
@@ -237,6 +272,8 @@ class JoinBuffer:
     def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
         """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""
         pending, done = self._pending, self._done
+        if self.fast_paths and len(set(rows.ids)) == len(rows.ids) and pending.keys().isdisjoint(rows.ids) and done.keys().isdisjoint(rows.ids):
+            return rows, []
         seen: set[str] = set()
         keep, rejected = [], []
         for i, row_id in enumerate(rows.ids):
@@ -262,6 +299,8 @@ class JoinBuffer:
         X = np.asarray(X, dtype=np.float64)
         if X.shape != (len(ids), self.n_features):
             raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
+        if self.fast_paths and self._all_new(ids) and len(self._pending) + len(ids) <= self.max_pending_rows:
+            return self._add_new_rows(ids, X, batch_seq, now_ms)
         pending, early, done, free = self._pending, self._early, self._done, self._free
         new_rows, new_slots, join_rows, join_y, rejected = [], [], [], [], []
         for i, row_id in enumerate(ids):
@@ -307,6 +346,17 @@ class JoinBuffer:
             np.full(len(join_rows), batch_seq, dtype=np.int64), rejected, evicted,
         )  # fmt: skip
 
+    def _add_new_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
+        """add_rows when every id is new and the buffer has room: no per-row Python."""
+        slots = self._take_slots(len(ids))
+        self._pending.update(zip(ids, slots))
+        self._X[slots] = X
+        self._seq[slots] = batch_seq
+        self._added_ms[slots] = now_ms
+        self.counters["rows_added"] += len(ids)
+        empty = self._empty_rows()
+        return JoinResult([], empty.X, self._empty_y(), empty.batch_seq, [], empty)
+
     # ----------------------------------------------------------- labels
     def add_labels(self, labels: LabelRows, now_ms: int) -> JoinResult:
         """Join the labels whose rows are pending; hold the others as early, or count/reject them."""
@@ -319,6 +369,15 @@ class JoinBuffer:
         if not ok or len(Y) != len(labels.ids):
             raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
         pending, early, done = self._pending, self._early, self._done
+        ids = labels.ids
+        if self.fast_paths and len(set(ids)) == len(ids) and pending.keys() >= set(ids):  # all pending, once each: the common case
+            slots = list(map(pending.pop, ids))
+            self._remember_all(ids, LABELLED)
+            joined = self._release(list(ids), slots)
+            self.counters["labels_received"] += len(ids)
+            self.counters["labels_joined"] += len(ids)
+            y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
+            return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected = [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = 0
         for row_id, y in zip(labels.ids, Y.tolist()):

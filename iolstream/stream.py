@@ -148,7 +148,8 @@ class StreamProcessor:
         self.metric = PrequentialMetric(mc.task, window_rows)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
-        self._cache: dict[int, tuple[np.ndarray, int]] = {}  # batch_seq -> (features_t, rows still pending)
+        # batch_seq -> (features_t, rows still pending, emitted class indices / values)
+        self._cache: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
         self._cache_bytes = 0
 
     # ------------------------------------------------------------ input
@@ -297,7 +298,7 @@ class StreamProcessor:
         self.counters["predictions_out"] += b
         position = np.arange(b, dtype=np.float64)[:, None]
         payload = np.hstack([rows.X, position, pred.layer_outputs.transpose(1, 0, 2).reshape(b, -1)])
-        self._cache_put(self.batch_seq, pred.features_t, b)
+        self._cache_put(self.batch_seq, pred.features_t, b, pred.index if pred.index is not None else pred.value)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
         for row_id in result.ids:  # early labels joined now
             self._early_sources.pop(row_id, None)
@@ -324,12 +325,15 @@ class StreamProcessor:
         k, b = mc.n_inputs, len(y)
         targets = self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)
         predicted = payload[:, k + 1 :].reshape(b, mc.n_layers, mc.m).transpose(1, 0, 2)
-        features_t = self._features_for(payload[:, :k], seqs, payload[:, k].astype(np.int64))
+        features_t, emitted = self._features_for(payload[:, :k], seqs, payload[:, k].astype(np.int64))
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted)
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
-        proba, index, value = self.model.combine(predicted)
+        if emitted is None:  # the ensemble of the stored layer outputs: what was emitted for these rows
+            _, index, value = self.model.combine(predicted)
+        else:
+            index, value = (emitted, None) if mc.task == "classification" else (None, emitted)
         if index is not None:
             self.metric.update((index == y).astype(float))
         else:
@@ -337,8 +341,8 @@ class StreamProcessor:
         return b
 
     # ------------------------------------------------------ feature cache
-    def _cache_put(self, seq: int, features_t: np.ndarray, rows: int) -> None:
-        self._cache[seq] = (features_t, rows)
+    def _cache_put(self, seq: int, features_t: np.ndarray, rows: int, emitted: np.ndarray) -> None:
+        self._cache[seq] = (features_t, rows, emitted)
         self._cache_bytes += features_t.nbytes
         while self._cache_bytes > FEATURE_CACHE_BYTES and self._cache:
             oldest = next(iter(self._cache))
@@ -354,12 +358,13 @@ class StreamProcessor:
             del self._cache[seq]
             self._cache_bytes -= entry[0].nbytes
         else:
-            self._cache[seq] = (entry[0], left)
+            self._cache[seq] = (entry[0], left, entry[2])
 
-    def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """D_lᵀ of joined rows: the cached D of their batch when they are that whole batch in order,
-        else recomputed from x. Never a gather from cached batches: BLAS gives other bits for
-        other shapes, and a restored run (empty cache) must continue bitwise."""
+    def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray):
+        """(D_lᵀ of joined rows, their emitted predictions or None): the cached D and predictions of
+        their batch when they are that whole batch in order, else D recomputed from x and None.
+        Never a gather from cached batches: BLAS gives other bits for other shapes, and a restored
+        run (empty cache) must continue bitwise."""
         first = int(seqs[0])
         entry = self._cache.get(first)
         whole = (
@@ -368,7 +373,7 @@ class StreamProcessor:
         )  # fmt: skip
         for seq, count in zip(*np.unique(seqs, return_counts=True)):
             self._cache_release(int(seq), int(count))
-        return entry[0] if whole else self.model.features(x)
+        return (entry[0], entry[2]) if whole else (self.model.features(x), None)
 
     def _expire(self, now_ms: int, out: StepOutput) -> None:
         result = self.join.expire(now_ms, self.batch_seq)

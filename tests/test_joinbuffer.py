@@ -359,6 +359,52 @@ def test_any_arrival_order_joins_each_label_once(events, rnd, chunk_sizes):
     assert results[0][1].keys() == results[1][1].keys()
 
 
+WIDE_ID = st.sampled_from([f"id{i}" for i in range(40)])
+WIDE_EVENT = st.one_of(
+    st.tuples(st.just("row"), WIDE_ID, st.integers(0, 99)), st.tuples(st.just("label"), WIDE_ID, st.integers(0, 2))
+)
+
+
+def trace(events, chunk_sizes, fast: bool, monkeypatch_like) -> list:
+    """Everything a buffer returns and holds along ``events``, with its bulk paths on or off."""
+    monkeypatch_like(fast)
+    buf = make(max_pending_rows=12, max_early_labels=6, remember_done=9, row_ttl_batches=3)
+    out, sizes, i, seq = [], iter(chunk_sizes * (len(events) + 1)), 0, 0
+    while i < len(events):
+        kind, size = events[i][0], next(sizes)
+        chunk = []
+        while i < len(events) and events[i][0] == kind and len(chunk) < size:
+            chunk.append(events[i])
+            i += 1
+        ids = [e[1] for e in chunk]
+        if kind == "row":
+            seq += 1
+            screened, dup = buf.screen_rows(FeatureRows(ids, rows_x(ids), np.full(len(ids), -1)))
+            out.append(("screen", None if screened is None else screened.ids, [(b.reason, raw) for b, raw in dup]))
+            res = buf.add_rows(ids, rows_x(ids), seq, seq)  # unscreened: the safety net's rules too
+        else:
+            res = add_labels(buf, ids, [e[2] for e in chunk], now=seq)
+        out.append((kind, res.ids, res.X.tolist(), res.Y.tolist(), res.batch_seq.tolist(),
+                    [(b.reason, raw) for b, raw in res.rejected], res.evicted.ids, res.evicted.X.tolist()))  # fmt: skip
+        gone = buf.expire(now_ms=seq, batch_seq=seq)
+        out.append(("expire", gone.ids, gone.X.tolist(), [(b.reason, raw) for b, raw in gone.rejected]))
+        check_identities(buf)
+    out.append({k: v.tolist() for k, v in buf.to_state().items()})
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(WIDE_EVENT, max_size=80), st.lists(st.integers(1, 10), min_size=1, max_size=4))
+def test_bulk_paths_equal_the_row_by_row_paths(events, chunk_sizes):
+    def switch(fast):
+        JoinBuffer.fast_paths = fast
+
+    try:
+        assert trace(events, chunk_sizes, True, switch) == trace(events, chunk_sizes, False, switch)
+    finally:
+        JoinBuffer.fast_paths = True
+
+
 # ------------------------------------------------------------ micro-batcher
 
 

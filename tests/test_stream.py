@@ -16,6 +16,16 @@ from iolstream.model import EdRVFL, ModelConfig
 from iolstream.snapshot import SnapshotStore
 from iolstream.stream import StreamProcessor
 
+
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    """Bitwise comparisons need the same BLAS configuration on both sides: evaluate's run switches
+    SciPy's pool to one thread (runtime.configure_for_model), so the processor must run with one too."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
 K = 5
 CLASSES = ("a", "b", "c")
 NEVER = 10**12  # a latency no test reaches
