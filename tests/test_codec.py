@@ -20,6 +20,7 @@ from iolstream.codec import (
     decode_features,
     decode_labels,
     encode_predictions,
+    encode_predictions_reference,
 )
 
 K = 3
@@ -402,3 +403,28 @@ def test_row_types_are_slotted_and_frozen():
     with pytest.raises(AttributeError):
         rows.ids = []
     assert len(rows) == 1 and len(LabelRows(["a", "b"], np.array([0, 1]))) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=8, unique=True),
+    st.sampled_from([("no", "yes", "maybe"), (3, 0, 7), ("a,b", "c\"d", "e"), None]),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_fast_encoder_equals_the_reference(ids, classes, m, data):
+    """Bytes equal to one orjson.dumps of a dict per row, for any ids (commas, quotes, unicode),
+    class values, regression widths, non-finite floats and event times present, absent or mixed."""
+    b = len(ids)
+    floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e300, 1e300))
+    if classes is not None:
+        y_hat = np.array(data.draw(st.lists(st.integers(0, len(classes) - 1), min_size=b, max_size=b)))
+        proba = np.array(data.draw(st.lists(st.lists(floats, min_size=len(classes), max_size=len(classes)),
+                                            min_size=b, max_size=b)))  # fmt: skip
+    else:
+        y_hat = np.array(data.draw(st.lists(st.lists(floats, min_size=m, max_size=m), min_size=b, max_size=b)))
+        proba = None
+    ts_in = data.draw(st.one_of(st.none(), st.lists(st.integers(-1, 2**53), min_size=b, max_size=b)))
+    kwargs = dict(model_version=data.draw(st.integers(0, 2**40)), ts_in=None if ts_in is None else np.array(ts_in),
+                  ts_out_ms=123, mode=data.draw(st.sampled_from(["forward", "ridge"])), classes=classes)  # fmt: skip
+    assert encode_predictions(ids, y_hat, proba, **kwargs) == encode_predictions_reference(ids, y_hat, proba, **kwargs)
