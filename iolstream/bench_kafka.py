@@ -1,31 +1,49 @@
 """``iolstream bench --suite kafka``: the worker end to end on a real broker.
 
-For each model config, on fresh topics of the local broker (or ``--bootstrap``):
-1. learner only: full -F steps in this process (the ceiling);
-2. worker throughput: the stream pre-produced (batch messages, then row messages),
-   the worker started, rows/s until the last prediction is out;
-3. River SoftmaxRegression: a plain consumer loop on the same topics doing
-   predict_one then learn_one when a row's label arrives;
-4. latency: the producer paced at half the worker's maximum, event time stamped
-   at send; produce-to-prediction = the time a predictions consumer receives the
-   prediction minus the row's event time; p50/p99.
+For each model config, on fresh topics of the local broker (or ``--bootstrap``), all in one run:
+
+1. ``learner``: full -F steps in this process, no I/O (the ceiling; ``bench --suite core``);
+2. ``processor``: the worker's pure stream logic (decode, micro-batch, join, encode) fed the
+   same messages from memory, no broker: what the stream logic costs on top of the learner;
+3. ``worker``: the stream pre-produced (batch messages, then row messages), then
+   ``iolstream run`` started as its own process, as in production. Throughput counts from
+   the first prediction of the second batch to the last prediction, read from the Kafka
+   timestamps of the prediction messages (the worker's produce times), so process start,
+   group join and the first fetch are not in it (``bench --suite core`` and the startup
+   numbers in the README cover those). Its peak RSS comes from the OS (``wait4``);
+4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on
+   the same topics (counted from its first message);
+5. ``latency``: the worker process running, a producer paced at half the worker's measured
+   throughput stamps each message's event time at send; produce-to-prediction latency is the
+   time a predictions consumer receives the prediction minus that event time (p50 / p99);
+6. ``memory`` (small config): the worker's peak RSS after 100,000 and after 1,000,000 rows.
+
+Ratios are same-run; machines here are shared and noisy, so absolute rates are not comparable
+between runs.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import orjson
-from confluent_kafka import Consumer, Producer
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from .bench import bench_core_step
-from .config import config_from_dict
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
 BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite
+ROWS = {"small": 120_000, "poker": 22_000}
+MEMORY_ROWS = (100_000, 1_000_000)
 K, M = 10, 10
 
 
@@ -40,29 +58,34 @@ def _producer(bootstrap: str) -> Producer:
     return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000})
 
 
+def _messages(X, y, batch_rows: int, ids_from: int = 0):
+    """(features, labels) message pairs of ``batch_rows`` rows (1 = one-row messages)."""
+    for start in range(0, len(X), batch_rows):
+        stop = min(start + batch_rows, len(X))
+        ids = [f"b{ids_from + i}" for i in range(start, stop)]
+        lab = y[start:stop].tolist()
+        if batch_rows == 1:
+            yield {"id": ids[0], "x": X[start].tolist()}, {"id": ids[0], "y": lab[0]}
+        else:
+            yield {"ids": ids, "x": X[start:stop].tolist()}, {"ids": ids, "y": lab}
+
+
 def _produce_stream(bootstrap, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0):
-    """Features in messages of ``batch_rows`` (1 = row messages), each label one message later."""
+    """Features in messages of ``batch_rows`` rows, each label message one message later, event
+    time ("ts") stamped at send; paced to ``rate`` rows/s if given."""
     p = _producer(bootstrap)
-    n = len(X)
     t0 = time.monotonic()
     prev = None
-    for start in range(0, n, batch_rows):
-        stop = min(start + batch_rows, n)
+    for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from)):
         if rate:
-            wait = t0 + start / rate - time.monotonic()
+            wait = t0 + i * batch_rows / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-        ts = int(time.time() * 1000)
-        ids = [f"b{ids_from + i}" for i in range(start, stop)]
-        if batch_rows == 1:
-            value = orjson.dumps({"id": ids[0], "x": X[start].tolist(), "ts": ts})
-        else:
-            value = orjson.dumps({"ids": ids, "x": X[start:stop].tolist(), "ts": ts})
-        _send(p, features, value)
+        feat["ts"] = int(time.time() * 1000)
+        _send(p, features, orjson.dumps(feat))
         if prev is not None:
             _send(p, labels, prev)
-        lab = y[start:stop].tolist()
-        prev = orjson.dumps({"id": ids[0], "y": lab[0]} if batch_rows == 1 else {"ids": ids, "y": lab})
+        prev = orjson.dumps(lab)
         p.poll(0)
     if prev is not None:
         _send(p, labels, prev)
@@ -78,20 +101,17 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
             p.poll(0.05)
 
 
-def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256):
-    return config_from_dict(
-        {
-            "model": {"n_inputs": K, "classes": list(classes), "n_nodes": n_nodes, "n_layers": n_layers,
-                      "warmup_rows": 256, "track_regret": False},
-            "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
-            "topics": {"features": topics[0], "labels": topics[1], "predictions": topics[2], "dead_letters": topics[3]},
-            "stream": {"batch_rows": batch_rows, "label_batch_rows": batch_rows},
-            "snapshot": {"dir": snap_dir, "every_seconds": 30, "every_batches": 100_000},
-            "metrics": {"port": 0},
-            "logging": {"level": "WARNING"},
-        },
-        environ={},
-    )  # fmt: skip
+def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256) -> dict:
+    return {
+        "model": {"n_inputs": K, "classes": list(classes), "n_nodes": n_nodes, "n_layers": n_layers,
+                  "warmup_rows": 256, "track_regret": False},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
+        "topics": {"features": topics[0], "labels": topics[1], "predictions": topics[2], "dead_letters": topics[3]},
+        "stream": {"batch_rows": batch_rows, "label_batch_rows": batch_rows},
+        "snapshot": {"dir": str(snap_dir), "every_seconds": 30, "every_batches": 100_000},
+        "metrics": {"port": 0},
+        "logging": {"level": "WARNING"},
+    }  # fmt: skip
 
 
 def _topics(tag: str) -> list[str]:
@@ -99,25 +119,120 @@ def _topics(tag: str) -> list[str]:
     return [f"bench-{tag}-{u}-{s}" for s in ("features", "labels", "predictions", "dead")]
 
 
-def _run_worker_until(cfg, rows: int, timeout: float) -> tuple[float, object]:
-    from .worker import Worker
+def _ensure(cfg_dict: dict) -> None:
+    from .config import config_from_dict
+    from .worker import ensure_topics
 
-    w = Worker(cfg)
-    th = threading.Thread(target=w.run, kwargs={"max_seconds": timeout}, daemon=True)
-    th.start()
-    while not w.assigned and th.is_alive():  # start the clock once the group has given us the partitions
-        time.sleep(0.005)
-    t0 = time.monotonic()
-    while w.processor.counters["predictions_out"] < rows and th.is_alive():
-        time.sleep(0.005)
-    seconds = time.monotonic() - t0
-    w.request_stop()
-    th.join(60)
-    return seconds, w
+    ensure_topics(config_from_dict(cfg_dict, environ={}))
+
+
+class WorkerProcess:
+    """``iolstream run`` in its own process, on a config written to a temporary file."""
+
+    def __init__(self, cfg_dict: dict, workdir: Path, *, idle_stop_seconds: float | None = None):
+        self.path = workdir / f"worker-{uuid.uuid4().hex[:6]}.yaml"
+        self.path.write_text(yaml.safe_dump(cfg_dict))
+        self.log = workdir / (self.path.stem + ".log")
+        argv = [sys.executable, "-m", "iolstream", "run", "-c", str(self.path)]
+        if idle_stop_seconds is not None:
+            argv += ["--idle-stop-seconds", str(idle_stop_seconds)]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.peak_rss_bytes: int | None = None
+
+    def wait(self, timeout: float) -> int:
+        """Exit code; records the process's peak RSS. Kills it after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.peak_rss_bytes = usage.ru_maxrss * 1024  # Linux: kilobytes
+                return self.proc.returncode
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"the worker did not stop within {timeout:g} s; log: {self.log}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 60) -> int:
+        self.proc.terminate()
+        return self.wait(timeout)
+
+    def check(self, code: int) -> None:
+        if code != 0:
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the worker exited {code}; its log ends:\n{tail}")
+
+
+def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float]:
+    """(predictions on ``topic``, rows/s between the prediction at offset ``skip`` and the last),
+    from the messages' Kafka timestamps (the worker's produce times), reading just those two."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False})  # fmt: skip
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        n = high - low
+        stamps = []
+        for offset in (low + skip, high - 1):
+            c.assign([TopicPartition(topic, 0, offset)])
+            msg = None
+            deadline = time.monotonic() + 10
+            while msg is None or msg.error():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot read {topic}[0]@{offset}")
+                msg = c.poll(1.0)
+            stamps.append(msg.timestamp()[1])
+        seconds = max(stamps[1] - stamps[0], 1) / 1000.0
+        return n, (n - skip - 1) / seconds
+    finally:
+        c.close()
+
+
+def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str) -> dict:
+    """Pre-produce X, y, run a worker process over them; rows/s and peak RSS."""
+    n_nodes, n_layers = CONFIGS[name]
+    topics = _topics(f"{name}-{tag}")
+    cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{tag}", tuple(range(M)), BATCH[name])
+    _ensure(cfg)
+    _produce_stream(bootstrap, topics[0], topics[1], X, y, batch_rows=batch_rows)
+    worker = WorkerProcess(cfg, workdir, idle_stop_seconds=3.0)
+    worker.check(worker.wait(timeout=900))
+    n, rate = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
+    if n != len(X):
+        raise RuntimeError(f"{tag}: {n} predictions for {len(X)} rows; worker log: {worker.log}")
+    return {"rows": n, "rows_per_second": rate, "peak_rss_mb": worker.peak_rss_bytes / 2**20, "topics": topics}
+
+
+def _processor_rate(name: str, X, y) -> float:
+    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches."""
+    from .config import StreamConfig
+    from .model import EdRVFL, ModelConfig
+    from .stream import StreamProcessor
+    from . import runtime
+
+    n_nodes, n_layers = CONFIGS[name]
+    b = BATCH[name]
+    model = EdRVFL(ModelConfig(n_inputs=K, classes=tuple(range(M)), n_nodes=n_nodes, n_layers=n_layers,
+                               warmup_rows=256, track_regret=False))  # fmt: skip
+    runtime.configure_for_model(model)
+    proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
+    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b)]
+    warm = 8
+    t0, prev = None, None
+    for i, (feat, lab) in enumerate(pairs):
+        if i == warm:
+            t0 = time.perf_counter()
+        proc.on_features(feat, ("f", 0, i), 0)
+        proc.step(0)
+        if prev is not None:
+            proc.on_labels(prev, ("l", 0, i), 0)
+        prev = lab
+    seconds = time.perf_counter() - t0
+    return (len(X) - warm * b) / seconds
 
 
 def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float:
-    """River SoftmaxRegression, predict-then-learn, as a plain consumer loop."""
+    """River SoftmaxRegression, predict-then-learn, as a plain consumer loop (rows/s from its first message)."""
     from river import linear_model, optim, preprocessing
 
     model = preprocessing.StandardScaler() | linear_model.SoftmaxRegression(optimizer=optim.SGD(0.01))
@@ -127,11 +242,14 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     pending: dict[str, dict] = {}
     early: dict[str, object] = {}
     done = 0
-    t0 = time.monotonic()
-    while done < rows and time.monotonic() - t0 < timeout:
+    t0 = None
+    deadline = time.monotonic() + timeout
+    while done < rows and time.monotonic() < deadline:
         for msg in c.consume(500, 0.5):
             if msg.error():
                 continue
+            if t0 is None:
+                t0 = time.monotonic()
             obj = orjson.loads(msg.value())
             ids = obj["ids"] if "ids" in obj else [obj["id"]]
             if msg.topic() == features:
@@ -153,82 +271,81 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
                     else:
                         model.learn_one(xd, yv)
                         done += 1
-    seconds = time.monotonic() - t0
+    seconds = time.monotonic() - (t0 or time.monotonic())
     c.close()
-    return done / seconds
+    return done / max(seconds, 1e-9)
 
 
-def _latency(bootstrap, cfg, X, y, rate: float, batch_rows: int) -> dict:
-    from .worker import Worker
-
-    w = Worker(cfg)
-    th = threading.Thread(target=w.run, kwargs={"max_seconds": 600}, daemon=True)
-    th.start()
-    while not w.assigned:
-        time.sleep(0.05)
+def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
+    """p50/p99 produce-to-prediction latency with the producer paced at ``rate`` rows/s."""
+    n_nodes, n_layers = CONFIGS[name]
+    topics = _topics(f"{name}-latency")
+    cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / "snap-latency", tuple(range(M)), BATCH[name])
+    _ensure(cfg)
+    worker = WorkerProcess(cfg, workdir)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "latest", "enable.auto.commit": False})  # fmt: skip
-    c.subscribe([cfg.topics.predictions])
-    while not c.assignment():
-        c.poll(0.1)
-    prod = threading.Thread(target=_produce_stream, args=(bootstrap, cfg.topics.features, cfg.topics.labels, X, y),
-                            kwargs={"batch_rows": batch_rows, "rate": rate, "ids_from": 10**9})  # fmt: skip
-    prod.start()
-    latencies = []
-    t0 = time.monotonic()
-    while len(latencies) < len(X) and time.monotonic() - t0 < 120:
-        for msg in c.consume(1000, 0.2):
-            if msg.error():
-                continue
-            received = time.time() * 1000.0
-            event = orjson.loads(msg.value()).get("event_ts")
-            if event is not None:
-                latencies.append(received - event)
-    prod.join()
-    c.close()
-    w.request_stop()
-    th.join(60)
-    lat = np.asarray(latencies[len(latencies) // 10 :])  # drop the first tenth (connection warm-up)
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
+    c.subscribe([topics[2]])
+    try:
+        # warm the worker up (process start, Numba cache, group join) before the paced stream
+        _produce_stream(bootstrap, topics[0], topics[1], X[:1024], y[:1024], batch_rows=256, ids_from=-10**6)
+        seen, deadline = 0, time.monotonic() + 120
+        while seen < 1024 and time.monotonic() < deadline:
+            seen += sum(1 for m in c.consume(1000, 0.2) if not m.error())
+        prod = threading.Thread(target=_produce_stream, args=(bootstrap, topics[0], topics[1], X, y),
+                                kwargs={"batch_rows": 256, "rate": rate})  # fmt: skip
+        prod.start()
+        latencies = []
+        deadline = time.monotonic() + 120 + len(X) / rate
+        while len(latencies) < len(X) and time.monotonic() < deadline:
+            # consume(n, timeout) would wait for n messages: block on one, then take what is there
+            first = c.poll(0.1)
+            for msg in ([first] + c.consume(1000, 0)) if first is not None else ():
+                if msg.error():
+                    continue
+                received = time.time() * 1000.0
+                event = orjson.loads(msg.value()).get("event_ts")
+                if event is not None:
+                    latencies.append(received - event)
+        prod.join()
+    finally:
+        c.close()
+        code = worker.stop()
+    worker.check(code)
+    lat = np.asarray(latencies)
     return {"rate_rows_per_second": rate, "rows": len(latencies), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99))}  # fmt: skip
+            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max())}  # fmt: skip
 
 
 def run_kafka(args) -> dict:
-    import tempfile
-
-    bootstrap = args.bootstrap or "127.0.0.1:19092"
-    plan = {"small": 120_000, "poker": 20_000}
+    bootstrap = args.bootstrap or f"127.0.0.1:{os.environ.get('KAFKA_PORT', '19092')}"
+    scale = getattr(args, "kafka_scale", 1.0)
     results = {}
+    workdir = Path(tempfile.mkdtemp(prefix="iolstream-bench-"))
     for name in args.configs:
-        n_nodes, n_layers = CONFIGS[name]
-        rows = plan[name]
-        X, y = _data(rows + 256)
-        X, y = X[:rows], y[:rows]
-        classes = tuple(range(10))
+        rows = max(int(ROWS[name] * scale), 4 * BATCH[name])
+        X, y = _data(rows)
         learner = bench_core_step(name, "float64", seconds=4.0)
-        entry = {"learner_rows_per_second": learner.rows_per_second}
-        for label, batch_rows, n in (("batch_messages", 256, rows), ("row_messages", 1, rows // 4)):
-            topics = _topics(f"{name}-{label}")
-            cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes, BATCH[name])
-            from .worker import ensure_topics
-
-            ensure_topics(cfg)
-            _produce_stream(bootstrap, topics[0], topics[1], X[:n], y[:n], batch_rows=batch_rows)
-            seconds, _ = _run_worker_until(cfg, n, timeout=600)
-            entry[f"worker_{label}_rows_per_second"] = n / seconds
-            if label == "batch_messages":
-                entry["river_softmax_rows_per_second"] = _river_loop(bootstrap, topics[0], topics[1], min(n, 40_000), 120)
-        entry["worker_vs_learner"] = entry["worker_batch_messages_rows_per_second"] / entry["learner_rows_per_second"]
-        entry["worker_vs_river"] = entry["worker_batch_messages_rows_per_second"] / entry["river_softmax_rows_per_second"]
-        entry["batch_vs_row_messages"] = entry["worker_batch_messages_rows_per_second"] / entry["worker_row_messages_rows_per_second"]
-        rate = entry["worker_batch_messages_rows_per_second"] / 2
-        topics = _topics(f"{name}-latency")
-        cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, tempfile.mkdtemp(), classes, BATCH[name])
-        from .worker import ensure_topics
-
-        ensure_topics(cfg)
-        n_lat = int(min(rows, rate * 20))
-        entry["latency_at_half_max"] = _latency(bootstrap, cfg, X[:n_lat], y[:n_lat], rate, 256)
+        entry = {"learner_rows_per_second": learner.rows_per_second, "processor_rows_per_second": _processor_rate(name, X, y)}
+        batch = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="batch")
+        entry["worker_batch_messages"] = {k: v for k, v in batch.items() if k != "topics"}
+        entry["river_softmax_rows_per_second"] = _river_loop(bootstrap, *batch["topics"][:2], min(rows, 40_000), 120)
+        n_rows = max(rows // 4, 4 * BATCH[name])
+        row = _worker_run(bootstrap, name, X[:n_rows], y[:n_rows], workdir, batch_rows=1, tag="rows")
+        entry["worker_row_messages"] = {k: v for k, v in row.items() if k != "topics"}
+        worker_rate = batch["rows_per_second"]
+        entry["worker_vs_learner"] = worker_rate / entry["learner_rows_per_second"]
+        entry["worker_vs_river"] = worker_rate / entry["river_softmax_rows_per_second"]
+        entry["batch_vs_row_messages"] = worker_rate / row["rows_per_second"]
+        rate = worker_rate / 2
+        n_lat = int(min(rows, rate * 20 * scale))
+        entry["latency_at_half_max"] = _latency(bootstrap, name, X[:n_lat], y[:n_lat], rate, workdir)
+        if name == "small" and getattr(args, "memory", True):
+            memory = {}
+            for n in (int(r * scale) for r in MEMORY_ROWS):
+                Xm, ym = _data(n, seed=1)
+                memory[str(n)] = _worker_run(bootstrap, name, Xm, ym, workdir, batch_rows=256, tag=f"mem{n}")["peak_rss_mb"]
+            entry["peak_rss_mb_by_rows"] = memory
         results[name] = entry
         if not args.json:
             print(name, orjson.dumps(entry, option=orjson.OPT_INDENT_2).decode(), flush=True)

@@ -1,0 +1,33 @@
+"""``iolstream bench --suite kafka`` end to end on the real broker, at a tiny scale: every number is
+there, consistent with the others, and the worker processed every row. Nothing here is timed
+(benchmarks report ratios; they are never asserted against a clock)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from iolstream import cli
+
+
+@pytest.mark.timeout(300)
+def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
+    code = cli.main(["bench", "--suite", "kafka", "--configs", "small", "--kafka-scale", "0.02", "--json",
+                     "--bootstrap", kafka_bootstrap])  # fmt: skip
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    small = out["results"]["small"]
+    batch, rows = small["worker_batch_messages"], small["worker_row_messages"]
+    assert batch["rows"] == 2400 and rows["rows"] == 1024  # one prediction per row, read back from the topic
+    for value in (small["learner_rows_per_second"], small["processor_rows_per_second"], batch["rows_per_second"],
+                  rows["rows_per_second"], small["river_softmax_rows_per_second"]):  # fmt: skip
+        assert value > 0
+    assert small["worker_vs_learner"] == pytest.approx(batch["rows_per_second"] / small["learner_rows_per_second"])
+    assert small["worker_vs_river"] == pytest.approx(batch["rows_per_second"] / small["river_softmax_rows_per_second"])
+    assert small["batch_vs_row_messages"] == pytest.approx(batch["rows_per_second"] / rows["rows_per_second"])
+    latency = small["latency_at_half_max"]
+    assert 0 < latency["rows"] <= 2400 and 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert latency["rate_rows_per_second"] == pytest.approx(batch["rows_per_second"] / 2)
+    memory = small["peak_rss_mb_by_rows"]
+    assert list(memory) == ["2000", "20000"] and all(50 < mb < 4096 for mb in memory.values())
