@@ -301,7 +301,7 @@ class Metrics:
         if replay:
             self.rows_replayed.inc(out.rows_predicted)
             return
-        self.predictions.inc(len(out.predictions))
+        self.predictions.inc(out.rows_predicted)
         now_ms = time.time() * 1000.0
         produced = [np.full(n, now_ms - ts) for n, ts in taken if ts is not None]
         if produced:

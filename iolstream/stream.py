@@ -74,17 +74,36 @@ class DeadLetter:
 
 @dataclass
 class StepOutput:
-    """What one step asks the adapter to emit."""
+    """What one step asks the adapter to emit.
 
-    predictions: list[tuple[str, bytes]] = field(default_factory=list)  # (key = row id, JSON value)
+    ``predictions`` are encoded on first access, so an adapter can do that work (and the
+    produce calls) on another thread while the next step computes.
+    """
+
     dead_letters: list[DeadLetter] = field(default_factory=list)
     rows_predicted: int = 0
     rows_learned: int = 0
     batch_seconds: float = 0.0
     event_ts: np.ndarray | None = None  # input event times of the predicted rows (ms, -1 unknown)
+    _unencoded: list[tuple[list, dict]] = field(default_factory=list, repr=False)  # (ids, encode_predictions kwargs)
+    _encoded: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
+
+    def add_predictions(self, ids: list[str], **encode_kwargs) -> None:
+        """One predicted batch, kept as arrays until ``predictions`` is read (see codec.encode_predictions)."""
+        self._unencoded.append((ids, encode_kwargs))
+        self.rows_predicted += len(ids)
+
+    @property
+    def predictions(self) -> list[tuple[str, bytes]]:
+        """(key = row id, JSON value) per predicted row, in order."""
+        if self._unencoded:
+            for ids, kwargs in self._unencoded:
+                self._encoded.extend(zip(ids, codec.encode_predictions(ids, **kwargs)))
+            self._unencoded = []
+        return self._encoded
 
     def __bool__(self):
-        return bool(self.predictions or self.dead_letters or self.rows_learned)
+        return bool(self.rows_predicted or self.dead_letters or self.rows_learned)
 
 
 class PrequentialMetric:
@@ -288,12 +307,11 @@ class StreamProcessor:
         pred = self.model.observe(rows.X)  # -F: Gram in before the prediction (Algorithm 2); -R: β in force
         self.counters["batches"] += 1
         b = len(rows.ids)
-        values = codec.encode_predictions(
-            rows.ids, pred.index if pred.index is not None else pred.value, pred.proba, model_version=pred.version,
-            ts_in=rows.ts, ts_out_ms=now_ms, mode=self.model.config.mode, classes=self.model.config.classes,
+        out.add_predictions(
+            rows.ids, y_hat=pred.index if pred.index is not None else pred.value, proba=pred.proba,
+            model_version=pred.version, ts_in=rows.ts, ts_out_ms=now_ms, mode=self.model.config.mode,
+            classes=self.model.config.classes,
         )  # fmt: skip
-        out.predictions.extend(zip(rows.ids, values))
-        out.rows_predicted += b
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
         position = np.arange(b, dtype=np.float64)[:, None]
