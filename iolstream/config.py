@@ -62,6 +62,9 @@ class StreamConfig:
     max_early_labels: int = 100_000
     remember_done: int = 200_000
     forget_expired: bool = False  # downdate the Gram of rows whose label never came (default: keep it, SPEC §2)
+    align_max_wait_ms: int = 500  # catch-up: wait this long for a partition that is behind (0: arrival order)
+    align_max_queued_messages: int = 1000  # per partition, consumed but not yet processed: pause it above this ...
+    align_max_queued_bytes: int = 16 * 2**20  # ... or above this many bytes
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,9 @@ _RULES = {
     "stream.early_label_ttl_ms": (lambda v: v >= 0, "an integer ≥ 0"),
     "stream.max_early_labels": (lambda v: v >= 0, "an integer ≥ 0"),
     "stream.remember_done": (lambda v: v >= 0, "an integer ≥ 0"),
+    "stream.align_max_wait_ms": (lambda v: v >= 0, "an integer ≥ 0 (0 disables the alignment)"),
+    "stream.align_max_queued_messages": _POSITIVE,
+    "stream.align_max_queued_bytes": (lambda v: v >= 1024, "an integer ≥ 1024"),
     "snapshot.every_batches": _POSITIVE,
     "snapshot.every_seconds": (lambda v: v > 0, "a number > 0"),
     "snapshot.keep": _POSITIVE,

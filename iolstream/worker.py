@@ -2,16 +2,26 @@
 
 The only module that knows topics, partitions and offsets. The loop is short:
 
-    consume → processor.on_features / on_labels → processor.step → produce predictions
-    and dead letters → checkpoint when due (flush, snapshot, commit) → status line
+    consume → align (timestamp order across partitions) → processor.on_features / on_labels
+    → processor.step → produce predictions and dead letters → checkpoint when due (flush,
+    snapshot, commit) → status line
+
+Catch-up ordering: consumed messages are queued per partition and processed in timestamp order
+across the features and labels partitions (``align.Aligner``); on a backlog, messages of one
+topic wait up to ``stream.align_max_wait_ms`` for a partition of the other that is behind, so
+neither topic races ahead and overflows the join buffer. A partition whose queue is full is
+paused (librdkafka then drops what it prefetched and resumes after the last message returned,
+so nothing is skipped or delivered twice). Only processed messages move ``positions``: snapshots
+and commits never cover a message that is still queued, which is simply read again after a
+restart, a revoke or a rollback.
 
 Durability (SPEC §6). A snapshot holds the state and ``positions``, the next offset of every
 partition the state has consumed, and the worker always resumes from a snapshot's positions:
 
 - at-least-once (default): offsets are committed only after a snapshot covering them is
   durable, and only those; after a crash, predictions made since that snapshot may come again.
-- exactly-once: each poll cycle ends with a forced step (every row consumed is predicted in
-  the cycle that consumed it), and the cycle's predictions, dead letters and input offsets
+- exactly-once: each poll cycle ends with a forced step (every row processed is predicted in
+  the cycle that processed it), and the cycle's predictions, dead letters and input offsets
   commit in one Kafka transaction; the snapshot is written after the commit, so committed
   offsets run ahead of it. On restart the input between the snapshot's positions and the
   committed offsets is replayed into the model without emitting (it was emitted before); a
@@ -40,16 +50,20 @@ Limits of "same model after a crash" (the sums are the same, so are the row/labe
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
+)  # fmt: skip
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from . import codec, runtime
+from .align import Aligner
 from .config import WorkerConfig
 from .model import EdRVFL
 from .snapshot import SnapshotError, SnapshotStore, crash_point, fault_point
@@ -183,9 +197,13 @@ class Worker:
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
         self.tx_open = False
+        self.tx_failed: KafkaError | None = None  # a produce refused: the open transaction is lost, abort it
         self.tx_started = 0.0
         self.rows_per_message = 32.0  # in the last cycle, to size the next consume (a guess to begin with)
         self.cooperative = False  # partition.assignment.strategy cooperative-sticky: incremental (un)assign
+        sc = cfg.stream
+        # consumed, not yet processed messages, released in timestamp order across partitions (catch-up)
+        self.aligner = Aligner(sc.align_max_wait_ms, sc.align_max_queued_messages, sc.align_max_queued_bytes)
 
     # ------------------------------------------------------------ state
     def _fresh_processor(self) -> StreamProcessor:
@@ -257,7 +275,7 @@ class Worker:
         self.consumer = Consumer(consumer_conf)
         producer_conf = {
             **self._client_conf(), "linger.ms": 5, "enable.idempotence": True, "error_cb": self._on_error,
-            **self.cfg.kafka.producer,
+            "on_delivery": self._on_delivery, **self.cfg.kafka.producer,
         }  # fmt: skip
         if self.exactly_once:
             producer_conf["transactional.id"] = self.cfg.transactional_id
@@ -318,6 +336,7 @@ class Worker:
             key = (tp.topic, tp.partition)
             tp.offset = self._start_offset(key, committed)
             self.assigned.add(key)
+            self.aligner.assign(key, priority=0 if tp.topic == self.cfg.topics.features else 1)  # ties: features first
         if self.cooperative:
             consumer.incremental_assign(partitions)
         else:
@@ -348,11 +367,39 @@ class Worker:
             consumer.unassign()
 
     def _forget(self, partitions) -> None:
-        for tp in partitions:
-            key = (tp.topic, tp.partition)
+        """Partitions going away: their queued messages are dropped (not processed, so not covered by
+        the state's positions, from which they are read again) and paused ones resumed (librdkafka
+        keeps a partition paused across a reassignment)."""
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        dropped = sum(len(self.aligner.partitions[k].queue) for k in keys if k in self.aligner.partitions)
+        self._resume(self.aligner.revoke(keys))
+        if dropped:
+            log.debug("dropped %d queued messages of revoked partitions", dropped)
+        for key in keys:
             self.assigned.discard(key)
             self.replay_until.pop(key, None)
             self.committed_floor.pop(key, None)
+
+    def _resume(self, keys) -> None:
+        if keys and self.consumer is not None:
+            self.consumer.resume([TopicPartition(t, p) for t, p in keys])
+            log.debug("resumed %s", keys)
+
+    def _lag(self, key: tuple[str, int]) -> int | None:
+        """Messages of ``key`` in the broker not yet consumed, from the high watermark of the last fetch
+        (None: not known yet). The consumer's position steps over transaction markers, which the
+        offset after the last message returned does not."""
+        tp = TopicPartition(key[0], key[1])
+        try:
+            low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            position = self.consumer.position([tp])[0].offset
+        except KafkaException:
+            return None
+        if high < 0:
+            return None
+        if position < 0:  # nothing returned since the assignment: at the state's position
+            position = self.positions.get(key, max(low, 0))
+        return high - position
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -369,17 +416,27 @@ class Worker:
     def _produce(self, topic: str, value: bytes, key=None, headers=None) -> None:
         if self.exactly_once:
             self._ensure_txn()
+            if self.tx_failed is not None:
+                return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
         while True:
             try:
-                self.producer.produce(topic, value, key=key, headers=headers, on_delivery=self._on_delivery)
+                self.producer.produce(topic, value, key=key, headers=headers)  # on_delivery: set in the config
                 return
             except BufferError:  # local queue full: let librdkafka drain it
                 self.producer.poll(0.05)
+            except KafkaException as exc:
+                # exactly-once: an earlier output of this transaction failed (e.g. too large), which
+                # left it in an error state; at-least-once: a refused produce is fatal as ever
+                if not self.exactly_once or exc.args[0].code() != KafkaError._STATE:
+                    raise
+                log.warning("produce refused, the transaction has failed: %s", exc.args[0])
+                self.tx_failed = exc.args[0]
+                return
 
     def _emit(self, out: StepOutput) -> None:
         topic = self.cfg.topics.predictions
         for key, value in out.predictions:
-            self._produce(topic, value, key=key.encode())
+            self._produce(topic, value, key=key)  # a str key is encoded (UTF-8) by the client
         self._emit_dead(out.dead_letters)
         if self.metrics is not None:
             self.metrics.on_step(self, out)
@@ -473,10 +530,14 @@ class Worker:
                 self._watchdog.cancel()
 
     def _poll_once(self) -> int:
-        """One cycle: consume, feed the processor, step, (exactly-once) commit, checkpoint when due."""
+        """One cycle: consume, align, feed the processor, step, (exactly-once) commit, checkpoint when due.
+        Returns the number of messages consumed or processed (0: idle)."""
         proc = self.processor
         due = proc.next_due_ms(now_ms())
         timeout_ms = self.cfg.kafka.poll_timeout_ms if due is None else min(self.cfg.kafka.poll_timeout_ms, due)
+        held = self.aligner.wait_ms(time.monotonic() * 1000)  # queued messages: ready (0) or waiting (until when)
+        if held is not None:
+            timeout_ms = min(timeout_ms, math.ceil(held))
         # a cycle (one transaction in exactly-once mode) takes about 4 batches of rows, however many per message
         want = max(1, min(4 * self.cfg.stream.batch_rows, round(4 * self.cfg.stream.batch_rows / self.rows_per_message)))
         # consume(n, timeout) waits out the whole timeout unless n messages come: take what is
@@ -486,20 +547,19 @@ class Worker:
             first = self.consumer.poll(max(timeout_ms, 0) / 1000.0)
             if first is not None:
                 msgs = [first] + (self.consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
+        consumed = self._queue(msgs)
+        ready = self.aligner.release(time.monotonic() * 1000, self._lag, want)
+        while msgs and len(ready) < want and self.aligner.blocked:
+            # a message waits for a partition that is behind: take what else is fetched already
+            # (its data may be there), so that a cycle holds about as much as before aligning
+            self._flow_control()
+            msgs = self.consumer.consume(num_messages=want, timeout=0)
+            consumed += self._queue(msgs)
+            ready += self.aligner.release(time.monotonic() * 1000, self._lag, want - len(ready))
+        self._flow_control()
         now = now_ms()
-        consumed = 0
         rows_before = proc.counters["rows_in"] + proc.counters["labels_in"]
-        for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise WorkerError(f"consumer: {err}")
-                log.warning("consumer error: %s", err)
-                continue
-            consumed += 1
-            key = (msg.topic(), msg.partition())
+        for key, msg in ready:
             replay = key in self.replay_until and msg.offset() < self.replay_until[key]
             if replay != self.replaying:
                 self._step(now, force=True)  # never mix replayed (already emitted) and new input in one step
@@ -513,14 +573,16 @@ class Worker:
                 dead = proc.on_labels(msg.value(), source, now)
             if not self.replaying:
                 self._emit_dead(dead)
-            self.positions[key] = msg.offset() + 1
+            self.positions[key] = msg.offset() + 1  # processed: only now may a snapshot or commit cover it
             if replay and msg.offset() + 1 >= self.replay_until[key]:
                 del self.replay_until[key]
                 log.info("%s[%d]: replayed up to the committed offset %d", key[0], key[1], msg.offset() + 1)
             crash_point("mid_batch")
-        if consumed:
-            self.rows_per_message = max(1.0, (proc.counters["rows_in"] + proc.counters["labels_in"] - rows_before) / consumed)
-        self._step(now, force=self.exactly_once and bool(msgs))
+            if len(proc.batcher) >= self.cfg.stream.batch_rows:  # a full batch: predict it before the labels
+                self._step(now)  # that follow it come, so that (aligned) each label message folds in its batch alone
+        if ready:
+            self.rows_per_message = max(1.0, (proc.counters["rows_in"] + proc.counters["labels_in"] - rows_before) / len(ready))
+        self._step(now, force=self.exactly_once and bool(ready))
         if self.replaying and not self.replay_until:  # replay over: what the processor holds now is new input
             self.replaying = False
         if self.exactly_once:
@@ -528,7 +590,33 @@ class Worker:
         self.producer.poll(0)
         if self._checkpoint_due():
             self._flush_and_checkpoint()
+        return max(consumed, len(ready))
+
+    def _queue(self, msgs) -> int:
+        """Hand the consumed messages to the aligner; returns how many (errors and EOF left out)."""
+        consumed = 0
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise WorkerError(f"consumer: {err}")
+                log.warning("consumer error: %s", err)
+                continue
+            consumed += 1
+            kind, ts = msg.timestamp()
+            self.aligner.add((msg.topic(), msg.partition()), msg.offset(), ts if kind != TIMESTAMP_NOT_AVAILABLE else None,
+                             len(msg.value() or b""), msg)  # fmt: skip
         return consumed
+
+    def _flow_control(self) -> None:
+        """Pause partitions whose aligner queue is full, resume those it has drained."""
+        full = self.aligner.to_pause()
+        if full:
+            self.consumer.pause([TopicPartition(t, p) for t, p in full])
+            log.debug("paused %s (queue full: %s)", full, self.aligner.stats())
+        self._resume(self.aligner.to_resume())
 
     def _step(self, now: int, *, force: bool = False) -> None:
         out = self.processor.step(now, force=force)
@@ -566,6 +654,9 @@ class Worker:
             return  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
         self._ensure_txn()
         try:
+            if self.tx_failed is not None:  # never commit a transaction that misses an output
+                raise KafkaException(KafkaError(KafkaError._STATE, f"a produce failed: {self.tx_failed.str()}",
+                                                txn_requires_abort=True))  # fmt: skip
             if offsets:
                 group = self.consumer.consumer_group_metadata()
                 self._txn_call(lambda t: self.producer.send_offsets_to_transaction(offsets, group, t))
@@ -619,6 +710,7 @@ class Worker:
         except KafkaException as exc:
             raise WorkerError(f"aborting a failed transaction failed too: {exc.args[0]}") from None
         self.tx_open = False
+        self.tx_failed = None
         self.delivery_errors = 0  # those of the aborted transaction
         self.aborts_in_a_row += 1
         if self.metrics is not None:
@@ -628,6 +720,7 @@ class Worker:
         self.processor = self._load_state()
         runtime.configure_for_model(self.processor.model)
         self.replaying = False
+        self._resume(self.aligner.clear())  # queued messages are read again from the snapshot's positions
         committed = self._committed(sorted(self.assigned))
         for key in sorted(self.assigned):
             self.consumer.seek(TopicPartition(key[0], key[1], self._start_offset(key, committed)))

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from kafka_util import committed_offsets, consume_all, create_topics, produce_json, unique_group, wait_for_broker
 
 from iolstream import cli, produce
@@ -215,6 +216,99 @@ def test_delayed_shuffled_missing_duplicated_labels_equal_the_offline_learner(ka
     preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
     assert len(preds) == n and all(len(p) == 1 for p in preds.values())
     assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, labelled))
+
+
+@pytest.mark.parametrize("queue", ["default", "tiny"], ids=["default-queues", "tiny-queues-pause"])
+def test_catch_up_on_a_backlog_joins_every_label(kafka_bootstrap, kafka_topics, tmp_path, queue):
+    """A worker started on full features and labels topics (after downtime, or a new group): the
+    small label messages come much faster than the features, and without the timestamp alignment
+    most of them overflow the early-label store (here 5,000) and are dead-lettered as unknown_id.
+    Aligned, every label joins and the model equals the offline learner. With tiny aligner queues
+    the partitions are paused and resumed again and again: nothing is skipped or read twice."""
+    n, b = 30_000, 100
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(n, 18))
+    y = np.array(SEGMENT_CLASSES)[(X @ rng.normal(size=(18, 7))).argmax(axis=1)]
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    stream = {"batch_rows": b, "label_batch_rows": b, "max_pending_rows": 5_000, "max_early_labels": 5_000}
+    if queue == "tiny":
+        stream.update(align_max_queued_messages=20)
+    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 256},
+                                      stream=stream), environ={})  # fmt: skip
+    sent = send(kafka_bootstrap, cfg, X, y, produce.PlanOptions(batch_rows=b, label_delay_rows=b))  # labels one message late
+    assert sent["label_rows"] == n
+    with WorkerThread(cfg) as w:
+        w.wait(lambda s: s["labels_in"] == n and s["rows_learned"] + s["dead_letters"] == n, 60, "every label")
+        assert w.stop() == EXIT_OK
+    s, aligner = w.status(), w.worker.aligner
+    print(f"aligner: {aligner.stats()}")
+    assert (s["rows_in"], s["predictions_out"], s["labels_in"]) == (n, n, n)
+    assert (s["join_labels_joined"], s["rows_learned"], s["dead_letters"]) == (n, n, 0)
+    assert aligner.counters["duplicates_dropped"] == 0 and aligner.queued == 0
+    if queue == "tiny":
+        assert aligner.counters["pauses"] > 0
+    messages = n // b
+    assert committed_offsets(kafka_bootstrap, cfg.kafka.group_id, topics[0]) == {0: messages}
+    assert committed_offsets(kafka_bootstrap, cfg.kafka.group_id, topics[1]) == {0: messages}
+    assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, np.arange(n)))
+
+
+class RefusingProducer:
+    """A transactional producer whose transaction failed: every produce is refused (_STATE)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def begin_transaction(self):
+        self.calls.append("begin")
+
+    def produce(self, topic, value, key=None, headers=None):
+        self.calls.append("produce")
+        raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+
+    def send_offsets_to_transaction(self, offsets, group, timeout):
+        self.calls.append("offsets")
+
+    def commit_transaction(self, timeout):
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout):
+        self.calls.append("abort")
+
+
+class IdleConsumer:
+    def consumer_group_metadata(self):
+        return "group"
+
+    def committed(self, tps, timeout):
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]
+
+    def seek(self, tp):
+        pass
+
+    def resume(self, tps):
+        pass
+
+
+def test_exactly_once_a_refused_produce_aborts_the_transaction_never_commits_it(tmp_path):
+    """An output of the open transaction failed (e.g. too large), so librdkafka refuses the next
+    produce: the cycle's commit must abort the transaction and roll the model back, not commit a
+    transaction that misses an output. At-least-once, a refused produce stays fatal."""
+    topics = ["f", "l", "p", "d"]
+    cfg = config_from_dict(worker_raw("127.0.0.1:1", topics, tmp_path, durability={"exactly_once": True}), environ={})
+    worker = Worker(cfg)
+    worker.producer, worker.consumer = RefusingProducer(), IdleConsumer()
+    worker.assigned, worker.positions = {("f", 0)}, {("f", 0): 3}
+    worker.processor.counters["rows_in"] = 7
+    worker._produce("p", b"1", key="r1")
+    worker._produce("p", b"2", key="r2")  # not tried: the transaction is lost already
+    worker._commit_transaction()
+    assert worker.producer.calls == ["begin", "produce", "abort"]
+    assert worker.tx_failed is None and not worker.tx_open
+    assert worker.positions == {} and worker.processor.counters["rows_in"] == 0  # rolled back (no snapshot: fresh)
+    worker.exactly_once = False
+    with pytest.raises(KafkaException):
+        worker._produce("p", b"3", key="r3")
 
 
 def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, kafka_topics, tmp_path):

@@ -1,0 +1,171 @@
+"""The catch-up aligner (iolstream/align.py): pure, no Kafka, no clock (times are passed in)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from iolstream.align import Aligner
+
+F, L = ("features", 0), ("labels", 0)
+CAUGHT_UP = lambda key: 0  # noqa: E731
+
+
+def aligner(max_wait_ms=500, max_messages=100, max_bytes=1 << 20) -> Aligner:
+    a = Aligner(max_wait_ms, max_messages, max_bytes)
+    a.assign(F, priority=0)
+    a.assign(L, priority=1)
+    return a
+
+
+def add(a: Aligner, key, offsets, timestamps, size=10):
+    for offset, ts in zip(offsets, timestamps):
+        assert a.add(key, offset, ts, size, (key, offset))
+
+
+def items(released):
+    return [item for _, item in released]
+
+
+def test_merge_by_timestamp_keeps_each_partition_in_offset_order():
+    """Two partitions filled one after the other come out merged by timestamp; a partition whose
+    timestamps go backwards (producer-set CreateTime) still comes out in offset order."""
+    a = aligner()
+    add(a, L, range(4), [15, 25, 35, 45])  # labels all consumed first, as on a backlog
+    add(a, F, range(4), [10, 20, 40, 30])  # features: 40 then 30
+    out = items(a.release(0, CAUGHT_UP, limit=100))
+    assert out == [(F, 0), (L, 0), (F, 1), (L, 1), (L, 2), (F, 2), (F, 3), (L, 3)]
+    assert a.queued == 0
+
+
+def test_ties_alternate_between_partitions_the_lower_priority_first():
+    """Several messages per ms: equal timestamps alternate (as a producer interleaving the two topics
+    sent them), starting with the lower priority; within a partition offset order stays."""
+    a = aligner()
+    add(a, L, [0, 1, 2], [10, 10, 10])
+    add(a, F, [0, 1, 2], [10, 10, 10])
+    assert items(a.release(0, CAUGHT_UP, limit=10)) == [(F, 0), (L, 0), (F, 1), (L, 1), (F, 2), (L, 2)]
+    add(a, L, [3], [11])
+    add(a, F, [3], [11])
+    assert items(a.release(0, CAUGHT_UP, limit=10)) == [(F, 3), (L, 3)]  # L2 was released last
+
+
+def test_random_interleavings_release_every_message_once_in_timestamp_order():
+    """However the consumer happens to fetch the two partitions, with the lag known the release order
+    is the produce order (seed printed on failure)."""
+    stream = [(F if i % 2 == 0 else L, i // 2, i) for i in range(200)]  # produced F0 L0 F1 L1 ...
+    for seed in range(20):
+        rng = random.Random(seed)
+        a = aligner(max_messages=1000)
+        broker = {F: [m for m in stream if m[0] == F], L: [m for m in stream if m[0] == L]}
+        out = []
+        while broker[F] or broker[L]:
+            key = rng.choice([k for k in broker if broker[k]])
+            n = rng.randint(1, 9)
+            for m in broker[key][:n]:
+                a.add(m[0], m[1], m[2], 1, m)
+            broker[key] = broker[key][n:]
+            out += items(a.release(0, lambda k: len(broker[k]), limit=1000))
+        assert a.queued == 0 and out == stream, f"seed {seed}"
+
+
+def test_waits_for_an_empty_partition_that_is_behind_then_gives_up():
+    a = aligner(max_wait_ms=500)
+    add(a, L, range(3), [20, 30, 40])
+    lag = {F: 5, L: 0}.get
+    assert a.release(1000, lag, limit=10) == []  # features are behind: the labels wait
+    assert a.counters["waits"] == 1 and a.wait_ms(1000) == 500
+    assert a.release(1300, lag, limit=10) == [] and a.wait_ms(1300) == 200
+    assert items(a.release(1500, lag, limit=10)) == [(L, 0), (L, 1), (L, 2)]  # waited 500 ms: they go
+    assert a.counters["timeouts"] == 1
+    add(a, L, [3], [50])
+    assert items(a.release(1600, lag, limit=10)) == [(L, 3)]  # no new wait: still nothing from features
+    add(a, F, [0], [10])  # features came: the next time they run dry and behind, messages wait again
+    add(a, L, [4], [60])
+    assert items(a.release(1700, lag, limit=10)) == [(F, 0)]
+    assert a.counters["waits"] == 2 and a.wait_ms(1700) == 500
+
+
+def test_the_wait_ends_when_the_partition_gets_data_or_catches_up():
+    a = aligner()
+    add(a, L, [0, 1], [20, 30])
+    assert a.release(0, {F: 3}.get, limit=10) == []
+    add(a, F, [0], [25])
+    assert items(a.release(10, {F: 2}.get, limit=10)) == [(L, 0), (F, 0)]  # L1 (30) waits: features still behind
+    assert items(a.release(20, {F: 0}.get, limit=10)) == [(L, 1)]  # caught up
+
+
+def test_unknown_lag_waits_and_an_older_message_never_waits():
+    a = aligner()
+    add(a, F, [0, 1], [10, 50])
+    add(a, L, [0], [20])
+    assert items(a.release(0, {}.get, limit=10)) == [(F, 0), (L, 0)]  # lag None (no fetch yet): F1 waits for labels
+    assert a.wait_ms(0) == 500
+    add(a, L, [1], [60])
+    assert items(a.release(1, {}.get, limit=10)) == [(F, 1)]  # labels' partition time 60 ≥ 50: F1 need not wait
+
+
+def test_messages_without_a_timestamp_never_wait():
+    a = aligner()
+    add(a, L, [0, 1], [None, 20])
+    assert items(a.release(0, {F: 9}.get, limit=10)) == [(L, 0)]  # L1 waits for the features, L0 does not
+
+
+def test_disabled_alignment_is_arrival_order_and_never_waits():
+    a = aligner(max_wait_ms=0)
+    add(a, L, [0, 1], [30, 40])
+    add(a, F, [0, 1], [10, 20])
+    add(a, L, [2], [5])
+    assert items(a.release(0, {F: 100, L: 100}.get, limit=10)) == [(L, 0), (L, 1), (F, 0), (F, 1), (L, 2)]
+
+
+def test_release_stops_at_its_limit_and_says_more_is_ready():
+    a = aligner()
+    add(a, F, range(5), range(5))
+    assert len(a.release(0, CAUGHT_UP, limit=2)) == 2
+    assert a.queued == 3 and a.wait_ms(0) == 0
+    assert len(a.release(0, CAUGHT_UP, limit=10)) == 3 and a.wait_ms(0) is None
+
+
+@pytest.mark.parametrize("bound", ["messages", "bytes"])
+def test_a_full_queue_is_paused_and_resumed_at_half(bound):
+    a = aligner(max_messages=10, max_bytes=1000) if bound == "messages" else aligner(max_messages=1000, max_bytes=100)
+    add(a, L, range(10), range(10, 20), size=10)
+    assert a.to_pause() == []  # at the bound, not above
+    add(a, L, [10], [20], size=10)
+    assert a.to_pause() == [L] and a.to_pause() == [] and a.paused == {L}
+    assert a.release(0, {F: 1}.get, limit=100) == []  # waiting for the features
+    assert a.to_resume() == []
+    add(a, F, [0], [100])
+    assert len(a.release(0, {F: 0}.get, limit=5)) == 5  # 6 labels left: above half
+    assert a.to_resume() == []
+    a.release(0, {F: 0}.get, limit=1)
+    assert a.to_resume() == [L] and a.paused == set() and a.counters["pauses"] == 1
+
+
+def test_revoke_drops_the_queues_and_returns_the_paused_partitions():
+    a = aligner(max_messages=2)
+    add(a, L, range(3), [1, 2, 3])
+    add(a, F, [0], [10])
+    assert a.to_pause() == [L]
+    assert a.revoke([L]) == [L]
+    assert a.queued == 1 and a.paused == set() and L not in a.partitions
+    assert items(a.release(0, CAUGHT_UP, limit=10)) == [(F, 0)]  # labels are no longer waited for
+    a.assign(L, priority=1)
+    assert a.add(L, 0, 1, 10, "again")  # re-read from the state's position: not a duplicate
+
+
+def test_clear_drops_everything_for_a_rewind():
+    a = aligner(max_messages=1)
+    add(a, F, [5, 6], [1, 2])
+    assert a.to_pause() == [F]
+    assert a.clear() == [F] and a.queued == 0 and a.paused == set()
+    assert a.add(F, 0, 1, 10, "rewound")  # back to an earlier offset after the seek
+
+
+def test_a_message_delivered_again_is_dropped():
+    a = aligner()
+    add(a, F, [3, 4], [1, 2])
+    assert not a.add(F, 4, 2, 10, "again") and a.counters["duplicates_dropped"] == 1
+    assert a.queued == 2
