@@ -1,13 +1,14 @@
-"""Numba kernels: the hidden-layer forward pass and the Woodbury inverse update.
+"""Numba kernels: the activations, the Woodbury inverse update and the softmax.
 
 Private, unvalidated, arrays in and arrays out. The public wrappers live in
 ``network`` and ``learner``; the plain-NumPy twins every kernel is tested
-against live in ``tests/naive.py``.
+against live in ``tests/naive.py``. The fused kernels of a whole step (hidden
+layers, Gram + Cholesky update, prediction, fold-in) are in ``fused``.
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
-``scipy.linalg.cython_blas``), as do the factorisations in ``linalg``: the
-hot path uses one OpenBLAS thread pool, never two (see MEASUREMENTS.md,
-"two OpenBLAS copies fighting over 2 cores").
+``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
+``linalg``: the hot path uses one OpenBLAS thread pool, never two (see
+MEASUREMENTS.md, "two OpenBLAS copies fighting over 2 cores").
 """
 
 from __future__ import annotations
@@ -48,30 +49,6 @@ def _activate(v, code):
         return v * e / (1.0 + e)
     # leaky_relu
     return v if v > 0.0 else LEAKY_SLOPE * v
-
-
-@nb.njit(**JIT)
-def hidden_forward(weights_t, inputs_t, bias, code, out_t):
-    """H_lᵀ = g(W_lᵀ · inputᵀ + b_l), eqs. (1)-(2), written into ``out_t``.
-
-    weights_t : (N, fan_in)  the transposed random weights W_lᵀ
-    inputs_t  : (fan_in, b)  the layer input, transposed ([H_{l-1} | X]ᵀ)
-    bias      : (N,)
-    out_t     : (N, b)       C-contiguous destination (a slice of the feature block)
-    """
-    np.dot(weights_t, inputs_t, out_t)
-    n_nodes, n_rows = out_t.shape
-    if code == 0:  # relu, the common case: a branch-free loop the compiler vectorises
-        for j in range(n_nodes):
-            bj = bias[j]
-            for i in range(n_rows):
-                out_t[j, i] = max(out_t[j, i] + bj, 0.0)
-        return out_t
-    for j in range(n_nodes):
-        bj = bias[j]
-        for i in range(n_rows):
-            out_t[j, i] = _activate(out_t[j, i] + bj, code)
-    return out_t
 
 
 @nb.njit(**JIT)
@@ -118,3 +95,23 @@ def softmax_rows(z):
         for j in range(m):
             out[i, j] /= total
     return out
+
+
+@nb.njit(**JIT)
+def layer_mean(outputs):
+    """Mean over the layers of (L, b, m) outputs: summed in layer order, then divided (the bits of
+    NumPy's ``outputs.mean(axis=0)``). The default regression ensemble."""
+    total = outputs[0].copy()
+    for layer in range(1, outputs.shape[0]):
+        total += outputs[layer]
+    return total / outputs.shape[0]
+
+
+@nb.njit(**JIT)
+def softmax_mean(outputs):
+    """Mean over the layers of the row-wise softmax of (L, b, m) outputs. The default
+    classification ensemble (each layer's scores made probabilities first)."""
+    total = softmax_rows(outputs[0])
+    for layer in range(1, outputs.shape[0]):
+        total += softmax_rows(outputs[layer])
+    return total / outputs.shape[0]

@@ -18,15 +18,22 @@ A per batch: either the Cholesky factor of A is recomputed (Gram + Cholesky,
 O(b·n² + n³), best for large batches) or P is updated by Woodbury (O(b·n² + b²·n + b³),
 best for b well below n), with P rebuilt from the exact A every
 ``refactor_every`` Woodbury steps so that round-off cannot accumulate.
+
+β is solved lazily: ``learn`` only marks it stale, since under -F the next
+``observe`` changes A and solves again before any prediction; whoever reads β
+(a prediction, the regret, a snapshot) gets A⁻¹c. Likewise the -F step factors A
+in scratch memory and the stored factor is made when read. The Gram + Cholesky
+route runs as fused kernels over all layers at once (``fused``), on one core or —
+when ``parallel`` is set, by ``runtime.StepTuner`` — spread over Numba's threads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import numba
 import numpy as np
 
-from . import kernels, linalg
+from . import fused, kernels, linalg
+from .learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
 SOLVERS = ("auto", "cholesky", "woodbury")
@@ -34,46 +41,6 @@ SOLVERS = ("auto", "cholesky", "woodbury")
 # auto: Woodbury when b·WOODBURY_RATIO ≤ n. Measured here (MEASUREMENTS.md): Woodbury wins only
 # below b ≈ n/8 to n/4; n/6 sits in between.
 WOODBURY_RATIO = 6
-
-
-@dataclass
-class LayerState:
-    """Sufficient statistics of one sub-learner.
-
-    gram          : (n, n) float64, F-ordered, lower triangle authoritative — A_l
-    rhs           : (n, m) float64 — c_l
-    beta          : (n, m) float64 — β_l = A_l⁻¹ c_l
-    factor        : (n, n) float64 — lower Cholesky factor of A_l, or P_l = A_l⁻¹ (see ``factor_kind``)
-    gram_labelled : (n, n) float64 or None — λI + Σ DᵀD over labelled rows (A_r of SPEC §3), -F only
-    loss_sum      : Σ_t L_{l,t}(β_{l,t}), immediate losses with the β that made each prediction
-    """
-
-    lam: float
-    gram: np.ndarray
-    rhs: np.ndarray
-    beta: np.ndarray
-    factor: np.ndarray
-    factor_kind: str
-    gram_labelled: np.ndarray | None
-    loss_sum: float = 0.0
-    woodbury_steps: int = 0
-
-
-@dataclass
-class LearnerState:
-    """The whole learned state: per-layer statistics plus counters (all plain numbers and arrays)."""
-
-    layers: list[LayerState]
-    rows_observed: int = 0  # rows whose Gram entered A (-F: at observe; -R: at learn)
-    rows_labelled: int = 0  # rows whose labels entered c
-    rows_forgotten: int = 0  # rows whose Gram was removed again (downdate)
-    label_batches: int = 0  # T of the regret bounds
-    max_label_batch: int = 0  # b of the regret bounds (the largest labelled batch)
-    sum_y2: float = 0.0  # Σ‖Y‖²
-    d_max: float = 0.0  # D_m = max |D| over labelled rows
-    y_max: float = 0.0  # Y_m = max(|Y|, |D β|)
-    version: int = 0  # bumped at every change of β
-    extra: dict = field(default_factory=dict)
 
 
 def _as_lams(lam, n_layers: int) -> list[float]:
@@ -138,40 +105,88 @@ class OnlineLearner:
         self.solver = solver
         self.refactor_every = refactor_every
         self.track_regret = track_regret
+        self.parallel = False  # spread the layers over Numba's threads (set by runtime.StepTuner)
+        self._scratch = None  # (threads, n, n): Cholesky factors of the fused -F step
         self.state = self.initial_state()
 
     # ------------------------------------------------------------------ state
     def initial_state(self) -> LearnerState:
         """η_0 = (λI)⁻¹, β = 0 for every layer."""
-        n, m = self.n_columns, self.n_outputs
-        layers = []
-        for lam in _as_lams(self.lam, self.n_layers):
-            gram = np.asfortranarray(np.eye(n) * lam)
-            factor = np.asfortranarray(np.eye(n) * np.sqrt(lam))  # Cholesky factor of λI
-            labelled = gram.copy(order="F") if (self.track_regret and self.mode == "forward") else None
-            layers.append(LayerState(lam, gram, np.zeros((n, m), order="F"), np.zeros((n, m)), factor, "cholesky", labelled))
-        return LearnerState(layers)
+        lams = _as_lams(self.lam, self.n_layers)
+        arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward")
+        return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
 
     # ------------------------------------------------------------ prediction
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
-        """D_l β_l for every layer: (L, b, m). Pure: changes nothing."""
-        n_layers, _, b = features_t.shape
-        out = np.empty((n_layers, b, self.n_outputs))
-        for layer, ls in enumerate(self.state.layers):
-            beta = ls.beta if features_t.dtype == np.float64 else ls.beta.astype(features_t.dtype)
-            out[layer] = linalg.gemm(features_t[layer].T, beta)
+        """D_l β_l for every layer: (L, b, m). Pure: changes nothing (but solves a stale β)."""
+        features_t = self._kernel_features(features_t)
+        solve_stale(self.state)
+        out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
+        fused.predict_all(features_t, self.state.arrays.beta, out)
         return out
 
     # ----------------------------------------------------------------- update
     def observe(self, features_t: np.ndarray) -> None:
         """A new unlabelled batch. -F: its Gram enters A now (η_{t+1}, Algorithm 2). -R: nothing."""
-        if self.mode == "ridge" or features_t.shape[2] == 0:
-            return
-        for layer, ls in enumerate(self.state.layers):
+        self._forward(features_t, predict=False)
+
+    def observe_and_predict(self, features_t: np.ndarray) -> np.ndarray:
+        """``observe`` then ``layer_outputs`` (L, b, m), fused into one kernel call where possible."""
+        out = self._forward(features_t, predict=True)
+        return self.layer_outputs(features_t) if out is None else out
+
+    def observe_rows(self, network, x_scaled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``network.features`` then ``observe_and_predict``: (features_t, layer outputs), in one
+        kernel call on the -F Gram + Cholesky route (``network``: a ``RandomNetwork``)."""
+        b = x_scaled.shape[0]
+        if self.mode == "ridge" or b == 0 or not self._uses_cholesky(b) or network.n_columns != self.n_columns:
+            features_t = network.features(x_scaled, parallel=self.parallel)
+            return features_t, self.observe_and_predict(features_t)
+        features_t = network.empty_features(b)
+        args = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights, features_t)
+        out = self._forward_kernel(features_t, b, args)
+        return features_t, out
+
+    def _forward_kernel(self, features_t: np.ndarray, b: int, inputs: tuple | None) -> np.ndarray:
+        """The fused -F forward step (``inputs``: also compute the features first); layer outputs."""
+        st = self.state
+        a = st.arrays
+        out = np.empty((self.n_layers, b, self.n_outputs))
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        if self._scratch is None:
+            self._scratch = np.empty((numba.config.NUMBA_NUM_THREADS, self.n_columns, self.n_columns))
+        arrays = (a.gram, self._scratch, a.rhs, a.beta, out, info)
+        if inputs is None:
+            kernel = fused.forward_parallel if self.parallel else fused.forward_serial
+            failed = kernel(features_t, *arrays)
+        elif self.parallel:
+            failed = fused.observe_parallel(*inputs, *arrays)
+        else:
+            failed = fused.observe_serial(*inputs, *arrays)
+        if failed:
+            _raise_for(info)
+        a.factor_inverse[:] = False
+        a.woodbury_steps[:] = 0
+        a.factor_stale[:] = True  # factored in scratch: A's own factor is made when read
+        a.beta_stale[:] = False
+        st.rows_observed += b
+        st.version += 1
+        return out
+
+    def _forward(self, features_t: np.ndarray, *, predict: bool) -> np.ndarray | None:
+        b = features_t.shape[2]
+        if self.mode == "ridge" or b == 0:
+            return None
+        if self._uses_cholesky(b) and self._fusable(features_t):
+            out = self._forward_kernel(features_t, b, None)
+            return out if predict else None
+        st = self.state
+        for layer, ls in enumerate(st.layers):
             self._enter_gram(ls, features_t[layer])
-            ls.beta = self._solve(ls)
-        self.state.rows_observed += features_t.shape[2]
-        self.state.version += 1
+        st.arrays.beta_stale[:] = True
+        st.rows_observed += b
+        st.version += 1
+        return None
 
     def learn(
         self,
@@ -189,42 +204,63 @@ class OnlineLearner:
         predicted  : (L, b, m) — the layer outputs that were emitted for these rows (the β that
                      made the prediction); default: computed now, before this update.
         Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β.
+        β is left stale (solved when read): under -F the next observe replaces it unread.
         """
         b = features_t.shape[2]
-        targets = np.asarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
-        if gram_in is None:
-            gram_in = np.full(b, self.mode == "forward")
-        gram_in = np.asarray(gram_in, dtype=bool)
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         if self.mode == "ridge":
-            gram_in = np.zeros(b, dtype=bool)
+            new, n_new = slice(None), b  # -R: no row's Gram is in A
+        elif gram_in is None:
+            new, n_new = slice(0), 0  # -F: every row's is
+        else:
+            new = np.flatnonzero(~np.asarray(gram_in, dtype=bool))  # rows whose Gram enters now
+            n_new = new.size
         if predicted is None:
             predicted = self.layer_outputs(features_t)
-        losses = 0.5 * ((predicted - targets[None]) ** 2).sum(axis=(1, 2))
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
         st = self.state
-        if b == 0:
-            return losses
-        new = np.flatnonzero(~gram_in)
-        targets_f = np.asfortranarray(targets)
-        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
-        for layer, ls in enumerate(st.layers):
-            d_t = features_t[layer]
-            if new.size:
-                self._enter_gram(ls, d_t if new.size == b else np.ascontiguousarray(d_t[:, new]))
-            if ls.gram_labelled is not None:
-                linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
-            ls.loss_sum += float(losses[layer])
-            ls.beta = self._solve(ls)
-        st.rows_observed += int(new.size)
+        a = st.arrays
+        losses = np.empty(self.n_layers)
+        if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
+            info = np.zeros(self.n_layers, dtype=np.int32)
+            kernel = fused.learn_parallel if self.parallel else fused.learn_serial
+            state = (a.rhs, a.gram, a.factor, a.gram_labelled)
+            sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
+            if info.any():
+                _raise_for(info)
+            if n_new:  # the kernel factored A into ``factor``
+                a.factor_inverse[:] = a.factor_stale[:] = False
+                a.woodbury_steps[:] = 0
+        else:
+            sum_y2 = fused.label_losses(predicted, targets, losses)
+            if b == 0:
+                return losses
+            self._learn_layers(features_t, targets, n_new, new)
+        a.loss_sum += losses
+        a.beta_stale[:] = True
+        st.rows_observed += n_new
         st.rows_labelled += b
         st.label_batches += 1
         st.max_label_batch = max(st.max_label_batch, b)
-        st.sum_y2 += float((targets**2).sum())
+        st.sum_y2 += sum_y2
         if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
-            st.d_max = max(st.d_max, float(np.abs(features_t).max()))
-            st.y_max = max(st.y_max, float(np.abs(targets).max()), float(np.abs(predicted).max()))
+            st.d_max = max(st.d_max, fused.abs_max(features_t))
+            st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
         st.version += 1
         return losses
+
+    def _learn_layers(self, features_t, targets, n_new, new) -> None:
+        """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""
+        b = features_t.shape[2]
+        targets_f = np.asfortranarray(targets)
+        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
+        for layer, ls in enumerate(self.state.layers):
+            d_t = features_t[layer]
+            if n_new:
+                self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
+            if ls.gram_labelled is not None:
+                linalg.gram_update(ls.gram_labelled, d_t)
+            ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
 
     def forget(self, features_t: np.ndarray) -> None:
         """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).
@@ -236,23 +272,36 @@ class OnlineLearner:
         for layer, ls in enumerate(self.state.layers):
             linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
             self._refactor(ls)
-            ls.beta = self._solve(ls)
+        self.state.arrays.beta_stale[:] = True
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
     # -------------------------------------------------------------- internals
+    def _uses_cholesky(self, b: int) -> bool:
+        """Gram + Cholesky for a batch of b rows (else Woodbury), by ``solver`` and b against n."""
+        return self.solver == "cholesky" or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
+
+    def _fusable(self, features_t: np.ndarray) -> bool:
+        """Whether the fused kernels take ``features_t`` as it is (they need no copy of it)."""
+        if features_t.ndim != 3 or features_t.shape[:2] != (self.n_layers, self.n_columns):
+            raise ValueError(f"features_t: expected shape ({self.n_layers}, {self.n_columns}, b), got {features_t.shape}")
+        return features_t.dtype in (np.float64, np.float32) and features_t.flags.c_contiguous
+
+    def _kernel_features(self, features_t: np.ndarray) -> np.ndarray:
+        if self._fusable(features_t):
+            return features_t
+        dtype = features_t.dtype if features_t.dtype in (np.float64, np.float32) else np.float64
+        return np.ascontiguousarray(features_t, dtype=dtype)
+
     def _enter_gram(self, ls: LayerState, d_t: np.ndarray) -> None:
         """A ← A + DᵀD and bring the cached factor up to date, by the cheaper route for this b."""
         linalg.gram_update(ls.gram, d_t)
-        b = d_t.shape[1]
-        use_woodbury = self.solver == "woodbury" or (self.solver == "auto" and b * WOODBURY_RATIO <= self.n_columns)
-        if not use_woodbury:
+        if self._uses_cholesky(d_t.shape[1]):
             self._refactor(ls)
             return
         if ls.factor_kind != "inverse" or ls.woodbury_steps >= self.refactor_every:
             # (Re)build P from the exact A, which already holds this batch: nothing left to update.
-            linalg_factor = linalg.cholesky(ls.gram)
-            ls.factor = linalg.inverse_from_cholesky(linalg_factor)
+            ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
             ls.factor_kind = "inverse"
             ls.woodbury_steps = 0
             return
@@ -261,19 +310,20 @@ class OnlineLearner:
 
     @staticmethod
     def _refactor(ls: LayerState) -> None:
-        ls.factor = linalg.cholesky(ls.gram)
-        ls.factor_kind = "cholesky"
-        ls.woodbury_steps = 0
-
-    @staticmethod
-    def _solve(ls: LayerState) -> np.ndarray:
-        """β = A⁻¹ c with the cached factor (Theorem 1: β equals the offline expert)."""
-        if ls.factor_kind == "inverse":
-            return linalg.gemm(ls.factor, ls.rhs)
-        return linalg.cho_solve(ls.factor, ls.rhs)
+        ls.refactor()
 
     def refresh(self) -> None:
         """Rebuild every factor and β from the exact sums (after a restore, or to drop Woodbury drift)."""
         for ls in self.state.layers:
             self._refactor(ls)
-            ls.beta = self._solve(ls)
+            ls.solve()
+
+
+def _raise_for(info: np.ndarray) -> None:
+    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
+    layer = int(np.flatnonzero(info)[0])
+    if info[layer] > 0:
+        raise linalg.NotPositiveDefinite(
+            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
+        )
+    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

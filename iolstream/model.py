@@ -186,7 +186,7 @@ class EdRVFL:
             solver=config.solver, refactor_every=config.refactor_every, track_regret=config.track_regret,
         )  # fmt: skip
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
-        self.thread_tuner = None  # set by runtime.configure_for_model: BLAS threads chosen by timing
+        self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
 
     # ------------------------------------------------------------- encoding
     def encode_labels(self, y) -> np.ndarray:
@@ -212,21 +212,25 @@ class EdRVFL:
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """D_lᵀ for every layer, (L, n, b), from raw rows (b, k). Raises ScalerNotReady while warming up."""
+        return self.network.features(self._scaled(x), parallel=self.learner.parallel)
+
+    def _scaled(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.config.n_inputs:
             raise ValueError(f"expected rows of {self.config.n_inputs} features, got shape {x.shape}")
-        return self.network.features(self.scaler.transform(x))
+        return self.scaler.transform(x)
 
     # ----------------------------------------------------------- prediction
     def combine(self, layer_outputs: np.ndarray):
         """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
         rule = self.config.ensemble_rule
         if self._class_index is None:
-            value = np.median(layer_outputs, axis=0) if rule == "median" else layer_outputs.mean(axis=0)
-            return None, None, value
+            if rule == "median":
+                return None, None, np.median(layer_outputs, axis=0)
+            return None, None, kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
         n_layers, b, m = layer_outputs.shape
         if rule == "softmax":
-            proba = sum(kernels.softmax_rows(np.ascontiguousarray(out)) for out in layer_outputs) / n_layers
+            proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
@@ -253,13 +257,13 @@ class EdRVFL:
         """A new unlabelled batch: -F forward step (its Gram enters first), then its prediction."""
         tuner = self.thread_tuner
         if tuner is not None:
-            threads, started = tuner.choose(), time.perf_counter()
-        features_t = self.features(x)
-        self.learner.observe(features_t)
-        pred = self.predict_batch(features_t=features_t)
+            setting, started = tuner.choose(), time.perf_counter()
+            self.learner.parallel = setting.parallel
+        features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
+        proba, index, value = self.combine(outputs)
         if tuner is not None:
-            tuner.record(threads, time.perf_counter() - started, len(pred.layer_outputs[0]))
-        return pred
+            tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
+        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version)
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
+from . import fused, kernels
 
 INITS = ("normal", "xavier", "kaiming", "uniform")
 
@@ -32,12 +32,28 @@ def _weight_scale(init: str, fan_in: int, fan_out: int) -> float:
     raise ValueError(f"init must be one of {INITS}, got {init!r}")
 
 
+CACHE_LINE = 64  # bytes
+
+
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """np.empty starting on a cache line (NumPy aligns to 16 bytes only), so that the row chunks
+    the parallel features kernel writes from different threads share no line (false sharing)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape))
+    raw = np.empty(size * dtype.itemsize + CACHE_LINE, dtype=np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    return raw[start : start + size * dtype.itemsize].view(dtype).reshape(shape)
+
+
 @dataclass(frozen=True)
 class RandomNetwork:
     """Random weights of an edRVFL network.
 
     weights_t : list of L arrays, (N, k) for layer 1 and (N, N + k) after — W_lᵀ
     biases    : list of L arrays of shape (N,)
+    packed_weights_t : (L, N, N + k) — the same W_lᵀ in one block (layer 1 in the first k
+                       columns, zeros after), as the features kernel takes them
+    packed_biases    : (L, N)
     """
 
     n_inputs: int
@@ -50,6 +66,8 @@ class RandomNetwork:
     bias_column: bool
     weights_t: tuple
     biases: tuple
+    packed_weights_t: np.ndarray
+    packed_biases: np.ndarray
 
     @classmethod
     def create(
@@ -70,9 +88,12 @@ class RandomNetwork:
                 b = rng.standard_normal(n_nodes) * scale
             weights_t.append(np.ascontiguousarray(w, dtype=dtype))
             biases.append(np.ascontiguousarray(b, dtype=dtype))
+        packed = np.zeros((n_layers, n_nodes, n_nodes + n_inputs), dtype=dtype)
+        for layer, w in enumerate(weights_t):
+            packed[layer, :, : w.shape[1]] = w
         return cls(
             n_inputs, n_nodes, n_layers, activation, init, seed, np.dtype(dtype), bool(bias_column),
-            tuple(weights_t), tuple(biases),
+            tuple(weights_t), tuple(biases), packed, np.array(biases),
         )  # fmt: skip
 
     @property
@@ -80,17 +101,27 @@ class RandomNetwork:
         """n = N + k + 1: columns of D_l ([H_l | X | 1]); N + k without the bias column."""
         return self.n_nodes + self.n_inputs + int(self.bias_column)
 
-    def features(self, x_scaled: np.ndarray) -> np.ndarray:
-        """D_lᵀ for every layer: (L, n, b) array of ``dtype`` from scaled inputs (b, k)."""
+    @property
+    def kernel_weights(self) -> tuple:
+        """What the features kernels take after the inputs: (W_lᵀ packed, b_l, activation code, bias column)."""
+        return self.packed_weights_t, self.packed_biases, kernels.ACTIVATION_CODES[self.activation], self.bias_column
+
+    def empty_features(self, b: int) -> np.ndarray:
+        """An uninitialised (L, n, b) block for the features of b rows (cache-line aligned)."""
+        return _aligned_empty((self.n_layers, self.n_columns, b), self.dtype)
+
+    def features(self, x_scaled: np.ndarray, *, parallel: bool = False) -> np.ndarray:
+        """D_lᵀ for every layer: (L, n, b) array of ``dtype`` from scaled inputs (b, k).
+
+        parallel : compute the two chunks of rows on two of Numba's threads (same result, bitwise).
+        """
         b = x_scaled.shape[0]
-        n_nodes, k = self.n_nodes, self.n_inputs
-        out = np.empty((self.n_layers, self.n_columns, b), dtype=self.dtype)
-        x_t = np.asarray(x_scaled, dtype=self.dtype).T
-        code = kernels.ACTIVATION_CODES[self.activation]
-        for layer in range(self.n_layers):
-            out[layer, n_nodes : n_nodes + k] = x_t
-            if self.bias_column:
-                out[layer, -1] = 1.0
-            inputs_t = out[0, n_nodes : n_nodes + k] if layer == 0 else out[layer - 1, : n_nodes + k]
-            kernels.hidden_forward(self.weights_t[layer], inputs_t, self.biases[layer], code, out[layer, :n_nodes])
+        out = self.empty_features(b)
+        if b == 0:
+            return out
+        args = (np.ascontiguousarray(x_scaled, dtype=self.dtype), *self.kernel_weights, out)
+        if parallel:
+            fused.features_parallel(*args)
+        else:
+            fused.features_serial(*args)
         return out

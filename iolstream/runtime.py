@@ -1,16 +1,23 @@
-"""Process-wide runtime settings: the BLAS thread pools.
+"""Process-wide runtime settings: the BLAS thread pools and how a step uses the cores.
 
 NumPy and SciPy each bundle an OpenBLAS with its own thread pool; alternating
 calls between them stalls on a 2-core machine (MEASUREMENTS.md). iolstream's hot
-path calls only SciPy's (``linalg`` and Numba's ``np.dot`` both bind it), so the
-worker gives NumPy's pool a single thread: an accidental NumPy matmul can then
-never wake a second pool that competes for the cores.
+path calls only SciPy's (``linalg``, ``blaslib`` and Numba's ``np.dot`` all bind it),
+so the worker gives NumPy's pool a single thread: an accidental NumPy matmul can
+then never wake a second pool that competes for the cores.
+
+The cores are used either by the fused kernels' own parallel loops (single-threaded
+BLAS in each thread) or, for large matrices, by OpenBLAS's threads; a ``StepTuner``
+attached to the model picks, by timing the real steps, whichever is faster lately —
+or one core when another process holds the other.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
+import numba
 from threadpoolctl import threadpool_info, threadpool_limits
 
 _limiter = None
@@ -56,32 +63,59 @@ def blas_threads(n_columns: int):
     return threadpool_limits(limits=threads, user_api="blas")
 
 
+@dataclass(frozen=True)
+class StepSetting:
+    """How a step runs: SciPy's BLAS threads, and whether the fused kernels split the work
+    over Numba's threads (then BLAS runs single-threaded in each of them)."""
+
+    blas_threads: int
+    parallel: bool
+
+
+def step_settings(n_columns: int, cores: int | None = None) -> list[StepSetting]:
+    """The settings worth timing for a model with ``n_columns`` on ``cores`` cores."""
+    cores = cores or os.cpu_count() or 1
+    if cores == 1:
+        return [StepSetting(1, False)]
+    settings = [StepSetting(1, False), StepSetting(1, True)]
+    if blas_threads_for(n_columns) is None:  # large matrices: OpenBLAS's own threads may win instead
+        settings.append(StepSetting(cores, False))
+    return settings
+
+
 def configure_for_model(model) -> None:
     """Process-wide BLAS policy for ``model`` (an EdRVFL): NumPy's pool to 1 thread; SciPy's to
-    1 thread for small models, else chosen step by step by a ThreadTuner attached to the model."""
+    1 thread for small models; and a StepTuner attached to the model that picks, by timing the
+    real steps, among parallel fused kernels and (large models only) OpenBLAS's own threads."""
     configure_blas()
     threads = blas_threads_for(model.network.n_columns)
     if threads is not None:
         threadpool_limits(limits=threads, user_api="blas")
-        model.thread_tuner = None
-    else:
-        model.thread_tuner = ThreadTuner()
+    settings = step_settings(model.network.n_columns, min(os.cpu_count() or 1, numba.get_num_threads()))
+    model.learner.parallel = False
+    model.thread_tuner = StepTuner(settings) if len(settings) > 1 else None
 
 
-class ThreadTuner:
-    """Chooses SciPy's BLAS thread count (1 or all cores) by timing the real steps.
+class StepTuner:
+    """Chooses a StepSetting per step by timing the real steps.
 
-    Two OpenBLAS threads are ~1.7× faster on an idle 2-core machine for the paper's
-    config, but up to 10× slower when another process holds a core (the threads spin
-    waiting for each other). So each step runs with the count that has been faster
-    lately, and every ``period`` steps one step tries the other count again.
+    Parallel work is ~1.7× faster on an idle 2-core machine, but up to 10× slower when
+    another process holds a core (a parallel region waits for a thread the scheduler has
+    parked). So each step runs with the setting that has been fastest lately, and now and then
+    a few steps retry another one: after ``period`` steps, then — each time it loses again —
+    after twice as many, up to ``max_period`` (retries of a 10× slower setting then cost ~3 %).
+    The first step after a switch is not timed (waking or parking threads, a kernel's JIT).
     """
 
-    def __init__(self, period: int = 32, max_threads: int | None = None):
-        self.period = period
-        self.max_threads = max_threads or os.cpu_count() or 1
-        self.cost = {1: None, self.max_threads: None}  # seconds per row, exponentially averaged
+    def __init__(self, settings: list[StepSetting], period: int = 32, max_period: int = 1024):
+        self.settings = list(settings)
+        self.period, self.max_period = period, max_period
+        self.cost = {s: None for s in self.settings}  # seconds per row: the best's a running average
         self.steps = 0
+        self._interval = {s: period for s in self.settings}  # steps between retries of a loser
+        self._due = {s: period for s in self.settings}  # step of its next retry
+        self._trial = None  # the setting being retried
+        self._samples: list[float] = []
         self._lib = None
         self._last = None
         self._switched = False
@@ -94,26 +128,50 @@ class ThreadTuner:
             self._lib = libs[0] if libs else False
         return self._lib
 
-    def choose(self) -> int:
-        """The thread count for the next step (and set it)."""
-        untried = [n for n, c in self.cost.items() if c is None]
+    def choose(self) -> StepSetting:
+        """The setting for the next step (BLAS threads applied here; the caller applies ``parallel``)."""
+        untried = [s for s in self.settings if self.cost[s] is None]
         if untried:
-            threads = untried[0]
+            setting = untried[0]
+        elif self._trial is not None:
+            setting = self._trial
         else:
             best = min(self.cost, key=self.cost.get)
-            explore = self.steps % self.period >= self.period - 3  # three steps: one to wake, two to time
-            threads = next(n for n in self.cost if n != best) if explore else best
-        lib = self._controller()
-        if lib:
-            lib.set_num_threads(threads)
-        self._switched = threads != self._last
-        self._last = threads
-        return threads
+            due = [s for s in self.settings if s != best and self._due[s] <= self.steps]
+            setting = best
+            if due:
+                setting = self._trial = due[0]
+                self._samples = []
+        if self._last is None or setting.blas_threads != self._last.blas_threads:
+            lib = self._controller()
+            if lib:
+                lib.set_num_threads(setting.blas_threads)
+        self._switched = setting != self._last
+        self._last = setting
+        return setting
 
-    def record(self, threads: int, seconds: float, rows: int) -> None:
+    def record(self, setting: StepSetting, seconds: float, rows: int) -> None:
         self.steps += 1
-        if self._switched and self.cost[threads] is not None:
-            return  # the first step after a switch pays for waking or parking threads: not representative
+        if self._switched:
+            return
         per_row = seconds / max(rows, 1)
-        old = self.cost[threads]
-        self.cost[threads] = per_row if old is None else 0.5 * old + 0.5 * per_row
+        if setting != self._trial:
+            old = self.cost[setting]
+            # a running average whose samples count at most 1.25× it: one stalled step (another
+            # process took the core for a few ms) moves it by ≤ 12.5 %; a lasting slowdown, 3 steps
+            # of it, flips the choice
+            self.cost[setting] = per_row if old is None else 0.5 * old + 0.5 * min(per_row, 1.25 * old)
+            return
+        self._samples.append(per_row)
+        if len(self._samples) < 2:
+            return
+        incumbent = min(c for s, c in self.cost.items() if s != setting)
+        self.cost[setting] = sum(self._samples) / len(self._samples)
+        self._trial = None
+        if self.cost[setting] < incumbent:  # it won: the others are retried soon
+            for s in self.settings:
+                self._interval[s] = self.period
+                self._due[s] = self.steps + self.period
+        else:
+            self._interval[setting] = min(2 * self._interval[setting], self.max_period)
+            self._due[setting] = self.steps + self._interval[setting]

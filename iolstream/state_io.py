@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from .learner import LayerState
+from .learner_state import LayerState
 from .model import EdRVFL, ModelConfig
 
 FORMAT = "iolstream.model"
@@ -60,7 +60,7 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         ],
     }
     arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
-    for i, ls in enumerate(st.layers):
+    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
         arrays[f"{prefix}layer{i}/gram"] = np.tril(ls.gram)
         arrays[f"{prefix}layer{i}/rhs"] = ls.rhs
         arrays[f"{prefix}layer{i}/beta"] = ls.beta

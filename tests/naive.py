@@ -112,3 +112,17 @@ def expert_objective(ds_labelled, ys, lam):
     """min_β ½λ‖β‖² + Σ_q ½‖D_q β − Y_q‖², evaluated at the minimiser from the data itself (SPEC §3)."""
     beta = offline_expert(ds_labelled, ds_labelled, ys, lam)
     return 0.5 * lam * float((beta**2).sum()) + sum(0.5 * float(((d @ beta - y) ** 2).sum()) for d, y in zip(ds_labelled, ys))
+
+
+def forward_layer(a, c, d):
+    """One layer of a -F step, Algorithm 2 in closed form: A ← A + DᵀD, β = A⁻¹c, prediction Dβ.
+
+    a : (n, n) symmetric; c : (n, m); d : (b, n). Returns (A, β, Dβ)."""
+    a = a + d.T @ d
+    beta = np.linalg.solve(a, c)
+    return a, beta, d @ beta
+
+
+def fold_labels(c, d, y):
+    """c ← c + DᵀY: labelled rows enter the right-hand side (both rules)."""
+    return c + d.T @ y

@@ -1,6 +1,6 @@
 """Every kernel against its plain-NumPy twin in tests/naive.py (STYLE.md, "Testing habits").
 
-Covers ``kernels`` (hidden-layer forward, Woodbury update, softmax), ``network``
+Covers ``kernels`` (activations, Woodbury update, softmax), ``fused`` (hidden layers), ``network``
 (features, weight inits, seeding) and ``linalg`` (Gram update, Cholesky helpers).
 Seeds are fixed and appear in every assertion message.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from iolstream import kernels, linalg
+from iolstream import fused, kernels, linalg
 from iolstream.network import INITS, RandomNetwork
 
 
@@ -30,15 +30,22 @@ def _tol(dtype):
     return (1e-12, 1e-12) if dtype == np.float64 else (2e-5, 2e-5)
 
 
-# --------------------------------------------------------------------------- hidden_forward
+# --------------------------------------------------------------------------- hidden layer (fused.features_serial)
 
 
 def _forward(weights_t, inputs_t, bias, activation):
-    out = np.empty((weights_t.shape[0], inputs_t.shape[1]), dtype=weights_t.dtype)
+    """g(W·input + b) through ``fused.features_serial`` on a one-layer network whose input is ``inputs_t``."""
+    n_nodes, fan_in = weights_t.shape
+    b = inputs_t.shape[1]
+    packed = np.zeros((1, n_nodes, n_nodes + fan_in), dtype=weights_t.dtype)
+    packed[0, :, :fan_in] = weights_t
+    out = np.empty((1, n_nodes + fan_in, b), dtype=weights_t.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow / invalid warnings from the kernel
-        kernels.hidden_forward(weights_t, inputs_t, bias, kernels.ACTIVATION_CODES[activation], out)
-    return out
+        code = kernels.ACTIVATION_CODES[activation]
+        fused.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
+    assert np.array_equal(out[0, n_nodes:], inputs_t), "the input columns X of D"
+    return out[0, :n_nodes]
 
 
 def test_every_activation_has_a_twin():
@@ -49,7 +56,7 @@ def test_every_activation_has_a_twin():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
-def test_hidden_forward_equals_twin(activation, dtype):
+def test_hidden_layer_equals_twin(activation, dtype):
     seed = 11
     rng = np.random.default_rng(seed)
     n_nodes, fan_in, b = 13, 7, 9
@@ -65,7 +72,7 @@ def test_hidden_forward_equals_twin(activation, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
-def test_hidden_forward_extreme_inputs(activation, dtype):
+def test_hidden_layer_extreme_inputs(activation, dtype):
     """Pre-activations of ±700 (and ±1e4, beyond exp's range) give finite values, no warnings."""
     z = np.array([-1e4, -700.0, -100.0, -1.0, -1e-30, 0.0, 1e-30, 1.0, 100.0, 700.0, 1e4])
     w_t = np.eye(z.size, dtype=dtype)  # the pre-activation is the input itself
@@ -205,6 +212,16 @@ def test_network_rejects_unknown_names():
         RandomNetwork.create(3, 4, 1, activation="gelu")
     with pytest.raises(ValueError, match="init"):
         RandomNetwork.create(3, 4, 1, init="orthogonal")
+
+
+def test_ensemble_kernels_equal_numpy_bitwise():
+    """layer_mean and softmax_mean give the bits of the NumPy expressions they replace."""
+    seed = 51
+    outputs = 5 * np.random.default_rng(seed).standard_normal((4, 33, 7))
+    assert np.array_equal(kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
+    want = sum(kernels.softmax_rows(out) for out in outputs) / 4
+    assert np.array_equal(kernels.softmax_mean(outputs), want), f"seed={seed}"
+    np.testing.assert_allclose(kernels.softmax_mean(outputs), np.mean([naive.softmax(o) for o in outputs], axis=0), rtol=1e-14)
 
 
 # --------------------------------------------------------------------------- linalg

@@ -35,9 +35,10 @@ def rows(seed: int, b: int, k: int = K):
 
 def state_copy(model: EdRVFL) -> dict:
     st = model.learner.state
-    out = {k: v for k, v in vars(st).items() if k not in ("layers", "extra")}
-    for i, ls in enumerate(st.layers):
-        for k, v in vars(ls).items():
+    out = {k: v for k, v in vars(st).items() if k not in ("layers", "extra", "arrays")}
+    for i, ls in enumerate(st.layers):  # β is read (solved if stale) before anything else is copied
+        for k in ("beta", "gram", "rhs", "factor", "gram_labelled", "lam", "factor_kind", "loss_sum", "woodbury_steps"):
+            v = getattr(ls, k)
             out[f"{i}/{k}"] = v.copy() if isinstance(v, np.ndarray) else v
     out.update({f"scaler/{k}": v.copy() for k, v in model.scaler.to_state().items()})
     return out
@@ -397,3 +398,64 @@ def test_regret_without_tracking_is_unknown_for_forward():
     model.learn(batch.features_t, np.ones((6, 1)), predicted=batch.layer_outputs)
     report = model.regret()
     assert np.isnan(report.expert_loss).all() and np.isfinite(report.cumulative_loss).all()
+
+
+# --------------------------------------------------------------------------- parallel steps and the tuner
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_parallel_steps_equal_serial_steps_bitwise(dtype):
+    """A model whose tuner picked the parallel kernels predicts and learns the same bits."""
+    seed = 21
+    serial, parallel = EdRVFL(small(dtype=dtype, n_outputs=3)), EdRVFL(small(dtype=dtype, n_outputs=3))
+    parallel.learner.parallel = True
+    rng = np.random.default_rng(seed)
+    pending = []
+    for b in (64, 40, 1, 100, 64):
+        x, y = rng.standard_normal((b, K)), rng.standard_normal((b, 3))
+        preds = [model.observe(x) for model in (serial, parallel)]
+        assert np.array_equal(preds[0].features_t, preds[1].features_t), f"b={b} features, seed={seed}"
+        assert np.array_equal(preds[0].value, preds[1].value), f"b={b} predictions, seed={seed}"
+        pending.append((preds, y))
+        if len(pending) > 1:
+            (p_serial, p_parallel), y_old = pending.pop(0)
+            serial.learn(p_serial.features_t, y_old, predicted=p_serial.layer_outputs)
+            parallel.learn(p_parallel.features_t, y_old, predicted=p_parallel.layer_outputs)
+    assert_same(state_copy(serial), state_copy(parallel), f"{dtype} seed={seed}")
+
+
+def test_step_settings_by_size_and_cores():
+    from iolstream.runtime import SINGLE_THREAD_BELOW_COLUMNS, StepSetting, step_settings
+
+    assert step_settings(139, cores=1) == [StepSetting(1, False)]
+    assert step_settings(139, cores=2) == [StepSetting(1, False), StepSetting(1, True)]  # small: BLAS stays single
+    large = step_settings(SINGLE_THREAD_BELOW_COLUMNS, cores=2)
+    assert large == [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
+
+
+def test_step_tuner_runs_the_fastest_and_retries_the_others():
+    """Each setting is timed first (on its second step: the first after a switch is not timed);
+    then the cheapest runs, and a loser is retried (3 steps) after 8, 16, 32 … steps, doubling
+    each time it loses again; when it wins, it takes over."""
+    from iolstream.runtime import StepSetting, StepTuner
+
+    settings = [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
+    seconds = {settings[0]: 2.0, settings[1]: 1.0, settings[2]: 10.0}
+    tuner = StepTuner(settings, period=8, max_period=64)
+    tuner._lib = False  # do not touch the process's BLAS threads in a test
+    chosen = []
+    for _ in range(400):
+        setting = tuner.choose()
+        chosen.append(setting)
+        tuner.record(setting, seconds[setting], rows=1)
+    assert chosen[:6] == [settings[0]] * 2 + [settings[1]] * 2 + [settings[2]] * 2
+    retries = [i for i in range(6, 400) if chosen[i] != chosen[i - 1] and chosen[i] != settings[1]]
+    assert len(retries) <= 2 * 5 + 2 * (400 // 64), retries  # backed off to one retry per 64 steps each
+    assert {chosen[i] for i in retries} == {settings[0], settings[2]}  # both losers are retried
+    assert chosen[-64:].count(settings[1]) >= 64 - 2 * 3
+    seconds[settings[2]] = 0.1  # the neighbour left: the BLAS threads now win
+    for _ in range(200):
+        setting = tuner.choose()
+        tuner.record(setting, seconds[setting], rows=1)
+    assert min(tuner.cost, key=tuner.cost.get) == settings[2]
+    assert tuner.choose() == settings[2] or tuner._trial is not None
