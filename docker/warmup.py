@@ -2,7 +2,8 @@
 
 The worker then starts without JIT compilation. Tiny models go through the paths the worker
 takes (forward step, Woodbury and Cholesky updates, softmax, a label fold-in that recomputes
-the features, the regret), in both dtypes and both modes, classification and regression.
+the features, the regret), in both dtypes and both modes, classification and regression,
+with the serial and the parallel kernels (runtime.StepTuner tries both while streaming).
 
     NUMBA_CACHE_DIR=/tmp/numba python docker/warmup.py
 """
@@ -21,8 +22,9 @@ from iolstream.model import EdRVFL, ModelConfig
 from iolstream.stream import StreamProcessor
 
 
-def exercise(config: ModelConfig, rng: np.random.Generator) -> None:
+def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:
     proc = StreamProcessor(EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4))
+    proc.model.learner.parallel = parallel  # the kernels runtime.StepTuner may pick; compiled here, not mid-stream
     for start in (0, 8):
         ids = [f"r{start + i}" for i in range(8)]
         x = rng.normal(size=(8, config.n_inputs)).tolist()
@@ -47,7 +49,8 @@ def main() -> int:
                 for target in ({"classes": (0, 1)}, {"n_outputs": 1}):
                     config = ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none", dtype=dtype, mode=mode,
                                          solver=solver, **target)  # fmt: skip
-                    exercise(config, rng)
+                    for parallel in (False, True):
+                        exercise(config, rng, parallel=parallel)
     print(f"warmup: kernels compiled into {os.environ['NUMBA_CACHE_DIR']} in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -41,6 +41,7 @@ class Emitter:
         self._emit = emit
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._discard = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -60,11 +61,17 @@ class Emitter:
     def idle(self) -> bool:
         return self._queue.unfinished_tasks == 0
 
-    def close(self) -> None:
-        """Emit what is queued, then stop the thread (errors stay for ``drain``)."""
+    def close(self, *, discard: bool = False, timeout: float | None = None) -> None:
+        """Stop the thread after emitting what is queued (``discard``: dropping it). Waits at most
+        ``timeout`` seconds for an emit in progress (the thread is a daemon). Errors stay for ``drain``."""
+        if discard:
+            self._discard = True
         if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join()
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+            except queue.Full:
+                return
+            self._thread.join(timeout)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -76,7 +83,7 @@ class Emitter:
             try:
                 if item is _STOP:
                     return
-                if self._error is None:
+                if self._error is None and not self._discard:
                     self._emit(item)
             except BaseException as exc:  # noqa: BLE001 — handed to the submitting thread by drain/submit
                 self._error = exc

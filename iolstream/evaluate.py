@@ -231,7 +231,7 @@ class EdRVFLLearner:
 
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
-        # predicts (= predict_batch), but it runs under the model's BLAS ThreadTuner as in the worker.
+        # predicts (= predict_batch), but it runs under the model's runtime.StepTuner as in the worker.
         pred = self.model.observe(x)
         return pred, (pred.index if self._classification else pred.value)
 

@@ -90,3 +90,23 @@ def test_close_emits_what_is_queued_then_refuses():
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         Emitter(print, depth=0)
+
+
+def test_close_can_discard_and_does_not_wait_forever():
+    seen, entered, release = [], threading.Event(), threading.Event()
+
+    def emit(item):
+        entered.set()
+        release.wait()
+        seen.append(item)
+
+    e = Emitter(emit, depth=4)
+    for i in range(3):
+        e.submit(i)
+    assert entered.wait(5)
+    t0 = time.monotonic()
+    e.close(discard=True, timeout=0.2)  # item 0 is stuck in emit: close gives up waiting
+    assert time.monotonic() - t0 < 2
+    release.set()
+    time.sleep(0.1)
+    assert seen == [0]  # 1 and 2 were dropped

@@ -99,8 +99,7 @@ def test_worker_status_and_batch_events(capture, tmp_path):
     X = np.random.default_rng(0).normal(size=(3, 4))
     proc.on_features(orjson.dumps({"ids": ["a", "b", "c"], "x": X.tolist()}), ("f", 0, 0), now_ms=0)
     lines = capture("DEBUG", "json")
-    out = proc.step(now_ms=0, force=True)
-    worker._emit(out)
+    worker._step(0, force=True)  # no emitter before run(): produced inline
     worker.log_status()
     events = {rec["event"]: rec for rec in map(orjson.loads, lines())}
     batch = events["batch"]
@@ -108,4 +107,3 @@ def test_worker_status_and_batch_events(capture, tmp_path):
     status = events["status"]["status"]
     assert status["rows_in"] == 3 and status["predictions_out"] == 3 and status["pending"] == 3
     assert sent == [cfg.topics.predictions] * 3
-    assert isinstance(out, StepOutput)
