@@ -68,7 +68,6 @@ from .config import WorkerConfig
 from .model import EdRVFL
 from .snapshot import SnapshotError, SnapshotStore, crash_point, fault_point
 from .state_io import StateFormatError
-from .emitter import Emitter, EmitterError
 from .stream import DeadLetter, StepOutput, StreamProcessor
 
 log = logging.getLogger("iolstream.worker")
@@ -197,7 +196,6 @@ class Worker:
         runtime.configure_for_model(self.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
-        self.emitter: Emitter | None = None
         self.tx_open = False
         self.tx_failed: KafkaError | None = None  # a produce refused: the open transaction is lost, abort it
         self.tx_started = 0.0
@@ -282,11 +280,6 @@ class Worker:
         if self.exactly_once:
             producer_conf["transactional.id"] = self.cfg.transactional_id
         self.producer = Producer(producer_conf)
-        if not self.exactly_once:
-            # at-least-once: a step's predictions are encoded and produced on a second thread while the
-            # next step computes (its kernels release the GIL); exactly-once commits every cycle's
-            # outputs in its transaction before the next cycle, so there is nothing to overlap
-            self.emitter = Emitter(self._emit)
         if self.exactly_once:
             try:  # fences any older instance with our transactional.id and aborts its open transaction
                 self.producer.init_transactions(KAFKA_TIMEOUT)
@@ -441,21 +434,13 @@ class Worker:
                 return
 
     def _emit(self, out: StepOutput) -> None:
-        """Produce a step's predictions and dead letters (on the emitter thread in at-least-once mode)."""
+        """Produce a step's predictions (encoded here, on first access) and dead letters."""
         topic = self.cfg.topics.predictions
         for key, value in out.predictions:
             self._produce(topic, value, key=key)  # a str key is encoded (UTF-8) by the client
         self._emit_dead(out.dead_letters, count=False)
         if out.rows_predicted:
             crash_point("after_produce")
-
-    def _drain(self) -> None:
-        """Wait until the emitter handed every step's outputs to the producer; its error is fatal."""
-        if self.emitter is not None:
-            try:
-                self.emitter.drain()
-            except EmitterError as exc:
-                raise WorkerError(f"producing the outputs failed: {exc.__cause__ or exc}") from exc
 
     def _emit_dead(self, dead: list[DeadLetter], *, count: bool = True) -> None:
         for d in dead:
@@ -646,13 +631,7 @@ class Worker:
                       extra={"event": "batch", "batch_seq": self.processor.batch_seq, "rows": out.rows_predicted,
                              "first_id": ids[0], "last_id": ids[-1], "rows_learned": out.rows_learned,
                              "seconds": round(out.batch_seconds, 6)})  # fmt: skip
-        if self.emitter is None:
-            self._emit(out)
-            return
-        try:
-            self.emitter.submit(out)
-        except EmitterError as exc:
-            raise WorkerError(f"producing the outputs failed: {exc.__cause__ or exc}") from exc
+        self._emit(out)
 
     def _offsets_to_commit(self) -> list[TopicPartition]:
         """The positions of the assigned partitions, except those not past the group's committed
@@ -767,7 +746,6 @@ class Worker:
             self._step(now_ms(), force=True)
         if self.exactly_once and self.tx_open:
             self._commit_transaction()
-        self._drain()
         remaining = self.producer.flush(self._timeout(KAFKA_TIMEOUT))
         if remaining or self.delivery_errors:
             log.error("checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
@@ -830,11 +808,6 @@ class Worker:
         return ok
 
     def _close(self) -> None:
-        if self.emitter is not None:
-            # normally drained by the final checkpoint already; after a fatal error what is queued is
-            # dropped: its input is not covered by a commit, so a restart processes it again
-            self.emitter.close(discard=True, timeout=self._timeout(5.0))
-            self.emitter = None
         if self.producer is not None and self.exactly_once and self.tx_open:
             try:
                 self.producer.abort_transaction(self._timeout(5.0))
