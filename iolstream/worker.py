@@ -435,9 +435,18 @@ class Worker:
 
     def _emit(self, out: StepOutput) -> None:
         """Produce a step's predictions (encoded here, on first access) and dead letters."""
-        topic = self.cfg.topics.predictions
-        for key, value in out.predictions:
-            self._produce(topic, value, key=key)  # a str key is encoded (UTF-8) by the client
+        topic, predictions = self.cfg.topics.predictions, out.predictions
+        done = 0
+        if not self.exactly_once:  # the common path: one C call per row, no per-row Python frame
+            produce = self.producer.produce
+            try:
+                for key, value in predictions:
+                    produce(topic, value, key)  # a str key is encoded (UTF-8) by the client
+                    done += 1
+            except BufferError:  # the local queue is full: the rest goes through _produce, which waits
+                pass
+        for key, value in predictions[done:]:
+            self._produce(topic, value, key=key)
         self._emit_dead(out.dead_letters, count=False)
         if out.rows_predicted:
             crash_point("after_produce")
