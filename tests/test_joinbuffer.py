@@ -300,11 +300,8 @@ ID = st.sampled_from([f"id{i}" for i in range(8)])
 EVENT = st.one_of(st.tuples(st.just("row"), ID, st.integers(0, 99)), st.tuples(st.just("label"), ID, st.integers(0, 2)))
 
 
-def run(events, chunk_sizes):
-    """Feed events in runs of the same kind (at most chunk_size per call), as a worker would:
-    screen_rows before add_rows; then expire everything that is still early."""
-    buf = make(max_pending_rows=1000, max_early_labels=1000, early_label_ttl_ms=10, remember_done=1000)
-    joined, rejected_labels = {}, []
+def chunked(events, chunk_sizes):
+    """(kind, events) runs of one kind, at most the next of ``chunk_sizes`` (cycled) long each."""
     sizes = iter(chunk_sizes * (len(events) + 1))
     i = 0
     while i < len(events):
@@ -313,6 +310,15 @@ def run(events, chunk_sizes):
         while i < len(events) and events[i][0] == kind and len(chunk) < size:
             chunk.append(events[i])
             i += 1
+        yield kind, chunk
+
+
+def run(events, chunk_sizes):
+    """Feed events in runs of the same kind (at most chunk_size per call), as a worker would:
+    screen_rows before add_rows; then expire everything that is still early."""
+    buf = make(max_pending_rows=1000, max_early_labels=1000, early_label_ttl_ms=10, remember_done=1000)
+    joined, rejected_labels = {}, []
+    for kind, chunk in chunked(events, chunk_sizes):
         if kind == "row":
             ids = [e[1] for e in chunk]
             X = np.array([[e[2], 0.0] for e in chunk])
@@ -365,17 +371,11 @@ WIDE_EVENT = st.one_of(
 )
 
 
-def trace(events, chunk_sizes, fast: bool, monkeypatch_like) -> list:
-    """Everything a buffer returns and holds along ``events``, with its bulk paths on or off."""
-    monkeypatch_like(fast)
+def trace(events, chunk_sizes) -> list:
+    """Everything a buffer returns and holds along ``events``."""
     buf = make(max_pending_rows=12, max_early_labels=6, remember_done=9, row_ttl_batches=3)
-    out, sizes, i, seq = [], iter(chunk_sizes * (len(events) + 1)), 0, 0
-    while i < len(events):
-        kind, size = events[i][0], next(sizes)
-        chunk = []
-        while i < len(events) and events[i][0] == kind and len(chunk) < size:
-            chunk.append(events[i])
-            i += 1
+    out, seq = [], 0
+    for kind, chunk in chunked(events, chunk_sizes):
         ids = [e[1] for e in chunk]
         if kind == "row":
             seq += 1
@@ -396,11 +396,10 @@ def trace(events, chunk_sizes, fast: bool, monkeypatch_like) -> list:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(WIDE_EVENT, max_size=80), st.lists(st.integers(1, 10), min_size=1, max_size=4))
 def test_bulk_paths_equal_the_row_by_row_paths(events, chunk_sizes):
-    def switch(fast):
-        JoinBuffer.fast_paths = fast
-
+    fast = trace(events, chunk_sizes)
+    JoinBuffer.fast_paths = False
     try:
-        assert trace(events, chunk_sizes, True, switch) == trace(events, chunk_sizes, False, switch)
+        assert fast == trace(events, chunk_sizes)
     finally:
         JoinBuffer.fast_paths = True
 

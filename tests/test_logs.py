@@ -94,7 +94,7 @@ def test_worker_status_and_batch_events(capture, tmp_path):
     cfg = config_from_dict({"model": MODEL, "snapshot": {"dir": str(tmp_path)}, "metrics": {"port": 0}}, environ={})
     worker = Worker(cfg)  # no Kafka until run()
     sent = []
-    worker.producer = types.SimpleNamespace(produce=lambda topic, value, **kw: sent.append(topic), poll=lambda t: 0)
+    worker.producer = types.SimpleNamespace(produce=lambda topic, value, key=None, **kw: sent.append(topic), poll=lambda t: 0)
     proc = worker.processor
     X = np.random.default_rng(0).normal(size=(3, 4))
     proc.on_features(orjson.dumps({"ids": ["a", "b", "c"], "x": X.tolist()}), ("f", 0, 0), now_ms=0)
