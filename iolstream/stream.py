@@ -76,8 +76,8 @@ class DeadLetter:
 class StepOutput:
     """What one step asks the adapter to emit.
 
-    ``predictions`` are encoded on first access, so an adapter can do that work (and the
-    produce calls) on another thread while the next step computes.
+    ``predictions`` are encoded on first access: a step whose outputs are not emitted
+    (a replay) never encodes them.
     """
 
     dead_letters: list[DeadLetter] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Plain-NumPy twins of the kernels and literal transcriptions of the paper's algorithms.
+"""Plain-NumPy twins of the kernels, a plain prediction encoder, and literal transcriptions of the paper's algorithms.
 
 Slow and obvious on purpose: the reference every fast path is tested against.
 Batches are numbered t = 1, 2, … as in SPEC §2.
@@ -7,6 +7,7 @@ Batches are numbered t = 1, 2, … as in SPEC §2.
 from __future__ import annotations
 
 import numpy as np
+import orjson
 
 SELU_ALPHA = 1.6732632423543772
 SELU_SCALE = 1.0507009873554805
@@ -126,3 +127,27 @@ def forward_layer(a, c, d):
 def fold_labels(c, d, y):
     """c ← c + DᵀY: labelled rows enter the right-hand side (both rules)."""
     return c + d.T @ y
+
+
+def encode_predictions(ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mode, classes) -> list[bytes]:
+    """codec.encode_predictions, one dict and one orjson.dumps per row: the plain reference."""
+    b = len(ids)
+    if classes is not None:
+        labels = [classes[i] for i in np.asarray(y_hat).reshape(b).tolist()]
+    else:
+        values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
+        labels = values[:, 0].tolist() if values.shape[1] == 1 else values.tolist()
+    probas = np.asarray(proba, dtype=np.float64).reshape(b, -1).tolist() if proba is not None else None
+    event = np.asarray(ts_in).reshape(b).tolist() if ts_in is not None else [-1] * b
+    out = []
+    for i in range(b):
+        msg = {"id": ids[i], "y_hat": labels[i]}
+        if probas is not None:
+            msg["proba"] = probas[i]
+        msg["model_version"] = int(model_version)
+        msg["ts"] = int(ts_out_ms)
+        if event[i] >= 0:
+            msg["event_ts"] = event[i]
+        msg["mode"] = mode
+        out.append(orjson.dumps(msg))
+    return out

@@ -3,6 +3,7 @@ against the per-row reference path, and prediction / header encoding."""
 
 from __future__ import annotations
 
+import naive
 import numpy as np
 import orjson
 import pytest
@@ -20,7 +21,6 @@ from iolstream.codec import (
     decode_features,
     decode_labels,
     encode_predictions,
-    encode_predictions_reference,
 )
 
 K = 3
@@ -427,4 +427,4 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
     ts_in = data.draw(st.one_of(st.none(), st.lists(st.integers(-1, 2**53), min_size=b, max_size=b)))
     kwargs = dict(model_version=data.draw(st.integers(0, 2**40)), ts_in=None if ts_in is None else np.array(ts_in),
                   ts_out_ms=123, mode=data.draw(st.sampled_from(["forward", "ridge"])), classes=classes)  # fmt: skip
-    assert encode_predictions(ids, y_hat, proba, **kwargs) == encode_predictions_reference(ids, y_hat, proba, **kwargs)
+    assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(ids, y_hat, proba, **kwargs)
