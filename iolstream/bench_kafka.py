@@ -14,8 +14,8 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
 4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on
    the same topics (counted from its first message);
 5. ``latency``: the worker process running, a producer paced at half the worker's measured
-   throughput stamps each message's event time at send; produce-to-prediction latency is the
-   time a predictions consumer receives the prediction minus that event time (p50 / p99);
+   throughput for 20 s stamps each message's event time at send; produce-to-prediction latency is the
+   broker's append time of the prediction minus that event time (p50 / p99), read after the run;
 6. ``memory`` (small config): the worker's peak RSS after 100,000 and after 1,000,000 rows.
 
 Ratios are same-run; machines here are shared and noisy, so absolute rates are not comparable
@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 
 from .bench import bench_core_step
 
@@ -44,6 +43,7 @@ CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
 BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite
 ROWS = {"small": 120_000, "poker": 22_000}
 MEMORY_ROWS = (100_000, 1_000_000)
+LATENCY_SECONDS = 20  # of paced stream
 K, M = 10, 10
 
 
@@ -70,10 +70,9 @@ def _messages(X, y, batch_rows: int, ids_from: int = 0):
             yield {"ids": ids, "x": X[start:stop].tolist()}, {"ids": ids, "y": lab}
 
 
-def _produce_stream(bootstrap, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0):
+def _produce_stream(p: Producer, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0):
     """Features in messages of ``batch_rows`` rows, each label message one message later, event
     time ("ts") stamped at send; paced to ``rate`` rows/s if given."""
-    p = _producer(bootstrap)
     t0 = time.monotonic()
     prev = None
     for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from)):
@@ -211,7 +210,7 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     topics = _topics(f"{name}-{tag}")
     cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-{tag}", tuple(range(M)), BATCH[name])
     _ensure(cfg)
-    _produce_stream(bootstrap, topics[0], topics[1], X, y, batch_rows=batch_rows)
+    _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
     worker = WorkerProcess(cfg, workdir, idle_stop_seconds=3.0)
     worker.check(worker.wait(timeout=900))
     n, rate = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
@@ -293,45 +292,78 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     return done / max(seconds, 1e-9)
 
 
+def _high_water(bootstrap: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        c.close()
+
+
+def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
+    """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
+    deadline = time.monotonic() + timeout
+    while (n := _high_water(bootstrap, topic)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return n
+
+
 def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
-    """p50/p99 produce-to-prediction latency with the producer paced at ``rate`` rows/s."""
+    """p50/p99 produce-to-prediction latency with the producer paced at ``rate`` rows/s.
+
+    Latency = when the broker appended the prediction (the predictions topic of this run is
+    created with message.timestamp.type=LogAppendTime) minus the row's event time, stamped by
+    the producer just before it sends the features message: the time from a row's send until
+    its prediction is in Kafka, readable by any consumer. The predictions are read after the
+    run: a consumer reading them live would share these 2 cores with the worker and the broker
+    (in one run it alone raised p99 from ~30 to ~70 ms) and add its own fetch wait."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-latency")
     cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics([NewTopic(topics[2], 1, 1, config={"message.timestamp.type": "LogAppendTime"})])
+    created[topics[2]].result(30)
     _ensure(cfg)
     worker = WorkerProcess(cfg, workdir)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
-    c.subscribe([topics[2]])
+    warm = 1024
     try:
-        # warm the worker up (process start, Numba cache, group join) before the paced stream
-        _produce_stream(bootstrap, topics[0], topics[1], X[:1024], y[:1024], batch_rows=256, ids_from=-10**6)
-        seen, deadline = 0, time.monotonic() + 120
-        while seen < 1024 and time.monotonic() < deadline:
-            seen += sum(1 for m in c.consume(1000, 0.2) if not m.error())
-        prod = threading.Thread(target=_produce_stream, args=(bootstrap, topics[0], topics[1], X, y),
-                                kwargs={"batch_rows": 256, "rate": rate})  # fmt: skip
-        prod.start()
-        latencies = []
-        deadline = time.monotonic() + 120 + len(X) / rate
-        while len(latencies) < len(X) and time.monotonic() < deadline:
-            # consume(n, timeout) would wait for n messages: block on one, then take what is there
-            first = c.poll(0.1)
-            for msg in ([first] + c.consume(1000, 0)) if first is not None else ():
-                if msg.error():
-                    continue
-                received = time.time() * 1000.0
-                event = orjson.loads(msg.value()).get("event_ts")
-                if event is not None:
-                    latencies.append(received - event)
-        prod.join()
+        # warm the worker up (process start, Numba cache, group join) before the paced stream, and
+        # the producer too: a new idempotent producer's first messages wait ~60 ms for its
+        # producer id and metadata, which is not the worker's latency
+        producer = _producer(bootstrap)
+        _produce_stream(producer, topics[0], topics[1], X[:warm], y[:warm], batch_rows=256, ids_from=-10**6)
+        if _wait_for(bootstrap, topics[2], warm, 120) < warm:
+            raise RuntimeError(f"latency: the worker did not predict the warm-up rows; log: {worker.log}")
+        _produce_stream(producer, topics[0], topics[1], X, y, batch_rows=256, rate=rate)
+        _wait_for(bootstrap, topics[2], warm + len(X), 60)
     finally:
-        c.close()
         code = worker.stop()
     worker.check(code)
-    lat = np.asarray(latencies)
+    latencies = []
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topics[2], 0, warm)])
+        deadline = time.monotonic() + 60
+        while len(latencies) < len(X) and time.monotonic() < deadline:
+            for msg in c.consume(10_000, 1.0):
+                if msg.error():
+                    continue
+                kind, appended = msg.timestamp()
+                if kind != TIMESTAMP_LOG_APPEND_TIME:
+                    raise RuntimeError(f"latency: {topics[2]} does not carry the broker's append time")
+                event = orjson.loads(msg.value()).get("event_ts")
+                if event is not None:
+                    latencies.append(appended - event)
+    finally:
+        c.close()
+    if len(latencies) < len(X):
+        raise RuntimeError(f"latency: {len(latencies)} predictions of {len(X)} rows; worker log: {worker.log}")
+    lat = np.asarray(latencies, dtype=np.float64)
     return {"rate_rows_per_second": rate, "rows": len(latencies), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max())}  # fmt: skip
+            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max()),
+            "measured": "broker append time of the prediction - event time stamped at send"}  # fmt: skip
 
 
 def run_kafka(args) -> dict:
@@ -355,8 +387,9 @@ def run_kafka(args) -> dict:
         entry["worker_vs_river"] = worker_rate / entry["river_softmax_rows_per_second"]
         entry["batch_vs_row_messages"] = worker_rate / row["rows_per_second"]
         rate = worker_rate / 2
-        n_lat = int(min(rows, rate * 20 * scale))
-        entry["latency_at_half_max"] = _latency(bootstrap, name, X[:n_lat], y[:n_lat], rate, workdir)
+        n_lat = max(int(rate * LATENCY_SECONDS * scale), 4 * BATCH[name])  # its own rows: 20 s of stream
+        X_lat, y_lat = _data(n_lat, seed=2)
+        entry["latency_at_half_max"] = _latency(bootstrap, name, X_lat, y_lat, rate, workdir)
         if name == "small" and getattr(args, "memory", True):
             memory = {}
             for n in (int(r * scale) for r in MEMORY_ROWS):
