@@ -303,9 +303,11 @@ class Metrics:
             return
         self.predictions.inc(out.rows_predicted)
         now_ms = time.time() * 1000.0
-        produced = [np.full(n, now_ms - ts) for n, ts in taken if ts is not None]
-        if produced:
-            self.latency.observe(np.maximum(np.concatenate(produced), 0.0) / 1000.0)
+        known = [(n, ts) for n, ts in taken if ts is not None]  # one entry per message: 256 for one-row messages
+        if known:
+            counts, stamps = zip(*known)
+            waited = np.repeat(now_ms - np.array(stamps, dtype=np.float64), counts)
+            self.latency.observe(np.maximum(waited, 0.0) / 1000.0)
         if out.event_ts is not None and len(out.event_ts):
             ts = np.asarray(out.event_ts, dtype=np.float64)
             self.event_latency.observe(np.maximum(now_ms - ts[ts >= 0], 0.0) / 1000.0)
