@@ -275,12 +275,14 @@ class StreamProcessor:
         return out
 
     def _fold_if_due(self, now_ms: int, out: StepOutput, *, force: bool) -> None:
-        if self.label_queue_rows and (
-            force
-            or self.label_queue_rows >= self.cfg.label_batch_rows
-            or now_ms - self.label_queue_since_ms >= self.cfg.max_label_latency_ms
-        ):
-            out.rows_learned += self._fold_labels()
+        """Fold the queued labels when forced, when the oldest has waited max_label_latency_ms
+        (all of them then), or when label_batch_rows are queued: then up to where the newest
+        batch's rows begin if the queue spans several batches (see ``_fold_labels``)."""
+        while self.label_queue_rows:
+            everything = force or now_ms - self.label_queue_since_ms >= self.cfg.max_label_latency_ms
+            if not everything and self.label_queue_rows < self.cfg.label_batch_rows:
+                return
+            out.rows_learned += self._fold_labels(everything)
 
     def _warm_up(self) -> None:
         """Freeze the warm-up scaler once the held batches hold its W rows: fitted on exactly the first
@@ -332,13 +334,26 @@ class StreamProcessor:
         if self.label_queue_since_ms is None:
             self.label_queue_since_ms = now_ms
 
-    def _fold_labels(self) -> int:
-        """Learn every queued joined row in one batch: c += DᵀY (-F, the Gram is in A already)
-        or Gram and c together (-R)."""
+    def _fold_labels(self, everything: bool = True) -> int:
+        """Learn queued joined rows in one batch: c += DᵀY (-F, the Gram is in A already) or Gram
+        and c together (-R). All of them, or (``everything`` False) all but the trailing rows of
+        the newest batch when the queue spans several batches: those stay queued (with the
+        queue's age), so that label batches fall on feature batches. One-row label messages one
+        row behind their features would otherwise fold rows 255..510, 511..766, …: never a whole
+        batch, so never the cached features (``_features_for``). The split depends on the queued
+        rows alone, never on the cache, so a restored run folds the same groups."""
         payload = np.concatenate([q[0] for q in self.label_queue])
         y = np.concatenate([q[1] for q in self.label_queue])
         seqs = np.concatenate([q[2] for q in self.label_queue])
-        self.label_queue, self.label_queue_rows, self.label_queue_since_ms = [], 0, None
+        cut = len(seqs)
+        if not everything and seqs[0] != seqs[-1]:
+            cut = len(seqs) - int(np.argmax(seqs[::-1] != seqs[-1]))  # where the trailing run of the newest batch begins
+        if cut < len(seqs):
+            self.label_queue = [(payload[cut:], y[cut:], seqs[cut:])]
+            self.label_queue_rows = len(seqs) - cut
+            payload, y, seqs = payload[:cut], y[:cut], seqs[:cut]
+        else:
+            self.label_queue, self.label_queue_rows, self.label_queue_since_ms = [], 0, None
         mc = self.model.config
         k, b = mc.n_inputs, len(y)
         targets = self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)

@@ -270,6 +270,29 @@ def test_state_round_trip_mid_stream_continues_bitwise(mode, tmp_path):
         assert_bitwise(state_arrays(restored), state_arrays(whole.proc), f"{mode}, cut {cut}")
 
 
+def test_one_row_labels_one_row_behind_fold_whole_batches_from_the_cache(monkeypatch):
+    """One-row messages, each label one message after its features: label batches fall on feature
+    batches (the fold stops where the newest batch's rows begin), so after the warm-up every fold
+    is one whole batch and reuses its cached features; the sums are the closed form's."""
+    X, y = data(200, seed=6)
+    proc = processor(batch_rows=16, label_batch_rows=16)
+    recomputed = []
+    features_of = proc.model.features
+    monkeypatch.setattr(proc.model, "features", lambda x: recomputed.append(len(x)) or features_of(x))
+    events, now = [], 0
+    for i in range(len(X)):
+        now += 1
+        events.append(("f", features([i], X), ("f", 0, i), now))
+        if i:
+            events.append(("l", labels([i - 1], y), ("l", 0, i - 1), now))
+    Recorder(proc).feed(events)
+    folds = proc.counters["label_batches"]
+    assert proc.counters["rows_learned"] == 192 and folds >= 12  # 12 batches predicted and labelled (labels of 192.. wait as early)
+    assert sum(recomputed) <= 16 + 4, f"features recomputed for {recomputed} rows: the folds missed the cache"
+    Recorder(proc).feed([("l", labels([199], y), ("l", 0, 199), now + 1), ("force", None, None, now + 2)])
+    assert_sums(proc, offline_sums(proc.model.config, X, y, 20, list(range(200)), list(range(200))))
+
+
 # --------------------------------------------------------------------------- warm-up
 
 
