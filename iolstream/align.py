@@ -16,7 +16,10 @@ class:
   or unknown) and its next message may be older than the candidate (the candidate's timestamp is
   not below the partition's largest timestamp seen), the candidate waits for it — at most
   ``max_wait_ms`` of wall-clock time, after which messages go anyway until that partition gets
-  data or catches up. A message without a timestamp never waits;
+  data or catches up, or until one queue's worth (``max_messages`` or ``max_bytes``) went past
+  it: then it is waited for again. On a loaded machine a fetch can take longer than the wait,
+  and the other partition's prefetched messages must not all go ahead (a backlog's small label
+  messages would overflow the early-label store). A message without a timestamp never waits;
 - a partition whose queue holds more than ``max_messages`` or ``max_bytes`` is to be paused,
   and resumed once it is down to half of both, so memory stays bounded.
 
@@ -75,7 +78,9 @@ class Aligner:
         self._seq = 0  # arrival order
         self._releases = 0
         self._wait_since: dict[Hashable, float] = {}  # lagging empty partition -> when something began to wait for it
-        self._gave_up: set = set()  # waited max_wait_ms for these: not again until they get data or catch up
+        # waited max_wait_ms for these: not again until they get data or catch up, or until the
+        # messages / bytes left here went past them
+        self._gave_up: dict[Hashable, list[int]] = {}
         self.blocked = False  # the last release stopped on a message that waits (not on its limit)
         self.counters = {"waits": 0, "timeouts": 0, "duplicates_dropped": 0, "pauses": 0}
 
@@ -107,7 +112,7 @@ class Aligner:
             self.queued -= len(part.queue)
         self.paused.discard(key)
         self._wait_since.pop(key, None)
-        self._gave_up.discard(key)
+        self._gave_up.pop(key, None)
 
     # ---------------------------------------------------------------- input
     def add(self, key, offset: int, timestamp: int | None, size: int, item) -> bool:
@@ -132,7 +137,7 @@ class Aligner:
         if timestamp is not None and timestamp > part.time:
             part.time = timestamp
         self._wait_since.pop(key, None)  # it has data now: nothing waits for it
-        self._gave_up.discard(key)
+        self._gave_up.pop(key, None)
         return True
 
     # -------------------------------------------------------------- release
@@ -159,6 +164,8 @@ class Aligner:
                 break
             _, _, _, size, item = part.queue.popleft()
             part.bytes -= size
+            if self._gave_up:
+                self._passed(key, size)
             part.released = self._releases
             self._releases += 1
             self.queued -= 1
@@ -187,7 +194,7 @@ class Aligner:
             behind = lag_of(other)
             if behind is not None and behind <= 0:  # caught up
                 self._wait_since.pop(other, None)
-                self._gave_up.discard(other)
+                self._gave_up.pop(other, None)
                 continue
             if other in self._gave_up:
                 continue
@@ -199,12 +206,23 @@ class Aligner:
                           "unknown" if behind is None else behind, key)  # fmt: skip
             if now_ms - since >= self.max_wait_ms:
                 self._wait_since.pop(other, None)
-                self._gave_up.add(other)
+                self._gave_up[other] = [self.max_messages, self.max_bytes]
                 self.counters["timeouts"] += 1
                 log.debug("gave up waiting for %s after %d ms", other, self.max_wait_ms)
                 continue
             wait = True
         return wait
+
+    def _passed(self, key, size: int) -> None:
+        """A message of ``size`` bytes from ``key`` went past the partitions given up on; those past
+        a queue's worth are waited for again."""
+        for other in list(self._gave_up):
+            if other != key:
+                budget = self._gave_up[other]
+                budget[0] -= 1
+                budget[1] -= size
+                if budget[0] <= 0 or budget[1] <= 0:
+                    del self._gave_up[other]
 
     def wait_ms(self, now_ms: float) -> float | None:
         """How long the caller may block for input: None if nothing is queued, 0 if queued messages

@@ -87,6 +87,23 @@ def test_waits_for_an_empty_partition_that_is_behind_then_gives_up():
     assert a.counters["waits"] == 2 and a.wait_ms(1700) == 500
 
 
+def test_after_giving_up_one_queue_s_worth_goes_ahead_then_it_waits_again():
+    """A fetch slower than the wait (a loaded machine): once given up on, a lagging partition lets at
+    most a queue's worth of messages (``max_messages``, or ``max_bytes``) go past it, then it is
+    waited for again — the other partition's prefetched backlog never all goes ahead."""
+    a = aligner(max_wait_ms=100, max_messages=4, max_bytes=1 << 20)
+    add(a, L, range(10), range(20, 30))
+    lag = {F: 50, L: 0}.get
+    assert a.release(0, lag, limit=100) == []
+    assert items(a.release(100, lag, limit=100)) == [(L, i) for i in range(4)]  # timed out: 4 go, then a new wait
+    assert a.counters == {"waits": 2, "timeouts": 1, "duplicates_dropped": 0, "pauses": 0} and a.wait_ms(100) == 100
+    assert items(a.release(200, lag, limit=100)) == [(L, i) for i in range(4, 8)]
+    b = aligner(max_wait_ms=100, max_messages=100, max_bytes=25)  # the byte bound: 3 messages of 10 bytes
+    add(b, L, range(10), range(20, 30))
+    assert b.release(0, lag, limit=100) == []
+    assert items(b.release(100, lag, limit=100)) == [(L, 0), (L, 1), (L, 2)]
+
+
 def test_the_wait_ends_when_the_partition_gets_data_or_catches_up():
     a = aligner()
     add(a, L, [0, 1], [20, 30])
