@@ -3,7 +3,8 @@
 The worker then starts without JIT compilation. Tiny models go through the paths the worker
 takes (forward step, Woodbury and Cholesky updates, softmax, a label fold-in that recomputes
 the features, the regret), in both dtypes and both modes, classification and regression,
-with the serial and the parallel kernels (runtime.StepTuner tries both while streaming).
+with the serial and the parallel kernels (runtime.StepTuner tries both while streaming), and
+the join buffer's id memory (``recent_ids``), whose row-by-row paths a plain run may not take.
 
     NUMBA_CACHE_DIR=/tmp/numba python docker/warmup.py
 """
@@ -19,6 +20,7 @@ import orjson
 
 from iolstream.config import StreamConfig
 from iolstream.model import EdRVFL, ModelConfig
+from iolstream.recent_ids import RecentIds, fingerprint, fingerprints
 from iolstream.stream import StreamProcessor
 
 
@@ -37,6 +39,22 @@ def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -
     proc.model.regret()
 
 
+def exercise_recent_ids() -> None:
+    """Every kernel of the remembered-id memory (batch lookups, the row-by-row session, scalar calls)."""
+    mem = RecentIds(4)
+    fps = fingerprints(["a", "b", "c", "d", "e"])
+    mem.add_many(fps[:3], 1)
+    mem.add(*fps[3].tolist(), 2)
+    mem.get(*fps[0].tolist())
+    mem.kinds(fps), mem.any(fps), mem.lookup(fps)
+    session = mem.session(["e", "a"])
+    session.add("e", session.get("a") or 1)
+    session.commit()
+    one = mem.session(["f"])  # one id (one-row messages): scalar calls
+    one.add("f", one.get("f") or 1)
+    fingerprint("g")
+
+
 def main() -> int:
     if not os.environ.get("NUMBA_CACHE_DIR"):
         print("warmup: set NUMBA_CACHE_DIR (the directory the worker will read the compiled kernels from)", file=sys.stderr)
@@ -51,6 +69,7 @@ def main() -> int:
                                          solver=solver, **target)  # fmt: skip
                     for parallel in (False, True):
                         exercise(config, rng, parallel=parallel)
+    exercise_recent_ids()
     print(f"warmup: kernels compiled into {os.environ['NUMBA_CACHE_DIR']} in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -20,6 +20,10 @@ default, a caller may downdate — and remembered as expired, so a late label is
 told apart from an unknown one. Joined ids are remembered too, so a late
 duplicate label is counted as one. That memory is a FIFO of ``remember_done``
 ids; past it an id is forgotten and a late label for it ends as ``unknown_id``.
+It holds 128-bit fingerprints of the ids in fixed memory allocated up front
+(``recent_ids.RecentIds``: ~27 bytes per id, 5.5 MB at the default 200,000, whatever the
+stream length), not the ids: a new id is taken for a remembered one with probability at
+most ``remember_done`` · 2⁻¹²⁸ (see there).
 
 A feature row whose id is pending, or remembered (labelled or expired), is a
 ``duplicate_id``. Call ``screen_rows`` on a batch *before* the forward step so
@@ -50,11 +54,11 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 
 from .codec import BadInput, FeatureRows, LabelRows, TargetSpec, feature_message, label_message
+from .recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
 
 LABELLED, EXPIRED = 1, 2  # kinds of remembered ids
 
@@ -125,8 +129,8 @@ class JoinBuffer:
 
     Pending rows: an OrderedDict id -> slot (insertion = arrival order, O(1) removal
     anywhere and at the front) over growable preallocated arrays X / batch_seq / added_ms.
-    Early labels: an OrderedDict id -> (label, added_ms). Remembered ids: an OrderedDict
-    id -> LABELLED | EXPIRED, bounded FIFO.
+    Early labels: an OrderedDict id -> (label, added_ms). Remembered ids: a bounded FIFO of
+    fingerprints -> LABELLED | EXPIRED (``RecentIds``, fixed memory).
 
     The common cases (a batch of new ids; labels that all join) take bulk paths with no per-row
     Python; ``fast_paths = False`` forces the row-by-row paths, which give the same results.
@@ -169,7 +173,7 @@ class JoinBuffer:
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._pending: OrderedDict[str, int] = OrderedDict()
         self._early: OrderedDict[str, tuple] = OrderedDict()
-        self._done: OrderedDict[str, int] = OrderedDict()
+        self._done = RecentIds(self.remember_done)
         self._free: list[int] = []  # slots released by joined / expired rows
         self._high = 0  # slots [0, _high) have been handed out at least once
         capacity = min(self.max_pending_rows, 1024)
@@ -184,6 +188,10 @@ class JoinBuffer:
     @property
     def n_early(self) -> int:
         return len(self._early)
+
+    @property
+    def n_remembered(self) -> int:
+        return len(self._done)
 
     def __repr__(self) -> str:
         return f"JoinBuffer(pending={len(self)}, early={self.n_early}, remembered={len(self._done)})"
@@ -200,19 +208,12 @@ class JoinBuffer:
             new[: len(old)] = old
             setattr(self, name, new)
 
-    def _remember(self, row_id: str, kind: int) -> None:
-        done = self._done
-        done[row_id] = kind
-        while len(done) > self.remember_done:
-            done.popitem(last=False)
-
     def _remember_all(self, ids: list[str], kind: int) -> None:
-        """``_remember`` for ids none of which is remembered yet, in one pass (same resulting FIFO)."""
-        done = self._done
-        done.update(zip(ids, repeat(kind)))
-        over = len(done) - self.remember_done
-        if over > 0:
-            deque(map(done.popitem, repeat(False, over)), maxlen=0)
+        """Remember ids (in order, the oldest forgotten past ``remember_done``) as ``kind``."""
+        if len(ids) == 1 and self.remember_done:
+            self._done.add(*fingerprint(ids[0]), kind)
+        elif ids and self.remember_done:
+            self._done.add_many(fingerprints(ids), kind)
 
     def _take_slots(self, n: int) -> list[int]:
         """n free slots: released ones first, then fresh ones (the arrays grow to fit)."""
@@ -231,9 +232,16 @@ class JoinBuffer:
         return (
             len(set(ids)) == len(ids)
             and self._pending.keys().isdisjoint(ids)
-            and self._done.keys().isdisjoint(ids)
             and (not self._early or self._early.keys().isdisjoint(ids))
+            and not self._remembered_any(ids)
         )
+
+    def _remembered_any(self, ids: list[str]) -> bool:
+        if not (self.remember_done and len(self._done)):
+            return False
+        if len(ids) == 1:
+            return self._done.get(*fingerprint(ids[0])) != 0
+        return self._done.any(fingerprints(ids))
 
     def _empty_y(self) -> np.ndarray:
         if self.target.task == "classification":
@@ -258,10 +266,10 @@ class JoinBuffer:
         self._free.extend(slots)
         return result
 
-    def _duplicate_why(self, row_id: str) -> str:
+    def _duplicate_why(self, row_id: str, kind: int) -> str:
+        """Why ``row_id`` (remembered as ``kind``, 0 if not) is a duplicate_id."""
         if row_id in self._pending:
             return f"id {row_id!r} is already pending"
-        kind = self._done.get(row_id)
         if kind == LABELLED:
             return f"id {row_id!r} was already labelled"
         if kind == EXPIRED:
@@ -271,14 +279,18 @@ class JoinBuffer:
     # ------------------------------------------------------------- rows
     def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
         """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""
-        pending, done = self._pending, self._done
-        if self.fast_paths and len(set(rows.ids)) == len(rows.ids) and pending.keys().isdisjoint(rows.ids) and done.keys().isdisjoint(rows.ids):
+        pending = self._pending
+        if (
+            self.fast_paths and len(set(rows.ids)) == len(rows.ids) and pending.keys().isdisjoint(rows.ids)
+            and not self._remembered_any(rows.ids)
+        ):  # fmt: skip
             return rows, []
+        kinds = self._done.kinds(fingerprints(rows.ids)).tolist()
         seen: set[str] = set()
         keep, rejected = [], []
         for i, row_id in enumerate(rows.ids):
-            if row_id in pending or row_id in done or row_id in seen:
-                bad = BadInput("duplicate_id", self._duplicate_why(row_id))
+            if row_id in pending or kinds[i] or row_id in seen:
+                bad = BadInput("duplicate_id", self._duplicate_why(row_id, kinds[i]))
                 rejected.append((bad, feature_message(row_id, rows.X[i], int(rows.ts[i]))))
             else:
                 seen.add(row_id)
@@ -301,17 +313,19 @@ class JoinBuffer:
             raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
         if self.fast_paths and self._all_new(ids) and len(self._pending) + len(ids) <= self.max_pending_rows:
             return self._add_new_rows(ids, X, batch_seq, now_ms)
-        pending, early, done, free = self._pending, self._early, self._done, self._free
+        pending, early, free = self._pending, self._early, self._free
+        done = self._done.session(ids)
         new_rows, new_slots, join_rows, join_y, rejected = [], [], [], [], []
         for i, row_id in enumerate(ids):
-            if row_id in pending or row_id in done:
-                rejected.append((BadInput("duplicate_id", self._duplicate_why(row_id)), feature_message(row_id, X[i])))
+            kind = done.get(row_id)
+            if row_id in pending or kind:
+                rejected.append((BadInput("duplicate_id", self._duplicate_why(row_id, kind)), feature_message(row_id, X[i])))
                 continue
             held = early.pop(row_id, None)
             if held is not None:
                 join_rows.append(i)
                 join_y.append(held[0])
-                self._remember(row_id, LABELLED)
+                done.add(row_id, LABELLED)
                 continue
             if free:
                 slot = free.pop()
@@ -327,12 +341,12 @@ class JoinBuffer:
             self._seq[new_slots] = batch_seq
             self._added_ms[new_slots] = now_ms
 
+        done.commit()
         evicted = self._empty_rows()
         over = len(pending) - self.max_pending_rows
         if over > 0:
             out = [pending.popitem(last=False) for _ in range(over)]
-            for row_id, _ in out:
-                self._remember(row_id, EXPIRED)
+            self._remember_all([row_id for row_id, _ in out], EXPIRED)
             evicted = self._release([row_id for row_id, _ in out], [slot for _, slot in out])
             self.counters["rows_evicted"] += over
 
@@ -362,13 +376,16 @@ class JoinBuffer:
         """Join the labels whose rows are pending; hold the others as early, or count/reject them."""
         Y = labels.Y
         if self.target.task == "classification":
-            in_range = Y.size == 0 or 0 <= Y.min() <= Y.max() < len(self.target.classes)
+            if Y.size <= 16:  # NumPy's min/max cost ~1.5 µs whatever the size: one-label messages
+                in_range = all(0 <= v < len(self.target.classes) for v in Y.ravel().tolist())
+            else:
+                in_range = 0 <= Y.min() <= Y.max() < len(self.target.classes)
             ok = Y.ndim == 1 and Y.dtype.kind in "iu" and in_range
         else:
             ok = Y.ndim == 2 and Y.shape[1] == self.target.n_outputs
         if not ok or len(Y) != len(labels.ids):
             raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
-        pending, early, done = self._pending, self._early, self._done
+        pending, early = self._pending, self._early
         ids = labels.ids
         if self.fast_paths and len(set(ids)) == len(ids) and pending.keys() >= set(ids):  # all pending, once each: the common case
             slots = list(map(pending.pop, ids))
@@ -380,16 +397,17 @@ class JoinBuffer:
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected = [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = 0
+        done = self._done.session(ids)
         for row_id, y in zip(labels.ids, Y.tolist()):
             slot = pending.pop(row_id, None)
             if slot is not None:
                 join_ids.append(row_id)
                 join_slots.append(slot)
                 join_y.append(y)
-                self._remember(row_id, LABELLED)
+                done.add(row_id, LABELLED)
                 continue
             kind = done.get(row_id)
-            if kind == LABELLED or (kind is None and row_id in early):
+            if kind == LABELLED or (not kind and row_id in early):
                 n_duplicate += 1
             elif kind == EXPIRED:
                 n_expired += 1
@@ -404,6 +422,7 @@ class JoinBuffer:
                     bad = BadInput("unknown_id", f"label for id {old_id!r} pushed out of the full early-label buffer "
                                                  f"({self.max_early_labels}) before its row came")  # fmt: skip
                     rejected.append((bad, label_message(old_id, old_y, self.target)))
+        done.commit()
         joined = self._release(join_ids, join_slots)
         c = self.counters
         c["labels_received"] += len(labels.ids)
@@ -427,9 +446,9 @@ class JoinBuffer:
             if young_ms and young_batches:
                 break
             pending.popitem(last=False)
-            self._remember(row_id, EXPIRED)
             out_ids.append(row_id)
             out_slots.append(slot)
+        self._remember_all(out_ids, EXPIRED)
         self.counters["rows_expired"] += len(out_ids)
 
         early, rejected = self._early, []
@@ -446,10 +465,15 @@ class JoinBuffer:
 
     # ------------------------------------------------------------ state
     def to_state(self) -> dict[str, np.ndarray]:
-        """Plain arrays (no objects: loads with allow_pickle=False), every sequence oldest first."""
+        """Plain arrays (no objects: loads with allow_pickle=False), every sequence oldest first.
+
+        Remembered ids are stored as their fingerprints (``done_fingerprints``, (n, 2) int64, with
+        ``done_fingerprint_version``); a state of an older version holds the ids (``done_ids``)
+        instead, which ``from_state`` reads too."""
         slots = np.fromiter(self._pending.values(), dtype=np.int64, count=len(self._pending))
         early = list(self._early.values())
         early_y = self._y_array([y for y, _ in early])
+        done_fps, done_kinds = self._done.to_arrays()
         return {
             "pending_ids": _id_array(self._pending),
             "pending_X": self._X[slots],
@@ -458,8 +482,9 @@ class JoinBuffer:
             "early_ids": _id_array(self._early),
             "early_Y": early_y,
             "early_added_ms": np.array([t for _, t in early], dtype=np.int64),
-            "done_ids": _id_array(self._done),
-            "done_kind": np.fromiter(self._done.values(), dtype=np.int8, count=len(self._done)),
+            "done_fingerprints": done_fps,
+            "done_fingerprint_version": np.array(FINGERPRINT_VERSION, dtype=np.int64),
+            "done_kind": done_kinds,
             "counter_names": _id_array(self.counters),
             "counter_values": np.fromiter(self.counters.values(), dtype=np.int64, count=len(self.counters)),
         }
@@ -491,13 +516,21 @@ class JoinBuffer:
             raise ValueError("inconsistent early labels in state")
         buf._early = OrderedDict(zip(early_ids, zip(early_y.tolist(), early_ms.tolist())))
 
-        done_ids = [str(s) for s in state["done_ids"].tolist()]
-        kinds = np.asarray(state["done_kind"]).tolist()
-        if len(kinds) != len(done_ids) or not set(kinds) <= {LABELLED, EXPIRED}:
+        if "done_fingerprints" in state:
+            version = int(np.asarray(state.get("done_fingerprint_version", -1)))
+            if version != FINGERPRINT_VERSION:
+                raise ValueError(f"remembered ids in state are fingerprints of version {version}; "
+                                 f"this build reads version {FINGERPRINT_VERSION}")  # fmt: skip
+            fps = np.asarray(state["done_fingerprints"])
+            if fps.ndim != 2 or fps.shape[1] != 2 or fps.dtype.kind not in "iu":
+                raise ValueError(f"remembered ids in state: fingerprints of shape {fps.shape} and dtype {fps.dtype}")
+            fps = np.ascontiguousarray(fps).view(np.int64) if fps.dtype.itemsize == 8 else fps.astype(np.int64)
+        else:  # written before fingerprints: the ids themselves
+            fps = fingerprints(np.asarray(state["done_ids"]))
+        kinds = np.asarray(state["done_kind"])
+        if kinds.shape != (len(fps),) or not set(np.unique(kinds).tolist()) <= {LABELLED, EXPIRED}:
             raise ValueError("inconsistent remembered ids in state")
-        buf._done = OrderedDict(zip(done_ids, kinds))
-        while len(buf._done) > buf.remember_done:
-            buf._done.popitem(last=False)
+        buf._done.add_many(fps, kinds.astype(np.int8))  # oldest first: past remember_done the oldest are forgotten
 
         names = [str(s) for s in state["counter_names"].tolist()]
         buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))

@@ -56,8 +56,10 @@ class Snapshot:
     seconds: float = 0.0  # write time (encode, write, fsync, rename) or read time (read, verify, parse)
 
 
-def encode(manifest: dict, arrays: dict[str, np.ndarray]) -> bytes:
-    """Header + body bytes of a snapshot. Arrays must be plain (no object dtype: nothing that pickles)."""
+def encode_parts(manifest: dict, arrays: dict[str, np.ndarray]) -> tuple[bytes, memoryview]:
+    """(header, body) of a snapshot, the body a view of the archive buffer: a writer writes
+    both without first joining them, a copy of the whole snapshot less in memory at once.
+    Arrays must be plain (no object dtype: nothing that pickles)."""
     for name, value in arrays.items():
         if np.asarray(value).dtype.hasobject:
             raise TypeError(f"snapshot array {name!r} has an object dtype; only numeric and unicode arrays are stored")
@@ -65,8 +67,14 @@ def encode(manifest: dict, arrays: dict[str, np.ndarray]) -> bytes:
     payload = dict(arrays)
     payload["__manifest__"] = np.frombuffer(json.dumps(manifest, sort_keys=True).encode(), dtype=np.uint8)
     np.savez(buf, **payload)
-    body = buf.getvalue()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(body).digest()) + body
+    body = buf.getbuffer()
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(body).digest()), body
+
+
+def encode(manifest: dict, arrays: dict[str, np.ndarray]) -> bytes:
+    """Header + body bytes of a snapshot (see ``encode_parts``)."""
+    header, body = encode_parts(manifest, arrays)
+    return b"".join((header, body))
 
 
 def read_header(blob: bytes) -> dict:
@@ -148,21 +156,24 @@ class SnapshotStore:
         paths = self.paths()
         seq = sequence_of(paths[0]) + 1 if paths else 1
         manifest = dict(manifest, sequence=seq, written_at_ms=int(time.time() * 1000))
-        blob = encode(manifest, arrays)
+        header, body = encode_parts(manifest, arrays)
+        size = len(header) + len(body)
         final = self.dir / f"snap-{seq:012d}.iolsnap"
         tmp = self.dir / f".tmp-{seq:012d}-{os.getpid()}"
         with open(tmp, "wb") as fh:
-            half = len(blob) // 2
-            fh.write(memoryview(blob)[:half])
+            half = len(body) // 2
+            fh.write(header)
+            fh.write(body[:half])
             crash_point("in_snapshot")  # test-only: killed in the middle of the write
-            fh.write(memoryview(blob)[half:])
+            fh.write(body[half:])
             fh.flush()
             os.fsync(fh.fileno())
+        del body  # the archive buffer goes now, not after the clean-up below
         os.replace(tmp, final)
         _fsync_dir(self.dir)
         for old in self.paths()[self.keep :]:
             old.unlink(missing_ok=True)
-        return Snapshot(final, manifest, arrays, len(blob), time.perf_counter() - t0)
+        return Snapshot(final, manifest, arrays, size, time.perf_counter() - t0)
 
     def load_latest(self) -> Snapshot | None:
         """The newest valid snapshot, skipping damaged ones with a warning; None if there is none.

@@ -33,7 +33,7 @@ import yaml
 from kafka_util import unique_group
 from prometheus_client.parser import text_string_to_metric_families
 
-from iolstream import kernels
+from iolstream import kernels, recent_ids
 from iolstream.cli import build_parser
 from iolstream.config import load_config
 
@@ -249,6 +249,8 @@ def test_warmup_compiles_every_kernel(numba_cache):
     index = {p.name.split("-")[0] for p in numba_cache.rglob("*.nbi")}
     jitted = {f"kernels.{name}" for name, f in vars(kernels).items() if hasattr(f, "signatures")}
     assert jitted and jitted <= index, (jitted, index)
+    ids = {f"recent_ids.{name}" for name, f in vars(recent_ids).items() if hasattr(f, "signatures")}
+    assert ids and ids <= index, (ids, index)
 
 
 # ---------------------------------------------------- the entrypoint, as compose runs it

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from iolstream.codec import FeatureRows, LabelRows, TargetSpec, decode_features, decode_labels
 from iolstream.joinbuffer import JoinBuffer, MicroBatcher
+from iolstream.recent_ids import fingerprints
 
 K = 2
 CLASSES = TargetSpec.classification(("no", "yes", "maybe"))
@@ -282,6 +283,42 @@ def test_from_state_with_smaller_limits_evicts_on_next_add():
     n = len(buf)
     res = add_rows(buf, ["new"], seq=10)
     assert len(res.evicted) == n and len(buf) == 1
+
+
+def test_remembered_ids_are_stored_as_fingerprints_and_old_states_with_ids_load():
+    buf = busy_buffer()
+    state = buf.to_state()
+    assert "done_ids" not in state and state["done_fingerprints"].shape == (buf.n_remembered, 2)
+    assert state["done_fingerprints"].dtype == np.int64 and int(state["done_fingerprint_version"]) == 1
+    # the same buffer as a state of the code before fingerprints: the ids themselves
+    fps, kinds = buf._done.to_arrays()
+    remembered = [i for i in (f"r{s}{c}" for s in range(6) for c in "abc") if buf._done.get(*fingerprints([i])[0].tolist())]
+    by_fp = {tuple(fingerprints([i])[0].tolist()): i for i in remembered}
+    old = {k: v for k, v in state.items() if not k.startswith("done_fingerprint")}
+    old["done_ids"] = np.array([by_fp[tuple(fp)] for fp in fps.tolist()])
+    kwargs = dict(target=CLASSES, n_features=K, max_pending_rows=5, row_ttl_ms=None, row_ttl_batches=2,
+                  early_label_ttl_ms=1000, max_early_labels=3, remember_done=6)  # fmt: skip
+    assert_same_state(JoinBuffer.from_state(old, **kwargs).to_state(), state)
+    # a smaller remember_done keeps the newest; an unknown fingerprint version is refused
+    assert JoinBuffer.from_state(old, **{**kwargs, "remember_done": 2})._done.to_arrays()[0].tolist() == fps[-2:].tolist()
+    with pytest.raises(ValueError, match="version 2"):
+        JoinBuffer.from_state({**state, "done_fingerprint_version": np.array(2)}, **kwargs)
+
+
+def test_remembered_ids_take_fixed_memory_however_long_the_stream():
+    buf = make(max_pending_rows=1000, remember_done=500, row_ttl_batches=0)
+    size = buf._done.nbytes
+    for seq in range(40):
+        ids = [f"s{seq}-{i}" for i in range(100)]
+        add_rows(buf, ids, seq=seq)
+        add_labels(buf, ids[:90], [0] * 90)
+        buf.expire(now_ms=0, batch_seq=seq + 1)  # the 10 unlabelled expire
+    assert buf.n_remembered == 500 and buf._done.nbytes == size
+    assert buf.counters["labels_joined"] == 3600 and buf.counters["rows_expired"] == 400
+    res = add_labels(buf, ["s39-0", "s39-95", "s0-0"], [1, 1, 1])  # labelled; expired; forgotten
+    assert res.ids == [] and [b.reason for b, _ in res.rejected] == ["expired_id"]
+    assert buf.counters["labels_duplicate"] == 1 and buf.n_early == 1
+    check_identities(buf)
 
 
 def test_growth_keeps_rows():
