@@ -167,8 +167,8 @@ class StreamProcessor:
         self.metric = PrequentialMetric(mc.task, window_rows)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
-        # batch_seq -> (features_t, rows still pending, emitted class indices / values)
-        self._cache: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
+        # batch_seq -> (features_t, emitted class indices / values)
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._cache_bytes = 0
 
     # ------------------------------------------------------------ input
@@ -318,7 +318,7 @@ class StreamProcessor:
         self.counters["predictions_out"] += b
         position = np.arange(b, dtype=np.float64)[:, None]
         payload = np.hstack([rows.X, position, pred.layer_outputs.transpose(1, 0, 2).reshape(b, -1)])
-        self._cache_put(self.batch_seq, pred.features_t, b, pred.index if pred.index is not None else pred.value)
+        self._cache_put(self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
         for row_id in result.ids:  # early labels joined now
             self._early_sources.pop(row_id, None)
@@ -374,24 +374,22 @@ class StreamProcessor:
         return b
 
     # ------------------------------------------------------ feature cache
-    def _cache_put(self, seq: int, features_t: np.ndarray, rows: int, emitted: np.ndarray) -> None:
-        self._cache[seq] = (features_t, rows, emitted)
+    def _cache_put(self, seq: int, features_t: np.ndarray, emitted: np.ndarray) -> None:
+        self._cache[seq] = (features_t, emitted)
         self._cache_bytes += features_t.nbytes
         while self._cache_bytes > FEATURE_CACHE_BYTES and self._cache:
             oldest = next(iter(self._cache))
-            self._cache_release(oldest, None)
+            self._cache_drop(oldest)
 
-    def _cache_release(self, seq: int, rows: int | None) -> None:
-        """Count ``rows`` of batch ``seq`` as settled (None: drop the whole entry)."""
-        entry = self._cache.get(seq)
-        if entry is None:
-            return
-        left = 0 if rows is None else entry[1] - rows
-        if left <= 0:
-            del self._cache[seq]
+    def _cache_drop(self, seq: int) -> None:
+        """Rows of batch ``seq`` settled (joined and folded, expired or evicted), or the cache is full:
+        drop its entry. The cached features are reused only by a fold of the whole batch at
+        once (``_features_for``), which can no longer happen once any of its rows has settled; kept
+        until the last row settled, a batch with one row whose label never comes stayed cached until
+        that row expired, and such batches filled the cache to FEATURE_CACHE_BYTES."""
+        entry = self._cache.pop(seq, None)
+        if entry is not None:
             self._cache_bytes -= entry[0].nbytes
-        else:
-            self._cache[seq] = (entry[0], left, entry[2])
 
     def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray):
         """(D_lᵀ of joined rows, their emitted predictions or None): the cached D and predictions of
@@ -404,9 +402,9 @@ class StreamProcessor:
             entry is not None and entry[0].shape[2] == len(seqs) and (seqs == first).all()
             and (positions == np.arange(len(seqs))).all()
         )  # fmt: skip
-        for seq, count in zip(*np.unique(seqs, return_counts=True)):
-            self._cache_release(int(seq), int(count))
-        return (entry[0], entry[2]) if whole else (self.model.features(x), None)
+        for seq in np.unique(seqs).tolist():
+            self._cache_drop(seq)
+        return (entry[0], entry[1]) if whole else (self.model.features(x), None)
 
     def _expire(self, now_ms: int, out: StepOutput) -> None:
         result = self.join.expire(now_ms, self.batch_seq)
@@ -416,8 +414,8 @@ class StreamProcessor:
     def _settle_unlabelled(self, result) -> None:
         """Rows that left the buffer without a label: their Gram stays in A unless forget_expired."""
         if len(result.ids):
-            for seq, count in zip(*np.unique(np.asarray(result.batch_seq), return_counts=True)):
-                self._cache_release(int(seq), int(count))
+            for seq in np.unique(np.asarray(result.batch_seq)).tolist():
+                self._cache_drop(seq)
             if self.cfg.forget_expired and self.model.config.mode == "forward":
                 self.model.learner.forget(self.model.features(result.X[:, : self.n_features]))  # Gram out again
                 self.counters["rows_forgotten"] += len(result.ids)

@@ -550,19 +550,27 @@ class Worker:
         # a cycle (one transaction in exactly-once mode) takes about 4 batches of rows, however many per message
         want = max(1, min(4 * self.cfg.stream.batch_rows, round(4 * self.cfg.stream.batch_rows / self.rows_per_message)))
         # consume(n, timeout) waits out the whole timeout unless n messages come: take what is
-        # already fetched, and block only for the first message when nothing is (latency, not batching)
-        msgs = self.consumer.consume(num_messages=want, timeout=0)
-        if not msgs:
-            first = self.consumer.poll(max(timeout_ms, 0) / 1000.0)
-            if first is not None:
-                msgs = [first] + (self.consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
+        # already fetched, and block only for the first message when nothing is (latency, not batching).
+        # A cycle's worth already queued and not waiting: process it first. Consuming anyway would keep
+        # the aligner's queues at their high-water mark for ever after a burst (on a backlog, the labels
+        # fetched ahead of their features), while librdkafka goes on prefetching meanwhile.
+        if self.aligner.queued >= want and not self.aligner.blocked:
+            msgs = []
+        else:
+            msgs = self.consumer.consume(num_messages=want, timeout=0)
+            if not msgs:
+                first = self.consumer.poll(max(timeout_ms, 0) / 1000.0)
+                if first is not None:
+                    msgs = [first] + (self.consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
         consumed = self._queue(msgs)
         ready = self.aligner.release(time.monotonic() * 1000, self._lag, want)
-        while msgs and len(ready) < want and self.aligner.blocked:
+        while len(ready) < want and self.aligner.blocked:
             # a message waits for a partition that is behind: take what else is fetched already
             # (its data may be there), so that a cycle holds about as much as before aligning
             self._flow_control()
             msgs = self.consumer.consume(num_messages=want, timeout=0)
+            if not msgs:
+                break
             consumed += self._queue(msgs)
             ready += self.aligner.release(time.monotonic() * 1000, self._lag, want - len(ready))
         self._flow_control()
