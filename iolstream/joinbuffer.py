@@ -243,10 +243,18 @@ class JoinBuffer:
             return self._done.get(*fingerprint(ids[0])) != 0
         return self._done.any(fingerprints(ids))
 
+    def _none(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """A shared read-only empty array: one-row messages return empty results per message."""
+        arr = self.__dict__.get(name)
+        if arr is None:
+            arr = self.__dict__[name] = np.empty(shape, dtype=dtype)
+            arr.flags.writeable = False
+        return arr
+
     def _empty_y(self) -> np.ndarray:
         if self.target.task == "classification":
-            return np.empty(0, dtype=np.int64)
-        return np.empty((0, self.target.n_outputs))
+            return self._none("_none_y", (0,), np.int64)
+        return self._none("_none_y", (0, self.target.n_outputs), np.float64)
 
     def _y_array(self, values: list) -> np.ndarray:
         if not values:
@@ -255,13 +263,14 @@ class JoinBuffer:
             return np.array(values, dtype=np.int64)
         return np.array(values, dtype=np.float64).reshape(len(values), self.target.n_outputs)
 
-    def _empty_rows(self) -> ExpireResult:
-        return ExpireResult([], np.empty((0, self.n_features)), np.empty(0, dtype=np.int64), [])
+    def _empty_rows(self, rejected=None) -> ExpireResult:
+        none_X = self._none("_none_X", (0, self.n_features), np.float64)
+        return ExpireResult([], none_X, self._none("_none_seq", (0,), np.int64), rejected or [])
 
     def _release(self, ids: list[str], slots: list[int], rejected=None) -> ExpireResult:
         """Copy the rows in ``slots`` out and free the slots."""
         if not slots:
-            return ExpireResult([], np.empty((0, self.n_features)), np.empty(0, dtype=np.int64), rejected or [])
+            return self._empty_rows(rejected)
         result = ExpireResult(ids, self._X[slots], self._seq[slots], rejected or [])
         self._free.extend(slots)
         return result

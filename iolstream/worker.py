@@ -62,7 +62,7 @@ from confluent_kafka import (
 )  # fmt: skip
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from . import codec, runtime
+from . import codec, runtime, warm
 from .align import Aligner
 from .config import WorkerConfig
 from .model import EdRVFL
@@ -254,6 +254,9 @@ class Worker:
                 **self.cfg.kafka.client}  # fmt: skip
 
     def _open(self) -> None:
+        tuner = self.processor.model.thread_tuner
+        seconds = warm.preload(self.processor.model.config, parallel=tuner is not None and any(s.parallel for s in tuner.settings))
+        log.info("kernels loaded in %.2f s", seconds)  # before the first message, not in the middle of the stream
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)
             if created:
