@@ -105,7 +105,17 @@ class StepTuner:
     a few steps retry another one: after ``period`` steps, then — each time it loses again —
     after twice as many, up to ``max_period`` (retries of a 10× slower setting then cost ~3 %).
     The first step after a switch is not timed (waking or parking threads, a kernel's JIT).
+
+    ``explore`` False is for a worker keeping up with a live stream, where latency matters and
+    throughput does not: no retries (a retry of a setting that lost by 10× stalls the stream for
+    its three steps, ~100 ms on the small config), and a step that takes less than
+    ``live_serial_seconds`` serially runs serially (the first setting): both cores would save it
+    a millisecond or two, but a parallel region waits 10–20 ms for its thread whenever another
+    process (the broker, a producer, the client's threads) takes the other core. Together these
+    were most of the p99 latency at half load.
     """
+
+    live_serial_seconds = 0.01
 
     def __init__(self, settings: list[StepSetting], period: int = 32, max_period: int = 1024):
         self.settings = list(settings)
@@ -119,6 +129,8 @@ class StepTuner:
         self._lib = None
         self._last = None
         self._switched = False
+        self._rows = 0  # of the last step
+        self.explore = True
 
     def _controller(self):
         if self._lib is None:
@@ -135,9 +147,11 @@ class StepTuner:
             setting = untried[0]
         elif self._trial is not None:
             setting = self._trial
+        elif not self.explore and self.cost[self.settings[0]] * self._rows < self.live_serial_seconds:
+            setting = self.settings[0]
         else:
             best = min(self.cost, key=self.cost.get)
-            due = [s for s in self.settings if s != best and self._due[s] <= self.steps]
+            due = [s for s in self.settings if s != best and self._due[s] <= self.steps] if self.explore else []
             setting = best
             if due:
                 setting = self._trial = due[0]
@@ -152,6 +166,7 @@ class StepTuner:
 
     def record(self, setting: StepSetting, seconds: float, rows: int) -> None:
         self.steps += 1
+        self._rows = rows
         if self._switched:
             return
         per_row = seconds / max(rows, 1)

@@ -73,6 +73,9 @@ from .stream import DeadLetter, StepOutput, StreamProcessor
 log = logging.getLogger("iolstream.worker")
 
 EXIT_OK = 0
+# a worker whose newest input is older than this is catching up: its step tuner may then retry
+# settings and use both cores (throughput); otherwise it keeps up with a live stream (latency)
+BEHIND_MS = 1000
 EXIT_FATAL = 3  # fenced producer, failed delivery, incompatible snapshot, shutdown overrun: let the orchestrator restart us
 KAFKA_TIMEOUT = 30.0  # seconds for one blocking broker call (flush, commit, transaction step)
 MAX_ABORTS_IN_A_ROW = 3  # a transaction that keeps failing (an undeliverable output) is not retried for ever
@@ -566,6 +569,10 @@ class Worker:
                 if first is not None:
                     msgs = [first] + (self.consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
         consumed = self._queue(msgs)
+        tuner = proc.model.thread_tuner
+        if tuner is not None and msgs:  # throughput mode only when behind (see runtime.StepTuner.explore)
+            kind, ts = msgs[-1].timestamp()
+            tuner.explore = kind != TIMESTAMP_NOT_AVAILABLE and now_ms() - ts > BEHIND_MS
         ready = self.aligner.release(time.monotonic() * 1000, self._lag, want)
         while len(ready) < want and self.aligner.blocked:
             # a message waits for a partition that is behind: take what else is fetched already

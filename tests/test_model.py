@@ -459,3 +459,28 @@ def test_step_tuner_runs_the_fastest_and_retries_the_others():
         tuner.record(setting, seconds[setting], rows=1)
     assert min(tuner.cost, key=tuner.cost.get) == settings[2]
     assert tuner.choose() == settings[2] or tuner._trial is not None
+
+
+@pytest.mark.parametrize("parallel_wins", [False, True])
+def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wins):
+    """A worker keeping up with a live stream sets ``explore`` False: no retry of a loser stalls
+    the stream, and a step shorter than ``live_serial_seconds`` serially runs serially even when
+    both cores were faster (a parallel region waits for a thread another process parked); a long
+    step still takes the fastest setting. With a backlog again the tuner times and retries."""
+    from iolstream.runtime import StepSetting, StepTuner
+
+    serial, parallel = StepSetting(1, False), StepSetting(1, True)
+    per_row = {serial: 2e-6, parallel: 1e-6 if parallel_wins else 2e-5}
+    tuner = StepTuner([serial, parallel], period=8, max_period=64)
+    tuner._lib = False
+    chosen = []
+    for i in range(400):
+        tuner.explore = i < 4 or i >= 300  # the first timings are taken anyway
+        rows = 256 if i < 200 or i >= 300 else 20_000  # 0.5 ms steps, then 40 ms ones
+        setting = tuner.choose()
+        chosen.append(setting)
+        tuner.record(setting, per_row[setting] * rows, rows=rows)
+    assert chosen[:4] == [serial] * 2 + [parallel] * 2
+    assert chosen[4:201] == [serial] * 197  # live, short steps: serial, no retry
+    assert chosen[202:300] == [parallel if parallel_wins else serial] * 98  # live, long steps: the fastest
+    assert parallel in chosen[300:]  # a backlog again: timed and retried
