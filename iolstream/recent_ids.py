@@ -65,25 +65,6 @@ def _splitmix_mix(h):
 
 
 @nb.njit(**_JIT)
-def _fingerprints(codes, out):
-    """codes: (n, w) uint32 code points, zero-padded on the right; out: (n, 2) int64."""
-    n, w = codes.shape
-    for i in range(n):
-        length = w
-        while length > 0 and codes[i, length - 1] == 0:
-            length -= 1
-        h1 = np.uint64(0x9E3779B97F4A7C15)
-        h2 = np.uint64(0x6A09E667F3BCC909)
-        for j in range(length):
-            c = np.uint64(codes[i, j])
-            h1 = _murmur_mix(h1 ^ c)
-            h2 = _splitmix_mix(h2 ^ (c * np.uint64(0xD6E8FEB86659FD93)))
-        n_chars = np.uint64(length)
-        out[i, 0] = np.int64(_murmur_mix(h1 ^ (n_chars * np.uint64(0xA0761D6478BD642F))))
-        out[i, 1] = np.int64(_splitmix_mix(h2 ^ n_chars))
-
-
-@nb.njit(**_JIT)
 def _fingerprint_codes(codes):
     """``_fingerprints`` of one id given as its (length,) uint32 code points (no padding)."""
     h1 = np.uint64(0x9E3779B97F4A7C15)
@@ -96,11 +77,22 @@ def _fingerprint_codes(codes):
     return np.int64(_murmur_mix(h1 ^ (n_chars * np.uint64(0xA0761D6478BD642F)))), np.int64(_splitmix_mix(h2 ^ n_chars))
 
 
+@nb.njit(**_JIT)
+def _fingerprints(codes, out):
+    """codes: (n, w) uint32 code points, zero-padded on the right; out: (n, 2) int64."""
+    n, w = codes.shape
+    for i in range(n):
+        length = w
+        while length > 0 and codes[i, length - 1] == 0:
+            length -= 1
+        out[i, 0], out[i, 1] = _fingerprint_codes(codes[i, :length])
+
+
 def fingerprint(row_id: str) -> tuple[int, int]:
     """The fingerprint of one id, as ``fingerprints([row_id])[0]``: one-row messages make this a per-row
     cost, and its code points as a buffer cost a fraction of a NumPy str array (or of passing a str to
     Numba, whose dispatch types a str slowly)."""
-    return _fingerprint_codes(np.frombuffer(row_id.encode("utf-32-le"), dtype=np.uint32))
+    return _fingerprint_codes(np.frombuffer(row_id.encode("utf-32-le", "surrogatepass"), dtype=np.uint32))  # as NumPy's U dtype
 
 
 def fingerprints(ids) -> np.ndarray:
