@@ -381,8 +381,12 @@ class JoinBuffer:
         return JoinResult([], empty.X, self._empty_y(), empty.batch_seq, [], empty)
 
     # ----------------------------------------------------------- labels
-    def add_labels(self, labels: LabelRows, now_ms: int) -> JoinResult:
-        """Join the labels whose rows are pending; hold the others as early, or count/reject them."""
+    def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset()) -> JoinResult:
+        """Join the labels whose rows are pending; hold the others as early, or count/reject them.
+
+        ``waiting``: ids whose rows the caller holds, screened but not added yet (its micro-batch):
+        neither pending nor remembered, so their labels are held early without asking the id
+        memory (one-row messages: a label often comes while its row waits for its batch)."""
         Y = labels.Y
         if self.target.task == "classification":
             if Y.size <= 16:  # NumPy's min/max cost ~1.5 µs whatever the size: one-label messages
@@ -396,7 +400,7 @@ class JoinBuffer:
             raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
         pending, early = self._pending, self._early
         ids = labels.ids
-        if self.fast_paths and len(set(ids)) == len(ids) and pending.keys() >= set(ids):  # all pending, once each: the common case
+        if self.fast_paths and (ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)):  # all pending, once each
             slots = list(map(pending.pop, ids))
             self._remember_all(ids, LABELLED)
             joined = self._release(list(ids), slots)
@@ -406,16 +410,21 @@ class JoinBuffer:
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected = [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = 0
-        done = self._done.session(ids)
+        done = None  # the id memory's session, opened when first needed
         for row_id, y in zip(labels.ids, Y.tolist()):
             slot = pending.pop(row_id, None)
             if slot is not None:
                 join_ids.append(row_id)
                 join_slots.append(slot)
                 join_y.append(y)
+                done = done or self._done.session(ids)
                 done.add(row_id, LABELLED)
                 continue
-            kind = done.get(row_id)
+            if row_id in waiting:
+                kind = 0
+            else:
+                done = done or self._done.session(ids)
+                kind = done.get(row_id)
             if kind == LABELLED or (not kind and row_id in early):
                 n_duplicate += 1
             elif kind == EXPIRED:
@@ -431,7 +440,8 @@ class JoinBuffer:
                     bad = BadInput("unknown_id", f"label for id {old_id!r} pushed out of the full early-label buffer "
                                                  f"({self.max_early_labels}) before its row came")  # fmt: skip
                     rejected.append((bad, label_message(old_id, old_y, self.target)))
-        done.commit()
+        if done is not None:
+            done.commit()
         joined = self._release(join_ids, join_slots)
         c = self.counters
         c["labels_received"] += len(labels.ids)

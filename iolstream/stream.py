@@ -221,7 +221,7 @@ class StreamProcessor:
             return dead
         self.counters["labels_in"] += len(labels.ids)
         held_before = self.join.counters["labels_early_held"]
-        result = self.join.add_labels(labels, now_ms)
+        result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids)
         self._queue_joined(result, now_ms)
         mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
         single = len(labels.ids) == 1 and not rejected

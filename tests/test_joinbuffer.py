@@ -54,6 +54,32 @@ def check_identities(buf: JoinBuffer) -> None:
 # ------------------------------------------------------------ joins
 
 
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_labels_of_waiting_rows_are_held_early_as_without_the_hint(fast_paths):
+    """``waiting`` (ids whose rows the caller still batches: neither pending nor remembered) only
+    skips the id memory: the results are those of the same call without it, one label at a time
+    or several, joined, held, duplicate or expired_id alike."""
+    def scenario(hint: bool):
+        buf = make(max_pending_rows=3)
+        buf.fast_paths = fast_paths
+        add_rows(buf, ["a", "x", "y", "z"])  # "a" evicted (expired): remembered; "x" next, by "b"
+        add_rows(buf, ["b"], seq=1)
+        add_labels(buf, ["b"], [1])  # "b" labelled: remembered
+        add_labels(buf, ["d"], [0])  # "d" held early
+        waiting = {"c", "e"} if hint else frozenset()
+        out = [buf.add_labels(LabelRows(["c"], np.array([2])), 5, waiting=waiting)]
+        out.append(buf.add_labels(LabelRows(["x", "a", "b", "d", "e", "c"], np.array([0, 1, 2, 0, 1, 2])), 6, waiting=waiting))
+        return buf, out
+
+    plain, hinted = scenario(False), scenario(True)
+    for r1, r2 in zip(plain[1], hinted[1]):
+        assert r1.ids == r2.ids and r1.Y.tolist() == r2.Y.tolist() and r1.batch_seq.tolist() == r2.batch_seq.tolist()
+        assert [(bad.reason, raw) for bad, raw in r1.rejected] == [(bad.reason, raw) for bad, raw in r2.rejected]
+    assert plain[0].counters == hinted[0].counters and list(plain[0]._early.items()) == list(hinted[0]._early.items())
+    assert hinted[0].counters["labels_expired_id"] == 2 and hinted[0].counters["labels_duplicate"] == 3  # a, x evicted; b, d, c
+    check_identities(hinted[0])
+
+
 def test_row_then_label_joins_with_the_row_data():
     buf = make()
     res = add_rows(buf, ["a", "b", "c"], seq=3)
