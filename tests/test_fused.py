@@ -7,21 +7,14 @@ Seeds are fixed and appear in every assertion message.
 from __future__ import annotations
 
 import naive
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numba
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from iolstream import blaslib, fused, kernels
 from iolstream.learner_state import LayerArrays
 from iolstream.network import RandomNetwork
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
-    with threadpool_limits(1):
-        yield
 
 
 def _tol(dtype):

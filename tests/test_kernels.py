@@ -10,19 +10,12 @@ from __future__ import annotations
 import warnings
 
 import naive
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from iolstream import fused, kernels, linalg
 from iolstream.network import INITS, RandomNetwork
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
-    with threadpool_limits(1):
-        yield
 
 
 def _tol(dtype):

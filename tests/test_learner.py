@@ -18,6 +18,7 @@ import sys
 import time
 
 import naive
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
@@ -38,13 +39,6 @@ COUNTERS = (
 # A small network: n = N + k + 1 = 25 columns, so "auto" picks Woodbury for b ≤ 4 (b·6 ≤ n).
 K, N_NODES, N_LAYERS, M = 4, 20, 3, 2
 N_COLUMNS = N_NODES + K + 1
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
-    with threadpool_limits(1):
-        yield
 
 
 # --------------------------------------------------------------------------- helpers

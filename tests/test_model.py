@@ -6,22 +6,15 @@ Seeds are fixed and printed in every assertion message.
 from __future__ import annotations
 
 import naive
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from iolstream import kernels, regret
 from iolstream.model import EdRVFL, ModelConfig
 from iolstream.scaling import Scaler, ScalerNotReady
 
 K = 5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
-    with threadpool_limits(1):
-        yield
 
 
 def small(**kwargs) -> ModelConfig:

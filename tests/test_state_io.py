@@ -9,21 +9,14 @@ import io
 import json
 
 import numpy as np
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import pytest
-from threadpoolctl import threadpool_limits
 
 from iolstream.model import EdRVFL, ModelConfig
 from iolstream.state_io import FORMAT_VERSION, StateFormatError, load_model, model_to_arrays, save_model
 
 K = 4
 SEED = 20261125
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
-    with threadpool_limits(1):
-        yield
 
 
 def config(**kwargs) -> ModelConfig:
