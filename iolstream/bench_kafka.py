@@ -292,20 +292,16 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     return done / max(seconds, 1e-9)
 
 
-def _high_water(bootstrap: str, topic: str) -> int:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-    finally:
-        c.close()
-
-
 def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
-    deadline = time.monotonic() + timeout
-    while (n := _high_water(bootstrap, topic)) < count and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return n
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
+    try:
+        deadline = time.monotonic() + timeout
+        while (n := c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return n
+    finally:
+        c.close()
 
 
 def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:

@@ -180,6 +180,13 @@ class JoinBuffer:
         self._X = np.empty((capacity, self.n_features))
         self._seq = np.empty(capacity, dtype=np.int64)
         self._added_ms = np.empty(capacity, dtype=np.int64)
+        # shared read-only empty results: one-row messages return empty ones per message
+        y_shape = (0,) if self.target.task == "classification" else (0, self.target.n_outputs)
+        self._no_y = np.empty(y_shape, dtype=np.int64 if self.target.task == "classification" else np.float64)
+        self._no_X = np.empty((0, self.n_features))
+        self._no_seq = np.empty(0, dtype=np.int64)
+        for arr in (self._no_y, self._no_X, self._no_seq):
+            arr.flags.writeable = False
 
     # ------------------------------------------------------------- sizes
     def __len__(self) -> int:
@@ -243,29 +250,15 @@ class JoinBuffer:
             return self._done.get(*fingerprint(ids[0])) != 0
         return self._done.any(fingerprints(ids))
 
-    def _none(self, name: str, shape: tuple, dtype) -> np.ndarray:
-        """A shared read-only empty array: one-row messages return empty results per message."""
-        arr = self.__dict__.get(name)
-        if arr is None:
-            arr = self.__dict__[name] = np.empty(shape, dtype=dtype)
-            arr.flags.writeable = False
-        return arr
-
-    def _empty_y(self) -> np.ndarray:
-        if self.target.task == "classification":
-            return self._none("_none_y", (0,), np.int64)
-        return self._none("_none_y", (0, self.target.n_outputs), np.float64)
-
     def _y_array(self, values: list) -> np.ndarray:
         if not values:
-            return self._empty_y()
+            return self._no_y
         if self.target.task == "classification":
             return np.array(values, dtype=np.int64)
         return np.array(values, dtype=np.float64).reshape(len(values), self.target.n_outputs)
 
     def _empty_rows(self, rejected=None) -> ExpireResult:
-        none_X = self._none("_none_X", (0, self.n_features), np.float64)
-        return ExpireResult([], none_X, self._none("_none_seq", (0,), np.int64), rejected or [])
+        return ExpireResult([], self._no_X, self._no_seq, rejected or [])
 
     def _release(self, ids: list[str], slots: list[int], rejected=None) -> ExpireResult:
         """Copy the rows in ``slots`` out and free the slots."""
@@ -378,7 +371,7 @@ class JoinBuffer:
         self._added_ms[slots] = now_ms
         self.counters["rows_added"] += len(ids)
         empty = self._empty_rows()
-        return JoinResult([], empty.X, self._empty_y(), empty.batch_seq, [], empty)
+        return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
 
     # ----------------------------------------------------------- labels
     def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset()) -> JoinResult:
@@ -529,7 +522,7 @@ class JoinBuffer:
 
         early_ids = [str(s) for s in state["early_ids"].tolist()]
         early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
-        if early_y.shape != (len(early_ids),) + buf._empty_y().shape[1:]:
+        if early_y.shape != (len(early_ids),) + buf._no_y.shape[1:]:
             raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {buf.target}")
         if early_ms.shape != (len(early_ids),):
             raise ValueError("inconsistent early labels in state")

@@ -276,8 +276,8 @@ class StreamProcessor:
 
     def _fold_if_due(self, now_ms: int, out: StepOutput, *, force: bool) -> None:
         """Fold the queued labels when forced, when the oldest has waited max_label_latency_ms
-        (all of them then), or when label_batch_rows are queued: then up to where the newest
-        batch's rows begin if the queue spans several batches (see ``_fold_labels``)."""
+        (all of them then), or when label_batch_rows are queued: then up to where the rows of
+        the batch queued last begin if the queue spans several batches (see ``_fold_labels``)."""
         while self.label_queue_rows:
             everything = force or now_ms - self.label_queue_since_ms >= self.cfg.max_label_latency_ms
             if not everything and self.label_queue_rows < self.cfg.label_batch_rows:
@@ -337,7 +337,7 @@ class StreamProcessor:
     def _fold_labels(self, everything: bool = True) -> int:
         """Learn queued joined rows in one batch: c += DᵀY (-F, the Gram is in A already) or Gram
         and c together (-R). All of them, or (``everything`` False) all but the trailing rows of
-        the newest batch when the queue spans several batches: those stay queued (with the
+        the batch queued last when the queue spans several batches: those stay queued (with the
         queue's age), so that label batches fall on feature batches. One-row label messages one
         row behind their features would otherwise fold rows 255..510, 511..766, …: never a whole
         batch, so never the cached features (``_features_for``). The split depends on the queued
@@ -347,7 +347,7 @@ class StreamProcessor:
         seqs = np.concatenate([q[2] for q in self.label_queue])
         cut = len(seqs)
         if not everything and seqs[0] != seqs[-1]:
-            cut = len(seqs) - int(np.argmax(seqs[::-1] != seqs[-1]))  # where the trailing run of the newest batch begins
+            cut = len(seqs) - int(np.argmax(seqs[::-1] != seqs[-1]))  # where the trailing run of that batch begins
         if cut < len(seqs):
             self.label_queue = [(payload[cut:], y[cut:], seqs[cut:])]
             self.label_queue_rows = len(seqs) - cut
