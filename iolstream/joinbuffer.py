@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .codec import BadInput, FeatureRows, LabelRows, TargetSpec, feature_message, label_message
-from .recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
+from .recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprints
 
 LABELLED, EXPIRED = 1, 2  # kinds of remembered ids
 
@@ -215,13 +215,6 @@ class JoinBuffer:
             new[: len(old)] = old
             setattr(self, name, new)
 
-    def _remember_all(self, ids: list[str], kind: int) -> None:
-        """Remember ids (in order, the oldest forgotten past ``remember_done``) as ``kind``."""
-        if len(ids) == 1 and self.remember_done:
-            self._done.add(*fingerprint(ids[0]), kind)
-        elif ids and self.remember_done:
-            self._done.add_many(fingerprints(ids), kind)
-
     def _take_slots(self, n: int) -> list[int]:
         """n free slots: released ones first, then fresh ones (the arrays grow to fit)."""
         free = self._free
@@ -240,15 +233,8 @@ class JoinBuffer:
             len(set(ids)) == len(ids)
             and self._pending.keys().isdisjoint(ids)
             and (not self._early or self._early.keys().isdisjoint(ids))
-            and not self._remembered_any(ids)
+            and not self._done.remembers_any(ids)
         )
-
-    def _remembered_any(self, ids: list[str]) -> bool:
-        if not (self.remember_done and len(self._done)):
-            return False
-        if len(ids) == 1:
-            return self._done.get(*fingerprint(ids[0])) != 0
-        return self._done.any(fingerprints(ids))
 
     def _y_array(self, values: list) -> np.ndarray:
         if not values:
@@ -284,7 +270,7 @@ class JoinBuffer:
         pending = self._pending
         if (
             self.fast_paths and len(set(rows.ids)) == len(rows.ids) and pending.keys().isdisjoint(rows.ids)
-            and not self._remembered_any(rows.ids)
+            and not self._done.remembers_any(rows.ids)
         ):  # fmt: skip
             return rows, []
         kinds = self._done.kinds(fingerprints(rows.ids)).tolist()
@@ -348,7 +334,7 @@ class JoinBuffer:
         over = len(pending) - self.max_pending_rows
         if over > 0:
             out = [pending.popitem(last=False) for _ in range(over)]
-            self._remember_all([row_id for row_id, _ in out], EXPIRED)
+            self._done.remember([row_id for row_id, _ in out], EXPIRED)
             evicted = self._release([row_id for row_id, _ in out], [slot for _, slot in out])
             self.counters["rows_evicted"] += over
 
@@ -395,7 +381,7 @@ class JoinBuffer:
         ids = labels.ids
         if self.fast_paths and (ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)):  # all pending, once each
             slots = list(map(pending.pop, ids))
-            self._remember_all(ids, LABELLED)
+            self._done.remember(ids, LABELLED)
             joined = self._release(list(ids), slots)
             self.counters["labels_received"] += len(ids)
             self.counters["labels_joined"] += len(ids)
@@ -460,7 +446,7 @@ class JoinBuffer:
             pending.popitem(last=False)
             out_ids.append(row_id)
             out_slots.append(slot)
-        self._remember_all(out_ids, EXPIRED)
+        self._done.remember(out_ids, EXPIRED)
         self.counters["rows_expired"] += len(out_ids)
 
         early, rejected = self._early, []

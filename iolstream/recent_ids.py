@@ -279,6 +279,23 @@ class RecentIds:
         new_kinds = np.broadcast_to(np.asarray(kinds, dtype=np.int8), (len(fps),))
         _add_many(self._table, self._ring, self._kinds, self._state, fps, np.ascontiguousarray(new_kinds))
 
+    def remember(self, ids: list[str], kind: int) -> None:
+        """``add_many`` of the ids' fingerprints (one id: the scalar path, a fraction of the cost)."""
+        if not self.capacity:
+            return
+        if len(ids) == 1:
+            self.add(*fingerprint(ids[0]), kind)
+        elif len(ids):
+            self.add_many(fingerprints(ids), kind)
+
+    def remembers_any(self, ids: list[str]) -> bool:
+        """Whether any of the ids is remembered (one id: the scalar path)."""
+        if not (self.capacity and len(self) and len(ids)):
+            return False
+        if len(ids) == 1:
+            return self.get(*fingerprint(ids[0])) != 0
+        return self.any(fingerprints(ids))
+
     def session(self, ids: list[str], fps: np.ndarray | None = None) -> Session | OneId:
         """Row-by-row lookups and additions over ``ids``, see ``Session``."""
         if len(ids) == 1 and fps is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -167,3 +168,17 @@ def test_zero_capacity_remembers_nothing():
     assert s.get("a") == 0
     s.commit()
     assert len(mem) == 0 and mem.kinds(fingerprints(["a"])).tolist() == [0] and not mem.any(fingerprints(["a"]))
+
+
+@pytest.mark.parametrize("ids", [[], ["a"], ["a", "b", "a", "c"]])
+def test_remember_by_id_equals_the_fingerprint_calls(ids):
+    """``remember`` / ``remembers_any`` (ids in; one id takes the scalar path) answer as
+    ``add_many`` / ``any`` on the fingerprints."""
+    by_id, by_fp = RecentIds(3), RecentIds(3)
+    by_id.remember(ids, 2)
+    by_fp.add_many(fingerprints(ids), 2)
+    assert by_id.to_arrays()[0].tolist() == by_fp.to_arrays()[0].tolist()
+    assert by_id.to_arrays()[1].tolist() == by_fp.to_arrays()[1].tolist()
+    for probe in (["a"], ["zz"], ["zz", "c"], []):
+        assert by_id.remembers_any(probe) == (bool(probe) and by_fp.any(fingerprints(probe)))
+    assert not RecentIds(0).remembers_any(["a"])
