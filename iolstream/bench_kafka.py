@@ -188,6 +188,8 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         n = high - low
+        if n < skip + 2:  # too few to time (the caller reports the count)
+            return n, 0.0
         stamps = []
         for offset in (low + skip, high - 1):
             c.assign([TopicPartition(topic, 0, offset)])

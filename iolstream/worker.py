@@ -510,7 +510,8 @@ class Worker:
         return max(0.5, min(seconds, self.stop_deadline - time.monotonic() - 1.0))
 
     def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None) -> int:
-        """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds``); returns an exit code."""
+        """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds`` while partitions
+        are assigned: joining the group, which can take seconds on a fresh broker, does not count); returns an exit code."""
         started = time.monotonic()
         last_input = time.monotonic()
         last_status = time.monotonic()
@@ -519,7 +520,7 @@ class Worker:
             while not self.stop_event.is_set():
                 self.last_tick = time.monotonic()
                 consumed = self._poll_once()
-                if consumed:
+                if consumed or not self.assigned:  # the idle clock runs only while partitions are assigned
                     last_input = time.monotonic()
                 if self.metrics is not None:
                     self.metrics.tick(self)

@@ -494,3 +494,32 @@ def test_iolstream_run_subprocess_stops_cleanly_on_sigterm(kafka_bootstrap, kafk
     assert "SIGTERM" in out and "rows_in=300 predictions=300" in out, out
     assert list(Path(raw["snapshot"]["dir"]).glob("*.iolsnap")), "no final snapshot"
     assert committed_offsets(kafka_bootstrap, raw["kafka"]["group_id"], topics[0]) == {0: n // 10}
+
+
+def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap, kafka_topics, tmp_path):
+    """`--idle-stop-seconds` counts time without input while the worker holds partitions. A worker
+    waiting for them (here: a second member of a group whose one partition per topic the first holds;
+    in CI: a fresh broker still creating its offsets topic) keeps waiting, and once it gets them it
+    stops after that long with nothing to read."""
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    # static members do not leave the group when they stop: the waiter gets the partitions one session timeout later
+    raw = worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 16, "n_layers": 1, "warmup_rows": 20},
+                     kafka={"consumer": {"session.timeout.ms": 6000}})  # fmt: skip
+    holder = WorkerThread(config_from_dict({**raw, "durability": {"transactional_id": f"{raw['kafka']['group_id']}-a"}}, environ={}))
+    idle = 2.0
+    with holder:
+        holder.wait_assigned()
+        waiter_cfg = config_from_dict({**raw, "durability": {"transactional_id": f"{raw['kafka']['group_id']}-b"},
+                                       "snapshot": {"dir": str(tmp_path / "snapshots-b")}}, environ={})  # fmt: skip
+        waiter = Worker(waiter_cfg)
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(code=waiter.run(idle_stop_seconds=idle)), daemon=True)
+        started = time.monotonic()
+        thread.start()
+        time.sleep(3 * idle)  # the range assignor gives partition 0 of both topics to one member
+        assert thread.is_alive(), "the worker stopped as idle although it never had a partition"
+        assert not waiter.assigned and len(holder.worker.assigned) == 2
+        assert holder.stop() == EXIT_OK  # its partitions go to the waiter, which then has nothing to read
+    thread.join(60)
+    assert not thread.is_alive() and result["code"] == EXIT_OK
+    assert time.monotonic() - started >= 3 * idle + idle
