@@ -138,6 +138,7 @@ class WorkerProcess:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.peak_rss_bytes: int | None = None
+        self.cpu_samples: list[tuple[float, float]] = []  # (wall clock s, the process's CPU s so far), every 20 ms
 
     def _high_water_mark(self) -> int | None:
         """The process's peak RSS so far (Linux VmHWM, bytes), None once it is gone."""
@@ -150,6 +151,22 @@ class WorkerProcess:
             return None
         return None
 
+    def _cpu_seconds(self) -> float | None:
+        """User + system CPU time of the process, all its threads (Linux), None once it is gone."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_between(self, t0: float, t1: float) -> float:
+        """CPU seconds the process used between wall-clock times t0 and t1 (s), from the samples."""
+        if len(self.cpu_samples) < 2:
+            return float("nan")
+        times, cpu = np.array(self.cpu_samples).T
+        return float(np.interp(t1, times, cpu) - np.interp(t0, times, cpu))
+
     def wait(self, timeout: float) -> int:
         """Exit code; records the process's peak RSS. Kills it after ``timeout`` seconds.
 
@@ -158,9 +175,11 @@ class WorkerProcess:
         (which holds the benchmark's data) and grows with the rows generated here."""
         deadline = time.monotonic() + timeout
         while True:
-            hwm = self._high_water_mark()
+            hwm, cpu = self._high_water_mark(), self._cpu_seconds()
             if hwm is not None:
                 self.peak_rss_bytes = max(self.peak_rss_bytes or 0, hwm)
+            if cpu is not None:
+                self.cpu_samples.append((time.time(), cpu))
             pid, status, _ = os.wait4(self.proc.pid, os.WNOHANG)
             if pid:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -180,16 +199,17 @@ class WorkerProcess:
             raise RuntimeError(f"the worker exited {code}; its log ends:\n{tail}")
 
 
-def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float]:
-    """(predictions on ``topic``, rows/s between the prediction at offset ``skip`` and the last),
-    from the messages' Kafka timestamps (the worker's produce times), reading just those two."""
+def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float, tuple[float, float]]:
+    """(predictions on ``topic``, rows/s between the prediction at offset ``skip`` and the last, the
+    wall-clock times (s) of those two), from the messages' Kafka timestamps (the worker's produce
+    times), reading just those two."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False})  # fmt: skip
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         n = high - low
         if n < skip + 2:  # too few to time (the caller reports the count)
-            return n, 0.0
+            return n, 0.0, (0.0, 0.0)
         stamps = []
         for offset in (low + skip, high - 1):
             c.assign([TopicPartition(topic, 0, offset)])
@@ -201,7 +221,7 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
                 msg = c.poll(1.0)
             stamps.append(msg.timestamp()[1])
         seconds = max(stamps[1] - stamps[0], 1) / 1000.0
-        return n, (n - skip - 1) / seconds
+        return n, (n - skip - 1) / seconds, (stamps[0] / 1000.0, stamps[1] / 1000.0)
     finally:
         c.close()
 
@@ -215,10 +235,14 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
     worker = WorkerProcess(cfg, workdir, idle_stop_seconds=3.0)
     worker.check(worker.wait(timeout=900))
-    n, rate = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
+    n, rate, (t0, t1) = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
     if n != len(X):
         raise RuntimeError(f"{tag}: {n} predictions for {len(X)} rows; worker log: {worker.log}")
-    return {"rows": n, "rows_per_second": rate, "peak_rss_mb": (worker.peak_rss_bytes or 0) / 2**20, "topics": topics}
+    cpu = worker.cpu_between(t0, t1)  # over the timed rows only: no start-up, no idle tail
+    timed_rows = n - BATCH[name] - 1
+    return {"rows": n, "rows_per_second": rate, "peak_rss_mb": (worker.peak_rss_bytes or 0) / 2**20,
+            "cpu_seconds_per_100k_rows": cpu / timed_rows * 1e5, "cores_used": cpu / max(t1 - t0, 1e-3),
+            "topics": topics}  # fmt: skip
 
 
 def _processor_rate(name: str, X, y) -> float:

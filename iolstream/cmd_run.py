@@ -18,7 +18,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     import dataclasses
 
-    from . import logs
+    from . import logs, runtime
     from .config import load_config
     from .worker import EXIT_FATAL, Worker, WorkerError
 
@@ -27,6 +27,9 @@ def run(args) -> int:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
     logs.setup(cfg.logging.level, cfg.logging.format)
     log = logging.getLogger("iolstream.worker")
+    spin = runtime.configure_worker_threads()  # before the first parallel kernel (Worker preloads them)
+    if spin is not None:
+        log.debug("GOMP_SPINCOUNT=%s (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose)", spin)
     metrics = None
     if cfg.metrics.port:
         from .metrics import Metrics

@@ -23,6 +23,8 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     for value in (small["learner_rows_per_second"], small["processor_rows_per_second"], batch["rows_per_second"],
                   rows["rows_per_second"], small["river_softmax_rows_per_second"]):  # fmt: skip
         assert value > 0
+    for run in (batch, rows):  # CPU over the timed rows; at this scale a window of a few clock ticks
+        assert 0 <= run["cpu_seconds_per_100k_rows"] < 1e4 and 0 <= run["cores_used"] < 1e3
     assert small["worker_vs_learner"] == pytest.approx(batch["rows_per_second"] / small["learner_rows_per_second"])
     assert small["worker_vs_river"] == pytest.approx(batch["rows_per_second"] / small["river_softmax_rows_per_second"])
     assert small["batch_vs_row_messages"] == pytest.approx(batch["rows_per_second"] / rows["rows_per_second"])
@@ -33,3 +35,16 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     memory = small["peak_rss_mb_by_rows"]
     assert list(memory) == ["2000", "20000"] and all(50 < mb < 4096 for mb in memory.values())
+
+
+def test_worker_cpu_is_read_over_the_timed_window_only():
+    """CPU seconds between two wall-clock times, interpolated in the 20 ms samples (start-up and the
+    idle tail before and after the timed predictions are left out)."""
+    from iolstream.bench_kafka import WorkerProcess
+
+    w = WorkerProcess.__new__(WorkerProcess)  # the samples alone, no process
+    w.cpu_samples = [(100.0, 1.5), (101.0, 1.5), (102.0, 3.0), (103.0, 4.5), (104.0, 4.6)]
+    assert w.cpu_between(101.0, 103.0) == pytest.approx(3.0)
+    assert w.cpu_between(101.5, 102.5) == pytest.approx(1.5)
+    w.cpu_samples = [(100.0, 1.0)]
+    assert w.cpu_between(100.0, 101.0) != w.cpu_between(100.0, 101.0)  # NaN: nothing to read it from

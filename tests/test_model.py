@@ -477,3 +477,43 @@ def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wi
     assert chosen[4:201] == [serial] * 197  # live, short steps: serial, no retry
     assert chosen[202:300] == [parallel if parallel_wins else serial] * 98  # live, long steps: the fastest
     assert parallel in chosen[300:]  # a backlog again: timed and retried
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [({}, {"GOMP_SPINCOUNT": "3000"}), ({"GOMP_SPINCOUNT": "77"}, {"GOMP_SPINCOUNT": "77"}),
+     ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"})],
+)  # fmt: skip
+def test_worker_omp_spin_is_short_unless_the_user_chose(environ, expected):
+    from iolstream import runtime
+
+    env = dict(environ)
+    set_to = runtime.configure_worker_threads(env)
+    assert env == expected and set_to == (None if environ else "3000")
+
+
+def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_path):
+    """In a fresh process, `iolstream run` sets GOMP_SPINCOUNT before libgomp loads (it reads it then):
+    the worker's first kernels (Worker._open) come later. Checked by stopping at Worker()."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from iolstream import cli, worker\n"
+        "class Stop(Exception): pass\n"
+        "def stop(*a, **k):\n"
+        "    import numba.np.ufunc.parallel as p\n"
+        "    print(os.environ.get('GOMP_SPINCOUNT'), p._is_initialized)\n"
+        "    raise Stop\n"
+        "worker.Worker.__init__ = stop\n"
+        "try:\n"
+        "    cli.main(['run', '-c', sys.argv[1]])\n"
+        "except Stop:\n"
+        "    pass\n"
+    )
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("model: {n_inputs: 2, classes: [a, b]}\nkafka: {bootstrap_servers: '127.0.0.1:1'}\nmetrics: {port: 0}\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["3000", "False"], out.stderr
