@@ -189,8 +189,8 @@ class Aligner:
         Every such partition's wait starts now if it has not already (so waits run concurrently)."""
         wait = False
         for other, part in self.partitions.items():
-            if other == key or part.queue or part.time >= sort_time:
-                continue  # has a head (ordered above) or its next message is not older
+            if other == key or part.queue or part.time > sort_time:
+                continue  # has a head (ordered above) or its next message is younger (a tie may go first)
             behind = lag_of(other)
             if behind is not None and behind <= 0:  # caught up
                 self._wait_since.pop(other, None)
