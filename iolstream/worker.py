@@ -277,6 +277,10 @@ class Worker:
             # prefetch at most 16 MB (librdkafka's default is 64 MB): the aligner holds what runs ahead,
             # and memory stays flat however long the backlog
             "queued.max.messages.kbytes": 16384,
+            # with the prefetch bounded that low, a full local queue postponed the next fetch of a
+            # partition by librdkafka's default 1000 ms: a catch-up on one-row messages stalled for
+            # up to a second each time the aligner paused and resumed a partition (librdkafka >= 2.4)
+            "fetch.queue.backoff.ms": 50,
             **self.cfg.kafka.consumer,
         }
         if self.metrics is not None:
