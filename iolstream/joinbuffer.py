@@ -227,14 +227,9 @@ class JoinBuffer:
             self._grow(self._high)
         return slots
 
-    def _all_new(self, ids: list[str]) -> bool:
-        """No id is pending, remembered, held early, or repeated: the common case, checked in C loops."""
-        return (
-            len(set(ids)) == len(ids)
-            and self._pending.keys().isdisjoint(ids)
-            and (not self._early or self._early.keys().isdisjoint(ids))
-            and not self._done.remembers_any(ids)
-        )
+    def _unseen(self, ids: list[str]) -> bool:
+        """No id is pending, remembered, or repeated (some may have early labels): checked in C loops."""
+        return len(set(ids)) == len(ids) and self._pending.keys().isdisjoint(ids) and not self._done.remembers_any(ids)
 
     def _y_array(self, values: list) -> np.ndarray:
         if not values:
@@ -299,8 +294,10 @@ class JoinBuffer:
         X = np.asarray(X, dtype=np.float64)
         if X.shape != (len(ids), self.n_features):
             raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
-        if self.fast_paths and self._all_new(ids) and len(self._pending) + len(ids) <= self.max_pending_rows:
-            return self._add_new_rows(ids, X, batch_seq, now_ms)
+        if self.fast_paths and len(self._pending) + len(ids) <= self.max_pending_rows and self._unseen(ids):
+            if not self._early or self._early.keys().isdisjoint(ids):
+                return self._add_new_rows(ids, X, batch_seq, now_ms)
+            return self._add_rows_joining_early(ids, X, batch_seq, now_ms)
         pending, early, free = self._pending, self._early, self._free
         done = self._done.session(ids)
         new_rows, new_slots, join_rows, join_y, rejected = [], [], [], [], []
@@ -358,6 +355,26 @@ class JoinBuffer:
         self.counters["rows_added"] += len(ids)
         empty = self._empty_rows()
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
+
+    def _add_rows_joining_early(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
+        """add_rows when every id is new, the buffer has room, and some ids have early labels (one-row
+        label messages: nearly all of them, come while their rows wait for their batch): those join
+        now, the others become pending, without the id memory's row-by-row session."""
+        early = self._early
+        joined = np.fromiter((row_id in early for row_id in ids), dtype=bool, count=len(ids))
+        join_rows = np.flatnonzero(joined)
+        join_ids = [ids[i] for i in join_rows.tolist()]
+        join_y = [early.pop(row_id)[0] for row_id in join_ids]
+        new_rows = np.flatnonzero(~joined)
+        if len(new_rows):
+            self._add_new_rows([ids[i] for i in new_rows.tolist()], X[new_rows], batch_seq, now_ms)
+        self._done.remember(join_ids, LABELLED)
+        c = self.counters
+        c["rows_added"] += len(join_ids)
+        c["labels_joined"] += len(join_ids)
+        c["labels_early_joined"] += len(join_ids)
+        return JoinResult(join_ids, X[join_rows], self._y_array(join_y), np.full(len(join_ids), batch_seq, dtype=np.int64),
+                          [], self._empty_rows())  # fmt: skip
 
     # ----------------------------------------------------------- labels
     def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset()) -> JoinResult:
