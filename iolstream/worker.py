@@ -73,9 +73,15 @@ from .stream import DeadLetter, StepOutput, StreamProcessor
 log = logging.getLogger("iolstream.worker")
 
 EXIT_OK = 0
-# a worker whose newest input is older than this is catching up: its step tuner may then retry
-# settings and use both cores (throughput); otherwise it keeps up with a live stream (latency)
+# a worker whose newest input is older than this, or whose features partitions hold more than
+# BEHIND_BATCHES batches of rows not yet consumed, is catching up: its step tuner may then retry
+# settings and use both cores (throughput); otherwise it keeps up with a live stream (latency). The
+# lag counts too: a backlog produced moments ago (a burst, a replay, a benchmark) is fresh by its
+# timestamps, and was worked through on one core. 32 batches is far above a live stream's lag (a
+# few messages); a switch on a cycle's worth (4 batches) flipped into throughput mode on every
+# burst and doubled the p99 latency at half load.
 BEHIND_MS = 1000
+BEHIND_BATCHES = 32
 EXIT_FATAL = 3  # fenced producer, failed delivery, incompatible snapshot, shutdown overrun: let the orchestrator restart us
 KAFKA_TIMEOUT = 30.0  # seconds for one blocking broker call (flush, commit, transaction step)
 MAX_ABORTS_IN_A_ROW = 3  # a transaction that keeps failing (an undeliverable output) is not retried for ever
@@ -401,6 +407,17 @@ class Worker:
             self.consumer.resume([TopicPartition(t, p) for t, p in keys])
             log.debug("resumed %s", keys)
 
+    def _catching_up(self, newest) -> bool:
+        """Whether the worker is behind its input (BEHIND_MS, BEHIND_BATCHES), given the newest message
+        consumed: older than BEHIND_MS, or more than BEHIND_BATCHES batches of rows still in the
+        features partitions (from the high watermarks of the last fetches; an unknown lag counts 0)."""
+        kind, ts = newest.timestamp()
+        if kind != TIMESTAMP_NOT_AVAILABLE and now_ms() - ts > BEHIND_MS:
+            return True
+        features = self.cfg.topics.features
+        messages = sum(lag for key in self.assigned if key[0] == features and (lag := self._lag(key)))
+        return messages * self.rows_per_message > BEHIND_BATCHES * self.cfg.stream.batch_rows
+
     def _lag(self, key: tuple[str, int]) -> int | None:
         """Messages of ``key`` in the broker not yet consumed, from the high watermark of the last fetch
         (None: not known yet). The consumer's position steps over transaction markers, which the
@@ -576,8 +593,7 @@ class Worker:
         consumed = self._queue(msgs)
         tuner = proc.model.thread_tuner
         if tuner is not None and msgs:  # throughput mode only when behind (see runtime.StepTuner.explore)
-            kind, ts = msgs[-1].timestamp()
-            tuner.explore = kind != TIMESTAMP_NOT_AVAILABLE and now_ms() - ts > BEHIND_MS
+            tuner.explore = self._catching_up(msgs[-1])
         ready = self.aligner.release(time.monotonic() * 1000, self._lag, want)
         while len(ready) < want and self.aligner.blocked:
             # a message waits for a partition that is behind: take what else is fetched already

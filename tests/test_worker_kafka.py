@@ -523,3 +523,31 @@ def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap
     thread.join(60)
     assert not thread.is_alive() and result["code"] == EXIT_OK
     assert time.monotonic() - started >= 3 * idle + idle
+
+
+@pytest.mark.parametrize(
+    "age_ms, lag_messages, rows_per_message, behind",
+    [(10, 0, 256, False), (5000, 0, 256, True), (10, 5, 256, False), (10, 40, 256, True), (10, 2000, 1, False),
+     (10, 9000, 1, True), (10, None, 256, False)],
+)  # fmt: skip
+def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(age_ms, lag_messages, rows_per_message,
+                                                                                 behind):  # fmt: skip
+    """The step tuner's throughput mode: input older than BEHIND_MS, or more than BEHIND_BATCHES
+    batches (32 × 256 rows here) in the features partitions, whatever the message size; a backlog
+    produced a moment ago is fresh by its timestamps and was worked through on one core before."""
+    from confluent_kafka import TIMESTAMP_CREATE_TIME
+
+    from iolstream import worker as worker_module
+
+    w = Worker.__new__(Worker)  # the decision alone: no clients
+    w.cfg = config_from_dict(worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
+                             environ={})  # fmt: skip
+    w.assigned = {("f", 0), ("l", 0)}
+    w.rows_per_message = rows_per_message
+    w._lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
+
+    class Msg:
+        def timestamp(self):
+            return TIMESTAMP_CREATE_TIME, worker_module.now_ms() - age_ms
+
+    assert w._catching_up(Msg()) is behind
