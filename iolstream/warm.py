@@ -49,6 +49,10 @@ def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -
         proc.on_labels(orjson.dumps({"id": f"r{i}", "y": label(1)[0]}), None, now_ms=24)
     proc.step(now_ms=24, force=True)
     proc.on_labels(orjson.dumps({"id": "r0", "y": label(1)[0]}), None, now_ms=40)  # a duplicate label: remembered
+    proc.on_features(orjson.dumps({"ids": ["r40", "r41"], "x": rng.normal(size=(2, k)).tolist()}), None, now_ms=40)
+    proc.step(now_ms=40, force=True)
+    y = label(2)
+    proc.on_labels(orjson.dumps({"ids": ["r40", "r50"], "y": y}), None, now_ms=40)  # one pending, one not: row by row
     proc.on_features(orjson.dumps({"ids": ["r1", "r99"], "x": rng.normal(size=(2, k)).tolist()}), None, now_ms=40)  # a duplicate row
     proc.step(now_ms=40, force=True)
     if config.track_regret:
