@@ -51,22 +51,29 @@ def test_ties_alternate_between_partitions_the_lower_priority_first():
     assert items(a.release(0, CAUGHT_UP, limit=10)) == [(F, 3), (L, 3)]  # L2 was released last
 
 
+def fetched_in_random_order(stream, seed: int):
+    """(aligner, released items) after the (key, offset, ts) messages of ``stream`` were fetched
+    partition by partition in random chunks of 1–9, releasing after each with the lag known."""
+    rng = random.Random(seed)
+    a = aligner(max_messages=1000)
+    broker = {F: [m for m in stream if m[0] == F], L: [m for m in stream if m[0] == L]}
+    out = []
+    while broker[F] or broker[L]:
+        key = rng.choice([k for k in broker if broker[k]])
+        n = rng.randint(1, 9)
+        for m in broker[key][:n]:
+            a.add(m[0], m[1], m[2], 1, m)
+        broker[key] = broker[key][n:]
+        out += items(a.release(0, lambda k: len(broker[k]), limit=1000))
+    return a, out
+
+
 def test_random_interleavings_release_every_message_once_in_timestamp_order():
     """However the consumer happens to fetch the two partitions, with the lag known the release order
     is the produce order (seed printed on failure)."""
     stream = [(F if i % 2 == 0 else L, i // 2, i) for i in range(200)]  # produced F0 L0 F1 L1 ...
     for seed in range(20):
-        rng = random.Random(seed)
-        a = aligner(max_messages=1000)
-        broker = {F: [m for m in stream if m[0] == F], L: [m for m in stream if m[0] == L]}
-        out = []
-        while broker[F] or broker[L]:
-            key = rng.choice([k for k in broker if broker[k]])
-            n = rng.randint(1, 9)
-            for m in broker[key][:n]:
-                a.add(m[0], m[1], m[2], 1, m)
-            broker[key] = broker[key][n:]
-            out += items(a.release(0, lambda k: len(broker[k]), limit=1000))
+        a, out = fetched_in_random_order(stream, seed)
         assert a.queued == 0 and out == stream, f"seed {seed}"
 
 
@@ -83,17 +90,7 @@ def test_ties_with_an_empty_lagging_partition_wait_for_it():
             stream.append((L, i - 1, None))
     stream = [(key, offset, n // 8) for n, (key, offset, _) in enumerate(stream)]
     for seed in range(20):
-        rng = random.Random(seed)
-        a = aligner(max_messages=1000)
-        broker = {F: [m for m in stream if m[0] == F], L: [m for m in stream if m[0] == L]}
-        out = []
-        while broker[F] or broker[L]:
-            key = rng.choice([k for k in broker if broker[k]])
-            n = rng.randint(1, 9)
-            for m in broker[key][:n]:
-                a.add(m[0], m[1], m[2], 1, m)
-            broker[key] = broker[key][n:]
-            out += items(a.release(0, lambda k: len(broker[k]), limit=1000))
+        a, out = fetched_in_random_order(stream, seed)
         at = {(m[0], m[1]): i for i, m in enumerate(out)}
         assert a.queued == 0 and len(out) == len(stream), f"seed {seed}"
         assert all(at[(F, i)] < at[(L, i)] for i in range(99)), f"seed {seed}: a label before its features"
