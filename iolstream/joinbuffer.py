@@ -357,9 +357,9 @@ class JoinBuffer:
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
 
     def _add_rows_joining_early(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
-        """add_rows when every id is new, the buffer has room, and some ids have early labels (one-row
-        label messages: nearly all of them, come while their rows wait for their batch): those join
-        now, the others become pending, without the id memory's row-by-row session."""
+        """add_rows when every id is new, the buffer has room, and some ids have early labels (with
+        one-row label messages nearly all do: they come while their rows wait for their batch): those
+        join now, the others become pending, without the id memory's row-by-row session."""
         early = self._early
         joined = np.fromiter((row_id in early for row_id in ids), dtype=bool, count=len(ids))
         join_rows = np.flatnonzero(joined)

@@ -43,8 +43,9 @@ def configure_blas(numpy_threads: int = 1) -> None:
 # sleeps, in the worker. libgomp's default (300,000, about a millisecond) suits back-to-back parallel
 # kernels: the learner alone is ~15 % slower at 3,000. In the worker the main thread runs Python
 # (decoding, joining, encoding, producing) between the kernels for half of each step, and the spinning
-# thread burnt a core meanwhile: ~30 % of the worker's CPU time on the small config, at the same
-# throughput and latency (`iolstream bench --suite kafka` reports CPU seconds per 100k rows).
+# thread burnt a core meanwhile: 25-30 % of the worker's CPU time on the small config, at the same
+# or better throughput and the same latency (`iolstream bench --suite kafka` reports CPU seconds per
+# 100k rows).
 WORKER_OMP_SPINCOUNT = 3000
 
 
