@@ -88,11 +88,22 @@ def _fingerprints(codes, out):
         out[i, 0], out[i, 1] = _fingerprint_codes(codes[i, :length])
 
 
+@nb.njit(**_JIT)
+def _fingerprint_bytes(buf):
+    """``_fingerprint_codes`` of one id given as its UTF-32-LE bytes (``_code_bytes``)."""
+    return _fingerprint_codes(np.frombuffer(buf, dtype=np.uint32))
+
+
+def _code_bytes(row_id: str) -> bytes:
+    """The id's code points as NumPy's U dtype holds them (lone surrogates too), as bytes: one-row
+    messages make one id a per-row cost, and bytes cost a fraction of a NumPy str array or array
+    (or of passing a str to Numba, whose dispatch types a str slowly)."""
+    return row_id.encode("utf-32-le", "surrogatepass")
+
+
 def fingerprint(row_id: str) -> tuple[int, int]:
-    """The fingerprint of one id, as ``fingerprints([row_id])[0]``: one-row messages make this a per-row
-    cost, and its code points as a buffer cost a fraction of a NumPy str array (or of passing a str to
-    Numba, whose dispatch types a str slowly)."""
-    return _fingerprint_codes(np.frombuffer(row_id.encode("utf-32-le", "surrogatepass"), dtype=np.uint32))  # as NumPy's U dtype
+    """The fingerprint of one id, as ``fingerprints([row_id])[0]``."""
+    return _fingerprint_bytes(_code_bytes(row_id))
 
 
 def fingerprints(ids) -> np.ndarray:
@@ -212,6 +223,19 @@ def _get(table, ring, kinds, h1, h2):
     return kinds[r] if r >= 0 else 0
 
 
+@nb.njit(**_JIT)
+def _get_id(table, ring, kinds, buf):
+    """``_get`` of one id's ``_code_bytes``: hashed and looked up in one call (one dispatch, not two)."""
+    h1, h2 = _fingerprint_bytes(buf)
+    return _get(table, ring, kinds, h1, h2)
+
+
+@nb.njit(**_JIT)
+def _add_id(table, ring, kinds, state, buf, kind):
+    h1, h2 = _fingerprint_bytes(buf)
+    _add(table, ring, kinds, state, h1, h2, kind)
+
+
 class RecentIds:
     """The last ``capacity`` ids remembered, each with a kind (an int 1..127), in fixed memory.
 
@@ -284,7 +308,7 @@ class RecentIds:
         if not self.capacity:
             return
         if len(ids) == 1:
-            self.add(*fingerprint(ids[0]), kind)
+            _add_id(self._table, self._ring, self._kinds, self._state, _code_bytes(ids[0]), kind)
         elif len(ids):
             self.add_many(fingerprints(ids), kind)
 
@@ -293,7 +317,7 @@ class RecentIds:
         if not (self.capacity and len(self) and len(ids)):
             return False
         if len(ids) == 1:
-            return self.get(*fingerprint(ids[0])) != 0
+            return _get_id(self._table, self._ring, self._kinds, _code_bytes(ids[0])) != 0
         return self.any(fingerprints(ids))
 
     def session(self, ids: list[str], fps: np.ndarray | None = None) -> Session | OneId:
