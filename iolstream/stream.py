@@ -224,16 +224,18 @@ class StreamProcessor:
         result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids)
         self._queue_joined(result, now_ms)
         mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
-        single = len(labels.ids) == 1 and not rejected
-        dead += self._dead(mine, source, raw=value if single else None)
+        if mine:
+            single = len(labels.ids) == 1 and not rejected
+            dead += self._dead(mine, source, raw=value if single else None)
         if self.join.counters["labels_early_held"] > held_before:
-            settled = set(result.ids).union(_label_id(raw) for _, raw in mine)
+            settled = set(result.ids).union(_label_id(raw) for _, raw in mine) if result.ids or mine else ()
             for row_id in labels.ids:  # held early (or, mixed in, a duplicate: harmless, bounded)
                 if row_id not in settled and row_id not in self._early_sources:
                     self._early_sources[row_id] = source
             while len(self._early_sources) > max(self.cfg.max_early_labels, 1):
                 self._early_sources.popitem(last=False)
-        dead += self._orphans(result.rejected)
+        if result.rejected:
+            dead += self._orphans(result.rejected)
         return dead
 
     def _orphans(self, rejected) -> list[DeadLetter]:
