@@ -605,19 +605,24 @@ class MicroBatcher:
         """The oldest rows, at most max_rows (whether due or not), or None when empty."""
         if self._n == 0:
             return None
-        parts, need = [], self.max_rows
-        while need and self._chunks:
-            rows, arrived = self._chunks[0]
-            if len(rows) <= need:
-                self._chunks.popleft()
-                parts.append(rows)
-                need -= len(rows)
-            else:
-                parts.append(_slice(rows, 0, need))
-                self._chunks[0] = (_slice(rows, need, len(rows)), arrived)
-                need = 0
+        if self._n <= self.max_rows:  # all of it (one-row messages: 256 chunks), without a loop per chunk
+            parts = [rows for rows, _ in self._chunks]
+            self._chunks.clear()
+        else:
+            parts, need = [], self.max_rows
+            while need and self._chunks:
+                rows, arrived = self._chunks[0]
+                n = len(rows.ids)
+                if n <= need:
+                    self._chunks.popleft()
+                    parts.append(rows)
+                    need -= n
+                else:
+                    parts.append(_slice(rows, 0, need))
+                    self._chunks[0] = (_slice(rows, need, n), arrived)
+                    need = 0
         batch = parts[0] if len(parts) == 1 else _concat(parts)
-        self._n -= len(batch)
+        self._n -= len(batch.ids)
         return batch
 
     def to_state(self) -> dict[str, np.ndarray]:
