@@ -25,6 +25,7 @@ between runs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import yaml
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from .bench import bench_core_step
 
@@ -113,9 +115,32 @@ def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_r
     }  # fmt: skip
 
 
+_created: list[str] = []  # topic names handed out in this run, deleted at its end (run_kafka)
+
+
 def _topics(tag: str) -> list[str]:
     u = uuid.uuid4().hex[:8]
-    return [f"bench-{tag}-{u}-{s}" for s in ("features", "labels", "predictions", "dead")]
+    names = [f"bench-{tag}-{u}-{s}" for s in ("features", "labels", "predictions", "dead")]
+    _created.extend(names)
+    return names
+
+
+def _delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete the run's topics (a run leaves ~20 with up to 50 MB of data otherwise, and a broker
+    that gathered thousands of them spends a core's share on them in the background)."""
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures are done
+    futures = admin.delete_topics(names, operation_timeout=30)
+    failed = []
+    for name, future in futures.items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:  # never created (e.g. no dead letters)
+                failed.append(f"{name}: {exc.args[0].str()}")
+    if failed:
+        print(f"warning: could not delete {len(failed)} bench topics: {failed[:3]}", file=sys.stderr)
 
 
 def _ensure(cfg_dict: dict) -> None:
@@ -339,8 +364,6 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     its prediction is in Kafka, readable by any consumer. The predictions are read after the
     run: a consumer reading them live would share these 2 cores with the worker and the broker
     (in one run it alone raised p99 from ~30 to ~70 ms) and add its own fetch wait."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-latency")
     cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name])
@@ -391,8 +414,18 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
 def run_kafka(args) -> dict:
     bootstrap = args.bootstrap or f"127.0.0.1:{os.environ.get('KAFKA_PORT', '19092')}"
     scale = getattr(args, "kafka_scale", 1.0)
-    results = {}
     workdir = Path(tempfile.mkdtemp(prefix="iolstream-bench-"))
+    try:
+        results = _run_kafka(args, bootstrap, scale, workdir)
+    finally:
+        _delete_topics(bootstrap, _created)
+        _created.clear()
+    shutil.rmtree(workdir, ignore_errors=True)  # kept after a failure: the error names a worker log in it
+    return {"suite": "kafka", "bootstrap": bootstrap, "results": results}
+
+
+def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
+    results = {}
     for name in args.configs:
         rows = max(int(ROWS[name] * scale), 4 * BATCH[name])
         X, y = _data(rows)
@@ -421,4 +454,4 @@ def run_kafka(args) -> dict:
         results[name] = entry
         if not args.json:
             print(name, orjson.dumps(entry, option=orjson.OPT_INDENT_2).decode(), flush=True)
-    return {"suite": "kafka", "bootstrap": bootstrap, "results": results}
+    return results

@@ -5,17 +5,25 @@ there, consistent with the others, and the worker processed every row. Nothing h
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from iolstream import cli
 
 
 @pytest.mark.timeout(300)
 def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
     code = cli.main(["bench", "--suite", "kafka", "--configs", "small", "--kafka-scale", "0.02", "--json",
                      "--bootstrap", kafka_bootstrap])  # fmt: skip
     assert code == 0
+    deadline = time.monotonic() + 15  # the deletions are done; the metadata may trail them a moment
+    while (left := {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")} - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"the bench left its topics behind: {sorted(left)[:4]}"
     out = json.loads(capsys.readouterr().out)
     small = out["results"]["small"]
     batch, rows = small["worker_batch_messages"], small["worker_row_messages"]
