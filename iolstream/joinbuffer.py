@@ -404,8 +404,9 @@ class JoinBuffer:
             self.counters["labels_joined"] += len(ids)
             y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
-        if self.fast_paths and len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels:
-            early[ids[0]] = (Y.tolist()[0], now_ms)  # one label of a row waiting for its batch: held, nothing else
+        held_at_once = len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
+        if self.fast_paths and held_at_once:  # one label of a row waiting for its batch: held, nothing else
+            early[ids[0]] = (Y.tolist()[0], now_ms)
             self.counters["labels_received"] += 1
             self.counters["labels_early_held"] += 1
             return JoinResult([], self._no_X, self._no_y, self._no_seq, [], self._empty_rows())

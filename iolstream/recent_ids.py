@@ -96,8 +96,8 @@ def _fingerprint_bytes(buf):
 
 def _code_bytes(row_id: str) -> bytes:
     """The id's code points as NumPy's U dtype holds them (lone surrogates too), as bytes: one-row
-    messages make one id a per-row cost, and bytes cost a fraction of a NumPy str array or array
-    (or of passing a str to Numba, whose dispatch types a str slowly)."""
+    messages make one id a per-row cost, and bytes cost a fraction of a NumPy str array (or of
+    passing a str to Numba, whose dispatch types a str slowly)."""
     return row_id.encode("utf-32-le", "surrogatepass")
 
 

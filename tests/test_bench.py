@@ -16,13 +16,19 @@ from iolstream import cli
 @pytest.mark.timeout(300)
 def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
+
+    def bench_topics() -> set[str]:
+        return {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
+
+    before = bench_topics()
     code = cli.main(["bench", "--suite", "kafka", "--configs", "small", "--kafka-scale", "0.02", "--json",
                      "--bootstrap", kafka_bootstrap])  # fmt: skip
     assert code == 0
     deadline = time.monotonic() + 15  # the deletions are done; the metadata may trail them a moment
-    while (left := {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")} - before) and time.monotonic() < deadline:
+    left = bench_topics() - before
+    while left and time.monotonic() < deadline:
         time.sleep(0.5)
+        left = bench_topics() - before
     assert not left, f"the bench left its topics behind: {sorted(left)[:4]}"
     out = json.loads(capsys.readouterr().out)
     small = out["results"]["small"]
