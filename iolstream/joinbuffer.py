@@ -268,7 +268,7 @@ class JoinBuffer:
             and not self._done.remembers_any(rows.ids)
         ):  # fmt: skip
             return rows, []
-        kinds = self._done.kinds(fingerprints(rows.ids)).tolist()
+        kinds = self._done.kinds(self._done.fingerprints_of(rows.ids)).tolist()
         seen: set[str] = set()
         keep, rejected = [], []
         for i, row_id in enumerate(rows.ids):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
+from iolstream.recent_ids import FINGERPRINT_BATCHES, FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
 
 MASK = 2**64 - 1
 
@@ -182,3 +182,18 @@ def test_remember_by_id_equals_the_fingerprint_calls(ids):
     for probe in (["a"], ["zz"], ["zz", "c"], []):
         assert by_id.remembers_any(probe) == (bool(probe) and by_fp.any(fingerprints(probe)))
     assert not RecentIds(0).remembers_any(["a"])
+
+
+def test_fingerprints_of_reuses_the_last_batches_by_their_content():
+    """A batch's ids are hashed once however often they are asked for (a new list with the same ids
+    included); the answer is always ``fingerprints`` of them, and only FINGERPRINT_BATCHES lists are kept."""
+    mem = RecentIds(10)
+    batches = [[f"{start}-{i}" for i in range(5)] for start in range(FINGERPRINT_BATCHES + 2)]
+    first = mem.fingerprints_of(batches[0])
+    assert mem.fingerprints_of(list(batches[0])) is first  # same ids, another list: not hashed again
+    assert mem.fingerprints_of(batches[0][::-1]) is not first  # order matters
+    for ids in batches:
+        assert mem.fingerprints_of(ids).tolist() == fingerprints(ids).tolist()
+    assert len(mem._recent_fps) == FINGERPRINT_BATCHES
+    assert mem.fingerprints_of(batches[0]) is not first  # pushed out, hashed again: the same values
+    assert mem.fingerprints_of(batches[0]).tolist() == first.tolist()
