@@ -620,17 +620,19 @@ def encode_predictions(
     id_json = _split_json_list(orjson.dumps(ids), b)
     if id_json is None:  # an id with a comma in it: one call per id
         id_json = [orjson.dumps(i) for i in ids]
+    head = b'{"id":%b,"y_hat":%b'
     if classes is not None:
         class_json = _class_json(classes)
         y_json = [class_json[i] for i in np.asarray(y_hat).reshape(b).tolist()]
     else:
         values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
-        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values, b, brackets=values.shape[1] > 1)
-    head = b'{"id":%b,"y_hat":%b'
+        if values.shape[1] > 1:
+            head = b'{"id":%b,"y_hat":[%b]'
+        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values, b)
     parts = [id_json, y_json]
     if proba is not None:
-        head += b',"proba":%b'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1), b, brackets=True))
+        head += b',"proba":[%b]'
+        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1), b))
     head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
     tail = b',"mode":%b}' % orjson.dumps(mode)
     event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
@@ -650,12 +652,13 @@ def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
     return items if len(items) == b else None
 
 
-def _rows_json(values: np.ndarray, b: int, *, brackets: bool) -> list[bytes]:
-    """Each row of a float array as JSON (a number, or an array when ``brackets``), from one orjson call."""
+def _rows_json(values: np.ndarray, b: int) -> list[bytes]:
+    """Each element of a (b,) float array as JSON, or each row of a (b, m) one without its brackets
+    (the message template has them), from one orjson call."""
     raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not brackets:
+    if values.ndim == 1:
         return raw[1:-1].split(b",")
-    return [b"[" + row + b"]" for row in raw[2:-2].split(b"],[")]
+    return raw[2:-2].split(b"],[")
 
 
 @lru_cache(maxsize=32)
