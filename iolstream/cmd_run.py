@@ -49,7 +49,7 @@ def run(args) -> int:
         if metrics is not None:
             metrics.attach(worker)
         worker.install_signal_handlers()
-        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds)
+        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds, freeze_startup=True)
     finally:
         if metrics is not None:
             metrics.close()

@@ -535,14 +535,18 @@ class Worker:
             return seconds
         return max(0.5, min(seconds, self.stop_deadline - time.monotonic() - 1.0))
 
-    def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None) -> int:
+    def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, freeze_startup: bool = False) -> int:
         """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds`` while partitions
-        are assigned: joining the group, which can take seconds on a fresh broker, does not count); returns an exit code."""
+        are assigned: joining the group, which can take seconds on a fresh broker, does not count); returns an exit code.
+        ``freeze_startup``: once the kernels and clients are up, freeze what exists then for the garbage
+        collector (``runtime.freeze_startup_objects``; the worker process does, a test process does not)."""
         started = time.monotonic()
         last_input = time.monotonic()
         last_status = time.monotonic()
         try:
             self._open()
+            if freeze_startup:
+                log.debug("%d start-up objects frozen for the garbage collector", runtime.freeze_startup_objects())
             while not self.stop_event.is_set():
                 self.last_tick = time.monotonic()
                 consumed = self._poll_once()

@@ -517,3 +517,58 @@ def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_pa
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["3000", "False"], out.stderr
+
+
+def test_freezing_the_start_up_objects_collects_garbage_first_and_still_collects_later():
+    """runtime.freeze_startup_objects (fresh process: gc.freeze is process-wide): cyclic garbage made
+    before is collected, not frozen; live objects are frozen; cycles made after are collected as usual."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, weakref\n"
+        "from iolstream import runtime\n"
+        "class Node: pass\n"
+        "def cycle():\n"
+        "    a, b = Node(), Node(); a.b, b.a = b, a\n"
+        "    return weakref.ref(a)\n"
+        "gc.disable()\n"
+        "before, kept = cycle(), Node()\n"
+        "frozen = runtime.freeze_startup_objects()\n"
+        "after = cycle()\n"
+        "print(before() is None, frozen > 1000, frozen == gc.get_freeze_count(), after() is None)\n"
+        "gc.collect()\n"
+        "print(after() is None, len(gc.get_objects(generation=2)) < 100)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True", "True", "False", "True", "True"], out.stderr
+
+
+def test_the_run_command_freezes_the_start_up_objects_once_the_kernels_are_loaded(tmp_path):
+    """`iolstream run` freezes for the garbage collector after Worker._open (kernels loaded, clients up),
+    before the first poll; a Worker run in-process (tests) does not. Checked by stopping at the first poll."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, sys\n"
+        "from iolstream import cli, worker\n"
+        "class Stop(Exception): pass\n"
+        "opened = []\n"
+        "def fake_open(self):\n"
+        "    opened.append(gc.get_freeze_count())\n"
+        "def first_poll(self):\n"
+        "    print(opened[0], gc.get_freeze_count() > 1000)\n"
+        "    raise Stop\n"
+        "worker.Worker._open = fake_open\n"
+        "worker.Worker._poll_once = first_poll\n"
+        "try:\n"
+        "    cli.main(['run', '-c', sys.argv[1]])\n"
+        "except Stop:\n"
+        "    pass\n"
+    )
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(f"model: {{n_inputs: 2, classes: [a, b]}}\nkafka: {{bootstrap_servers: '127.0.0.1:1'}}\n"
+                   f"metrics: {{port: 0}}\nsnapshot: {{dir: '{tmp_path / 'snap'}'}}\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0", "True"], out.stderr
