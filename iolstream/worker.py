@@ -535,7 +535,9 @@ class Worker:
             return seconds
         return max(0.5, min(seconds, self.stop_deadline - time.monotonic() - 1.0))
 
-    def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, freeze_startup: bool = False) -> int:
+    def run(
+        self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, freeze_startup: bool = False
+    ) -> int:
         """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds`` while partitions
         are assigned: joining the group, which can take seconds on a fresh broker, does not count); returns an exit code.
         ``freeze_startup``: once the kernels and clients are up, freeze what exists then for the garbage
