@@ -153,11 +153,14 @@ def _ensure(cfg_dict: dict) -> None:
 class WorkerProcess:
     """``iolstream run`` in its own process, on a config written to a temporary file."""
 
-    def __init__(self, cfg_dict: dict, workdir: Path, *, idle_stop_seconds: float | None = None):
+    def __init__(
+        self, cfg_dict: dict, workdir: Path, *, idle_stop_seconds: float | None = None, command: list[str] | None = None
+    ):
+        """``command``: what runs the worker, given ``-c CONFIG`` and the options (default ``python -m iolstream run``)."""
         self.path = workdir / f"worker-{uuid.uuid4().hex[:6]}.yaml"
         self.path.write_text(yaml.safe_dump(cfg_dict))
         self.log = workdir / (self.path.stem + ".log")
-        argv = [sys.executable, "-m", "iolstream", "run", "-c", str(self.path)]
+        argv = [*(command or [sys.executable, "-m", "iolstream", "run"]), "-c", str(self.path)]
         if idle_stop_seconds is not None:
             argv += ["--idle-stop-seconds", str(idle_stop_seconds)]
         with open(self.log, "wb") as log:
