@@ -130,6 +130,9 @@ def configure_for_model(model) -> None:
     model.thread_tuner = StepTuner(settings) if len(settings) > 1 else None
 
 
+TRIAL_STEPS = 3  # timed steps of a retry (after its untimed first), judged by their median
+
+
 class StepTuner:
     """Chooses a StepSetting per step by timing the real steps.
 
@@ -138,11 +141,15 @@ class StepTuner:
     parked). So each step runs with the setting that has been fastest lately, and now and then
     a few steps retry another one: after ``period`` steps, then — each time it loses again —
     after twice as many, up to ``max_period`` (retries of a 10× slower setting then cost ~3 %).
-    The first step after a switch is not timed (waking or parking threads, a kernel's JIT).
+    The first step after a switch is not timed (waking or parking threads, a kernel's JIT); a
+    retry is judged by the median of its next TRIAL_STEPS steps, so that one step stalled by
+    another process does not decide it. Judged by the mean of two, the parallel kernels lost a
+    retry to such a stall now and then, and a worker behind its input ran serially for the next
+    128–256 steps: 2–38 % of a 120k-row catch-up serial where 2 % was its due (4 runs).
 
     ``explore`` False is for a worker keeping up with a live stream, where latency matters and
     throughput does not: no retries (a retry of a setting that lost by 10× stalls the stream for
-    its three steps, ~100 ms on the small config), and a step that takes less than
+    its four steps, ~130 ms on the small config), and a step that takes less than
     ``live_serial_seconds`` serially runs serially (the first setting): both cores would save it
     a millisecond or two, but a parallel region waits 10–20 ms for its thread whenever another
     process (the broker, a producer, the client's threads) takes the other core. Together these
@@ -212,10 +219,10 @@ class StepTuner:
             self.cost[setting] = per_row if old is None else 0.5 * old + 0.5 * min(per_row, 1.25 * old)
             return
         self._samples.append(per_row)
-        if len(self._samples) < 2:
+        if len(self._samples) < TRIAL_STEPS:
             return
         incumbent = min(c for s, c in self.cost.items() if s != setting)
-        self.cost[setting] = sum(self._samples) / len(self._samples)
+        self.cost[setting] = sorted(self._samples)[len(self._samples) // 2]
         self._trial = None
         if self.cost[setting] < incumbent:  # it won: the others are retried soon
             for s in self.settings:

@@ -428,9 +428,9 @@ def test_step_settings_by_size_and_cores():
 
 def test_step_tuner_runs_the_fastest_and_retries_the_others():
     """Each setting is timed first (on its second step: the first after a switch is not timed);
-    then the cheapest runs, and a loser is retried (3 steps) after 8, 16, 32 … steps, doubling
-    each time it loses again; when it wins, it takes over."""
-    from iolstream.runtime import StepSetting, StepTuner
+    then the cheapest runs, and a loser is retried (1 + TRIAL_STEPS steps) after 8, 16, 32 … steps,
+    doubling each time it loses again; when it wins, it takes over."""
+    from iolstream.runtime import TRIAL_STEPS, StepSetting, StepTuner
 
     settings = [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
     seconds = {settings[0]: 2.0, settings[1]: 1.0, settings[2]: 10.0}
@@ -445,13 +445,34 @@ def test_step_tuner_runs_the_fastest_and_retries_the_others():
     retries = [i for i in range(6, 400) if chosen[i] != chosen[i - 1] and chosen[i] != settings[1]]
     assert len(retries) <= 2 * 5 + 2 * (400 // 64), retries  # backed off to one retry per 64 steps each
     assert {chosen[i] for i in retries} == {settings[0], settings[2]}  # both losers are retried
-    assert chosen[-64:].count(settings[1]) >= 64 - 2 * 3
+    assert chosen[-64:].count(settings[1]) >= 64 - 2 * (1 + TRIAL_STEPS)
     seconds[settings[2]] = 0.1  # the neighbour left: the BLAS threads now win
     for _ in range(200):
         setting = tuner.choose()
         tuner.record(setting, seconds[setting], rows=1)
     assert min(tuner.cost, key=tuner.cost.get) == settings[2]
     assert tuner.choose() == settings[2] or tuner._trial is not None
+
+
+def test_a_retry_is_not_lost_to_one_stalled_step():
+    """The faster setting, retried after it lost to a slowdown, takes over again although one of its
+    trial steps stalled (another process held the core: 10× as long): the median of its timed steps
+    decides, not their mean. Two stalls in a row are a slowdown, and it stays the loser."""
+    from iolstream.runtime import TRIAL_STEPS, StepSetting, StepTuner
+
+    serial, parallel = StepSetting(1, False), StepSetting(1, True)
+    for stalls, parallel_wins in ((1, True), (2, False)):
+        tuner = StepTuner([serial, parallel], period=8, max_period=64)
+        tuner._lib = False
+        tuner.cost = {serial: 2.0, parallel: 5.0}  # parallel lost to a slowdown that has passed
+        tuner._due[parallel] = 0  # and its retry is due
+        seconds = [1.0] + [10.0] * stalls + [1.0] * (TRIAL_STEPS - stalls)  # the first step is not timed
+        for step_seconds in seconds:
+            setting = tuner.choose()
+            assert setting == parallel
+            tuner.record(setting, step_seconds, rows=1)
+        assert tuner._trial is None  # decided
+        assert (min(tuner.cost, key=tuner.cost.get) == parallel) == parallel_wins
 
 
 @pytest.mark.parametrize("parallel_wins", [False, True])
