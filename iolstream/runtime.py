@@ -64,8 +64,8 @@ def freeze_startup_objects() -> int:
     """Collect, then put every object alive now out of the cyclic garbage collector's reach
     (``gc.freeze``); returns how many were frozen. For the worker process once it has started
     (``iolstream run``): its modules, compiled kernels, clients and loaded state are ~120k tracked
-    objects, and every full collection traversed them all again, ~25 ms each, every few seconds on
-    one-row messages (a stall of the stream and +6 % rows/s without it). What is created later is
+    objects, and every full collection traversed them all again: a 26–38 ms stall of the stream,
+    every second or two on one-row messages (~2 ms after the freeze). What is created later is
     collected as before, and a frozen object is still freed when its last reference goes: only a
     frozen reference cycle stays for good. Not for a process that keeps making and dropping workers."""
     gc.collect()
@@ -140,7 +140,7 @@ class StepTuner:
     another process holds a core (a parallel region waits for a thread the scheduler has
     parked). So each step runs with the setting that has been fastest lately, and now and then
     a few steps retry another one: after ``period`` steps, then — each time it loses again —
-    after twice as many, up to ``max_period`` (retries of a 10× slower setting then cost ~3 %).
+    after twice as many, up to ``max_period`` (retries of a 10× slower setting then cost ~4 %).
     The first step after a switch is not timed (waking or parking threads, a kernel's JIT); a
     retry is judged by the median of its next TRIAL_STEPS steps, so that one step stalled by
     another process does not decide it. Judged by the mean of two, the parallel kernels lost a
