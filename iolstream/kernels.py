@@ -18,6 +18,8 @@ import math
 import numba as nb
 import numpy as np
 
+from . import kernel_cache  # noqa: F401  (before the first @njit(cache=True): kernels stamped with all kernel files)
+
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "selu", "swish", "leaky_relu")
 ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 

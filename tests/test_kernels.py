@@ -274,3 +274,41 @@ def test_cholesky_helpers_equal_numpy():
     np.testing.assert_allclose(linalg.gemm(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4)
     with pytest.raises(linalg.NotPositiveDefinite):
         linalg.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
+
+
+@pytest.mark.parametrize("cache_dir", [False, True], ids=["in-tree", "NUMBA_CACHE_DIR"])
+def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cache_dir):
+    """Numba stamps a cached kernel with its own file only; kernel_cache adds a digest of all the
+    kernel files, so that a kernel is recompiled when a function it calls from another file changes
+    (here: kernels.layer_mean after an edit of blaslib.py), and only then (an edit of codec.py: loaded)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from iolstream import kernel_cache
+
+    assert isinstance(fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator))
+    package = tmp_path / "copy" / "iolstream"
+    shutil.copytree(kernel_cache.HERE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(package.parent), NUMBA_DEBUG_CACHE="1")
+    if cache_dir:
+        env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
+    code = "import numpy as np\nfrom iolstream import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert out.returncode == 0, out.stderr
+        lines = [line for line in out.stdout.splitlines() if "layer_mean" in line and "data " in line]
+        return lines[0].split()[1] + " " + lines[0].split()[2] if lines else "?"  # "data saved" / "data loaded"
+
+    assert run() == "data saved"
+    assert run() == "data loaded"
+    with open(package / "codec.py", "a") as f:
+        f.write("\n# an edit outside the kernels\n")
+    assert run() == "data loaded"
+    with open(package / "blaslib.py", "a") as f:
+        f.write("\n# an edit of another kernel file\n")
+    assert run() == "data saved"
+    assert run() == "data loaded"

@@ -1,0 +1,77 @@
+"""Numba's on-disk cache of the kernels, stamped with every kernel file, not only the kernel's own.
+
+Numba keeps a compiled kernel until the file that defines it changes. A kernel that calls a
+function from another file (``fused`` calls ``kernels._activate`` and the ``blaslib`` wrappers;
+all of them take their flags from ``kernels.JIT``) carries its own copy of that function, so an
+edit there left the cached kernel as it was: computing the old way, or crashing when an
+interface changed (Numba's documented limitation, "changes in other files are not detected").
+Here every kernel defined in KERNEL_FILES is stamped with its own file and a digest of all of
+them: an edit of any recompiles them all, once (seconds).
+
+Imported by the kernel modules before their first ``@njit(cache=True)``: the stamp is chosen
+when a kernel is decorated. Functions outside this package keep Numba's own locators.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+from numba.core import caching
+
+KERNEL_FILES = ("kernels.py", "blaslib.py", "fused.py")  # recent_ids.py calls nothing outside itself
+HERE = Path(__file__).resolve().parent
+
+
+def sources_digest(paths) -> str:
+    """SHA-256 over the names and bytes of ``paths``, in order."""
+    h = hashlib.sha256()
+    for path in paths:
+        path = Path(path)
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def kernels_digest() -> str:
+    """``sources_digest`` of this package's KERNEL_FILES (read once per process)."""
+    return sources_digest(HERE / name for name in KERNEL_FILES)
+
+
+class _StampedByAllKernels:
+    """Mixed into Numba's source-file locators: only for this package's kernel files, and their
+    stamp is (Numba's own stamp of the file, ``kernels_digest()``)."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        path = Path(py_file).resolve()
+        if path.parent != HERE or path.name not in KERNEL_FILES:
+            return None
+        return super().from_function(py_func, py_file)
+
+    def get_source_stamp(self):
+        return super().get_source_stamp(), kernels_digest()
+
+
+def _numba(name: str):
+    """A class of numba.core.caching, by its name in Numba 0.68 or its older private one."""
+    return getattr(caching, name, None) or getattr(caching, "_" + name)
+
+
+class UserDirLocator(_StampedByAllKernels, _numba("UserProvidedCacheLocator")):
+    """``NUMBA_CACHE_DIR`` set (the container image): kernels cached there."""
+
+
+class InTreeLocator(_StampedByAllKernels, _numba("InTreeCacheLocator")):
+    """Kernels cached in ``__pycache__`` beside the sources."""
+
+
+def install() -> None:
+    """Put the two locators ahead of Numba's (idempotent)."""
+    classes = _numba("CacheImpl")._locator_classes
+    if UserDirLocator not in classes:
+        classes[0:0] = [UserDirLocator, InTreeLocator]
+
+
+install()
