@@ -641,9 +641,11 @@ def encode_predictions(
         return [fill % row for row in zip(*parts)]
     with_event = head + b',"event_ts":%d' + tail.replace(b"%", b"%%")
     without = head + tail.replace(b"%", b"%%")
-    return [
-        with_event % (*row, e) if e >= 0 else without % tuple(row) for *row, e in zip(*parts, event.tolist())
-    ]  # fmt: skip
+    events = event.tolist()
+    # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
+    if proba is None:
+        return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
+    return [with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)]
 
 
 def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
