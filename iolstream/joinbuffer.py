@@ -245,7 +245,8 @@ class JoinBuffer:
         """Copy the rows in ``slots`` out and free the slots."""
         if not slots:
             return self._empty_rows(rejected)
-        result = ExpireResult(ids, self._X[slots], self._seq[slots], rejected or [])
+        rows = np.array(slots, dtype=np.intp)
+        result = ExpireResult(ids, self._X[rows], self._seq[rows], rejected or [])
         self._free.extend(slots)
         return result
 
@@ -349,9 +350,10 @@ class JoinBuffer:
         """add_rows when every id is new and the buffer has room: no per-row Python."""
         slots = self._take_slots(len(ids))
         self._pending.update(zip(ids, slots))
-        self._X[slots] = X
-        self._seq[slots] = batch_seq
-        self._added_ms[slots] = now_ms
+        rows = np.array(slots, dtype=np.intp)  # one conversion for the three scatters (a list is converted each time)
+        self._X[rows] = X
+        self._seq[rows] = batch_seq
+        self._added_ms[rows] = now_ms
         self.counters["rows_added"] += len(ids)
         empty = self._empty_rows()
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
