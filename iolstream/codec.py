@@ -628,11 +628,11 @@ def encode_predictions(
         values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
         if values.shape[1] > 1:
             head = b'{"id":%b,"y_hat":[%b]'
-        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values, b)
+        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
     parts = [id_json, y_json]
     if proba is not None:
         head += b',"proba":[%b]'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1), b))
+        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
     head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
     tail = b',"mode":%b}' % orjson.dumps(mode)
     event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
@@ -654,7 +654,7 @@ def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
     return items if len(items) == b else None
 
 
-def _rows_json(values: np.ndarray, b: int) -> list[bytes]:
+def _rows_json(values: np.ndarray) -> list[bytes]:
     """Each element of a (b,) float array as JSON, or each row of a (b, m) one without its brackets
     (the message template has them), from one orjson call."""
     raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)

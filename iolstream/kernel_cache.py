@@ -8,8 +8,9 @@ interface changed (Numba's documented limitation, "changes in other files are no
 Here every kernel defined in KERNEL_FILES is stamped with its own file and a digest of all of
 them: an edit of any recompiles them all, once (seconds).
 
-Imported by the kernel modules before their first ``@njit(cache=True)``: the stamp is chosen
-when a kernel is decorated. Functions outside this package keep Numba's own locators.
+Imported by ``kernels`` (which ``blaslib`` and ``fused`` import first) before its first
+``@njit(cache=True)``: the locator is chosen when a kernel is decorated. Functions outside
+these files keep Numba's own locators.
 """
 
 from __future__ import annotations
