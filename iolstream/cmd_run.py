@@ -10,7 +10,9 @@ def add_parser(subparsers):
     p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
     p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
     p.add_argument("--max-seconds", type=float, help="stop (cleanly) after this long")
-    p.add_argument("--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input while partitions are assigned")
+    p.add_argument(
+        "--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input while partitions are assigned"
+    )
     p.set_defaults(func=run)
     return p
 

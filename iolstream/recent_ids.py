@@ -233,6 +233,7 @@ def _get_id(table, ring, kinds, buf):
 
 @nb.njit(**_JIT)
 def _add_id(table, ring, kinds, state, buf, kind):
+    """``_add`` of one id's ``_code_bytes``: hashed and added in one call."""
     h1, h2 = _fingerprint_bytes(buf)
     _add(table, ring, kinds, state, h1, h2, kind)
 

@@ -505,7 +505,8 @@ def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap
     # static members do not leave the group when they stop: the waiter gets the partitions one session timeout later
     raw = worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 16, "n_layers": 1, "warmup_rows": 20},
                      kafka={"consumer": {"session.timeout.ms": 6000}})  # fmt: skip
-    holder = WorkerThread(config_from_dict({**raw, "durability": {"transactional_id": f"{raw['kafka']['group_id']}-a"}}, environ={}))
+    holder_id = f"{raw['kafka']['group_id']}-a"
+    holder = WorkerThread(config_from_dict({**raw, "durability": {"transactional_id": holder_id}}, environ={}))
     idle = 2.0
     with holder:
         holder.wait_assigned()
