@@ -681,3 +681,32 @@ def dead_letter_headers(bad: BadInput, source_topic: str, partition: int, offset
         ("iolstream.source.partition", str(int(partition)).encode()),
         ("iolstream.source.offset", str(int(offset)).encode()),
     ]
+
+
+def headers_bytes(headers: list[tuple[str, bytes]]) -> int:
+    """An upper bound of the bytes ``headers`` take in a Kafka record (key, value and two varint lengths each)."""
+    return sum(len(k.encode()) + len(v) + 10 for k, v in headers)
+
+
+def dead_letter_excerpt(
+    value: bytes, headers: list[tuple[str, bytes]], budget: int, why: str
+) -> tuple[bytes, list[tuple[str, bytes]]] | None:
+    """``(value, headers)`` as they are when value and headers fit ``budget`` bytes, else an excerpt that does:
+    the first bytes of ``value``, with the headers plus ``iolstream.original.size`` (the value's length),
+    ``iolstream.truncated: true`` and ``iolstream.truncated.reason`` (``why``). None if not even the headers fit.
+
+    >>> v, h = dead_letter_excerpt(b"x" * 1000, [("iolstream.reason", b"oversize")], 300, "too large")
+    >>> len(v), h[1:3]
+    (151, [('iolstream.original.size', b'1000'), ('iolstream.truncated', b'true')])
+    """
+    if len(value) + headers_bytes(headers) <= budget:
+        return value, headers
+    headers = headers + [
+        ("iolstream.original.size", str(len(value)).encode()),
+        ("iolstream.truncated", b"true"),
+        ("iolstream.truncated.reason", why.encode("utf-8", "replace")[:MAX_DETAIL_CHARS]),
+    ]
+    keep = budget - headers_bytes(headers)
+    if keep < 0:
+        return None
+    return value[:keep], headers

@@ -80,6 +80,7 @@ class DurabilityConfig:
     exactly_once: bool = False
     transactional_id: str | None = None  # default: "<group_id>-worker"
     shutdown_grace_seconds: float = 25.0
+    watchdog_seconds: float | None = None  # exit 5 when the loop has not ticked this long (null: from the client timeouts)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ _RULES = {
     "snapshot.every_seconds": (lambda v: v > 0, "a number > 0"),
     "snapshot.keep": _POSITIVE,
     "durability.shutdown_grace_seconds": (lambda v: v > 0, "a number > 0"),
+    "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a port number 0–65535 (0 disables)"),
     "metrics.window_rows": _POSITIVE,
     "logging.level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "one of DEBUG, INFO, WARNING, ERROR"),
@@ -255,7 +257,23 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
     if len(set(names)) != 4:
         raise ConfigError(f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}")
-    return cfg
+    return _with_size_limits(cfg)
+
+
+def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
+    """Check the client size settings against stream.max_message_bytes (ConfigError naming the keys) and set the
+    producer's message.max.bytes when it is not given: librdkafka's default (1,000,000) is below the default
+    stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue 12)."""
+    from . import topics  # imports confluent_kafka: not at module level, the config loads without it
+
+    try:
+        topics.check_producer_limits(cfg.stream.max_message_bytes, cfg.kafka.producer, cfg.kafka.consumer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "message.max.bytes" in cfg.kafka.producer:
+        return cfg
+    producer = {"message.max.bytes": topics.producer_message_max_bytes(cfg.stream.max_message_bytes), **cfg.kafka.producer}
+    return dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, producer=producer))
 
 
 def load_config(path, environ=None) -> WorkerConfig:

@@ -34,6 +34,8 @@ labels_received_total                  counter     labels decoded
 labels_total                           counter     outcome = joined | duplicate | expired | orphan
 rows_unlabelled_total                  counter     why = expired | evicted
 dead_letters_total                     counter     reason (every codec.REASONS value)
+dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
+dead_letters_dropped_total             counter     reason: dead letters not written (refused even as an excerpt)
 transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
 model_version                          gauge       changes of β
@@ -241,8 +243,14 @@ class Metrics:
         self.rows_replayed = Counter(PREFIX + "rows_replayed", "Rows predicted during replay and not emitted "
                                      "(a committed transaction already covered them)", registry=self.registry)  # fmt: skip
         self.dead_letters = Counter(PREFIX + "dead_letters", "Dead letters produced, by reason", ["reason"], registry=self.registry)
+        self.dead_letters_truncated = Counter(PREFIX + "dead_letters_truncated", "Dead letters written as an excerpt "
+                                              "(too large as they were), by reason", ["reason"], registry=self.registry)  # fmt: skip
+        self.dead_letters_dropped = Counter(PREFIX + "dead_letters_dropped", "Dead letters not written (the limits "
+                                            "refused even an excerpt), by reason", ["reason"], registry=self.registry)  # fmt: skip
         for reason in codec.REASONS:
             self.dead_letters.labels(reason)
+            self.dead_letters_truncated.labels(reason)
+            self.dead_letters_dropped.labels(reason)
         self.transactions = Counter(PREFIX + "transactions", "Kafka transactions", ["outcome"], registry=self.registry)
         self.transactions_committed = self.transactions.labels("committed")
         self.transactions_aborted = self.transactions.labels("aborted")

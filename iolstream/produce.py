@@ -223,23 +223,19 @@ def send(
 
 
 def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, replication_factor: int = 1,
-                  timeout: float = 30.0) -> list[str]:  # fmt: skip
-    """Create the topics of ``names`` that do not exist yet; returns those created."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+                  timeout: float = 30.0, sized=(), max_message_bytes: int | None = None) -> list[str]:  # fmt: skip
+    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
+    which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
+    that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
+    when that is above Kafka's default."""
+    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(admin_conf)
-    existing = set(admin.list_topics(timeout=timeout).topics)
-    new = [NewTopic(name, partitions, replication_factor) for name in dict.fromkeys(names) if name not in existing]
-    if not new:
-        return []
-    for _name, fut in admin.create_topics(new, operation_timeout=timeout).items():
-        try:
-            fut.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-    return [t.topic for t in new]
+    from . import topics
+    from .config import StreamConfig
+
+    limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
+    return topics.create_topics(AdminClient(admin_conf), names, partitions=partitions, replication_factor=replication_factor,
+                                configs=topics.topic_configs(limit, sized), timeout=timeout)  # fmt: skip
 
 
 class Follower:
@@ -548,8 +544,9 @@ def main(args) -> int:
 
     if args.create_topics:
         names = [target.features, target.labels, target.predictions] + ([target.dead_letters] if target.dead_letters else [])
+        sized = [n for n in names if n != target.predictions]  # input and dead letters: room for the largest message
         created = create_topics(target.client_conf, names, partitions=target.partitions,
-                                replication_factor=target.replication_factor)  # fmt: skip
+                                replication_factor=target.replication_factor, sized=sized)  # fmt: skip
         if created:
             say(f"created topics {', '.join(created)}")
 

@@ -60,9 +60,9 @@ from dataclasses import dataclass, field
 from confluent_kafka import (
     OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
 )  # fmt: skip
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
-from . import codec, runtime, warm
+from . import codec, runtime, topics, warm
 from .align import Aligner
 from .config import WorkerConfig
 from .model import EdRVFL
@@ -110,21 +110,13 @@ class Checkpoint:
 
 
 def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: float = 30.0) -> list[str]:
-    """Create missing topics with the configured partitions; returns the names created."""
+    """Create missing topics with the configured partitions; returns the names created. The input and
+    dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (topics.topic_configs)."""
     admin = admin or AdminClient({"bootstrap.servers": cfg.kafka.bootstrap_servers, **cfg.kafka.client})
-    existing = set(admin.list_topics(timeout=timeout).topics)
     t = cfg.topics
-    wanted = [t.features, t.labels, t.predictions, t.dead_letters]
-    new = [NewTopic(name, t.partitions, t.replication_factor) for name in wanted if name not in existing]
-    if not new:
-        return []
-    for name, fut in admin.create_topics(new, operation_timeout=timeout).items():
-        try:
-            fut.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-    return [n.topic for n in new]
+    configs = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
+    return topics.create_topics(admin, [t.features, t.labels, t.predictions, t.dead_letters], partitions=t.partitions,
+                                replication_factor=t.replication_factor, configs=configs, timeout=timeout)  # fmt: skip
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:
@@ -192,6 +184,8 @@ class Worker:
         self.assigned: set[tuple[str, int]] = set()
         self.checkpoint = Checkpoint()
         self.delivery_errors = 0
+        # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
+        self.dead_letter_limit = topics.DeadLetterLimit(topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters)
         self.crash_points = bool(os.environ.get(CRASH_ENV))  # test-only hooks; the per-message one costs ~5 % on one-row messages
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.aborts_in_a_row = 0
@@ -270,6 +264,7 @@ class Worker:
             created = ensure_topics(self.cfg)
             if created:
                 log.info("created topics %s", created)
+        self._check_dead_letter_limits()
         consumer_conf = {
             **self._client_conf(),
             "group.id": self.cfg.kafka.group_id,
@@ -451,14 +446,15 @@ class Worker:
             if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):  # not a transaction abort's
                 log.error("delivery to %s failed: %s", msg.topic(), err)
 
-    def _produce(self, topic: str, value: bytes, key=None, headers=None) -> None:
+    def _produce(self, topic: str, value: bytes, key=None, headers=None, on_delivery=None) -> None:
         if self.exactly_once:
             self._ensure_txn()
             if self.tx_failed is not None:
                 return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
+        extra = {} if on_delivery is None else {"on_delivery": on_delivery}  # default: the config's (_on_delivery)
         while True:
             try:
-                self.producer.produce(topic, value, key=key, headers=headers)  # on_delivery: set in the config
+                self.producer.produce(topic, value, key=key, headers=headers, **extra)
                 return
             except BufferError:  # local queue full: let librdkafka drain it
                 self.producer.poll(0.05)
@@ -490,12 +486,74 @@ class Worker:
             crash_point("after_produce")
 
     def _emit_dead(self, dead: list[DeadLetter], *, count: bool = True) -> None:
+        """Produce dead letters: as they are when they fit the dead-letter limit, else as excerpts (sized before
+        producing: a record the broker refuses would fail an exactly-once transaction); one whose headers alone
+        do not fit is counted, logged once per reason and skipped."""
+        limit = self.dead_letter_limit
+        if limit.refresh_due:
+            limit.refresh()
         for d in dead:
             src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
             headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
-            self._produce(self.cfg.topics.dead_letters, d.value if d.value is not None else b"", headers=headers)
+            fitted = limit.fit(d.value if d.value is not None else b"", headers)
+            if fitted is None:
+                self._dead_letter_dropped(d.bad.reason, f"its headers alone exceed the dead-letter limit of {limit.limit} bytes")
+                continue
+            value, headers = fitted
+            if d.value is not None and len(value) < len(d.value):
+                self._dead_letter_truncated(d, len(value))
+            try:
+                self._produce(self.cfg.topics.dead_letters, value, headers=headers, on_delivery=self._dead_delivery(d.bad.reason))
+            except KafkaException as exc:  # refused before it was queued (over message.max.bytes): nothing sent
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self._dead_letter_dropped(d.bad.reason, f"refused by the producer: {exc.args[0].str()}")
         if count and dead and self.metrics is not None:
             self.metrics.on_dead_letters(dead)
+
+    def _dead_delivery(self, reason: str):
+        """The delivery callback of one dead letter (called on failures only): one the broker refused as too
+        large (the topic's limit was lowered since the start) makes the worker read the limit again; at-least-once
+        it is counted as dropped and skipped, exactly-once its transaction aborts and the replay cuts it to the
+        new limit. Other failures go to ``_on_delivery``."""
+
+        def delivered(err, msg) -> None:
+            if err is None or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                self._on_delivery(err, msg)
+                return
+            self.dead_letter_limit.refused()
+            if self.exactly_once:
+                self._on_delivery(err, msg)
+            else:
+                self._dead_letter_dropped(reason, f"refused by the broker: {err.str()}")
+
+        return delivered
+
+    def _dead_letter_truncated(self, d: DeadLetter, kept: int) -> None:
+        if self.dead_letter_limit.note("truncated", d.bad.reason):
+            log.warning("a %d-byte %s dead letter goes to %s as an excerpt of its first %d bytes (%s); further "
+                        "excerpts of this reason are counted, not logged", len(d.value), d.bad.reason,
+                        self.cfg.topics.dead_letters, kept, self.dead_letter_limit.source)  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.dead_letters_truncated.labels(d.bad.reason).inc()
+
+    def _dead_letter_dropped(self, reason: str, why: str) -> None:
+        if self.dead_letter_limit.note("dropped", reason):
+            log.error("a %s dead letter could not be written to %s (%s): skipped; further ones are counted in "
+                      "iolstream_dead_letters_dropped_total, not logged", reason, self.cfg.topics.dead_letters, why)  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.dead_letters_dropped.labels(reason).inc()
+
+    def _check_dead_letter_limits(self) -> None:
+        """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the producer's
+        limits (topics.start_limit); WorkerError naming the keys when they contradict, warnings logged."""
+        try:
+            limit, warnings = topics.start_limit(self.cfg, self._client_conf())
+        except ValueError as exc:
+            raise WorkerError(str(exc)) from None
+        for warning in warnings:
+            log.warning("%s", warning)
+        self.dead_letter_limit = limit
 
     # ------------------------------------------------------------- loop
     def request_stop(self, signum=None, _frame=None) -> None:
