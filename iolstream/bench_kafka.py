@@ -154,15 +154,16 @@ class WorkerProcess:
     """``iolstream run`` in its own process, on a config written to a temporary file."""
 
     def __init__(
-        self, cfg_dict: dict, workdir: Path, *, idle_stop_seconds: float | None = None, command: list[str] | None = None
+        self, cfg_dict: dict, workdir: Path, *, stop_at_end: bool = False, command: list[str] | None = None
     ):
-        """``command``: what runs the worker, given ``-c CONFIG`` and the options (default ``python -m iolstream run``)."""
+        """``command``: what runs the worker, given ``-c CONFIG`` and the options (default ``python -m iolstream run``);
+        ``stop_at_end``: it stops once it has worked through the input there was when it joined (``--stop-at-end``)."""
         self.path = workdir / f"worker-{uuid.uuid4().hex[:6]}.yaml"
         self.path.write_text(yaml.safe_dump(cfg_dict))
         self.log = workdir / (self.path.stem + ".log")
         argv = [*(command or [sys.executable, "-m", "iolstream", "run"]), "-c", str(self.path)]
-        if idle_stop_seconds is not None:
-            argv += ["--idle-stop-seconds", str(idle_stop_seconds)]
+        if stop_at_end:
+            argv.append("--stop-at-end")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.peak_rss_bytes: int | None = None
@@ -261,7 +262,7 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-{tag}", tuple(range(M)), BATCH[name])
     _ensure(cfg)
     _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
-    worker = WorkerProcess(cfg, workdir, idle_stop_seconds=3.0)
+    worker = WorkerProcess(cfg, workdir, stop_at_end=True)
     worker.check(worker.wait(timeout=900))
     n, rate, (t0, t1) = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
     if n != len(X):

@@ -13,17 +13,34 @@ def add_parser(subparsers):
     p.add_argument(
         "--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input while partitions are assigned"
     )
+    p.add_argument(
+        "--stop-at-end", action="store_true",
+        help="stop (cleanly) once every assigned partition has reached the end it had when assigned (a finite input, "
+        "as kcat -e does)",
+    )  # fmt: skip
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
     import dataclasses
+    import os
 
     from . import logs, runtime
     from .config import load_config
+    from .lifecycle import EXIT_OK, SignalThread
     from .worker import EXIT_FATAL, Worker, WorkerError
 
+    # SIGTERM/SIGINT on a thread of their own, which a stuck main thread does not hold up
+    worker: Worker | None = None
+
+    def on_signal(signum: int) -> None:
+        if worker is None:  # still starting: nothing consumed, nothing to save
+            logging.getLogger("iolstream.worker").info("signal %d while starting: exiting", signum)
+            os._exit(EXIT_OK)
+        worker.request_stop(signum)
+
+    SignalThread(on_signal).start()
     cfg = load_config(args.config)
     if args.bootstrap:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
@@ -50,8 +67,8 @@ def run(args) -> int:
             return EXIT_FATAL
         if metrics is not None:
             metrics.attach(worker)
-        worker.install_signal_handlers()
-        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds, freeze_startup=True)
+        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds,
+                          stop_at_end=args.stop_at_end, freeze_startup=True)  # fmt: skip
     finally:
         if metrics is not None:
             metrics.close()

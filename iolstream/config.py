@@ -35,6 +35,7 @@ class KafkaConfig:
     consumer: dict = field(default_factory=dict)  # extra consumer settings
     producer: dict = field(default_factory=dict)  # extra producer settings
     poll_timeout_ms: int = 100
+    call_timeout_seconds: float = 30.0  # one blocking client call (flush, commit, a transaction step); 5 s more and it is abandoned
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class SnapshotConfig:
     every_batches: int = 200
     every_seconds: float = 60.0
     keep: int = 3
+    first_after_seconds: float | None = 1.0  # after a (re)start, the first snapshot this soon (null: the cadence above)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ _SECTIONS = {
 _POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
 _RULES = {
     "kafka.poll_timeout_ms": _POSITIVE,
+    "kafka.call_timeout_seconds": (lambda v: v >= 1, "a number ≥ 1"),
     "topics.partitions": _POSITIVE,
     "topics.replication_factor": _POSITIVE,
     "stream.batch_rows": _POSITIVE,
@@ -146,6 +149,7 @@ _RULES = {
     "snapshot.every_batches": _POSITIVE,
     "snapshot.every_seconds": (lambda v: v > 0, "a number > 0"),
     "snapshot.keep": _POSITIVE,
+    "snapshot.first_after_seconds": (lambda v: v is None or v >= 0, "null or a number ≥ 0"),
     "durability.shutdown_grace_seconds": (lambda v: v > 0, "a number > 0"),
     "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a port number 0–65535 (0 disables)"),

@@ -27,7 +27,9 @@ strings (NaN becomes null), so a log call never fails because of its fields.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import threading
 import time
 
 import orjson
@@ -82,6 +84,61 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
 
 
+REPEAT_INTERVAL_SECONDS = 10.0
+_NUMBERS = re.compile(r"\d+")
+
+
+class RepeatFilter(logging.Filter):
+    """Warnings and errors of one kind at most once per ``interval`` seconds, with a count.
+
+    A broker outage makes librdkafka and the worker repeat the same complaint (connection refused,
+    all brokers down, a failed commit) hundreds of times a minute. The kind of a record is its
+    logger, level and message with the numbers taken out; the first record of a kind passes, the
+    next ones within ``interval`` are counted and dropped, and the first one after it passes with
+    "(N more like it in the last S s)". Records below WARNING always pass.
+
+    >>> f = RepeatFilter(interval=60.0)
+    >>> records = [logging.makeLogRecord({"name": "k", "levelno": logging.WARNING, "msg": f"broker {i}: down"})
+    ...            for i in range(3)]
+    >>> [f.filter(r) for r in records]
+    [True, False, False]
+    >>> f.suppressed()
+    {'k: broker #: down': 2}
+    """
+
+    def __init__(self, interval: float = REPEAT_INTERVAL_SECONDS):
+        super().__init__()
+        self.interval = interval
+        self._kinds: dict[tuple[str, int, str], list] = {}  # kind -> [first time in this interval, dropped]
+        self._lock = threading.Lock()  # librdkafka logs from its own threads too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        kind = (record.name, record.levelno, _NUMBERS.sub("#", record.getMessage())[:160])
+        now = time.monotonic()
+        with self._lock:
+            seen = self._kinds.get(kind)
+            if seen is not None and now - seen[0] < self.interval:
+                seen[1] += 1
+                return False
+            dropped = seen[1] if seen is not None else 0
+            self._kinds[kind] = [now, 0]
+            if len(self._kinds) > 1000:  # kinds that vary without bound (e.g. ids in messages): forget the oldest
+                for old in sorted(self._kinds, key=lambda k: self._kinds[k][0])[:500]:
+                    del self._kinds[old]
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} more like it in the last {now - seen[0]:.0f} s)"
+            record.args = None
+            record.repeated = dropped
+        return True
+
+    def suppressed(self) -> dict[str, int]:
+        """``logger: message kind`` -> records dropped in the current interval (for tests and status)."""
+        with self._lock:
+            return {f"{k[0]}: {k[2]}": v[1] for k, v in self._kinds.items() if v[1]}
+
+
 def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
     """Configure the ``iolstream`` logger (idempotent: replaces the handler of an earlier call).
 
@@ -90,6 +147,7 @@ def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
         raise ValueError(f"logging.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger("iolstream")
     root.handlers[:] = [handler]
     root.setLevel(level)

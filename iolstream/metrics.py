@@ -408,6 +408,9 @@ class Metrics:
             return False, "no partitions assigned"
         if w.replay_until:
             return False, "replaying input a committed transaction already covered"
+        down = w.broker_unreachable_seconds()
+        if down is not None:
+            return False, f"broker unreachable for {down:.0f} s"
         if self.broker_up is False:
             return False, "broker unreachable"
         return True, "ready"

@@ -216,11 +216,13 @@ def check_dead_letter_topic(limit: DeadLetterLimit, *, batch_bytes: int, predict
         )
     for topic, allowed in ((limit.topic, limit.topic_bytes), (predictions_topic, predictions_bytes)):
         if allowed is not None and batch_bytes + framing_bytes(batch_bytes) > allowed:
+            room = allowed - framing_bytes(allowed)
+            fix = (f"set kafka.producer.batch.size to at most {room}, or raise the topic's max.message.bytes" if room > 0
+                   else f"raise the topic's max.message.bytes to at least {batch_bytes + framing_bytes(batch_bytes)}")
             raise ValueError(
                 f"topic {topic} allows batches of max.message.bytes={allowed} bytes, but the producer builds batches of "
                 f"up to {batch_bytes} bytes (the smaller of kafka.producer.message.max.bytes and kafka.producer.batch.size): "
-                f"the broker would refuse them; set kafka.producer.batch.size to at most "
-                f"{allowed - framing_bytes(allowed)}, or raise the topic's max.message.bytes"
+                f"the broker would refuse them; {fix}"
             )
     warnings = []
     if limit.topic_bytes is None:

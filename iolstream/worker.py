@@ -64,6 +64,8 @@ from confluent_kafka.admin import AdminClient
 
 from . import codec, runtime, topics, warm
 from .align import Aligner
+from .calls import CallTimedOut, ClientCalls
+from .lifecycle import EXIT_FATAL, EXIT_OK, EXIT_SHUTDOWN_OVERRUN, LoopWatchdog, exit_after
 from .config import WorkerConfig
 from .model import EdRVFL
 from .snapshot import CRASH_ENV, SnapshotError, SnapshotStore, crash_point, fault_point
@@ -72,7 +74,6 @@ from .stream import DeadLetter, StepOutput, StreamProcessor
 
 log = logging.getLogger("iolstream.worker")
 
-EXIT_OK = 0
 # a worker whose newest input is older than this, or whose features partitions hold more than
 # BEHIND_BATCHES batches of rows not yet consumed, is catching up: its step tuner may then retry
 # settings and use both cores (throughput); otherwise it keeps up with a live stream (latency). The
@@ -82,9 +83,13 @@ EXIT_OK = 0
 # burst and doubled the p99 latency at half load.
 BEHIND_MS = 1000
 BEHIND_BATCHES = 32
-EXIT_FATAL = 3  # fenced producer, failed delivery, incompatible snapshot, shutdown overrun: let the orchestrator restart us
-KAFKA_TIMEOUT = 30.0  # seconds for one blocking broker call (flush, commit, transaction step)
+CALL_GRACE = 5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
+CHECKPOINT_FLUSH_SECONDS = 1.0  # a periodic checkpoint waits this long for deliveries, then tries again later
+BROKER_PROBE_SECONDS = 2.0  # while the broker is unreachable, ask it for metadata this often
+_UNREACHABLE = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 MAX_ABORTS_IN_A_ROW = 3  # a transaction that keeps failing (an undeliverable output) is not retried for ever
+MAX_PRODUCER_ATTEMPTS = 10  # exactly-once: tries at a fresh transactional producer (each up to kafka.call_timeout_seconds) ...
+PRODUCER_RETRY_SECONDS = 3.0  # ... this far apart, before the process gives up
 SNAPSHOT_BYTES_PER_SECOND = 50e6  # a conservative write rate (encode, checksum, write, fsync) for the timing checks
 _FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
@@ -137,11 +142,12 @@ def check_timing(cfg: WorkerConfig) -> list[str]:
     """
     snapshot_s = estimated_snapshot_bytes(cfg) / SNAPSHOT_BYTES_PER_SECOND
     poll_ms = int(cfg.kafka.consumer.get("max.poll.interval.ms", 300_000))
-    need_ms = 1000 * (2 * KAFKA_TIMEOUT + snapshot_s)
+    call_s = cfg.kafka.call_timeout_seconds
+    need_ms = 1000 * (2 * (call_s + CALL_GRACE) + snapshot_s)
     if poll_ms < need_ms:
         raise WorkerError(
             f"kafka.consumer.max.poll.interval.ms: {poll_ms} is below the {need_ms:.0f} ms one checkpoint may take "
-            f"(flush and commit up to {KAFKA_TIMEOUT:.0f} s each, a snapshot of up to "
+            f"(flush and commit up to kafka.call_timeout_seconds + {CALL_GRACE:.0f} = {call_s + CALL_GRACE:.0f} s each, a snapshot of up to "
             f"{estimated_snapshot_bytes(cfg) / 1e6:.0f} MB ≈ {snapshot_s:.1f} s)"
         )
     warnings = []
@@ -190,10 +196,23 @@ class Worker:
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.aborts_in_a_row = 0
         self.last_tick = time.monotonic()
+        self.last_status = time.monotonic()
         self.replaying = False
         self.signalled = False
         self.stop_deadline: float | None = None  # monotonic time by which a shutdown must be over
         self._watchdog: threading.Timer | None = None
+        # blocking client calls run with a deadline on a helper thread; the loop ticks while it waits
+        self.calls = ClientCalls(on_wait=self._waiting, faults=self.crash_points)
+        self.call_timeout = cfg.kafka.call_timeout_seconds  # for one blocking client call (flush, commit, transaction step)
+        self.broker_down_since: float | None = None  # monotonic time the broker was found unreachable
+        self.broker_probe_at = 0.0
+        self.producers_replaced = 0  # exactly-once: transactional producers re-created after a failure
+        self._abandoned_producers: list = []  # kept alive: a thread may still be inside one of their calls
+        self.ends: dict[tuple[str, int], int] = {}  # per assigned partition: its end offset when it was assigned
+        self.eof: dict[tuple[str, int], int] = {}  # per partition: the offset of its last end-of-partition event
+        self.stop_at_end = False
+        self.in_rebalance = False  # inside on_assign / on_revoke / on_lost (see _consumer_call)
+        self.first_checkpoint_due: float | None = None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         for warning in check_timing(cfg):
             log.warning("%s", warning)
         self.processor = self._load_state()
@@ -289,32 +308,53 @@ class Worker:
             "fetch.queue.backoff.ms": 50,
             **self.cfg.kafka.consumer,
         }
+        if self.stop_at_end:  # an event when a partition reaches its end (iolstream run --stop-at-end)
+            consumer_conf["enable.partition.eof"] = True
         if self.metrics is not None:
             consumer_conf.setdefault("statistics.interval.ms", 5000)
             consumer_conf["stats_cb"] = self.metrics.on_stats
         self.consumer = Consumer(consumer_conf)
+        self.producer = self._new_producer()
+        self.cooperative = "cooperative" in str(consumer_conf.get("partition.assignment.strategy", ""))
+        self.consumer.subscribe(
+            [self.cfg.topics.features, self.cfg.topics.labels],
+            on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
+        )  # fmt: skip
+
+    def _new_producer(self) -> Producer:
+        """A producer (exactly-once: transactional, its transactions initialised, which fences any older
+        instance with our transactional.id and aborts the transaction it left open)."""
         producer_conf = {
             **self._client_conf(), "linger.ms": 5, "enable.idempotence": True, "error_cb": self._on_error,
             # one prediction message per row: a Python callback per delivered message cost ~6 % of
             # the worker's throughput, and only failures matter (flush() covers the rest)
             "delivery.report.only.error": True, "on_delivery": self._on_delivery, **self.cfg.kafka.producer,
         }  # fmt: skip
-        if self.exactly_once:
-            producer_conf["transactional.id"] = self.cfg.transactional_id
-        self.producer = Producer(producer_conf)
-        if self.exactly_once:
-            try:  # fences any older instance with our transactional.id and aborts its open transaction
-                self.producer.init_transactions(KAFKA_TIMEOUT)
-            except KafkaException as exc:
-                raise WorkerError(
-                    f"init_transactions for transactional.id {self.cfg.transactional_id!r} failed: {exc.args[0]} "
-                    "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
-                ) from None
-        self.cooperative = "cooperative" in str(consumer_conf.get("partition.assignment.strategy", ""))
-        self.consumer.subscribe(
-            [self.cfg.topics.features, self.cfg.topics.labels],
-            on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
-        )  # fmt: skip
+        if not self.exactly_once:
+            return Producer(producer_conf)
+        producer_conf["transactional.id"] = self.cfg.transactional_id
+        producer = Producer(producer_conf)
+        try:
+            self.calls.call("producer.init_transactions", lambda: producer.init_transactions(self.call_timeout),
+                            self.call_timeout, grace=CALL_GRACE)  # fmt: skip
+        except KafkaException as exc:
+            raise WorkerError(
+                f"init_transactions for transactional.id {self.cfg.transactional_id!r} failed: {exc.args[0]} "
+                "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
+            ) from None
+        except CallTimedOut as exc:
+            self._abandoned_producers.append(producer)
+            raise WorkerError(f"init_transactions for transactional.id {self.cfg.transactional_id!r}: {exc}") from None
+        return producer
+
+    def _consumer_call(self, name: str, fn, timeout: float | None = None):
+        """A blocking consumer call: on the helper thread with a deadline (``calls``), except inside a
+        rebalance callback, where the consumer answers only its own thread (a committed() from the helper
+        thread waited for the callback to end, for ever); there it runs directly (it has its own timeout,
+        and the loop watchdog bounds it)."""
+        if self.in_rebalance:
+            return self.calls.direct(name, fn)
+        return self.calls.call(name, fn, self.call_timeout if timeout is None else timeout, grace=CALL_GRACE)
 
     def _committed(self, keys) -> dict[tuple[str, int], int]:
         """The group's committed offsets of ``keys`` (partitions without one are left out)."""
@@ -322,8 +362,11 @@ class Worker:
             return {}
         for attempt in range(5):
             try:
-                tps = self.consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=KAFKA_TIMEOUT)
+                tps = [TopicPartition(t, p) for t, p in keys]
+                tps = self._consumer_call("consumer.committed", lambda: self.consumer.committed(tps, timeout=self.call_timeout))
                 return {(tp.topic, tp.partition): tp.offset for tp in tps if tp.offset >= 0}
+            except CallTimedOut as exc:
+                raise WorkerError(f"cannot read the group's committed offsets: {exc}") from None
             except KafkaException as exc:  # e.g. the group coordinator is still loading
                 if not exc.args[0].retriable() or attempt == 4:
                     raise
@@ -351,6 +394,13 @@ class Worker:
         return start if start is not None else OFFSET_BEGINNING
 
     def _on_assign(self, consumer, partitions) -> None:
+        self.in_rebalance = True
+        try:
+            self._on_assign_now(consumer, partitions)
+        finally:
+            self.in_rebalance = False
+
+    def _on_assign_now(self, consumer, partitions) -> None:
         """Seek every assigned partition to the state's position (never to the group's offset, which
         may be ahead of the state in exactly-once mode or after a damaged snapshot was skipped)."""
         committed = self._committed([(tp.topic, tp.partition) for tp in partitions])
@@ -358,6 +408,10 @@ class Worker:
             key = (tp.topic, tp.partition)
             tp.offset = self._start_offset(key, committed)
             self.assigned.add(key)
+            self.eof.pop(key, None)
+            end = self._end_offset(key)
+            if end is not None:
+                self.ends[key] = end
             self.aligner.assign(key, priority=0 if tp.topic == self.cfg.topics.features else 1)  # ties: features first
         if self.cooperative:
             consumer.incremental_assign(partitions)
@@ -367,12 +421,48 @@ class Worker:
                  _fmt_offsets({(p.topic, p.partition): p.offset for p in partitions}),
                  _fmt_offsets(self.replay_until) or "-", extra={"event": "assigned"})  # fmt: skip
 
+    def _end_offset(self, key: tuple[str, int]) -> int | None:
+        """The partition's end (high watermark) now, from the broker; None if it cannot be had in time."""
+        tp = TopicPartition(key[0], key[1])
+        try:
+            return self._consumer_call("consumer.get_watermark_offsets",
+                                       lambda: self.consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)[1], 5.0)
+        except (KafkaException, CallTimedOut) as exc:
+            log.warning("%s[%d]: cannot read its end offset: %s", key[0], key[1], exc)
+            return None
+
+    def at_end(self) -> bool:
+        """Every assigned partition has reached the end it had when it was assigned, and nothing consumed
+        waits unprocessed (``iolstream run --stop-at-end``). Past transaction markers, a partition's
+        position stays below its end: the end-of-partition event's offset counts then."""
+        if not self.assigned:
+            return False
+        for key in self.assigned:
+            end = self.ends.get(key)
+            if end is None:
+                end = self._end_offset(key)
+                if end is None:
+                    return False
+                self.ends[key] = end
+            reached = max(self.positions.get(key, -1), self.eof.get(key, -1))
+            queued = self.aligner.partitions.get(key)
+            if reached < end or (queued is not None and queued.queue):
+                return False
+        return True
+
     def _on_revoke(self, consumer, partitions) -> None:
+        self.in_rebalance = True
+        try:
+            self._on_revoke_now(consumer, partitions)
+        finally:
+            self.in_rebalance = False
+
+    def _on_revoke_now(self, consumer, partitions) -> None:
         """Partitions taken away: checkpoint first (at-least-once commits their offsets, exactly-once
         committed them with the last transaction); the positions stay in the state."""
         log.info("partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"})
         if not self.stop_event.is_set():
-            self._flush_and_checkpoint()
+            self._flush_and_checkpoint(final=True)
         self._forget(partitions)
         if self.cooperative:
             consumer.incremental_unassign(partitions)
@@ -380,6 +470,13 @@ class Worker:
             consumer.unassign()
 
     def _on_lost(self, consumer, partitions) -> None:
+        self.in_rebalance = True
+        try:
+            self._on_lost_now(consumer, partitions)
+        finally:
+            self.in_rebalance = False
+
+    def _on_lost_now(self, consumer, partitions) -> None:
         """Partitions lost (this member was expelled from the group): nothing may be committed for them."""
         log.warning("partitions lost: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "lost"})
         self._forget(partitions)
@@ -399,6 +496,8 @@ class Worker:
             log.debug("dropped %d queued messages of revoked partitions", dropped)
         for key in keys:
             self.assigned.discard(key)
+            self.ends.pop(key, None)
+            self.eof.pop(key, None)
             self.replay_until.pop(key, None)
             self.committed_floor.pop(key, None)
 
@@ -434,11 +533,54 @@ class Worker:
             position = self.positions.get(key, max(low, 0))
         return high - position
 
-    def _on_error(self, err: KafkaError) -> None:
+    def _on_error(self, err: KafkaError, source: str = "producer") -> None:
+        """librdkafka's error callback (and the consumer's error events): a fatal error is raised by the
+        loop; an unreachable broker is noted (status, /readyz); the rest is logged (RepeatFilter: once
+        per kind per interval, with a count)."""
         if err.fatal():
-            self.fatal_error = err  # raised by the loop: librdkafka cannot continue (e.g. fenced)
-        else:
-            log.warning("kafka: %s", err)
+            self.fatal_error = err  # librdkafka cannot continue (e.g. fenced)
+            return
+        if err.code() in _UNREACHABLE:
+            self._broker_unreachable()
+        log.warning("kafka %s: %s", source, err)
+
+    def _broker_unreachable(self) -> None:
+        if self.broker_down_since is None:
+            self.broker_down_since = time.monotonic()
+            self.broker_probe_at = time.monotonic() + BROKER_PROBE_SECONDS
+            log.warning("the broker is unreachable; waiting for it", extra={"event": "broker_down"})
+
+    def _broker_reachable(self) -> None:
+        if self.broker_down_since is not None:
+            log.info("the broker is reachable again after %.1f s", time.monotonic() - self.broker_down_since,
+                     extra={"event": "broker_up"})  # fmt: skip
+            self.broker_down_since = None
+
+    def broker_unreachable_seconds(self) -> float | None:
+        """How long the broker has been unreachable (None: it is reachable, as far as the worker knows)."""
+        return None if self.broker_down_since is None else time.monotonic() - self.broker_down_since
+
+    def _probe_broker(self) -> None:
+        """While the broker is unreachable: ask it for a topic's metadata now and then (a short call)."""
+        if self.broker_down_since is None or time.monotonic() < self.broker_probe_at or self.consumer is None:
+            return
+        self.broker_probe_at = time.monotonic() + BROKER_PROBE_SECONDS
+        topic = self.cfg.topics.features
+        try:
+            meta = self.calls.call("consumer.list_topics", lambda: self.consumer.list_topics(topic, timeout=1.0),
+                                   1.0, grace=CALL_GRACE)  # fmt: skip
+        except (KafkaException, CallTimedOut):
+            return
+        if meta.brokers:
+            self._broker_reachable()
+
+    def _waiting(self, call: str, seconds: float) -> None:
+        """Runs every WAIT_SLICE while a client call is in flight: the loop is alive, waiting for Kafka."""
+        self.last_tick = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.tick(self)
+        if time.monotonic() - self.last_status >= self.cfg.logging.status_every_seconds:
+            self.log_status(waiting_for=f"{call} for {seconds:.0f} s")
 
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
@@ -456,8 +598,10 @@ class Worker:
             try:
                 self.producer.produce(topic, value, key=key, headers=headers, **extra)
                 return
-            except BufferError:  # local queue full: let librdkafka drain it
+            except BufferError:  # local queue full (e.g. the broker is unreachable): let librdkafka drain it
+                waited = time.monotonic()
                 self.producer.poll(0.05)
+                self._waiting("room in the producer's queue", time.monotonic() - waited)
             except KafkaException as exc:
                 # exactly-once: an earlier output of this transaction failed (e.g. too large), which
                 # left it in an error state; at-least-once: a refused produce is fatal as ever
@@ -557,35 +701,28 @@ class Worker:
 
     # ------------------------------------------------------------- loop
     def request_stop(self, signum=None, _frame=None) -> None:
-        """Stop after the current cycle (a signal handler); a second signal exits at once."""
+        """Stop after the current cycle. From a signal (``lifecycle.SignalThread``, never the main thread):
+        the stop must be over within ``durability.shutdown_grace_seconds`` (else exit 4), and a second
+        signal exits at once."""
         if signum is not None:
             if self.signalled:
                 log.error("second %s: exiting now, without a final snapshot", signal.Signals(signum).name)
-                os._exit(EXIT_FATAL)
+                os._exit(EXIT_SHUTDOWN_OVERRUN)
             self.signalled = True
             log.info("%s: stopping within %g s", signal.Signals(signum).name, self.cfg.durability.shutdown_grace_seconds)
             self._start_watchdog()
         self.stop_event.set()
 
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-
     def _start_watchdog(self) -> None:
-        """Exit EXIT_FATAL if the shutdown is not over within the grace period (an orchestrator kills us anyway)."""
+        """Exit EXIT_SHUTDOWN_OVERRUN if the shutdown is not over within the grace period (an orchestrator kills us anyway)."""
         if self._watchdog is not None:
             return
         grace = self.cfg.durability.shutdown_grace_seconds
         self.stop_deadline = time.monotonic() + grace
-
-        def overrun():
-            log.error("shutdown took longer than durability.shutdown_grace_seconds=%g: exiting with %d; "
-                      "the last durable snapshot and the offsets committed with it stand", grace, EXIT_FATAL)  # fmt: skip
-            os._exit(EXIT_FATAL)
-
-        self._watchdog = threading.Timer(grace, overrun)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        self._watchdog = exit_after(
+            grace, EXIT_SHUTDOWN_OVERRUN, f"shutdown took longer than durability.shutdown_grace_seconds={grace:g}; "
+            "the last durable snapshot and the offsets committed with it stand",
+        )  # fmt: skip
 
     def _timeout(self, seconds: float) -> float:
         """``seconds``, cut to what is left of the shutdown grace period (keeping 1 s for the rest)."""
@@ -593,20 +730,42 @@ class Worker:
             return seconds
         return max(0.5, min(seconds, self.stop_deadline - time.monotonic() - 1.0))
 
+    def watchdog_seconds(self) -> float:
+        """How long the loop may go without a tick before the watchdog ends the process. Client calls tick
+        while they wait (``_waiting``), so the bound covers the main thread's own work between ticks: a
+        snapshot (twice its estimated time), plus one client call's timeout and grace for the calls that
+        cannot tick (those inside a rebalance callback) and a margin; at least 60 s."""
+        if self.cfg.durability.watchdog_seconds is not None:
+            return self.cfg.durability.watchdog_seconds
+        snapshot_s = estimated_snapshot_bytes(self.cfg) / SNAPSHOT_BYTES_PER_SECOND
+        return max(60.0, self.call_timeout + CALL_GRACE + 2 * snapshot_s + 10.0)
+
+    def doing(self) -> str | None:
+        """The client call in flight, for the watchdog's last words (None: none)."""
+        current = self.calls.current
+        return None if current is None else f"{current[0]} (called {time.monotonic() - current[1]:.1f} s ago)"
+
     def run(
-        self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, freeze_startup: bool = False
-    ) -> int:
-        """Run until stopped (signal, ``max_seconds``, or no input for ``idle_stop_seconds`` while partitions
-        are assigned: joining the group, which can take seconds on a fresh broker, does not count); returns an exit code.
-        ``freeze_startup``: once the kernels and clients are up, freeze what exists then for the garbage
-        collector (``runtime.freeze_startup_objects``; the worker process does, a test process does not)."""
+        self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, stop_at_end: bool = False,
+        freeze_startup: bool = False,
+    ) -> int:  # fmt: skip
+        """Run until stopped (signal, ``max_seconds``, no input for ``idle_stop_seconds`` while partitions are
+        assigned — joining the group, which can take seconds on a fresh broker, does not count — or, with
+        ``stop_at_end``, once every assigned partition has reached the end it had when assigned); returns an
+        exit code. ``freeze_startup``: once the kernels and clients are up, freeze what exists then for the
+        garbage collector (``runtime.freeze_startup_objects``; the worker process does, a test process does not)."""
         started = time.monotonic()
         last_input = time.monotonic()
-        last_status = time.monotonic()
+        self.stop_at_end = stop_at_end
+        watchdog = LoopWatchdog(self.watchdog_seconds(), lambda: self.last_tick, self.doing)
         try:
             self._open()
             if freeze_startup:
                 log.debug("%d start-up objects frozen for the garbage collector", runtime.freeze_startup_objects())
+            self.last_tick = time.monotonic()
+            first = self.cfg.snapshot.first_after_seconds
+            self.first_checkpoint_due = None if first is None else time.monotonic() + first
+            watchdog.start()
             while not self.stop_event.is_set():
                 self.last_tick = time.monotonic()
                 consumed = self._poll_once()
@@ -615,15 +774,19 @@ class Worker:
                 if self.metrics is not None:
                     self.metrics.tick(self)
                 if self.fatal_error is not None:
-                    raise WorkerError(self._fatal_message(self.fatal_error))
+                    self._on_fatal_error()
                 if self.delivery_errors and not self.exactly_once:  # exactly-once: the transaction aborts instead
                     raise WorkerError(f"{self.delivery_errors} messages could not be delivered; not committing past them")
-                if time.monotonic() - last_status >= self.cfg.logging.status_every_seconds:
+                self._probe_broker()
+                if time.monotonic() - self.last_status >= self.cfg.logging.status_every_seconds:
                     self.log_status()
-                    last_status = time.monotonic()
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     break
                 if idle_stop_seconds is not None and time.monotonic() - last_input >= idle_stop_seconds:
+                    break
+                if stop_at_end and not consumed and self.at_end():
+                    log.info("every assigned partition is at the end it had when assigned: stopping",
+                             extra={"event": "at_end"})  # fmt: skip
                     break
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
@@ -632,6 +795,8 @@ class Worker:
             self._close()
             return EXIT_FATAL
         finally:
+            watchdog.stop()
+            self.calls.close()
             if self._watchdog is not None:
                 self._watchdog.cancel()
 
@@ -718,15 +883,18 @@ class Worker:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
+                    self.eof[(msg.topic(), msg.partition())] = msg.offset()
                     continue
                 if err.fatal():
                     raise WorkerError(f"consumer: {err}")
-                log.warning("consumer error: %s", err)
+                self._on_error(err, source="consumer")
                 continue
             consumed += 1
             kind, ts = msg.timestamp()
             self.aligner.add((msg.topic(), msg.partition()), msg.offset(), ts if kind != TIMESTAMP_NOT_AVAILABLE else None,
                              len(msg.value() or b""), msg)  # fmt: skip
+        if consumed:
+            self._broker_reachable()
         return consumed
 
     def _flow_control(self) -> None:
@@ -775,8 +943,10 @@ class Worker:
 
     def _commit_transaction(self) -> None:
         """End the cycle's transaction: 1. add the input offsets 2. commit, retrying retriable errors
-        3. on an abortable error (or retries running out) abort and roll the model back. Any other
-        error (fenced, fatal) raises WorkerError: the process ends and its orchestrator restarts it."""
+        3. on an abortable error (or retries running out) abort and roll the model back; when the
+        producer cannot go on (a call that overran its deadline, an abort that fails, a fatal error
+        other than fencing) replace it with a fresh one and roll back. Fencing (another worker with our
+        transactional.id) raises WorkerError: the process ends."""
         offsets = self._offsets_to_commit()
         if not self.tx_open and not offsets:
             return  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
@@ -787,15 +957,26 @@ class Worker:
                                                 txn_requires_abort=True))  # fmt: skip
             if offsets:
                 group = self.consumer.consumer_group_metadata()
-                self._txn_call(lambda t: self.producer.send_offsets_to_transaction(offsets, group, t))
+                self._txn_call("send_offsets_to_transaction",
+                               lambda t: self.producer.send_offsets_to_transaction(offsets, group, t))  # fmt: skip
             if fault_point("abort_txn"):  # test-only: an abortable failure
                 raise KafkaException(KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True))
             crash_point("before_txn_commit")
-            self._txn_call(self.producer.commit_transaction)
+            self._txn_call("commit_transaction", self.producer.commit_transaction)
+        except CallTimedOut as exc:
+            log.warning("transaction failed (%s): replacing the producer and rolling the model back", exc)
+            self._replace_producer(str(exc))
+            self._rewind(f"producer.{exc.name} overran its deadline")
+            return
         except KafkaException as exc:
             err = exc.args[0]
-            if not (err.txn_requires_abort() or err.retriable()) or err.fatal():
+            if err.fatal() and err.code() in _FENCED:
                 raise WorkerError(self._fatal_message(err)) from None
+            if err.fatal() or not (err.txn_requires_abort() or err.retriable()):
+                log.warning("transaction failed (%s): replacing the producer and rolling the model back", err)
+                self._replace_producer(err.str())
+                self._rewind(err.str())
+                return
             log.warning("transaction failed (%s): aborting it and rolling the model back to the last snapshot", err)
             self._abort_and_rewind(err)
             return
@@ -810,12 +991,14 @@ class Worker:
             self.metrics.transactions_committed.inc()
         crash_point("after_txn_commit")
 
-    def _txn_call(self, op) -> None:
-        """A blocking transactional call ``op(timeout)``, called again while it fails retriably."""
-        deadline = time.monotonic() + self._timeout(KAFKA_TIMEOUT)
+    def _txn_call(self, name: str, op) -> None:
+        """A blocking transactional call ``op(timeout)`` (on the helper thread, with a deadline), called
+        again while it fails retriably."""
+        deadline = time.monotonic() + self._timeout(self.call_timeout)
         while True:
+            timeout = max(0.1, deadline - time.monotonic())
             try:
-                op(max(0.1, deadline - time.monotonic()))
+                self.calls.call("producer." + name, lambda: op(timeout), timeout, grace=CALL_GRACE)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
@@ -830,30 +1013,83 @@ class Worker:
                     f"({err.str()}); this one stops")  # fmt: skip
         return f"the transactional producer failed fatally: {err.str()} ({err.name()})"
 
-    def _abort_and_rewind(self, why: KafkaError) -> None:
-        """Abort the open transaction, then roll the model back: reload the newest snapshot and seek
-        every assigned partition to its positions; what the group committed is replayed without emitting."""
+    def _on_fatal_error(self) -> None:
+        """A fatal error reported by librdkafka's callback. Exactly-once, unless fenced: a fresh producer
+        and a roll-back; otherwise the process ends."""
+        err, self.fatal_error = self.fatal_error, None
+        if not self.exactly_once or err.code() in _FENCED:
+            raise WorkerError(self._fatal_message(err))
+        log.warning("the transactional producer failed fatally (%s): replacing it and rolling the model back", err.str())
+        self._replace_producer(err.str())
+        self._rewind(err.str())
+
+    def _replace_producer(self, why: str) -> None:
+        """Exactly-once: give the producer up and start a fresh one with the same transactional.id, whose
+        init_transactions fences the old one and aborts its open transaction. The old producer is destroyed
+        on the helper thread (it may be stuck in a call there: it then stays until that call returns).
+        While the broker does not answer, tried again every few seconds, the loop ticking; a stop
+        request or MAX_PRODUCER_ATTEMPTS failures end the process."""
+        old, self.producer = [self.producer], None
+        self.tx_open, self.tx_failed, self.fatal_error = False, None, None
         try:
-            self._txn_call(self.producer.abort_transaction)
-        except KafkaException as exc:
-            raise WorkerError(f"aborting a failed transaction failed too: {exc.args[0]}") from None
+            self.calls.call("producer.close", old.clear, 1.0, grace=1.0)
+        except CallTimedOut:
+            pass  # the helper thread is stuck in the old producer: the next call gets a new one
+        for attempt in range(1, MAX_PRODUCER_ATTEMPTS + 1):
+            try:
+                self.producer = self._new_producer()
+                break
+            except WorkerError as exc:
+                if self.stop_event.is_set() or attempt == MAX_PRODUCER_ATTEMPTS:
+                    raise WorkerError(f"cannot replace the transactional producer ({why}): {exc}") from None
+                log.warning("a fresh transactional producer failed (attempt %d of %d): %s",
+                            attempt, MAX_PRODUCER_ATTEMPTS, exc)  # fmt: skip
+                self._broker_unreachable()
+                self._sleep_ticking(PRODUCER_RETRY_SECONDS)
+        self.producers_replaced += 1
+        log.info("transactional producer replaced (%d so far)", self.producers_replaced, extra={"event": "producer_replaced"})
+
+    def _sleep_ticking(self, seconds: float) -> None:
+        """Wait ``seconds`` (less if a stop is requested), the loop ticking meanwhile."""
+        until = time.monotonic() + seconds
+        while not self.stop_event.is_set() and (left := until - time.monotonic()) > 0:
+            self.stop_event.wait(min(0.25, left))
+            self._waiting("a retry", seconds - left)
+
+    def _abort_and_rewind(self, why: KafkaError) -> None:
+        """Abort the open transaction (if the abort fails too, replace the producer), then roll the model back."""
+        try:
+            self._txn_call("abort_transaction", self.producer.abort_transaction)
+        except (KafkaException, CallTimedOut) as exc:
+            if isinstance(exc, KafkaException) and exc.args[0].code() in _FENCED:
+                raise WorkerError(self._fatal_message(exc.args[0])) from None
+            log.warning("aborting a failed transaction failed too (%s): replacing the producer", exc)
+            self._replace_producer(f"abort failed: {exc}")
         self.tx_open = False
         self.tx_failed = None
-        self.delivery_errors = 0  # those of the aborted transaction
         self.aborts_in_a_row += 1
-        if self.metrics is not None:
-            self.metrics.transactions_aborted.inc()
         if self.aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
             raise WorkerError(f"{self.aborts_in_a_row} transactions in a row aborted (last: {why.str()}); giving up")
+        self._rewind(why.str())
+
+    def _rewind(self, why: str) -> None:
+        """Roll the model back after a lost transaction: reload the newest snapshot and seek every assigned
+        partition to its positions; what the group committed is replayed without emitting."""
+        self.delivery_errors = 0  # those of the aborted transaction
+        if self.metrics is not None:
+            self.metrics.transactions_aborted.inc()
         self.processor = self._load_state()
         runtime.configure_for_model(self.processor.model)
         self.replaying = False
         self._resume(self.aligner.clear())  # queued messages are read again from the snapshot's positions
         committed = self._committed(sorted(self.assigned))
         for key in sorted(self.assigned):
-            self.consumer.seek(TopicPartition(key[0], key[1], self._start_offset(key, committed)))
-        log.info("rolled back to offsets %s; replay without emitting until %s", _fmt_offsets(self.positions) or "-",
-                 _fmt_offsets(self.replay_until) or "-")  # fmt: skip
+            try:
+                self.consumer.seek(TopicPartition(key[0], key[1], self._start_offset(key, committed)))
+            except KafkaException as exc:  # e.g. lost in a rebalance meanwhile: its next assignment seeks it
+                log.warning("%s[%d]: cannot seek it back: %s", key[0], key[1], exc)
+        log.info("rolled back to offsets %s; replay without emitting until %s (%s)", _fmt_offsets(self.positions) or "-",
+                 _fmt_offsets(self.replay_until) or "-", why)  # fmt: skip
 
     # ------------------------------------------------------- checkpoints
     def _checkpoint_due(self) -> bool:
@@ -861,20 +1097,35 @@ class Worker:
         batches = self.processor.counters["batches"] - cp.batches_at
         if self.positions == cp.offsets and batches == 0:
             return False
-        return batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds
+        if batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds:
+            return True
+        # after a (re)start, soon: exactly-once as soon as the replay is over, at-least-once a moment after
+        # input is processed, so that a crash loop makes progress instead of replaying from further back
+        early = self.first_checkpoint_due
+        return early is not None and not self.replay_until and (self.exactly_once or time.monotonic() >= early)
 
-    def _flush_and_checkpoint(self, *, force_step: bool = False) -> bool:
+    def _flush_and_checkpoint(self, *, force_step: bool = False, final: bool = False) -> bool:
         """1. (shutdown) step, flushing the partial batch 2. exactly-once: commit an open transaction
         3. flush the producer 4. write the snapshot 5. at-least-once: commit the snapshot's offsets.
-        Returns False, writing and committing nothing, if an output could not be delivered."""
+        Returns False, writing and committing nothing, if an output could not be delivered: a periodic
+        checkpoint waits CHECKPOINT_FLUSH_SECONDS for deliveries (during an outage it is postponed, the loop
+        going on), a ``final`` one (revoke, shutdown) up to ``kafka.call_timeout_seconds``."""
         if force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
         if self.exactly_once and self.tx_open:
             self._commit_transaction()
-        remaining = self.producer.flush(self._timeout(KAFKA_TIMEOUT))
-        if remaining or self.delivery_errors:
+        wait = self._timeout(self.call_timeout) if final else CHECKPOINT_FLUSH_SECONDS
+        try:
+            remaining = self.calls.call("producer.flush", lambda: self.producer.flush(wait), wait, grace=CALL_GRACE)
+        except CallTimedOut as exc:
+            log.error("checkpoint skipped, nothing committed: %s", exc)
+            return False
+        if self.delivery_errors or (remaining and final):
             log.error("checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
                       remaining, self.delivery_errors)  # fmt: skip
+            return False
+        if remaining:
+            log.warning("checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"})
             return False
         manifest, arrays = self.processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(self.positions.items())]
@@ -887,6 +1138,7 @@ class Worker:
             self.processor.counters["batches"], time.monotonic(), dict(self.positions), snap.seconds, snap.size_bytes,
             time.time(),
         )  # fmt: skip
+        self.first_checkpoint_due = None
         if self.metrics is not None:
             self.metrics.on_snapshot(snap)
         log.info("snapshot %s: %.1f MB in %.3f s, offsets %s", snap.path.name, snap.size_bytes / 1e6, snap.seconds,
@@ -907,11 +1159,12 @@ class Worker:
         try:
             if fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))
-            result = self.consumer.commit(offsets=offsets, asynchronous=False) or []
+            result = self._consumer_call("consumer.commit",
+                                         lambda: self.consumer.commit(offsets=offsets, asynchronous=False)) or []
             failed = [tp for tp in result if tp.error is not None]
             if failed:
                 raise KafkaException(failed[0].error)
-        except KafkaException as exc:
+        except (KafkaException, CallTimedOut) as exc:
             log.warning("offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc)
             return
         for tp in offsets:
@@ -926,7 +1179,7 @@ class Worker:
         if self.exactly_once:
             self._step(now_ms(), force=True)
             self._commit_transaction()
-        ok = self._flush_and_checkpoint(force_step=True)
+        ok = self._flush_and_checkpoint(force_step=True, final=True)
         self.log_status()
         self._close()
         log.info("stopped%s", "" if ok else ": the final checkpoint failed", extra={"event": "stopped", "ok": ok})
@@ -934,28 +1187,36 @@ class Worker:
 
     def _close(self) -> None:
         if self.producer is not None and self.exactly_once and self.tx_open:
+            wait = self._timeout(5.0)
             try:
-                self.producer.abort_transaction(self._timeout(5.0))
-            except KafkaException:
+                self.calls.call("producer.abort_transaction", lambda: self.producer.abort_transaction(wait), wait, grace=1.0)
+            except (KafkaException, CallTimedOut):
                 pass
             self.tx_open = False
         if self.consumer is not None:
-            try:
-                self.consumer.close()
-            except (KafkaException, RuntimeError):
+            consumer, self.consumer = self.consumer, None
+            try:  # leaves the group; waits for the broker, so bounded like any client call
+                self.calls.call("consumer.close", consumer.close, self._timeout(self.call_timeout), grace=1.0)
+            except (KafkaException, RuntimeError, CallTimedOut):
                 pass
-            self.consumer = None
 
     # ------------------------------------------------------------ status
-    def log_status(self) -> None:
+    def log_status(self, *, waiting_for: str | None = None) -> None:
+        """The status line; it also says how long the broker has been unreachable and what the loop waits for."""
+        self.last_status = time.monotonic()
         if self.metrics is not None:
             self.metrics.refresh(self)
         s = self.processor.status()
         metric = "acc" if self.cfg.model.task == "classification" else "rmse"
+        down = self.broker_unreachable_seconds()
+        s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
+        tail = "" if down is None else f" broker unreachable for {down:.0f} s"
+        tail += "" if waiting_for is None else f" waiting for {waiting_for}"
         log.info(
-            "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) version=%d",
+            "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
+            "version=%d%s",
             s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"], metric, s["metric"],
-            s["metric_window"], s["model_version"], extra={"event": "status", "status": s},
+            s["metric_window"], s["model_version"], tail, extra={"event": "status", "status": s},
         )  # fmt: skip
 
 

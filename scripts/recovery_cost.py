@@ -92,7 +92,8 @@ def main() -> int:
         "kafka": {"bootstrap_servers": args.bootstrap, "group_id": f"recovery-{tag}"},
         "topics": {**topics, "create": False},
         "stream": {"batch_rows": 256, "row_ttl_ms": None},
-        "snapshot": {"dir": str(work / "snapshots"), "every_batches": 10**9, "every_seconds": 1e9},  # at shutdown only
+        "snapshot": {"dir": str(work / "snapshots"), "every_batches": 10**9, "every_seconds": 1e9,
+                     "first_after_seconds": None},  # at shutdown only
         "durability": {"exactly_once": args.exactly_once},
         "metrics": {"port": 0},
     }
@@ -117,10 +118,11 @@ def main() -> int:
         produce.send(part, producer_conf={"bootstrap.servers": args.bootstrap},
                      features_topic=topics["features"], labels_topic=topics["labels"])  # fmt: skip
 
-    def start(name: str, idle: float):
+    def start(name: str, *, stop_at_end: bool):
         log_path = work / f"{name}.log"
         t0 = time.time()
-        proc = subprocess.Popen([sys.executable, str(WORKER), str(work / "worker.yaml"), "--idle-stop-seconds", str(idle)],
+        extra = ["--stop-at-end"] if stop_at_end else ["--idle-stop-seconds", "600"]
+        proc = subprocess.Popen([sys.executable, str(WORKER), str(work / "worker.yaml"), *extra],
                                 stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), cwd=REPO)  # fmt: skip
         return proc, log_path, t0
 
@@ -129,7 +131,7 @@ def main() -> int:
 
     # 1. build the state
     send(chunks[0])
-    proc, log_path, t0 = start("build", idle=3)
+    proc, log_path, t0 = start("build", stop_at_end=True)
     proc.wait()
     log = log_path.read_text()
     snap = re.search(r"snapshot (snap-\d+\.iolsnap): ([\d.]+) MB in ([\d.]+) s", log)
@@ -138,7 +140,7 @@ def main() -> int:
     # 2. restart time, nothing to replay
     send(chunks[1])
     before = end_offset(args.bootstrap, topics["predictions"])
-    proc, log_path, t0 = start("restart", idle=600)
+    proc, log_path, t0 = start("restart", stop_at_end=False)
     first = first_prediction_after(args.bootstrap, topics["predictions"], before)
     log = log_path.read_text()
     loaded = re.search(r"loaded snapshot \S+ \((\d+) bytes, ([\d.]+) s\)", log)
@@ -163,7 +165,7 @@ def main() -> int:
     proc.wait()
     send(chunks[3])  # new input waiting behind the replay
     before = end_offset(args.bootstrap, topics["predictions"])
-    proc, log_path, t0 = start("replay", idle=3)
+    proc, log_path, t0 = start("replay", stop_at_end=True)
     proc.wait()
     log = log_path.read_text()
     assigned = log_time(log, "assigned ")

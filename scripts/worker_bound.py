@@ -102,7 +102,7 @@ def _run(mode: str, rows: int, bootstrap: str, workdir: Path) -> float:
         cfg = bk._worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(bk.M)), bk.BATCH["small"])
         bk._ensure(cfg)
         bk._produce_stream(bk._producer(bootstrap), topics[0], topics[1], X, y, batch_rows=bk.BATCH["small"])
-        worker = bk.WorkerProcess(cfg, workdir, idle_stop_seconds=3.0, command=[sys.executable, __file__, "--child", mode])
+        worker = bk.WorkerProcess(cfg, workdir, stop_at_end=True, command=[sys.executable, __file__, "--child", mode])
         worker.check(worker.wait(timeout=900))
         n, rate, _ = bk._prediction_times(bootstrap, topics[2], skip=bk.BATCH["small"])
         if n != rows:

@@ -1,6 +1,6 @@
 """One worker process for the durability tests (tests/test_durability_kafka.py).
 
-    python tests/crash_worker.py CONFIG.yaml [--idle-stop-seconds S] [--max-seconds S]
+    python tests/crash_worker.py CONFIG.yaml [--idle-stop-seconds S] [--max-seconds S] [--stop-at-end]
 
 The same path as ``iolstream run`` (``iolstream.cmd_run.run``): YAML config, signal handlers,
 exit codes. A test chooses where the process dies with the environment variable
@@ -20,8 +20,10 @@ def main() -> int:
     p.add_argument("config")
     p.add_argument("--idle-stop-seconds", type=float)
     p.add_argument("--max-seconds", type=float)
+    p.add_argument("--stop-at-end", action="store_true")
     a = p.parse_args()
-    args = argparse.Namespace(config=a.config, bootstrap=None, max_seconds=a.max_seconds, idle_stop_seconds=a.idle_stop_seconds)
+    args = argparse.Namespace(config=a.config, bootstrap=None, max_seconds=a.max_seconds, idle_stop_seconds=a.idle_stop_seconds,
+                              stop_at_end=a.stop_at_end)  # fmt: skip
     return cmd_run.run(args)
 
 

@@ -21,7 +21,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 __all__ = [
     "Record",
@@ -325,3 +325,16 @@ def warm_up(bootstrap: str, timeout: float = 60.0) -> None:
         {"bootstrap.servers": bootstrap, "transactional.id": f"warm-up-{uuid.uuid4().hex[:12]}"}
     )
     producer.init_transactions(timeout)
+
+
+def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
+    """Change a topic's max.message.bytes and wait until the broker reports the new value."""
+    from iolstream.topics import describe_max_message_bytes
+
+    resource = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    admin.incremental_alter_configs([resource])[resource].result(10)
+    deadline = time.monotonic() + 10
+    while describe_max_message_bytes(admin, topic) != max_message_bytes:
+        assert time.monotonic() < deadline, f"{topic}: max.message.bytes not {max_message_bytes} after 10 s"
+        time.sleep(0.1)

@@ -29,12 +29,13 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from kafka_util import committed_offsets, consume_all, create_topics, delete_topics, produce_json, unique_group
+from kafka_util import set_topic_limit, committed_offsets, consume_all, create_topics, delete_topics, produce_json, unique_group
 
 from iolstream import produce, snapshot
 from iolstream.config import config_from_dict
 from iolstream.model import EdRVFL
 from iolstream.stream import StreamProcessor
+from iolstream.lifecycle import EXIT_SHUTDOWN_OVERRUN
 from iolstream.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -382,7 +383,7 @@ def test_shutdown_overrunning_the_grace_period_exits_non_zero(tmp_path, kafka_bo
     proc, log_path = rig.start(idle=60)
     wait_for(log_path, r"snapshot snap-000000000001")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == EXIT_FATAL
+    assert proc.wait(30) == EXIT_SHUTDOWN_OVERRUN  # distinct from a fatal error's exit
     assert "shutdown took longer than durability.shutdown_grace_seconds" in log_path.read_text()
     assert_commits_covered(rig, "after an overrun shutdown")
 
@@ -391,22 +392,28 @@ def test_shutdown_overrunning_the_grace_period_exits_non_zero(tmp_path, kafka_bo
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(
-    tmp_path, kafka_bootstrap, kafka_topics, backlog, exactly_once
+    tmp_path, kafka_bootstrap, kafka_admin, kafka_topics, stream, exactly_once
 ):
-    """Predictions the broker refuses (topic max.message.bytes too small): the worker stops
-    non-zero; at-least-once commits nothing past a snapshot, exactly-once commits nothing at all."""
-    (predictions,) = kafka_topics("predictions", config={"max.message.bytes": "100"})
-    (dead,) = kafka_topics("dead")
-    topics = {**backlog, "predictions": predictions, "dead_letters": dead}
-    rig = WorkerRig(tmp_path, kafka_bootstrap, topics, exactly_once=exactly_once)
-    rc, log = rig.run(idle=10)
+    """Predictions the broker refuses (the topic's max.message.bytes lowered to 100 bytes once the worker has
+    started: at start, the limit check would refuse the config): the worker stops non-zero; at-least-once
+    commits nothing past a snapshot, exactly-once commits nothing at all."""
+    features, labels, predictions, dead = kafka_topics("features", "labels", "predictions", "dead")
+    inputs = {"features": features, "labels": labels}
+    rig = WorkerRig(tmp_path, kafka_bootstrap, {**inputs, "predictions": predictions, "dead_letters": dead},
+                    exactly_once=exactly_once)  # fmt: skip
+    proc, log_path = rig.start(idle=10)
+    wait_for(log_path, r"assigned ")
+    set_topic_limit(kafka_admin, predictions, 100)
+    send_stream(kafka_bootstrap, inputs, stream[0][:200])
+    rc = proc.wait(60)
+    log = log_path.read_text()
     assert rc == EXIT_FATAL, log[-3000:]
     committed = rig.committed()
     snaps = rig.store().paths()
     if exactly_once:  # label-only transactions (no output) may commit; no features offset can
         # usually "N transactions in a row aborted"; on a loaded box the delivery timeout may fire first
         assert re.search(r"fatal: .*(transactions in a row aborted|deliver|abort)", log), log[-3000:]
-        assert (backlog["features"], 0) not in committed
+        assert (features, 0) not in committed
         assert consume_all(kafka_bootstrap, predictions, timeout=1, isolation_level="read_committed") == []
     else:
         assert "could not be delivered" in log

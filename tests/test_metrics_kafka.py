@@ -72,7 +72,7 @@ def fake_worker(processor=None, **attrs):
     w = types.SimpleNamespace(
         processor=processor or StreamProcessor(EdRVFL(ModelConfig(**MODEL)), StreamConfig(batch_rows=8)),
         checkpoint=Checkpoint(), last_tick=time.monotonic(), stop_event=threading.Event(),
-        consumer=object(), assigned={("f", 0)}, replay_until={},
+        consumer=object(), assigned={("f", 0)}, replay_until={}, broker_unreachable_seconds=lambda: None,
     )  # fmt: skip
     vars(w).update(attrs)
     return w
@@ -164,6 +164,10 @@ def test_health_and_readiness_endpoints():
         assert get(port, "/readyz") == (200, "ready\n")
         metrics.on_stats("{not json")  # a bad statistics payload changes nothing and raises nothing
         assert get(port, "/readyz")[0] == 200
+        w.broker_unreachable_seconds = lambda: 12.4  # the worker's own view (error callbacks, probes)
+        assert get(port, "/readyz") == (503, "broker unreachable for 12 s\n")
+        assert get(port, "/healthz")[0] == 200  # waiting for the broker is not a dead loop
+        w.broker_unreachable_seconds = lambda: None
 
         w.last_tick -= 30.0  # the loop stopped ticking (poll timeout 100 ms: limit 10 s)
         status, body = get(port, "/healthz")

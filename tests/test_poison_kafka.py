@@ -19,8 +19,7 @@ import uuid
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-from kafka_util import consume_all, produce_json, unique_group
+from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
 
 from iolstream import codec, produce, topics
 from iolstream.config import ConfigError, config_from_dict
@@ -102,16 +101,6 @@ class Running:
 def send(bootstrap: str, names: dict, messages) -> None:
     produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=names["features"],
                  labels_topic=names["labels"])  # fmt: skip
-
-
-def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
-    resource = ConfigResource("topic", topic, incremental_configs=[
-        ConfigEntry("max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
-    admin.incremental_alter_configs([resource])[resource].result(10)
-    deadline = time.monotonic() + 10
-    while topics.describe_max_message_bytes(admin, topic) != max_message_bytes:
-        assert time.monotonic() < deadline, f"{topic}: max.message.bytes not {max_message_bytes} after 10 s"
-        time.sleep(0.1)
 
 
 @pytest.mark.kafka
