@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export KAFKA_PORT ?= 19092
 
-.PHONY: install test test-fast demo kafka-start kafka-stop bench clean
+.PHONY: install test test-fast container-test demo kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,15 @@ test: $(STAMP)
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
 
+# The compose stack in podman (tests/test_container_stack.py, also part of `make test`, where it is
+# skipped with the reason if podman cannot be had): installs podman as root if missing, builds the
+# images or reuses them (scripts/containers.sh), runs broker, worker, producer and Prometheus.
+container-test: $(STAMP)
+	IOLSTREAM_CONTAINER_TEST=require $(PY) -m pytest -q -m container tests/test_container_stack.py $(PYTEST_ARGS)
+
 # Unit tests only (no broker).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not kafka" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not kafka and not container" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	bash scripts/demo.sh
