@@ -7,6 +7,7 @@ Suites:
   and dtype in this run, and ``efficiency`` = achieved minimal-FLOP rate ÷ GEMM rate.
 - ``poker``: the paper's largest run (Table 13 configuration) on generated poker hands.
 - ``kafka``: end to end through the local broker (see ``bench_kafka``).
+- ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
 
 Machines here are shared and noisy: compare ratios within one run, not seconds across runs.
 """
@@ -209,7 +210,7 @@ def run_poker(args) -> dict:
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="throughput benchmarks with same-run baselines")
-    p.add_argument("--suite", choices=("core", "poker", "kafka"), default="core")
+    p.add_argument("--suite", choices=("core", "poker", "kafka", "memory"), default="core")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
@@ -223,6 +224,7 @@ def add_parser(subparsers):
     p.add_argument("--bootstrap", default=None, help="kafka suite: broker (default: the local one)")
     p.add_argument("--kafka-scale", type=float, default=1.0, help="kafka suite: scale every row count (e.g. 0.1 for a quick run)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="kafka suite: skip the 100k vs 1M rows RSS runs")
+    p.add_argument("--memory-messages", type=int, default=600_000, help="memory suite: messages a flood")
     p.set_defaults(func=run)
     return p
 
@@ -235,6 +237,10 @@ def run(args) -> int:
         out = {"suite": "core", "blas": runtime.blas_info(), "results": run_core(args)}
     elif args.suite == "poker":
         out = run_poker(args)
+    elif args.suite == "memory":
+        from .bench_memory import run_memory
+
+        out = run_memory(args)
     else:
         from .bench_kafka import run_kafka
 
