@@ -52,7 +52,7 @@ back, rows expire late, never early).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,12 +89,14 @@ class ExpireResult:
     X         : (e, k) float64 — the rows as added
     batch_seq : (e,) int64 — the batch each row was observed in
     rejected  : [(BadInput("unknown_id"), label message bytes)] — orphan early labels
+    orphan_sources : the source each of those labels was added with, in the same order
     """
 
     ids: list[str]
     X: np.ndarray
     batch_seq: np.ndarray
     rejected: list[tuple[BadInput, bytes]] = field(default_factory=list)
+    orphan_sources: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -111,6 +113,7 @@ class JoinResult:
     rejected  : [(BadInput, bytes)] — duplicate_id rows, expired_id labels, unknown_id
                 early labels pushed out by capacity; bytes re-encode the row / label
     evicted   : rows pushed out of a full buffer by this add_rows (empty for add_labels)
+    orphan_sources : the source each unknown_id label in ``rejected`` was added with, in order
     """
 
     ids: list[str]
@@ -119,18 +122,225 @@ class JoinResult:
     batch_seq: np.ndarray
     rejected: list[tuple[BadInput, bytes]]
     evicted: ExpireResult
+    orphan_sources: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
+class ArrivalOrder:
+    """Slots of a store in arrival order, oldest first, beside a plain dict id -> slot.
+
+    The stores were OrderedDicts: a linked-list node and a second table per entry, and under a
+    steady churn (one in, one out) their tables were rebuilt at 3x the live entries: 515 bytes
+    per waiting label where ~250 were documented. Here: a ring of int32 slots, and per slot its
+    ring position (-1: not in the store). A slot taken out anywhere (joined) leaves a stale ring
+    entry that ``oldest`` skips; a full ring is compacted, and grown only while the live entries
+    fill more than 3/4 of it: at most ~2.7 ring entries (11 bytes) per live slot, plus 4 bytes a slot.
+
+        >>> order = ArrivalOrder()
+        >>> order.push_many(np.array([3, 0, 2]))
+        >>> order.drop(np.array([0])); order.oldest(), order.pop(), order.oldest(), len(order)
+        (3, 3, 2, 1)
+    """
+
+    def __init__(self):
+        self._ring = np.empty(16, dtype=np.int32)
+        self._at = np.full(16, -1, dtype=np.int32)  # per slot: its ring position, -1 when not in the store
+        self._head = self._tail = 0  # stale or live entries in [head, tail); all before head are gone
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return self._ring.nbytes + self._at.nbytes
+
+    def _fit_slots(self, high: int) -> None:
+        if high > len(self._at):
+            at = np.full(max(high, 2 * len(self._at)), -1, dtype=np.int32)
+            at[: len(self._at)] = self._at
+            self._at = at
+
+    def _compact(self, extra: int) -> None:
+        """Live entries to the front, with room for ``extra`` more and at least a quarter free."""
+        pos = np.arange(self._head, self._tail, dtype=np.int32)
+        ring = self._ring[self._head : self._tail]
+        live = ring[self._at[ring] == pos]
+        size = len(self._ring)
+        while 4 * (len(live) + extra) > 3 * size:
+            size *= 2
+        if size != len(self._ring):
+            self._ring = np.empty(size, dtype=np.int32)
+        self._ring[: len(live)] = live
+        self._at[live] = np.arange(len(live), dtype=np.int32)
+        self._head, self._tail = 0, len(live)
+
+    def push(self, slot: int) -> None:
+        """One slot, the newest."""
+        if self._tail == len(self._ring):
+            self._compact(1)
+        if slot >= len(self._at):
+            self._fit_slots(slot + 1)
+        self._ring[self._tail] = slot
+        self._at[slot] = self._tail
+        self._tail += 1
+        self._n += 1
+
+    def push_many(self, slots: np.ndarray) -> None:
+        """(n,) int slots in arrival order, after every slot already in."""
+        n = len(slots)
+        if not n:
+            return
+        if self._tail + n > len(self._ring):
+            self._compact(n)
+        self._fit_slots(int(slots.max()) + 1)
+        self._ring[self._tail : self._tail + n] = slots
+        self._at[slots] = np.arange(self._tail, self._tail + n, dtype=np.int32)
+        self._tail += n
+        self._n += n
+
+    def drop(self, slots: np.ndarray) -> None:
+        """Take (n,) slots, each in the store, out wherever they are."""
+        self._at[slots] = -1
+        self._n -= len(slots)
+
+    def drop_one(self, slot: int) -> None:
+        self._at[slot] = -1
+        self._n -= 1
+
+    def oldest(self) -> int:
+        """The oldest slot in the store, -1 when empty (stale entries before it are passed for good)."""
+        ring, at, h, t = self._ring, self._at, self._head, self._tail
+        while h < t:
+            slot = int(ring[h])
+            if at[slot] == h:
+                break
+            h += 1
+        self._head = h
+        return slot if h < t else -1
+
+    def pop(self) -> int:
+        """Take the oldest slot out (the store is not empty)."""
+        slot = self.oldest()
+        self._at[slot] = -1
+        self._head += 1
+        self._n -= 1
+        return slot
+
+
+class EarlyLabels:
+    """Labels that came before their row, oldest first: a plain dict id -> slot, the slots' label,
+    arrival ms and message source in arrays and lists, their order in an ``ArrivalOrder``. Slots
+    are reused; the arrays grow to the most labels held at once (``max_early_labels`` + 1).
+    Per label: the id (49 bytes + its length as a str), its dict entry (~40–80 bytes), its slot
+    int (32), the label (8 · m), the ms (8), two list pointers (16) and the order (≤ 15).
+
+        >>> early = EarlyLabels(np.dtype(np.int64), ())
+        >>> early.add("a", 1, 10, "src@1"); early.add("b", 0, 11, None); "a" in early, len(early)
+        (True, 2)
+        >>> early.pop("a"), early.oldest(), early.pop_oldest(), len(early)
+        ((1, 'src@1'), ('b', 11), ('b', 0, 11, None), 0)
+    """
+
+    def __init__(self, y_dtype: np.dtype, y_tail: tuple):
+        self.index: dict[str, int] = {}
+        self._y = np.empty((16,) + y_tail, dtype=y_dtype)
+        self._ms = np.empty(16, dtype=np.int64)
+        self._ids: list = [None] * 16  # per slot: the id (the dict's key object), None when free
+        self._sources: list = [None] * 16  # per slot: the source of the message that brought it
+        self._free: list[int] = list(range(15, -1, -1))
+        self._order = ArrivalOrder()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, row_id) -> bool:
+        return row_id in self.index
+
+    @property
+    def capacity(self) -> int:
+        """Slots allocated (they never shrink): the most labels held at once, rounded up."""
+        return len(self._ms)
+
+    def _grow(self) -> None:
+        old = len(self._ms)
+        size = 2 * old
+        y = np.empty((size,) + self._y.shape[1:], dtype=self._y.dtype)
+        y[:old] = self._y
+        ms = np.empty(size, dtype=np.int64)
+        ms[:old] = self._ms
+        self._y, self._ms = y, ms
+        self._ids.extend([None] * old)
+        self._sources.extend([None] * old)
+        self._free.extend(range(size - 1, old - 1, -1))
+
+    def add(self, row_id: str, y, now_ms: int, source) -> None:
+        """Hold a label (its id is not held)."""
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        self.index[row_id] = slot
+        self._y[slot] = y
+        self._ms[slot] = now_ms
+        self._ids[slot] = row_id
+        self._sources[slot] = source
+        self._order.push(slot)
+
+    def _take(self, slot: int):
+        y, source = self._y[slot].tolist(), self._sources[slot]
+        self._ids[slot] = self._sources[slot] = None
+        self._free.append(slot)
+        return y, source
+
+    def pop(self, row_id: str):
+        """(label, source) of a held id, taken out; None when not held."""
+        slot = self.index.pop(row_id, None)
+        if slot is None:
+            return None
+        self._order.drop_one(slot)
+        return self._take(slot)
+
+    def pop_many(self, ids: list[str]) -> np.ndarray:
+        """The labels of held ids (each held once), taken out: (n,) or (n, m) (their sources are dropped)."""
+        slots = [self.index.pop(row_id) for row_id in ids]
+        rows = np.array(slots, dtype=np.intp)
+        y = self._y[rows]
+        self._order.drop(rows)
+        ids_, sources = self._ids, self._sources
+        for slot in slots:
+            ids_[slot] = sources[slot] = None
+        self._free.extend(slots)
+        return y
+
+    def oldest(self) -> tuple[str, int] | None:
+        """(id, arrival ms) of the oldest label, None when empty."""
+        slot = self._order.oldest()
+        return None if slot < 0 else (self._ids[slot], int(self._ms[slot]))
+
+    def pop_oldest(self) -> tuple[str, object, int, object]:
+        """(id, label, arrival ms, source) of the oldest label, taken out (not empty)."""
+        slot = self._order.pop()
+        row_id, ms = self._ids[slot], int(self._ms[slot])
+        del self.index[row_id]
+        y, source = self._take(slot)
+        return row_id, y, ms, source
+
+    def items(self) -> list[tuple[str, object, int, object]]:
+        """(id, label, arrival ms, source) of every held label, oldest first (the dict keeps arrival order)."""
+        slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
+        sources = [self._sources[s] for s in slots.tolist()]
+        return list(zip(self.index, self._y[slots].tolist(), self._ms[slots].tolist(), sources))
+
+
 class JoinBuffer:
     """Pending feature rows waiting for labels, and early labels waiting for rows.
 
-    Pending rows: an OrderedDict id -> slot (insertion = arrival order, O(1) removal
-    anywhere and at the front) over growable preallocated arrays X / batch_seq / added_ms.
-    Early labels: an OrderedDict id -> (label, added_ms). Remembered ids: a bounded FIFO of
-    fingerprints -> LABELLED | EXPIRED (``RecentIds``, fixed memory).
+    Pending rows: a plain dict id -> slot (insertion = arrival order) over growable preallocated
+    arrays X / batch_seq / added_ms, their ids per slot, and an ``ArrivalOrder`` for the
+    oldest-first scans. Early labels: ``EarlyLabels``, the same way. Remembered ids: a bounded
+    FIFO of fingerprints -> LABELLED | EXPIRED (``RecentIds``, fixed memory).
 
     The common cases (a batch of new ids; labels that all join) take bulk paths with no per-row
     Python; ``fast_paths = False`` forces the row-by-row paths, which give the same results.
@@ -171,8 +381,11 @@ class JoinBuffer:
         self.remember_done = int(remember_done)
 
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._pending: OrderedDict[str, int] = OrderedDict()
-        self._early: OrderedDict[str, tuple] = OrderedDict()
+        self._pending: dict[str, int] = {}  # id -> slot, in arrival order
+        self._order = ArrivalOrder()  # the pending slots, oldest first
+        y_shape = (0,) if self.target.task == "classification" else (0, self.target.n_outputs)
+        y_dtype = np.dtype(np.int64 if self.target.task == "classification" else np.float64)
+        self._early = EarlyLabels(y_dtype, y_shape[1:])
         self._done = RecentIds(self.remember_done)
         self._free: list[int] = []  # slots released by joined / expired rows
         self._high = 0  # slots [0, _high) have been handed out at least once
@@ -180,9 +393,9 @@ class JoinBuffer:
         self._X = np.empty((capacity, self.n_features))
         self._seq = np.empty(capacity, dtype=np.int64)
         self._added_ms = np.empty(capacity, dtype=np.int64)
+        self._ids = np.empty(capacity, dtype=object)  # per slot: the pending row's id, None when free
         # shared read-only empty results: one-row messages return empty ones per message
-        y_shape = (0,) if self.target.task == "classification" else (0, self.target.n_outputs)
-        self._no_y = np.empty(y_shape, dtype=np.int64 if self.target.task == "classification" else np.float64)
+        self._no_y = np.empty(y_shape, dtype=y_dtype)
         self._no_X = np.empty((0, self.n_features))
         self._no_seq = np.empty(0, dtype=np.int64)
         for arr in (self._no_y, self._no_X, self._no_seq):
@@ -200,6 +413,18 @@ class JoinBuffer:
     def n_remembered(self) -> int:
         return len(self._done)
 
+    def early_labels(self) -> list[tuple[str, object, int, object]]:
+        """(id, label, arrival ms, source) of the labels held early, oldest first."""
+        return self._early.items()
+
+    def set_early_sources(self, pairs) -> None:
+        """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are passed over."""
+        early = self._early
+        for row_id, source in pairs:
+            slot = early.index.get(row_id)
+            if slot is not None:
+                early._sources[slot] = source
+
     def __repr__(self) -> str:
         return f"JoinBuffer(pending={len(self)}, early={self.n_early}, remembered={len(self._done)})"
 
@@ -209,7 +434,7 @@ class JoinBuffer:
         if needed <= capacity:
             return
         capacity = max(needed, min(2 * capacity, self.max_pending_rows))
-        for name in ("_X", "_seq", "_added_ms"):
+        for name in ("_X", "_seq", "_added_ms", "_ids"):
             old = getattr(self, name)
             new = np.empty((capacity,) + old.shape[1:], dtype=old.dtype)
             new[: len(old)] = old
@@ -238,17 +463,28 @@ class JoinBuffer:
             return np.array(values, dtype=np.int64)
         return np.array(values, dtype=np.float64).reshape(len(values), self.target.n_outputs)
 
-    def _empty_rows(self, rejected=None) -> ExpireResult:
-        return ExpireResult([], self._no_X, self._no_seq, rejected or [])
+    def _empty_rows(self, rejected=None, sources=None) -> ExpireResult:
+        return ExpireResult([], self._no_X, self._no_seq, rejected or [], sources or [])
 
-    def _release(self, ids: list[str], slots: list[int], rejected=None) -> ExpireResult:
-        """Copy the rows in ``slots`` out and free the slots."""
+    def _release(self, ids: list[str], slots: list[int], rejected=None, sources=None, *, ordered=True):
+        """Copy the rows in ``slots`` (taken out of ``_pending``) out and free the slots; ``ordered``:
+        still in the arrival order (False: the caller popped them from it already)."""
         if not slots:
-            return self._empty_rows(rejected)
+            return self._empty_rows(rejected, sources)
         rows = np.array(slots, dtype=np.intp)
-        result = ExpireResult(ids, self._X[rows], self._seq[rows], rejected or [])
+        result = ExpireResult(ids, self._X[rows], self._seq[rows], rejected or [], sources or [])
+        if ordered:
+            self._order.drop(rows)
+        self._ids[rows] = None
         self._free.extend(slots)
         return result
+
+    def _add_pending(self, ids: list[str], slots: list[int]) -> None:
+        """Slots (already filled) of new pending rows, in arrival order."""
+        rows = np.array(slots, dtype=np.intp)
+        self._pending.update(zip(ids, slots))
+        self._ids[rows] = ids if len(ids) > 1 else ids[0]  # (a list of one str would not be taken as one object)
+        self._order.push_many(rows)
 
     def _duplicate_why(self, row_id: str, kind: int) -> str:
         """Why ``row_id`` (remembered as ``kind``, 0 if not) is a duplicate_id."""
@@ -296,7 +532,7 @@ class JoinBuffer:
         if X.shape != (len(ids), self.n_features):
             raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
         if self.fast_paths and len(self._pending) + len(ids) <= self.max_pending_rows and self._unseen(ids):
-            if not self._early or self._early.keys().isdisjoint(ids):
+            if not self._early or self._early.index.keys().isdisjoint(ids):
                 return self._add_new_rows(ids, X, batch_seq, now_ms)
             return self._add_rows_joining_early(ids, X, batch_seq, now_ms)
         pending, early, free = self._pending, self._early, self._free
@@ -307,7 +543,7 @@ class JoinBuffer:
             if row_id in pending or kind:
                 rejected.append((BadInput("duplicate_id", self._duplicate_why(row_id, kind)), feature_message(row_id, X[i])))
                 continue
-            held = early.pop(row_id, None)
+            held = early.pop(row_id)
             if held is not None:
                 join_rows.append(i)
                 join_y.append(held[0])
@@ -326,14 +562,18 @@ class JoinBuffer:
             self._X[new_slots] = X[new_rows]
             self._seq[new_slots] = batch_seq
             self._added_ms[new_slots] = now_ms
+            self._add_pending([ids[i] for i in new_rows], new_slots)
 
         done.commit()
         evicted = self._empty_rows()
         over = len(pending) - self.max_pending_rows
         if over > 0:
-            out = [pending.popitem(last=False) for _ in range(over)]
-            self._done.remember([row_id for row_id, _ in out], EXPIRED)
-            evicted = self._release([row_id for row_id, _ in out], [slot for _, slot in out])
+            out_slots = [self._order.pop() for _ in range(over)]
+            out_ids = [str(row_id) for row_id in self._ids[out_slots].tolist()]
+            for row_id in out_ids:
+                del pending[row_id]
+            self._done.remember(out_ids, EXPIRED)
+            evicted = self._release(out_ids, out_slots, ordered=False)
             self.counters["rows_evicted"] += over
 
         c = self.counters
@@ -349,11 +589,11 @@ class JoinBuffer:
     def _add_new_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
         """add_rows when every id is new and the buffer has room: no per-row Python."""
         slots = self._take_slots(len(ids))
-        self._pending.update(zip(ids, slots))
         rows = np.array(slots, dtype=np.intp)  # one conversion for the three scatters (a list is converted each time)
         self._X[rows] = X
         self._seq[rows] = batch_seq
         self._added_ms[rows] = now_ms
+        self._add_pending(ids, slots)
         self.counters["rows_added"] += len(ids)
         empty = self._empty_rows()
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
@@ -362,11 +602,11 @@ class JoinBuffer:
         """add_rows when every id is new, the buffer has room, and some ids have early labels (with
         one-row label messages nearly all do: they come while their rows wait for their batch): those
         join now, the others become pending, without the id memory's row-by-row session."""
-        early = self._early
+        early = self._early.index
         joined = np.fromiter((row_id in early for row_id in ids), dtype=bool, count=len(ids))
         join_rows = np.flatnonzero(joined)
         join_ids = [ids[i] for i in join_rows.tolist()]
-        join_y = [early.pop(row_id)[0] for row_id in join_ids]
+        join_y = self._early.pop_many(join_ids)
         new_rows = np.flatnonzero(~joined)
         if len(new_rows):
             self._add_new_rows([ids[i] for i in new_rows.tolist()], X[new_rows], batch_seq, now_ms)
@@ -375,16 +615,18 @@ class JoinBuffer:
         c["rows_added"] += len(join_ids)
         c["labels_joined"] += len(join_ids)
         c["labels_early_joined"] += len(join_ids)
-        return JoinResult(join_ids, X[join_rows], self._y_array(join_y), np.full(len(join_ids), batch_seq, dtype=np.int64),
-                          [], self._empty_rows())  # fmt: skip
+        y = join_y if len(join_ids) else self._no_y
+        return JoinResult(join_ids, X[join_rows], y, np.full(len(join_ids), batch_seq, dtype=np.int64), [], self._empty_rows())
 
     # ----------------------------------------------------------- labels
-    def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset()) -> JoinResult:
+    def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset(), source=None) -> JoinResult:
         """Join the labels whose rows are pending; hold the others as early, or count/reject them.
 
         ``waiting``: ids whose rows the caller holds, screened but not added yet (its micro-batch):
         neither pending nor remembered, so their labels are held early without asking the id
-        memory (one-row messages: a label often comes while its row waits for its batch)."""
+        memory (one-row messages: a label often comes while its row waits for its batch).
+        ``source``: opaque, kept with each label held early and handed back in ``orphan_sources``
+        if it is given up on (its dead letter names the message that brought it)."""
         Y = labels.Y
         if self.target.task == "classification":
             if Y.size <= 16:  # NumPy's min/max cost ~1.5 µs whatever the size: one-label messages
@@ -408,11 +650,11 @@ class JoinBuffer:
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
         held_at_once = len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
         if self.fast_paths and held_at_once:  # one label of a row waiting for its batch: held, nothing else
-            early[ids[0]] = (Y.tolist()[0], now_ms)
+            early.add(ids[0], Y.tolist()[0], now_ms, source)
             self.counters["labels_received"] += 1
             self.counters["labels_early_held"] += 1
             return JoinResult([], self._no_X, self._no_y, self._no_seq, [], self._empty_rows())
-        join_ids, join_slots, join_y, rejected = [], [], [], []
+        join_ids, join_slots, join_y, rejected, orphan_sources = [], [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = 0
         done = None  # the id memory's session, opened when first needed
         for row_id, y in zip(labels.ids, Y.tolist()):
@@ -436,14 +678,15 @@ class JoinBuffer:
                 bad = BadInput("expired_id", f"label for id {row_id!r} came after its row expired unlabelled")
                 rejected.append((bad, label_message(row_id, y, self.target)))
             else:
-                early[row_id] = (y, now_ms)
+                early.add(row_id, y, now_ms, source)
                 n_held += 1
                 while len(early) > self.max_early_labels:
-                    old_id, (old_y, _) = early.popitem(last=False)
+                    old_id, old_y, _, old_source = early.pop_oldest()
                     n_orphan += 1
                     bad = BadInput("unknown_id", f"label for id {old_id!r} pushed out of the full early-label buffer "
                                                  f"({self.max_early_labels}) before its row came")  # fmt: skip
                     rejected.append((bad, label_message(old_id, old_y, self.target)))
+                    orphan_sources.append(old_source)
         if done is not None:
             done.commit()
         joined = self._release(join_ids, join_slots)
@@ -454,7 +697,8 @@ class JoinBuffer:
         c["labels_expired_id"] += n_expired
         c["labels_early_held"] += n_held
         c["labels_orphan"] += n_orphan
-        return JoinResult(joined.ids, joined.X, self._y_array(join_y), joined.batch_seq, rejected, self._empty_rows())
+        return JoinResult(joined.ids, joined.X, self._y_array(join_y), joined.batch_seq, rejected, self._empty_rows(),
+                          orphan_sources)  # fmt: skip
 
     # ----------------------------------------------------------- expiry
     def expire(self, now_ms: int, batch_seq: int) -> ExpireResult:
@@ -463,28 +707,31 @@ class JoinBuffer:
         pending, ttl_ms, ttl_batches = self._pending, self.row_ttl_ms, self.row_ttl_batches
         out_ids, out_slots = [], []
         while pending:
-            row_id, slot = next(iter(pending.items()))
+            slot = self._order.oldest()
             young_ms = ttl_ms is None or now_ms - int(self._added_ms[slot]) <= ttl_ms
             young_batches = ttl_batches is None or batch_seq - int(self._seq[slot]) <= ttl_batches
             if young_ms and young_batches:
                 break
-            pending.popitem(last=False)
+            self._order.pop()
+            row_id = self._ids[slot]
+            del pending[row_id]
             out_ids.append(row_id)
             out_slots.append(slot)
         self._done.remember(out_ids, EXPIRED)
         self.counters["rows_expired"] += len(out_ids)
 
-        early, rejected = self._early, []
+        early, rejected, sources = self._early, [], []
         while early:
-            row_id, (y, added_ms) = next(iter(early.items()))
+            row_id, added_ms = early.oldest()
             if now_ms - added_ms <= self.early_label_ttl_ms:
                 break
-            early.popitem(last=False)
+            _, y, _, source = early.pop_oldest()
             bad = BadInput("unknown_id", f"label for id {row_id!r} waited {now_ms - added_ms} ms "
                                          f"(limit {self.early_label_ttl_ms}) and its row never came")  # fmt: skip
             rejected.append((bad, label_message(row_id, y, self.target)))
+            sources.append(source)
         self.counters["labels_orphan"] += len(rejected)
-        return self._release(out_ids, out_slots, rejected)
+        return self._release(out_ids, out_slots, rejected, sources, ordered=False)
 
     # ------------------------------------------------------------ state
     def to_state(self) -> dict[str, np.ndarray]:
@@ -494,17 +741,17 @@ class JoinBuffer:
         ``done_fingerprint_version``); a state of an older version holds the ids (``done_ids``)
         instead, which ``from_state`` reads too."""
         slots = np.fromiter(self._pending.values(), dtype=np.int64, count=len(self._pending))
-        early = list(self._early.values())
-        early_y = self._y_array([y for y, _ in early])
+        early = self._early.items()
+        early_y = self._y_array([y for _, y, _, _ in early])
         done_fps, done_kinds = self._done.to_arrays()
         return {
             "pending_ids": _id_array(self._pending),
             "pending_X": self._X[slots],
             "pending_batch_seq": self._seq[slots],
             "pending_added_ms": self._added_ms[slots],
-            "early_ids": _id_array(self._early),
+            "early_ids": _id_array([row_id for row_id, _, _, _ in early]),
             "early_Y": early_y,
-            "early_added_ms": np.array([t for _, t in early], dtype=np.int64),
+            "early_added_ms": np.array([t for _, _, t, _ in early], dtype=np.int64),
             "done_fingerprints": done_fps,
             "done_fingerprint_version": np.array(FINGERPRINT_VERSION, dtype=np.int64),
             "done_kind": done_kinds,
@@ -523,13 +770,11 @@ class JoinBuffer:
         seq, added = np.asarray(state["pending_batch_seq"]), np.asarray(state["pending_added_ms"])
         if X.shape != (n, buf.n_features) or seq.shape != (n,) or added.shape != (n,):
             raise ValueError(f"inconsistent pending rows in state: {n} ids, X {X.shape}, n_features {buf.n_features}")
-        if n > len(buf._seq):
-            buf._X = np.empty((n, buf.n_features))
-            buf._seq = np.empty(n, dtype=np.int64)
-            buf._added_ms = np.empty(n, dtype=np.int64)
+        buf._grow(n)
         buf._X[:n], buf._seq[:n], buf._added_ms[:n] = X, seq, added
         buf._high = n
-        buf._pending = OrderedDict(zip(ids, range(n)))
+        if n:
+            buf._add_pending(ids, list(range(n)))
 
         early_ids = [str(s) for s in state["early_ids"].tolist()]
         early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
@@ -537,7 +782,8 @@ class JoinBuffer:
             raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {buf.target}")
         if early_ms.shape != (len(early_ids),):
             raise ValueError("inconsistent early labels in state")
-        buf._early = OrderedDict(zip(early_ids, zip(early_y.tolist(), early_ms.tolist())))
+        for row_id, y, added_ms in zip(early_ids, early_y.tolist(), early_ms.tolist()):
+            buf._early.add(row_id, y, added_ms, None)
 
         if "done_fingerprints" in state:
             version = int(np.asarray(state.get("done_fingerprint_version", -1)))

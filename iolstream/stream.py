@@ -50,11 +50,10 @@ Rules worth knowing:
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 
 from . import codec, state_io
 from .codec import BadInput, FeatureRows, TargetSpec
@@ -154,7 +153,6 @@ class StreamProcessor:
         )  # fmt: skip
         self.held: list[FeatureRows] = []  # batches waiting for the warm-up scaler
         self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
-        self._early_sources: OrderedDict[str, object] = OrderedDict()  # early label id -> its message's source
         self.label_queue: list = []  # joined rows waiting to be folded in: (payload (j, w), Y, batch_seq)
         self.label_queue_rows = 0
         self.label_queue_since_ms: int | None = None
@@ -220,30 +218,23 @@ class StreamProcessor:
         if labels is None or not len(labels.ids):
             return dead
         self.counters["labels_in"] += len(labels.ids)
-        held_before = self.join.counters["labels_early_held"]
-        result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids)
+        result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids, source=source)  # held early: kept with its source
         self._queue_joined(result, now_ms)
         mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
         if mine:
             single = len(labels.ids) == 1 and not rejected
             dead += self._dead(mine, source, raw=value if single else None)
-        if self.join.counters["labels_early_held"] > held_before:
-            settled = set(result.ids).union(_label_id(raw) for _, raw in mine) if result.ids or mine else ()
-            for row_id in labels.ids:  # held early (or, mixed in, a duplicate: harmless, bounded)
-                if row_id not in settled and row_id not in self._early_sources:
-                    self._early_sources[row_id] = source
-            while len(self._early_sources) > max(self.cfg.max_early_labels, 1):
-                self._early_sources.popitem(last=False)
-        if result.rejected:
-            dead += self._orphans(result.rejected)
+        if result.orphan_sources:
+            dead += self._orphans(result.rejected, result.orphan_sources)
         return dead
 
-    def _orphans(self, rejected) -> list[DeadLetter]:
-        """Early labels given up on (unknown_id), each with the source of the message that brought it."""
+    def _orphans(self, rejected, sources) -> list[DeadLetter]:
+        """Early labels given up on (unknown_id), each with the source of the message that brought it
+        (``sources``: one per unknown_id entry of ``rejected``, in order)."""
+        orphans = [(bad, raw) for bad, raw in rejected if bad.reason == "unknown_id"]
         out = []
-        for bad, raw in rejected:
-            if bad.reason == "unknown_id":
-                out += self._dead([(bad, raw)], self._early_sources.pop(_label_id(raw), None))
+        for (bad, raw), source in zip(orphans, sources, strict=True):
+            out += self._dead([(bad, raw)], source)
         return out
 
     # ------------------------------------------------------------- step
@@ -322,8 +313,6 @@ class StreamProcessor:
         payload = np.hstack([rows.X, position, pred.layer_outputs.transpose(1, 0, 2).reshape(b, -1)])
         self._cache_put(self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
-        for row_id in result.ids:  # early labels joined now
-            self._early_sources.pop(row_id, None)
         self._queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
         self._settle_unlabelled(result.evicted)
@@ -411,7 +400,7 @@ class StreamProcessor:
     def _expire(self, now_ms: int, out: StepOutput) -> None:
         result = self.join.expire(now_ms, self.batch_seq)
         self._settle_unlabelled(result)
-        out.dead_letters += self._orphans(result.rejected)
+        out.dead_letters += self._orphans(result.rejected, result.orphan_sources)
 
     def _settle_unlabelled(self, result) -> None:
         """Rows that left the buffer without a label: their Gram stays in A unless forget_expired."""
@@ -466,7 +455,7 @@ class StreamProcessor:
             "metric": {"n": self.metric.n, "total": self.metric.total},
             "label_queue_since_ms": self.label_queue_since_ms,
             "last_label_rows": self.last_label_rows,
-            "early_sources": [[row_id, source] for row_id, source in self._early_sources.items()],
+            "early_sources": [[row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None],
         }
         return manifest, arrays
 
@@ -482,7 +471,6 @@ class StreamProcessor:
         proc.metric.window.extend(arrays["metric/window"].tolist())
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
-        proc._early_sources = OrderedDict((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
             rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
@@ -501,16 +489,12 @@ class StreamProcessor:
             row_ttl_batches=cfg.row_ttl_batches, early_label_ttl_ms=cfg.early_label_ttl_ms,
             max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
         )  # fmt: skip
+        proc.join.set_early_sources((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
         if "queue/payload" in arrays:
             proc.label_queue = [(arrays["queue/payload"], arrays["queue/y"], arrays["queue/seq"])]
             proc.label_queue_rows = len(arrays["queue/y"])
             proc.label_queue_since_ms = st["label_queue_since_ms"]
         return proc
-
-
-def _label_id(raw: bytes) -> str:
-    """The id of a one-row label message (the join buffer re-encodes the labels it rejects)."""
-    return str(orjson.loads(raw)["id"])
 
 
 def _tuples(value):

@@ -506,3 +506,122 @@ def test_micro_batcher_state_round_trip():
     assert a.ids == b.ids == ["d", "e"] and np.array_equal(a.X, b.X) and a.ts.tolist() == b.ts.tolist() == [-1, 7]
     empty = MicroBatcher.from_state(back.to_state(), max_rows=3, max_latency_ms=100)
     assert len(empty) == 0 and empty.to_state()["X"].shape == (0, K)
+
+
+# ------------------------------------------------------------ memory bounds (issue 12, item 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "drop", "pop"]), st.integers(0, 40)), max_size=300))
+def test_arrival_order_is_a_list_in_arrival_order(ops):
+    """ArrivalOrder (ring with stale entries, compaction) answers as a plain list would."""
+    from iolstream.joinbuffer import ArrivalOrder
+
+    order, model = ArrivalOrder(), []
+    for op, slot in ops:
+        if op == "push" and slot not in model:
+            order.push(slot) if slot % 2 else order.push_many(np.array([slot]))
+            model.append(slot)
+        elif op == "drop" and slot in model:
+            order.drop(np.array([slot]))
+            model.remove(slot)
+        elif op == "pop" and model:
+            assert order.pop() == model.pop(0)
+        assert len(order) == len(model) and order.oldest() == (model[0] if model else -1)
+    assert len(order._ring) <= max(16, 4 * len(ops))
+
+
+def _flood(buf, n: int, start: int, batch: int, now: int) -> list:
+    """n labels whose rows never come (one per call when batch is 1), and n rows whose labels never
+    come, with every tenth row labelled (joins take entries out of the middle of both stores)."""
+    sources = []
+    for i in range(start, start + n, batch):
+        ids = [f"lab-{j}" for j in range(i, min(i + batch, start + n))]
+        res = buf.add_labels(LabelRows(ids, np.arange(len(ids)) % 3), now, source=("l", 0, i))
+        sources += res.orphan_sources
+        rows = [f"row-{j}" for j in range(i, min(i + batch, start + n))]
+        add_rows(buf, rows, seq=i, now=now)
+        tenth = [r for r in rows if int(r[4:]) % 10 == 0]
+        if tenth:
+            add_labels(buf, tenth, [1] * len(tenth), now=now)
+    return sources
+
+
+def _container_sizes(buf) -> dict:
+    import sys
+
+    return {
+        "early_dict": sys.getsizeof(buf._early.index), "early_slots": buf._early.capacity,
+        "early_ring": len(buf._early._order._ring), "pending_dict": sys.getsizeof(buf._pending),
+        "pending_slots": len(buf._seq), "pending_ring": len(buf._order._ring), "free": len(buf._free),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [1, 37])
+def test_stores_stay_at_their_bound_after_a_flood_six_times_the_bound(batch):
+    """After a flood 6x the bound no container is larger than after a flood 2x the bound (dicts
+    rebuilt under churn, slots, rings, free list), and every slot count is within 2x the bound."""
+    bound = 500
+    buf = make(max_pending_rows=bound, max_early_labels=bound, remember_done=10 * bound, row_ttl_batches=1)
+    sources = _flood(buf, 2 * bound, 0, batch, now=0)
+    assert len(sources) == bound and buf.n_early == bound and bound - batch < len(buf) <= bound  # the last rows' labels joined
+    after_2x = _container_sizes(buf)
+    sources += _flood(buf, 4 * bound, 2 * bound, batch, now=1)
+    after_6x = _container_sizes(buf)
+    varying = ("pending_slots", "free")  # up to bound + batch: the slots of a batch are taken before the oldest are evicted
+    assert {k: v for k, v in after_6x.items() if k not in varying} == {k: v for k, v in after_2x.items() if k not in varying}
+    assert after_6x["pending_slots"] <= max(1024, bound + batch) and after_6x["free"] <= batch + bound // 10 + 1
+    assert buf.n_early == bound and bound - batch < len(buf) <= bound
+    assert after_6x["early_slots"] <= 2 * (bound + 1)
+    assert after_6x["early_ring"] <= 4 * (bound + 1) and after_6x["pending_ring"] <= 4 * (bound + batch)
+    # every label pushed out came back with the source of the message that brought it, oldest first
+    last_batch = 2 * bound + (3 * bound - 1) // batch * batch  # where the batch of label 5 * bound - 1 began
+    assert len(sources) == 5 * bound and sources[0] == ("l", 0, 0) and sources[-1] == ("l", 0, last_batch)
+    assert buf.counters["labels_orphan"] == 5 * bound
+    check_identities(buf)
+    # the stores drain completely and keep working
+    exp = buf.expire(now_ms=10**6, batch_seq=10**6)
+    assert buf.n_early == 0 and len(buf) == 0 and len(exp.orphan_sources) == len(exp.rejected) == bound and len(exp.ids)
+    assert {b.reason for b, _ in exp.rejected} == {"unknown_id"}
+    check_identities(buf)
+
+
+def test_waiting_labels_memory_is_bounded_and_does_not_grow_with_the_flood():
+    """tracemalloc, as a generous structural bound (not a measurement; ``iolstream bench --suite
+    memory`` measures): the labels held cost under 400 bytes each, and a flood 3x longer adds
+    (almost) nothing once the store is full."""
+    import gc
+    import tracemalloc
+
+    bound = 5000
+    buf = make(max_early_labels=bound, remember_done=10)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+
+        def flood(start, n):
+            for i in range(start, start + n):
+                buf.add_labels(LabelRows([f"label-{i}"], np.array([i % 3])), 0, source=("labels", 0, i))
+            gc.collect()
+            return tracemalloc.get_traced_memory()[0] - base
+
+        at_2x = flood(0, 2 * bound)
+        at_6x = flood(2 * bound, 4 * bound)
+    finally:
+        tracemalloc.stop()
+    assert buf.n_early == bound
+    assert at_2x < 400 * bound, at_2x / bound
+    assert at_6x < at_2x + 16 * bound, (at_2x / bound, at_6x / bound)
+
+
+def test_restored_buffer_takes_the_sources_back():
+    buf = make(max_early_labels=3)
+    buf.add_labels(LabelRows(["a", "b"], np.array([0, 1])), 0, source="m1")
+    restored = JoinBuffer.from_state(buf.to_state(), **{k: getattr(buf, k) for k in (
+        "target", "n_features", "max_pending_rows", "row_ttl_ms", "row_ttl_batches", "early_label_ttl_ms",
+        "max_early_labels", "remember_done")})  # fmt: skip
+    assert [s for *_, s in restored.early_labels()] == [None, None]
+    restored.set_early_sources([("b", "m1"), ("zz", "m2")])
+    assert restored.early_labels() == [("a", 0, 0, None), ("b", 1, 0, "m1")]
+    exp = restored.expire(now_ms=2000, batch_seq=0)
+    assert exp.orphan_sources == [None, "m1"] and [orjson.loads(raw)["id"] for _, raw in exp.rejected] == ["a", "b"]
