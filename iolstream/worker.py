@@ -195,6 +195,7 @@ class Worker:
         self.crash_points = bool(os.environ.get(CRASH_ENV))  # test-only hooks; the per-message one costs ~5 % on one-row messages
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.aborts_in_a_row = 0
+        self.replaced_in_a_row = 0  # producers replaced since the last committed transaction
         self.last_tick = time.monotonic()
         self.last_status = time.monotonic()
         self.replaying = False
@@ -207,6 +208,8 @@ class Worker:
         self.broker_down_since: float | None = None  # monotonic time the broker was found unreachable
         self.broker_probe_at = 0.0
         self.producers_replaced = 0  # exactly-once: transactional producers re-created after a failure
+        self.consumers_replaced = 0  # consumers re-created after a fatal consumer error
+        self.consumer_error: KafkaError | None = None  # a fatal consumer error, handled by the loop
         self._abandoned_producers: list = []  # kept alive: a thread may still be inside one of their calls
         self.ends: dict[tuple[str, int], int] = {}  # per assigned partition: its end offset when it was assigned
         self.eof: dict[tuple[str, int], int] = {}  # per partition: the offset of its last end-of-partition event
@@ -284,6 +287,11 @@ class Worker:
             if created:
                 log.info("created topics %s", created)
         self._check_dead_letter_limits()
+        self.consumer = self._new_consumer()
+        self.producer = self._new_producer()
+
+    def _new_consumer(self) -> Consumer:
+        """The input consumer, subscribed to the features and labels topics."""
         consumer_conf = {
             **self._client_conf(),
             "group.id": self.cfg.kafka.group_id,
@@ -313,13 +321,31 @@ class Worker:
         if self.metrics is not None:
             consumer_conf.setdefault("statistics.interval.ms", 5000)
             consumer_conf["stats_cb"] = self.metrics.on_stats
-        self.consumer = Consumer(consumer_conf)
-        self.producer = self._new_producer()
+        consumer = Consumer(consumer_conf)
         self.cooperative = "cooperative" in str(consumer_conf.get("partition.assignment.strategy", ""))
-        self.consumer.subscribe(
+        consumer.subscribe(
             [self.cfg.topics.features, self.cfg.topics.labels],
             on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost,
         )  # fmt: skip
+        return consumer
+
+    def _replace_consumer(self, err: KafkaError) -> None:
+        """The consumer failed fatally (e.g. after an outage longer than the session timeout, the broker fenced
+        our static member, FENCED_INSTANCE_ID): drop its partitions and queued input, close it, start a new
+        one (its assignment seeks to the state's positions). Exactly-once, the open transaction belonged to
+        the old consumer's group generation: the producer is replaced and the model rolled back first."""
+        log.warning("the consumer failed fatally (%s): replacing it", err.str(), extra={"event": "consumer_replaced"})
+        old, self.consumer = self.consumer, None
+        self._forget([TopicPartition(t, p) for t, p in sorted(self.assigned)])
+        try:  # its revoke/lost callbacks find no partitions left to forget
+            self.calls.call("consumer.close", old.close, 5.0, grace=1.0)
+        except (KafkaException, RuntimeError, CallTimedOut):
+            pass
+        if self.exactly_once:
+            self._replace_producer(f"the consumer failed: {err.str()}")
+            self._rewind(f"the consumer failed: {err.str()}")
+        self.consumer = self._new_consumer()
+        self.consumers_replaced += 1
 
     def _new_producer(self) -> Producer:
         """A producer (exactly-once: transactional, its transactions initialised, which fences any older
@@ -773,6 +799,9 @@ class Worker:
                     last_input = time.monotonic()
                 if self.metrics is not None:
                     self.metrics.tick(self)
+                if self.consumer_error is not None:
+                    err, self.consumer_error = self.consumer_error, None
+                    self._replace_consumer(err)
                 if self.fatal_error is not None:
                     self._on_fatal_error()
                 if self.delivery_errors and not self.exactly_once:  # exactly-once: the transaction aborts instead
@@ -885,8 +914,9 @@ class Worker:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.eof[(msg.topic(), msg.partition())] = msg.offset()
                     continue
-                if err.fatal():
-                    raise WorkerError(f"consumer: {err}")
+                if err.fatal() or err.code() == KafkaError._FATAL:  # librdkafka's fatal consumer errors come as _FATAL
+                    self.consumer_error = err
+                    break
                 self._on_error(err, source="consumer")
                 continue
             consumed += 1
@@ -966,13 +996,15 @@ class Worker:
         except CallTimedOut as exc:
             log.warning("transaction failed (%s): replacing the producer and rolling the model back", exc)
             self._replace_producer(str(exc))
-            self._rewind(f"producer.{exc.name} overran its deadline")
+            self._rewind(f"{exc.name} overran its deadline")
             return
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal() and err.code() in _FENCED:
                 raise WorkerError(self._fatal_message(err)) from None
-            if err.fatal() or not (err.txn_requires_abort() or err.retriable()):
+            if err.fatal() or not err.txn_requires_abort():
+                # fatal, or still retriable when the transaction ran out of time (librdkafka then refuses an
+                # abort while the commit is in progress: _CONFLICT): the producer cannot go on
                 log.warning("transaction failed (%s): replacing the producer and rolling the model back", err)
                 self._replace_producer(err.str())
                 self._rewind(err.str())
@@ -982,6 +1014,7 @@ class Worker:
             return
         self.tx_open = False
         self.aborts_in_a_row = 0
+        self.replaced_in_a_row = 0
         for tp in offsets:
             self.committed_floor[(tp.topic, tp.partition)] = tp.offset
         seconds = time.monotonic() - self.tx_started
@@ -992,11 +1025,16 @@ class Worker:
         crash_point("after_txn_commit")
 
     def _txn_call(self, name: str, op) -> None:
-        """A blocking transactional call ``op(timeout)`` (on the helper thread, with a deadline), called
-        again while it fails retriably."""
-        deadline = time.monotonic() + self._timeout(self.call_timeout)
+        """A blocking transactional call ``op(timeout)`` (on the helper thread, each attempt within
+        ``kafka.call_timeout_seconds``), called again while it fails retriably — librdkafka's way to resume
+        a commit that timed out — until the transaction's own timeout (``transaction.timeout.ms`` since it
+        began, after which the coordinator aborts it anyway) or the shutdown deadline."""
+        txn_s = int(self.cfg.kafka.producer.get("transaction.timeout.ms", 60_000)) / 1000.0
+        deadline = max(self.tx_started + txn_s, time.monotonic() + self.call_timeout)
+        if self.stop_deadline is not None:
+            deadline = min(deadline, self.stop_deadline - 1.0)
         while True:
-            timeout = max(0.1, deadline - time.monotonic())
+            timeout = max(0.1, min(self.call_timeout, deadline - time.monotonic()))
             try:
                 self.calls.call("producer." + name, lambda: op(timeout), timeout, grace=CALL_GRACE)
                 return
@@ -1005,7 +1043,7 @@ class Worker:
                 if not err.retriable() or err.txn_requires_abort() or time.monotonic() >= deadline:
                     raise
                 log.warning("retrying after a retriable transaction error: %s", err)
-                time.sleep(0.2)
+                self._sleep_ticking(0.2)
 
     def _fatal_message(self, err: KafkaError) -> str:
         if err.code() in _FENCED:
@@ -1035,6 +1073,9 @@ class Worker:
             self.calls.call("producer.close", old.clear, 1.0, grace=1.0)
         except CallTimedOut:
             pass  # the helper thread is stuck in the old producer: the next call gets a new one
+        self.replaced_in_a_row += 1
+        if self.replaced_in_a_row > MAX_ABORTS_IN_A_ROW:  # a fresh producer did not help: every transaction fails
+            raise WorkerError(f"{self.replaced_in_a_row} producers in a row failed their first transaction ({why}); giving up")
         for attempt in range(1, MAX_PRODUCER_ATTEMPTS + 1):
             try:
                 self.producer = self._new_producer()
