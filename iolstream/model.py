@@ -59,6 +59,7 @@ class ModelConfig:
     scaler_std: tuple | None = None
     refactor_every: int = 256
     track_regret: bool = True
+    forgetting: float | None = None  # half-life in rows (SPEC §8); None: never forget
 
     def __post_init__(self):
         def bad(key, allowed, got):
@@ -94,6 +95,12 @@ class ModelConfig:
             bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
+        try:
+            learner.check_half_life(self.forgetting)
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None
+        if self.forgetting is not None and self.solver == "woodbury":
+            bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
         if self.mode not in learner.MODES:
             bad("mode", f"one of {learner.MODES}", self.mode)
         if self.solver not in learner.SOLVERS:
@@ -143,6 +150,8 @@ class Prediction:
     index         : (b,) int — predicted class index (classification) or None
     value         : (b, m) — regression prediction or None
     version       : model version that made it
+    clock         : the learner's clock right after this batch was seen: the rows' stamp for
+                    ``learn(observed_at=...)`` under forgetting
     """
 
     features_t: np.ndarray
@@ -151,6 +160,7 @@ class Prediction:
     index: np.ndarray | None
     value: np.ndarray | None
     version: int
+    clock: int = 0
 
     def labels(self, classes) -> list:
         return [classes[i] for i in self.index]
@@ -184,6 +194,7 @@ class EdRVFL:
         self.learner = learner.OnlineLearner(
             self.network.n_columns, config.m, config.n_layers, lam=config.lam, mode=config.mode,
             solver=config.solver, refactor_every=config.refactor_every, track_regret=config.track_regret,
+            half_life=config.forgetting,
         )  # fmt: skip
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
@@ -243,7 +254,7 @@ class EdRVFL:
         features_t = self.features(x) if features_t is None else features_t
         outputs = self.learner.layer_outputs(features_t)
         proba, index, value = self.combine(outputs)
-        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version)
+        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
 
     def predict(self, x) -> np.ndarray:
         """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
@@ -263,15 +274,17 @@ class EdRVFL:
         proba, index, value = self.combine(outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
-        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version)
+        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
 
-    def learn(self, features_t, targets, *, gram_in=None, predicted=None) -> np.ndarray:
-        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels)."""
-        return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted)
+    def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
+        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
+        ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
 
     def learn_rows(self, x, y) -> np.ndarray:
-        """Labelled rows never observed before: Gram and labels enter together (both modes)."""
+        """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""
         features_t = self.features(x)
+        self.learner.advance(len(x))
         return self.learner.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
 
     # --------------------------------------------------------------- regret
@@ -286,6 +299,12 @@ class EdRVFL:
             losses.append(ls.loss_sum)
             experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
         losses, experts = np.array(losses), np.array(experts)
+        if self.config.forgetting is not None:
+            # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
+            # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the
+            # undiscounted regret against a fixed β; they do not apply, so no bound is reported.
+            note = {"regret": "discounted", "half_life": self.config.forgetting}
+            return RegretReport(losses, experts, losses - experts, float("nan"), note)
         if not self.config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
             return RegretReport(losses, experts, losses - experts, float("nan"))
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge

@@ -29,7 +29,7 @@ FORMAT = "iolstream.model"
 FORMAT_VERSION = 1
 _COUNTERS = (
     "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
-    "sum_y2", "d_max", "y_max", "version",
+    "sum_y2", "d_max", "y_max", "version", "clock",
 )  # fmt: skip
 
 
@@ -95,6 +95,8 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     st = model.learner.state
     for key, value in manifest["counters"].items():
         setattr(st, key, type(getattr(st, key))(value))
+    if "clock" not in manifest["counters"]:  # saved before forgetting existed: every row seen was observed
+        st.clock = st.rows_observed
     try:
         for i, (ls, meta) in enumerate(zip(st.layers, manifest["layers"], strict=True)):
             base = f"{prefix}layer{i}/"
