@@ -49,7 +49,8 @@ class OSELM:
     def __init__(self, config: ModelConfig):
         self.config = config
         k, n_nodes = config.n_inputs, config.n_nodes
-        self.lam = max(learner_mod._as_lams(config.lam, config.n_layers))
+        lam = ModelConfig.lam if config.lam == "auto" else config.lam  # auto: OS-ELM takes the default λ
+        self.lam = max(learner_mod._as_lams(lam, config.n_layers))
         self.scaler = Scaler(
             config.scaler, k, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )

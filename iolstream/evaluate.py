@@ -40,7 +40,7 @@ from . import runtime
 from .baselines import BASELINES, make_baseline
 from .datasets import DATASETS, DataError, Dataset
 from .kernels import ACTIVATIONS
-from .model import EdRVFL, ModelConfig
+from .model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, EdRVFL, ModelConfig
 from .network import INITS
 
 MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
@@ -237,7 +237,7 @@ class EdRVFLLearner:
 
     def label(self, pred, y) -> float:
         targets = self.model.one_hot(y) if self._classification else y
-        losses = self.model.learn(pred.features_t, targets, predicted=pred.layer_outputs)
+        losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
         return float(losses.mean())
 
     def predict(self, x):
@@ -256,6 +256,7 @@ class EdRVFLLearner:
         for key in ("scaler_mean", "scaler_std"):
             if cfg[key] is not None:
                 cfg[key] = "(from the training rows)"
+        cfg["effective"] = self.model.effective  # λ and half-life in force (auto: each candidate's recent loss)
         return cfg
 
 
@@ -516,8 +517,13 @@ def add_parser(subparsers):
     mdl.add_argument("--nodes", type=positive_int, default=defaults["n_nodes"], metavar="N",
                      help="nodes per layer N (default: %(default)s)")  # fmt: skip
     lam = mdl.add_mutually_exclusive_group()
-    lam.add_argument("--lam", type=positive_float, metavar="λ", help=f"ridge prior λ (default: {defaults['lam']})")
+    lam.add_argument("--lam", type=_auto_or(positive_float), metavar="λ",
+                     help=f"ridge prior λ, or auto (chosen online among {', '.join(map(str, LAM_CANDIDATES))}) "
+                          f"(default: {defaults['lam']})")  # fmt: skip
     lam.add_argument("--log2-inv-lam", type=float, metavar="V", help="λ = 2^-V, as in the paper's tables")
+    mdl.add_argument("--forgetting", type=_auto_or(positive_float), metavar="H",
+                     help="half-life in rows: a row seen H rows ago weighs 1/2; auto: chosen online among "
+                          f"{', '.join(map(str, HALF_LIFE_CANDIDATES))} (default: none, never forget)")  # fmt: skip
     mdl.add_argument("--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)")
     mdl.add_argument("--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)")
     mdl.add_argument("--scaler", choices=("warmup", "fixed", "none"), default=defaults["scaler"],
@@ -591,6 +597,8 @@ def main(args) -> int:
         n_nodes=args.nodes, n_layers=args.layers, activation=args.activation, init=args.init, seed=args.seed,
         scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype, track_regret=args.track_regret,
     )  # fmt: skip
+    if args.forgetting is not None:
+        model["forgetting"] = args.forgetting
     if args.lam is not None:
         model["lam"] = args.lam
     elif args.log2_inv_lam is not None:
@@ -709,6 +717,16 @@ def plot_curves(results, path: str, *, title: str = "") -> None:
 
 
 # ------------------------------------------------------------------------ arg helpers
+
+
+def _auto_or(kind):
+    """An argparse type: the word ``auto``, or a value of ``kind``."""
+
+    def parse(text: str):
+        return "auto" if text.strip().lower() == "auto" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _batch(text: str) -> float:

@@ -31,6 +31,12 @@ TASKS = ("classification", "regression")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
 
+# ``lam: auto`` / ``forgetting: auto``: the candidates, all on the same random features, every one
+# learning every row; the one with the lowest recent prequential loss predicts (``CandidateSelector``).
+LAM_CANDIDATES = (0.05, 0.5, 5.0)
+HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
+SELECTION_HALF_LIFE = 2048.0  # rows: the recent loss is an average with weights halving every 2,048 rows
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -59,7 +65,7 @@ class ModelConfig:
     scaler_std: tuple | None = None
     refactor_every: int = 256
     track_regret: bool = True
-    forgetting: float | None = None  # half-life in rows (SPEC §8); None: never forget
+    forgetting: float | str | None = None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
 
     def __post_init__(self):
         def bad(key, allowed, got):
@@ -77,13 +83,16 @@ class ModelConfig:
             value = getattr(self, key)
             if not (isinstance(value, int) and value >= 1):
                 bad(key, "an integer ≥ 1", value)
-        if not isinstance(self.lam, (int, float)):
+        if self.lam == "auto":
+            pass
+        elif not isinstance(self.lam, (int, float)):
             try:
                 object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
             except (TypeError, ValueError):
                 bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
         try:
-            learner._as_lams(self.lam, self.n_layers)
+            if self.lam != "auto":
+                learner._as_lams(self.lam, self.n_layers)
         except ValueError as exc:
             raise ValueError(f"model.{exc}") from None  # _as_lams' message starts with "lam:"
         if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
@@ -96,7 +105,8 @@ class ModelConfig:
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
         try:
-            learner.check_half_life(self.forgetting)
+            if self.forgetting != "auto":
+                learner.check_half_life(self.forgetting)
         except ValueError as exc:
             raise ValueError(f"model.{exc}") from None
         if self.forgetting is not None and self.solver == "woodbury":
@@ -139,6 +149,44 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def candidates(self) -> list[tuple]:
+        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings."""
+        lams = LAM_CANDIDATES if self.lam == "auto" else (self.lam,)
+        half_lives = HALF_LIFE_CANDIDATES if self.forgetting == "auto" else (self.forgetting,)
+        return [(lam, h) for h in half_lives for lam in lams]
+
+
+class CandidateSelector:
+    """Which of K candidate learners predicts: the lowest recent prequential loss.
+
+    Each candidate's loss on a labelled batch is ½‖D_l β_l − Y‖² (mean over layers, summed over
+    rows) with the β that predicted the batch *before* its labels entered (test-then-train). The
+    recent loss is Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the
+    same rows, so the weighted sums compare directly). Ties, and the start, go to ``start``.
+
+    loss : (K,) float64 — the weighted loss sums; chosen : index of the candidate in force
+    """
+
+    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE):
+        self.loss = np.zeros(n_candidates)
+        self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
+        self.chosen = start
+        self.half_life = half_life
+
+    def record(self, batch_losses: np.ndarray, b: int) -> None:
+        """batch_losses: (K,) each candidate's loss summed over the b rows of one labelled batch."""
+        decay = float(np.exp2(-b / self.half_life))
+        self.loss = decay * self.loss + batch_losses
+        self.rows = decay * self.rows + b
+        best = int(np.argmin(self.loss))
+        if self.loss[best] < self.loss[self.chosen]:
+            self.chosen = best
+
+    def recent(self) -> np.ndarray:
+        """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
+        return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
+
 
 @dataclass
 class Prediction:
@@ -152,6 +200,8 @@ class Prediction:
     version       : model version that made it
     clock         : the learner's clock right after this batch was seen: the rows' stamp for
                     ``learn(observed_at=...)`` under forgetting
+    candidate_outputs : (K, L, b, m) — with ``auto``, every candidate's layer outputs (pass them
+                    to ``learn(predicted=...)`` so that each is judged on its own prediction), else None
     """
 
     features_t: np.ndarray
@@ -161,6 +211,12 @@ class Prediction:
     value: np.ndarray | None
     version: int
     clock: int = 0
+    candidate_outputs: np.ndarray | None = None
+
+    @property
+    def predicted(self) -> np.ndarray:
+        """What ``learn(predicted=...)`` takes for these rows: every candidate's outputs with ``auto``, else layer_outputs."""
+        return self.layer_outputs if self.candidate_outputs is None else self.candidate_outputs
 
     def labels(self, classes) -> list:
         return [classes[i] for i in self.index]
@@ -191,13 +247,35 @@ class EdRVFL:
         self.scaler = Scaler(
             config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )
-        self.learner = learner.OnlineLearner(
-            self.network.n_columns, config.m, config.n_layers, lam=config.lam, mode=config.mode,
-            solver=config.solver, refactor_every=config.refactor_every, track_regret=config.track_regret,
-            half_life=config.forgetting,
-        )  # fmt: skip
+        self.candidates = config.candidates
+        self.learners = [
+            learner.OnlineLearner(
+                self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,
+                refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
+            )
+            for lam, half_life in self.candidates
+        ]  # fmt: skip
+        default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
+        self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+
+    @property
+    def learner(self) -> learner.OnlineLearner:
+        """The learner in force (the only one, or the candidate ``auto`` has chosen)."""
+        return self.learners[self.selector.chosen]
+
+    @property
+    def effective(self) -> dict:
+        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row."""
+        lam, half_life = self.candidates[self.selector.chosen]
+        out = {"lam": lam, "forgetting": half_life}
+        if len(self.learners) > 1:
+            out["candidates"] = [
+                {"lam": c_lam, "forgetting": c_h, "recent_loss": float(v)}
+                for (c_lam, c_h), v in zip(self.candidates, self.selector.recent())
+            ]  # fmt: skip
+        return out
 
     # ------------------------------------------------------------- encoding
     def encode_labels(self, y) -> np.ndarray:
@@ -271,21 +349,46 @@ class EdRVFL:
             setting, started = tuner.choose(), time.perf_counter()
             self.learner.parallel = setting.parallel
         features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
+        candidate_outputs = None
+        if len(self.learners) > 1:  # the same features for every candidate
+            candidate_outputs = np.empty((len(self.learners), *outputs.shape))
+            for j, other in enumerate(self.learners):
+                if j == self.selector.chosen:
+                    candidate_outputs[j] = outputs
+                else:
+                    other.parallel = self.learner.parallel
+                    candidate_outputs[j] = other.observe_and_predict(features_t)
         proba, index, value = self.combine(outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
-        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
+        st = self.learner.state
+        return Prediction(features_t, outputs, proba, index, value, st.version, st.clock, candidate_outputs)
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
         ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
-        return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
+        if len(self.learners) == 1:
+            return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
+        # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
+        # prediction it made; otherwise each one's present β (these labels are not in it yet either).
+        if predicted is None or np.ndim(predicted) != 4:
+            predicted = [ln.layer_outputs(features_t) for ln in self.learners]
+        chosen = self.selector.chosen
+        batch_losses = np.empty(len(self.learners))
+        for j, ln in enumerate(self.learners):
+            losses = ln.learn(features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at)
+            batch_losses[j] = losses.mean()
+            if j == chosen:
+                result = losses
+        self.selector.record(batch_losses, features_t.shape[2])
+        return result
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""
         features_t = self.features(x)
-        self.learner.advance(len(x))
-        return self.learner.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
+        for ln in self.learners:
+            ln.advance(len(x))
+        return self.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
 
     # --------------------------------------------------------------- regret
     def regret(self) -> RegretReport:
@@ -299,18 +402,19 @@ class EdRVFL:
             losses.append(ls.loss_sum)
             experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
         losses, experts = np.array(losses), np.array(experts)
-        if self.config.forgetting is not None:
+        lam, half_life = self.candidates[self.selector.chosen]
+        if half_life is not None:
             # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
             # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the
             # undiscounted regret against a fixed β; they do not apply, so no bound is reported.
-            note = {"regret": "discounted", "half_life": self.config.forgetting}
+            note = {"regret": "discounted", "half_life": half_life}
             return RegretReport(losses, experts, losses - experts, float("nan"), note)
         if not self.config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
             return RegretReport(losses, experts, losses - experts, float("nan"))
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
         bound = bound_fn(
             st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
-            min(learner._as_lams(self.config.lam, self.config.n_layers)),
+            min(learner._as_lams(lam, self.config.n_layers)),
         )  # fmt: skip
         return RegretReport(losses, experts, losses - experts, bound)
 

@@ -47,31 +47,43 @@ def _json_safe(value):
 
 def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[str, np.ndarray]]:
     """(manifest, arrays): the manifest is JSON-able, the arrays plain numeric ndarrays."""
-    st = model.learner.state
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "config": {k: _json_safe(v) for k, v in model.config.to_dict().items()},
         "weights_sha256": model.weights_digest(),
+    }
+    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    if len(model.learners) == 1:
+        manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
+    else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
+        manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
+        sel = model.selector
+        manifest["selection"] = {"chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows}
+    return manifest, arrays
+
+
+def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
+    """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``)."""
+    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
+        arrays[f"{base}layer{i}/gram"] = np.tril(ls.gram)
+        arrays[f"{base}layer{i}/rhs"] = ls.rhs
+        arrays[f"{base}layer{i}/beta"] = ls.beta
+        arrays[f"{base}layer{i}/factor"] = ls.factor
+        if ls.gram_labelled is not None:
+            arrays[f"{base}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
+    return {
         "counters": {k: getattr(st, k) for k in _COUNTERS},
         "layers": [
             {"lam": ls.lam, "factor_kind": ls.factor_kind, "loss_sum": ls.loss_sum, "woodbury_steps": ls.woodbury_steps}
             for ls in st.layers
         ],
     }
-    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
-    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
-        arrays[f"{prefix}layer{i}/gram"] = np.tril(ls.gram)
-        arrays[f"{prefix}layer{i}/rhs"] = ls.rhs
-        arrays[f"{prefix}layer{i}/beta"] = ls.beta
-        arrays[f"{prefix}layer{i}/factor"] = ls.factor
-        if ls.gram_labelled is not None:
-            arrays[f"{prefix}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
-    return manifest, arrays
 
 
 def _config_from_json(cfg: dict) -> ModelConfig:
     cfg = dict(cfg)
+    cfg.setdefault("forgetting", None)  # saved before forgetting existed
     for key in ("classes", "scaler_mean", "scaler_std"):
         if cfg.get(key) is not None:
             cfg[key] = tuple(cfg[key])
@@ -92,18 +104,30 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
-    st = model.learner.state
-    for key, value in manifest["counters"].items():
-        setattr(st, key, type(getattr(st, key))(value))
-    if "clock" not in manifest["counters"]:  # saved before forgetting existed: every row seen was observed
-        st.clock = st.rows_observed
     try:
-        for i, (ls, meta) in enumerate(zip(st.layers, manifest["layers"], strict=True)):
-            base = f"{prefix}layer{i}/"
-            _restore_layer(ls, meta, arrays, base)
+        if len(model.learners) == 1:
+            _learner_from_arrays(model.learner.state, manifest, arrays, prefix)
+        else:
+            saved = manifest["candidates"]
+            if len(saved) != len(model.learners):
+                raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
+            for j, (ln, part) in enumerate(zip(model.learners, saved)):
+                _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
+            sel = manifest["selection"]
+            model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
+            model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model
+
+
+def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
+    for key, value in part["counters"].items():
+        setattr(st, key, type(getattr(st, key))(value))
+    if "clock" not in part["counters"]:  # saved before forgetting existed: every row seen was observed
+        st.clock = st.rows_observed
+    for i, (ls, meta) in enumerate(zip(st.layers, part["layers"], strict=True)):
+        _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
 
 
 def _restore_layer(ls: LayerState, meta: dict, arrays, base: str) -> None:

@@ -387,3 +387,84 @@ if __name__ == "__main__":
             print(f"float32 -F, h={h:g}: " + " / ".join(f"{t}: {e:.2e}" for t, e in errs.items())
                   + f"  ({time.perf_counter() - start:.1f} s)")  # fmt: skip
             sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- auto
+
+
+def _stream_auto(model: EdRVFL, x, y, b=100):
+    prev = None
+    for start in range(0, len(x), b):
+        pred = model.observe(x[start : start + b])
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted,
+                        observed_at=prev[0].clock)  # fmt: skip
+        prev = (pred, model.encode_labels(y[start : start + b]))
+    return model
+
+
+def test_auto_candidates_are_the_fixed_settings_on_the_same_features():
+    """Every candidate of lam/forgetting auto holds bit for bit... to round-off the state of a model
+    configured with that one setting and fed the same rows."""
+    seed_ = 31
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((900, 4))
+    y = (x[:, 0] * x[:, 1] > 0).astype(int)
+    base = dict(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", seed=seed_)
+    auto = _stream_auto(EdRVFL(ModelConfig(**base, lam="auto", forgetting="auto")), x, y)
+    assert len(auto.learners) == 9
+    for (lam, h), ln in zip(auto.candidates, auto.learners):
+        fixed = _stream_auto(EdRVFL(ModelConfig(**base, lam=lam, forgetting=h)), x, y)
+        for layer, (a, b) in enumerate(zip(ln.state.layers, fixed.learner.state.layers)):
+            assert_close(a.beta, b.beta, f"lam={lam} h={h} layer {layer} seed={seed_}", rtol=1e-12)
+
+
+def _flip(x, switch):
+    y = (x[:, 0] > 0).astype(int)
+    y[switch:] = 1 - y[switch:]
+    return y
+
+
+def test_forgetting_auto_picks_a_half_life_after_a_concept_flip():
+    seed_ = 32
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((12_000, 3))
+    y = _flip(x, 4000)
+    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none", forgetting="auto", seed=seed_))
+    _stream_auto(model, x[:4000], y[:4000])
+    assert model.effective["forgetting"] is None, f"before the flip: {model.effective}, seed={seed_}"
+    _stream_auto(model, x[4000:], y[4000:])
+    eff = model.effective
+    assert eff["forgetting"] == 2048.0, f"after the flip: {eff}, seed={seed_}"
+    recent = {c["forgetting"]: c["recent_loss"] for c in eff["candidates"]}
+    assert recent[2048.0] < recent[None], f"{recent}, seed={seed_}"
+    assert (model.predict(x[-1000:]) == y[-1000:]).mean() > 0.9
+
+
+def test_auto_survives_a_state_round_trip():
+    import io
+
+    from iolstream.state_io import load_model, save_model
+
+    seed_ = 33
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((3000, 3))
+    y = _flip(x, 1500)
+    cfg = ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto", forgetting="auto", seed=seed_)
+    model = _stream_auto(EdRVFL(cfg), x[:2000], y[:2000])
+    buf = io.BytesIO()
+    save_model(buf, model)
+    buf.seek(0)
+    restored = load_model(buf)
+    assert restored.selector.chosen == model.selector.chosen and np.array_equal(restored.selector.loss, model.selector.loss)
+    for m in (model, restored):
+        _stream_auto(m, x[2000:], y[2000:])
+    assert restored.effective == model.effective, f"seed={seed_}"
+    for a, b in zip(model.learners, restored.learners):
+        assert np.array_equal(a.state.layers[1].beta, b.state.layers[1].beta), f"seed={seed_}"
+
+
+@pytest.mark.parametrize("key,value", [("lam", "automatic"), ("forgetting", "auto-ish")])
+def test_auto_spelling_is_checked(key, value):
+    with pytest.raises(ValueError, match=key):
+        ModelConfig(n_inputs=3, **{key: value})
