@@ -228,6 +228,8 @@ class EdRVFLLearner:
         if not scaler.frozen:
             scaler.partial_fit(x_head[: self.config.warmup_rows])
             scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
+        targets = self.model.targets
+        targets.warmup_rows = min(targets.warmup_rows, max(len(x_head), 2))  # and the targets on every label there is
 
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only

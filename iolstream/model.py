@@ -28,6 +28,7 @@ from .network import INITS, RandomNetwork
 from .scaling import SCALER_MODES, Scaler, ScalerNotReady
 
 TASKS = ("classification", "regression")
+TARGET_SCALERS = ("warmup", "fixed", "none")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
 
@@ -66,6 +67,9 @@ class ModelConfig:
     refactor_every: int = 256
     track_regret: bool = True
     forgetting: float | str | None = None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
+    target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
+    target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
+    target_std: tuple | None = None
 
     def __post_init__(self):
         def bad(key, allowed, got):
@@ -111,6 +115,18 @@ class ModelConfig:
             raise ValueError(f"model.{exc}") from None
         if self.forgetting is not None and self.solver == "woodbury":
             bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
+        if self.target_scaler not in TARGET_SCALERS:
+            bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
+        if self.target_scaler == "fixed" and self.task == "regression":
+            for key, low in (("target_mean", -np.inf), ("target_std", 0.0)):
+                value = getattr(self, key)
+                try:
+                    arr = np.asarray(value, dtype=np.float64)
+                except (TypeError, ValueError):
+                    arr = np.empty(0)
+                if arr.shape != (self.n_outputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                    bad(key, f"a list of {self.n_outputs} finite numbers{' > 0' if low == 0.0 else ''} with target_scaler 'fixed'", value)
+                object.__setattr__(self, key, tuple(float(v) for v in arr))
         if self.mode not in learner.MODES:
             bad("mode", f"one of {learner.MODES}", self.mode)
         if self.solver not in learner.SOLVERS:
@@ -155,6 +171,49 @@ class ModelConfig:
         lams = LAM_CANDIDATES if self.lam == "auto" else (self.lam,)
         half_lives = HALF_LIFE_CANDIDATES if self.forgetting == "auto" else (self.forgetting,)
         return [(lam, h) for h in half_lives for lam in lams]
+
+
+class TargetScaler:
+    """Regression targets z-scored as the inputs are (SPEC §4): mean and deviation of the first
+    ``warmup_rows`` labels, then frozen, so that the ridge prior and -F's shrinkage pull toward the
+    mean and not toward 0. The layers learn (y − μ)/σ; ``inverse`` maps their ensemble back.
+
+    Until frozen, labelled batches are held (their Grams, under -F, are already in A) and enter, scaled,
+    the moment the warmup_rows-th label arrives; held batches are part of the saved state.
+    mean, std : (m,) float64; frozen : bool; held : [(features_t, Y, gram_in, predicted, observed_at)]
+    """
+
+    def __init__(self, m: int, warmup_rows: int, active: bool):
+        self.mean, self.std = np.zeros(m), np.ones(m)
+        self.warmup_rows = warmup_rows
+        self.frozen = not active
+        self.held: list[tuple] = []
+
+    def transform(self, targets: np.ndarray) -> np.ndarray:
+        return (targets - self.mean) / self.std
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        return values * self.std + self.mean
+
+    def hold(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
+        returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
+        copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
+        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted), copy(observed_at)))
+        if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
+            y = np.concatenate([h[1] for h in self.held])
+            std = y.std(axis=0, ddof=1)
+            self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
+            self.frozen = True
+        if predicted is None or np.ndim(predicted) != 3:
+            return np.full(features_t.shape[0], np.nan)
+        return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
+
+    def release(self) -> list[tuple]:
+        """The held batches with their targets scaled, once frozen (and forgets them)."""
+        out = [(f, self.transform(y), g, p, o) for f, y, g, p, o in self.held]
+        self.held = []
+        return out
 
 
 class CandidateSelector:
@@ -258,6 +317,9 @@ class EdRVFL:
         default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
         self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+        self.targets = TargetScaler(config.m, config.warmup_rows, config.task == "regression" and config.target_scaler == "warmup")
+        if config.task == "regression" and config.target_scaler == "fixed":
+            self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
 
     @property
@@ -313,10 +375,10 @@ class EdRVFL:
     def combine(self, layer_outputs: np.ndarray):
         """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
         rule = self.config.ensemble_rule
-        if self._class_index is None:
+        if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
-                return None, None, np.median(layer_outputs, axis=0)
-            return None, None, kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+                return None, None, self.targets.inverse(np.median(layer_outputs, axis=0))
+            return None, None, self.targets.inverse(kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)))
         n_layers, b, m = layer_outputs.shape
         if rule == "softmax":
             proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
@@ -367,6 +429,15 @@ class EdRVFL:
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
         ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
+            held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
+            if self.targets.frozen:
+                for args in self.targets.release():
+                    self._learn_scaled(*args)
+            return held
+        return self._learn_scaled(features_t, self.targets.transform(targets), gram_in, predicted, observed_at)
+
+    def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
         if len(self.learners) == 1:
             return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the

@@ -54,6 +54,14 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         "weights_sha256": model.weights_digest(),
     }
     arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    tgt = model.targets
+    if model.config.task == "regression" and model.config.target_scaler != "none":
+        arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
+        manifest["targets"] = {"frozen": tgt.frozen, "held": []}
+        for i, (f, y, gram_in, predicted, observed_at) in enumerate(tgt.held):  # labels waiting for the scaling
+            parts = {"features_t": f, "y": y, "gram_in": gram_in, "predicted": predicted, "observed_at": observed_at}
+            manifest["targets"]["held"].append([k for k, v in parts.items() if v is not None])
+            arrays.update({f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None})
     if len(model.learners) == 1:
         manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
@@ -84,7 +92,8 @@ def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
 def _config_from_json(cfg: dict) -> ModelConfig:
     cfg = dict(cfg)
     cfg.setdefault("forgetting", None)  # saved before forgetting existed
-    for key in ("classes", "scaler_mean", "scaler_std"):
+    cfg.setdefault("target_scaler", "none")  # saved before regression targets were scaled: raw, as then
+    for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
         if cfg.get(key) is not None:
             cfg[key] = tuple(cfg[key])
     if isinstance(cfg.get("lam"), list):
@@ -104,6 +113,22 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
+    try:
+        saved = manifest.get("targets")
+        if saved is None:  # saved before targets were scaled, or not scaled: raw targets
+            model.targets.frozen = True
+        else:
+            tgt = model.targets
+            tgt.mean = np.asarray(arrays[f"{prefix}targets/mean"], dtype=np.float64).reshape(model.config.m)
+            tgt.std = np.asarray(arrays[f"{prefix}targets/std"], dtype=np.float64).reshape(model.config.m)
+            tgt.frozen = bool(saved["frozen"])
+            names = ("features_t", "y", "gram_in", "predicted", "observed_at")
+            tgt.held = [
+                tuple(np.asarray(arrays[f"{prefix}targets/held{i}/{k}"]) if k in keys else None for k in names)
+                for i, keys in enumerate(saved["held"])
+            ]  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"inconsistent saved target scaling: {exc}") from None
     try:
         if len(model.learners) == 1:
             _learner_from_arrays(model.learner.state, manifest, arrays, prefix)

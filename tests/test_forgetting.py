@@ -296,7 +296,7 @@ def test_regret_with_forgetting_is_the_discounted_regret():
     one batch late; each batch's loss with the β that predicted it)."""
     seed_ = 25
     h = 300.0
-    model = EdRVFL(ModelConfig(n_inputs=4, n_nodes=16, n_layers=2, lam=0.7, scaler="none", forgetting=h, seed=seed_))
+    model = EdRVFL(ModelConfig(n_inputs=4, n_nodes=16, n_layers=2, lam=0.7, scaler="none", target_scaler="none", forgetting=h, seed=seed_))
     rng = np.random.default_rng(seed_)
     rows = []  # (features_t, Y, predicted, stamp)
     prev = None
