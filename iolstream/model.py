@@ -454,6 +454,12 @@ class EdRVFL:
         self.selector.record(batch_losses, features_t.shape[2])
         return result
 
+    def forget(self, features_t, observed_at=None) -> None:
+        """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
+        the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
+        for ln in self.learners:
+            ln.forget(features_t, observed_at)
+
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""
         features_t = self.features(x)

@@ -82,7 +82,7 @@ OLD_CODE_COUNTERS = {
 OLD_CODE_DEAD = ["expired_id", "duplicate_id", "duplicate_id"]
 
 
-def assert_same_state(a: StreamProcessor, b: StreamProcessor) -> None:
+def assert_same_state(a: StreamProcessor, b: StreamProcessor, *, stamps_unknown: bool = False) -> None:
     """Same join buffer, batcher and model sums. Not compared: what depends on how the processor
     groups label folds (the label queue, fold counters, last losses), which this test is not about."""
     _, x = a.to_state()
@@ -91,6 +91,8 @@ def assert_same_state(a: StreamProcessor, b: StreamProcessor) -> None:
     assert "join/done_fingerprints" in names and "join/done_ids" not in names
     assert set(names) == {n for n in y if n.split("/")[0] in ("join", "batcher", "held", "model")}
     for name in names:
+        if name == "join/pending_X" and stamps_unknown:  # column 4: the stamp, unknown in the old file (never forgets)
+            x[name], y[name] = np.delete(x[name], 4, axis=1), np.delete(y[name], 4, axis=1)
         if x[name].dtype.kind == "f":  # sums and layer outputs: summation order may differ
             np.testing.assert_allclose(x[name], y[name], rtol=1e-9, atol=1e-12, err_msg=name)
         else:  # ids, fingerprints, kinds, batch numbers, counters: exactly
@@ -113,13 +115,13 @@ def test_a_snapshot_with_remembered_ids_loads_and_continues_like_a_run_that_neve
 
     never_stopped = fresh()
     feed(never_stopped, phase1())
-    assert_same_state(restored, never_stopped)
+    assert_same_state(restored, never_stopped, stamps_unknown=True)
 
     outputs = [feed(proc, phase2()) for proc in (restored, never_stopped)]
     assert outputs[0] == outputs[1]  # the same dead letters (reasons and bytes) and predicted ids, step by step
     assert [reason for dead, _ in outputs[0] for reason, _ in dead] == OLD_CODE_DEAD
     assert restored.join.counters == never_stopped.join.counters == OLD_CODE_COUNTERS
-    assert_same_state(restored, never_stopped)
+    assert_same_state(restored, never_stopped, stamps_unknown=True)  # rows of phase 1 may still be pending
     # a restored snapshot written by this code round-trips in the new format
     manifest, arrays = restored.to_state()
     again = StreamProcessor.from_state(*snapshot.decode(snapshot.encode(manifest, arrays)), CFG)
