@@ -26,7 +26,10 @@ from .learner_state import LayerState
 from .model import EdRVFL, ModelConfig
 
 FORMAT = "iolstream.model"
-FORMAT_VERSION = 1
+# 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
+# load as they were written: no forgetting, one learner, raw regression targets, clock = rows observed.
+FORMAT_VERSION = 2
+READS = (1, 2)
 _COUNTERS = (
     "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
     "sum_y2", "d_max", "y_max", "version", "clock",
@@ -89,10 +92,23 @@ def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
     }
 
 
+def saved_config(manifest: dict) -> ModelConfig:
+    """The model config a saved state (or snapshot manifest) was made with, as this build spells it.
+
+    Version 1 had no ``forgetting`` (off) and no ``target_scaler``: regression targets were raw ("none");
+    classification does not scale targets, so it gets the default. A worker compares this, not the
+    raw ``manifest["config"]``, with its own config. Raises StateFormatError naming the bad key."""
+    try:
+        return _config_from_json(manifest["config"])
+    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
+        raise StateFormatError(f"saved config does not load: {exc}") from None
+
+
 def _config_from_json(cfg: dict) -> ModelConfig:
     cfg = dict(cfg)
     cfg.setdefault("forgetting", None)  # saved before forgetting existed
-    cfg.setdefault("target_scaler", "none")  # saved before regression targets were scaled: raw, as then
+    if cfg.get("classes") is None:  # saved before regression targets were scaled: raw, as then
+        cfg.setdefault("target_scaler", "none")
     for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
         if cfg.get(key) is not None:
             cfg[key] = tuple(cfg[key])
@@ -102,14 +118,14 @@ def _config_from_json(cfg: dict) -> ModelConfig:
 
 
 def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("format_version") not in READS:
         raise StateFormatError(
-            f"not an {FORMAT} v{FORMAT_VERSION} state (got {manifest.get('format')} v{manifest.get('format_version')})"
+            f"not an {FORMAT} state of version {' or '.join(map(str, READS))} "
+            f"(got {manifest.get('format')} v{manifest.get('format_version')}; this build writes v{FORMAT_VERSION})"
         )
-    try:
-        model = EdRVFL(_config_from_json(manifest["config"]))
-    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
-        raise StateFormatError(f"saved config does not load: {exc}") from None
+    if manifest["format_version"] == 1 and ({"candidates", "targets"} & manifest.keys()):
+        raise StateFormatError("a version-1 state cannot hold auto candidates or target scaling")
+    model = EdRVFL(saved_config(manifest))
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})

@@ -507,7 +507,7 @@ class StreamProcessor:
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
         proc._early_sources = OrderedDict((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
-        arrays = _payload_of_this_version(arrays, st.get("payload"), model)
+        arrays = _payload_of_this_version(arrays, manifest["format_version"], st.get("payload"), model)
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
             rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
@@ -533,16 +533,16 @@ class StreamProcessor:
         return proc
 
 
-def _payload_of_this_version(arrays: dict, layout, model: EdRVFL) -> dict:
-    """The pending rows' and queued labels' payloads in this version's layout (PAYLOAD). A state written
-    before the stamps (no ``payload`` in its manifest) holds x, position, L·m outputs of its one learner:
-    the stamp column gets the clock (weight 1; such a state never forgets) and the candidate column 0."""
-    if layout is not None:
-        if list(layout) != list(PAYLOAD):
+def _payload_of_this_version(arrays: dict, version: int, layout, model: EdRVFL) -> dict:
+    """The pending rows' and queued labels' payloads in this version's layout (PAYLOAD). A version-1 state
+    (before the stamps) holds x, position, L·m outputs of its one learner: the stamp column gets the
+    clock (weight 1; such a state never forgets) and the candidate column 0."""
+    if version != 1:
+        if layout is None or list(layout) != list(PAYLOAD):
             raise ValueError(f"pending rows saved with the payload layout {layout}; this build reads {list(PAYLOAD)}")
         return arrays
-    if len(model.learners) != 1:
-        raise ValueError("a state without row stamps cannot hold auto candidates")
+    if len(model.learners) != 1 or model.learner.half_life is not None:
+        raise ValueError("a version-1 state has no row stamps: it cannot forget nor hold auto candidates")
     k = model.config.n_inputs
     arrays = dict(arrays)
     for key in ("join/pending_X", "queue/payload"):
