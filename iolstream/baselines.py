@@ -11,6 +11,7 @@ learns from labels only, like -R: nothing changes when a batch's features arrive
 - ``river-softmax``: river's StandardScaler | SoftmaxRegression (LinearRegression for
   regression), one row at a time (learn_one / predict_proba_one).
 - ``river-arf``: river's ARFClassifier / ARFRegressor (adaptive random forest), seeded.
+- ``river-hat``: river's HoeffdingAdaptiveTreeClassifier / Regressor, seeded.
 
 river is imported only when a river baseline is built.
 """
@@ -29,14 +30,14 @@ from .model import ModelConfig
 from .network import RandomNetwork
 from .scaling import Scaler
 
-BASELINES = ("os-elm", "river-softmax", "river-arf")
+BASELINES = ("os-elm", "river-softmax", "river-arf", "river-hat")
 
 
 def make_baseline(name: str, split, config: ModelConfig):
     """The baseline ``name`` for the task of ``split``; ``config`` gives OS-ELM its hyperparameters."""
     if name == "os-elm":
         return OSELM(config)
-    if name in ("river-softmax", "river-arf"):
+    if name in ("river-softmax", "river-arf", "river-hat"):
         return RiverLearner(name, split, seed=config.seed)
     raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
 
@@ -49,7 +50,8 @@ class OSELM:
     def __init__(self, config: ModelConfig):
         self.config = config
         k, n_nodes = config.n_inputs, config.n_nodes
-        self.lam = max(learner_mod._as_lams(config.lam, config.n_layers))
+        lam = ModelConfig.lam if config.lam == "auto" else config.lam  # auto: OS-ELM takes the default λ
+        self.lam = max(learner_mod._as_lams(lam, config.n_layers))
         self.scaler = Scaler(
             config.scaler, k, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )
@@ -108,7 +110,7 @@ class RiverLearner:
 
     def __init__(self, name: str, split, *, seed: int = 0):
         try:
-            from river import forest, linear_model, preprocessing
+            from river import forest, linear_model, preprocessing, tree
         except ImportError:
             raise DataError(f"baseline {name!r} needs river: pip install 'iolstream[data]'") from None
         self.name = name
@@ -120,6 +122,10 @@ class RiverLearner:
             estimator = linear_model.SoftmaxRegression() if self._classification else linear_model.LinearRegression()
             self.model = preprocessing.StandardScaler() | estimator
             self._label = f"river StandardScaler | {type(estimator).__name__}"
+        elif name == "river-hat":
+            kind = tree.HoeffdingAdaptiveTreeClassifier if self._classification else tree.HoeffdingAdaptiveTreeRegressor
+            self.model = estimator = kind(seed=seed)
+            self._label = f"river {type(estimator).__name__}"
         else:
             estimator = forest.ARFClassifier(seed=seed) if self._classification else forest.ARFRegressor(seed=seed)
             self.model = estimator

@@ -32,6 +32,8 @@ import os
 
 import numpy as np
 
+from . import drift
+
 __all__ = ["DATASETS", "DataError", "Dataset", "load", "load_csv", "make_poker", "poker_hand_labels"]
 
 DATASETS: dict[str, str] = {
@@ -42,6 +44,7 @@ DATASETS: dict[str, str] = {
     "breast_cancer": "scikit-learn breast cancer (Wisconsin): 569 rows, 30 features, 2 classes",
     "poker": "UCI Poker Hand, generated: 1,025,010 rows by default, 10 features, 10 classes",
     "friedman": "scikit-learn make_friedman1 regression: 20,000 rows by default, 10 features, noise 1.0",
+    **drift.STREAMS,  # drifting streams, for evaluate --order stream
 }
 
 POKER_N_ROWS = 1_025_010  # UCI poker-hand-training-true (25,010) + poker-hand-testing (1,000,000)
@@ -156,13 +159,23 @@ def load(
         return make_poker(min(caps) if caps else POKER_N_ROWS, seed=seed, sort_cards=sort_cards)
     if name == "friedman":
         ds = _load_friedman(FRIEDMAN_N_ROWS if n_rows is None else n_rows, seed)
+    elif name in drift.STREAMS:
+        ds = _load_drift(name, drift.N_ROWS if n_rows is None else n_rows, seed)
     elif n_rows is not None:
-        raise DataError(f"n_rows applies only to the generated sets poker and friedman, not {name!r}; use rows")
+        raise DataError(f"n_rows applies only to the generated sets (poker, friedman, the drift streams), not {name!r}; use rows")
     elif name == "segment":
         ds = _load_segment()
     else:
         ds = _load_sklearn(name)
     return _head(ds, rows)
+
+
+def _load_drift(name: str, n_rows: int, seed: int) -> Dataset:
+    X, y, names = drift.make(name, n_rows, seed)
+    if name == "friedman-drift":
+        return Dataset(name=name, X=X, y=y, task="regression", classes=None, feature_names=names, description=DATASETS[name])
+    classes = tuple(int(c) for c in np.unique(y))
+    return Dataset(name=name, X=X, y=y, task="classification", classes=classes, feature_names=names, description=DATASETS[name])
 
 
 def _check_count(what: str, value: int | None) -> int | None:

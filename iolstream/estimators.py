@@ -142,7 +142,7 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True)
         self._single_output = y.ndim == 1
         y2 = y.reshape(len(y), -1)
-        self.model_ = self._new_model(X, n_outputs=y2.shape[1])
+        self.model_ = self._new_model(X, n_outputs=y2.shape[1], **_target_scaling(y2))
         self._stream(X, y2)
         return self
 
@@ -152,7 +152,7 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         y2 = y.reshape(len(y), -1)
         if first:
             self._single_output = y.ndim == 1
-            self.model_ = self._new_model(X, n_outputs=y2.shape[1])
+            self.model_ = self._new_model(X, n_outputs=y2.shape[1], **_target_scaling(y2))
         self._stream(X, y2)
         return self
 
@@ -166,3 +166,9 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
         return tags
+
+
+def _target_scaling(y2: np.ndarray) -> dict:
+    """Targets z-scored by the first fit's mean and deviation, as the inputs are (ModelConfig target_scaler "fixed")."""
+    std = y2.std(axis=0)
+    return dict(target_scaler="fixed", target_mean=tuple(y2.mean(axis=0)), target_std=tuple(np.where(std > 1e-12, std, 1.0)))

@@ -40,10 +40,12 @@ from . import runtime
 from .baselines import BASELINES, make_baseline
 from .datasets import DATASETS, DataError, Dataset
 from .kernels import ACTIVATIONS
-from .model import EdRVFL, ModelConfig
+from .model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, EdRVFL, ModelConfig
 from .network import INITS
 
 MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
+ORDERS = ("shuffle", "stream")
+STREAM_WINDOWS = 50  # --order stream: the windowed prequential curve has this many windows
 DEFAULT_BATCH = 0.03  # a fraction of the training set, as the paper's tables give b (Letters: 0.030)
 TEST_CHUNK_BYTES = 64 * 2**20  # features of at most this many bytes per test-prediction chunk
 
@@ -72,8 +74,11 @@ class Protocol:
     rows: int | None = None
     curve_points: int = 20
     curve_test_rows: int | None = 20_000
+    order: str = "shuffle"  # "stream": no shuffle, no test set: test-then-train over the stream's own order
 
     def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order: must be one of {ORDERS}, got {self.order!r}")
         if not (isinstance(self.batch, (int, float)) and math.isfinite(self.batch) and self.batch > 0):
             raise ValueError(f"batch: must be a number of rows ≥ 1 or a fraction in (0, 1), got {self.batch!r}")
         if self.batch >= 1 and self.batch != int(self.batch):
@@ -165,12 +170,15 @@ def make_split(dataset: Dataset, protocol: Protocol, *, classes=None) -> Split:
             raise DataError(f"{dataset.name}: classes were declared but the task is regression")
         declared = None
         y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
-    order = np.random.default_rng(protocol.seed).permutation(dataset.n_rows)
+    if protocol.order == "stream":  # the stream's own order, every row streamed, none held out
+        order = np.arange(dataset.n_rows if protocol.rows is None else min(protocol.rows, dataset.n_rows))
+    else:
+        order = np.random.default_rng(protocol.seed).permutation(dataset.n_rows)
     if protocol.rows is not None:
         order = order[: protocol.rows]
-    n_test = int(round(protocol.test_fraction * len(order)))
+    n_test = 0 if protocol.order == "stream" else int(round(protocol.test_fraction * len(order)))
     n_train = len(order) - n_test
-    if n_test < 1 or n_train < 2:
+    if (n_test < 1 and protocol.order == "shuffle") or n_train < 2:
         raise DataError(
             f"{dataset.name}: {len(order)} rows with test fraction {protocol.test_fraction} leave {n_train} "
             f"training and {n_test} test rows; need at least 2 and 1"
@@ -228,6 +236,8 @@ class EdRVFLLearner:
         if not scaler.frozen:
             scaler.partial_fit(x_head[: self.config.warmup_rows])
             scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
+        targets = self.model.targets
+        targets.warmup_rows = min(targets.warmup_rows, max(len(x_head), 2))  # and the targets on every label there is
 
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
@@ -237,7 +247,7 @@ class EdRVFLLearner:
 
     def label(self, pred, y) -> float:
         targets = self.model.one_hot(y) if self._classification else y
-        losses = self.model.learn(pred.features_t, targets, predicted=pred.layer_outputs)
+        losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
         return float(losses.mean())
 
     def predict(self, x):
@@ -256,6 +266,7 @@ class EdRVFLLearner:
         for key in ("scaler_mean", "scaler_std"):
             if cfg[key] is not None:
                 cfg[key] = "(from the training rows)"
+        cfg["effective"] = self.model.effective  # λ and half-life in force (auto: each candidate's recent loss)
         return cfg
 
 
@@ -314,6 +325,10 @@ class EvaluationResult:
     batch_prequential: np.ndarray
     batch_loss: np.ndarray
     config: dict = field(default_factory=dict)
+    order: str = "shuffle"
+    prequential_first20: float | None = None  # --order stream: over the first 20 % of the rows after the warm-up
+    prequential_last20: float | None = None  # --order stream: over the last 20 % of the rows
+    window_curve: list = field(default_factory=list)  # --order stream: [(rows seen, prequential metric of the window)]
 
     def to_json(self, per_batch: bool = False) -> dict:
         """A JSON-ready dict (NaN becomes None); per-batch arrays only when asked."""
@@ -323,9 +338,11 @@ class EvaluationResult:
                 "name", "dataset", "task", "metric", "test_metric", "prequential_metric", "cumulative_regret",
                 "regret_bound", "rows_per_second", "seconds", "test_seconds", "rows", "test_rows", "batch",
                 "batches", "label_delay", "seed", "curve", "curve_rows", "curve_test_rows", "config",
+                "order", "prequential_first20", "prequential_last20",
             )
         }  # fmt: skip
         out["curve"] = [[int(t), _finite(v)] for t, v in self.curve]
+        out["window_curve"] = [[int(r), _finite(v)] for r, v in self.window_curve]
         if per_batch:
             out["batch_prequential"] = [_finite(v) for v in self.batch_prequential]
             out["batch_loss"] = [_finite(v) for v in self.batch_loss]
@@ -379,7 +396,8 @@ def run(
     n_train = len(split.x_train)
     b = protocol.batch_rows(n_train)
     n_batches = -(-n_train // b)
-    points = set(time_points(n_batches, protocol.curve_points))
+    stream_order = protocol.order == "stream"
+    points = set() if stream_order else set(time_points(n_batches, protocol.curve_points))
     delay = protocol.label_delay
     curve_x, curve_y = split.x_test, split.y_test
     if protocol.curve_test_rows is not None and len(curve_x) > protocol.curve_test_rows:
@@ -389,6 +407,7 @@ def run(
     learner.predict(split.x_train[:1])  # untimed: loads the JIT-compiled kernels
 
     batch_prequential = np.full(n_batches, np.nan)
+    batch_errors, batch_counts = np.zeros(n_batches), np.zeros(n_batches)
     batch_loss = np.full(n_batches, np.nan)
     pending: deque = deque()  # (batch index, handle, labels), in arrival order
     error_sum, count = 0.0, 0
@@ -413,6 +432,7 @@ def run(
         errors, n = _errors(task, pred, y)
         error_sum, count = error_sum + errors, count + n
         batch_prequential[t - 1] = _metric(task, errors, n)
+        batch_errors[t - 1], batch_counts[t - 1] = errors, n
         if t in points:
             tic = time.perf_counter()
             test_value = score(task, learner.predict(curve_x), curve_y)
@@ -427,16 +447,31 @@ def run(
             on_batch(t, n_batches)
 
     tic = time.perf_counter()
-    test_metric = score(task, learner.predict(split.x_test), split.y_test)
+    test_metric = score(task, learner.predict(split.x_test), split.y_test) if len(split.x_test) else math.nan
     test_seconds += time.perf_counter() - tic
     regret, bound = learner.regret()
+    extra = {}
+    if stream_order:
+        ends = np.minimum(np.arange(1, n_batches + 1) * b, n_train)  # rows seen after each batch
+
+        def over(lo: int, hi: int) -> float:  # prequential metric of the batches ending in (lo, hi]
+            sel = (ends > lo) & (ends <= hi)
+            return _metric(task, float(batch_errors[sel].sum()), int(batch_counts[sel].sum()))
+
+        warm = getattr(getattr(learner, "config", None), "warmup_rows", 0)
+        fifth = n_train // 5
+        window = max(n_train // STREAM_WINDOWS, b)
+        extra = dict(
+            order="stream", prequential_first20=over(warm, warm + fifth), prequential_last20=over(n_train - fifth, n_train),
+            window_curve=[(hi, over(hi - window, hi)) for hi in range(window, n_train + 1, window)],
+        )  # fmt: skip
     return EvaluationResult(
         name=learner.name, dataset=split.name, task=task, metric=split.metric, test_metric=test_metric,
         prequential_metric=_metric(task, error_sum, count), cumulative_regret=regret, regret_bound=bound,
         rows_per_second=n_train / max(learn_seconds, 1e-12), seconds=learn_seconds, test_seconds=test_seconds,
         rows=n_train, test_rows=len(split.x_test), batch=b, batches=n_batches, label_delay=delay, seed=protocol.seed,
         curve=curve, curve_rows=curve_rows, curve_test_rows=len(curve_x), batch_prequential=batch_prequential,
-        batch_loss=batch_loss, config=learner.describe(),
+        batch_loss=batch_loss, config=learner.describe(), **extra,
     )  # fmt: skip
 
 
@@ -516,8 +551,13 @@ def add_parser(subparsers):
     mdl.add_argument("--nodes", type=positive_int, default=defaults["n_nodes"], metavar="N",
                      help="nodes per layer N (default: %(default)s)")  # fmt: skip
     lam = mdl.add_mutually_exclusive_group()
-    lam.add_argument("--lam", type=positive_float, metavar="λ", help=f"ridge prior λ (default: {defaults['lam']})")
+    lam.add_argument("--lam", type=_auto_or(positive_float), metavar="λ",
+                     help=f"ridge prior λ, or auto (chosen online among {', '.join(map(str, LAM_CANDIDATES))}) "
+                          f"(default: {defaults['lam']})")  # fmt: skip
     lam.add_argument("--log2-inv-lam", type=float, metavar="V", help="λ = 2^-V, as in the paper's tables")
+    mdl.add_argument("--forgetting", type=_auto_or(positive_float), metavar="H",
+                     help="half-life in rows: a row seen H rows ago weighs 1/2; auto: chosen online among "
+                          f"{', '.join(map(str, HALF_LIFE_CANDIDATES))} (default: none, never forget)")  # fmt: skip
     mdl.add_argument("--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)")
     mdl.add_argument("--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)")
     mdl.add_argument("--scaler", choices=("warmup", "fixed", "none"), default=defaults["scaler"],
@@ -537,6 +577,10 @@ def add_parser(subparsers):
     prot.add_argument("--label-delay", type=int, default=1, metavar="D",
                       help="labels of batch t arrive before batch t+D is predicted; 1 is the paper's "
                            "(default: 1)")  # fmt: skip
+    prot.add_argument("--order", choices=ORDERS, default="shuffle",
+                      help="shuffle (test set held out, the paper's protocol) or stream: the rows in their own order, "
+                           "test-then-train, no test set; reports the prequential metric overall, over the first 20 %% "
+                           "after the warm-up, over the last 20 %%, and a windowed curve (default: %(default)s)")  # fmt: skip
     prot.add_argument("--test-fraction", type=float, default=0.2, metavar="F", help="(default: %(default)s)")
     prot.add_argument("--seed", type=int, default=defaults["seed"],
                       help="shuffle, random weights and generated data (default: %(default)s)")  # fmt: skip
@@ -564,7 +608,7 @@ def main(args) -> int:
     import json
     import sys
 
-    from . import datasets
+    from . import datasets, drift
     from .cli import model_defaults
     from .progress import ProgressBar, Table
 
@@ -582,7 +626,7 @@ def main(args) -> int:
     try:
         protocol = Protocol(
             batch=args.batch, label_delay=args.label_delay, test_fraction=args.test_fraction, seed=args.seed,
-            rows=args.rows, curve_points=args.curve_points, curve_test_rows=args.curve_test_rows or None,
+            rows=args.rows, curve_points=args.curve_points, curve_test_rows=args.curve_test_rows or None, order=args.order,
         )  # fmt: skip
     except ValueError as exc:  # "label_delay: ..." -> "--label-delay: ..."
         key, _, rest = str(exc).partition(":")
@@ -591,6 +635,8 @@ def main(args) -> int:
         n_nodes=args.nodes, n_layers=args.layers, activation=args.activation, init=args.init, seed=args.seed,
         scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype, track_regret=args.track_regret,
     )  # fmt: skip
+    if args.forgetting is not None:
+        model["forgetting"] = args.forgetting
     if args.lam is not None:
         model["lam"] = args.lam
     elif args.log2_inv_lam is not None:
@@ -602,8 +648,8 @@ def main(args) -> int:
         dataset = datasets.load_csv(args.csv, args.target, task=args.task)
     elif args.dataset == "poker":
         dataset = datasets.load("poker", rows=args.rows, seed=args.seed, sort_cards=args.sort_cards)
-    elif args.dataset == "friedman" and args.rows is not None:
-        dataset = datasets.load("friedman", n_rows=args.rows, seed=args.seed)
+    elif args.dataset in ("friedman", *drift.STREAMS) and args.rows is not None:
+        dataset = datasets.load(args.dataset, n_rows=args.rows, seed=args.seed)
     else:
         dataset = datasets.load(args.dataset, seed=args.seed)
     if classes is not None and dataset.task == "classification":
@@ -660,7 +706,10 @@ def main(args) -> int:
 
     if not args.quiet:
         _summary(results, table_stream)
-    if args.plot:
+    if args.plot and protocol.order == "stream":
+        plot_windows(results, args.plot, drift.drift_points(dataset.name, len(split.x_train)) if dataset.name in drift.STREAMS else [],
+                     title=f"{dataset.name}: prequential {metric} per window, stream order")  # fmt: skip
+    elif args.plot:
         plot_curves(results, args.plot, title=f"{dataset.name}: test {metric} over the stream")
         if not args.quiet:
             print(f"plot written to {args.plot}", file=table_stream)
@@ -681,6 +730,15 @@ def _summary(results, stream) -> None:
     for r in results:
         table.row(r.name, r.test_metric, r.prequential_metric, r.cumulative_regret, r.regret_bound,
                   r.rows_per_second, r.seconds)  # fmt: skip
+    if results[0].order == "stream":
+        print(file=stream)
+        table = Table([("model", 14), ("preq all", 10, ".4f"), ("first 20%", 10, ".4f"), ("last 20%", 10, ".4f"),
+                       ("in force", 30)], stream=stream)  # fmt: skip
+        table.header()
+        for r in results:
+            eff = r.config.get("effective", {})
+            force = f"lam={eff.get('lam')} h={eff.get('forgetting')}" if eff else ""
+            table.row(r.name, r.prequential_metric, r.prequential_first20, r.prequential_last20, force)
 
 
 def plot_curves(results, path: str, *, title: str = "") -> None:
@@ -708,7 +766,45 @@ def plot_curves(results, path: str, *, title: str = "") -> None:
         plt.close(fig)
 
 
+def plot_windows(results, path: str, drift_rows: list[int], *, title: str = "") -> None:
+    """The windowed prequential metric over rows (linear x), one line per learner, drift points as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        eff = r.config.get("effective")
+        label = r.name + (f" (λ {r.config.get('lam')}, h {r.config.get('forgetting')})" if eff else "")
+        ax.plot([x for x, _ in r.window_curve], [v for _, v in r.window_curve], label=label)
+    for row in drift_rows:
+        ax.axvline(row, color="k", linestyle="--", alpha=0.5)
+    ax.set_xlabel("rows")
+    ax.set_ylabel(f"prequential {results[0].metric} per window")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
 # ------------------------------------------------------------------------ arg helpers
+
+
+def _auto_or(kind):
+    """An argparse type: the word ``auto``, or a value of ``kind``."""
+
+    def parse(text: str):
+        return "auto" if text.strip().lower() == "auto" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _batch(text: str) -> float:

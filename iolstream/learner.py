@@ -43,6 +43,15 @@ SOLVERS = ("auto", "cholesky", "woodbury")
 WOODBURY_RATIO = 6
 
 
+def check_half_life(half_life) -> float | None:
+    """None (no forgetting) or a finite number of rows > 0; raises ValueError naming ``forgetting``."""
+    if half_life is None:
+        return None
+    if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not (np.isfinite(half_life) and half_life > 0):
+        raise ValueError(f"forgetting: must be null (off) or a half-life in rows, a number > 0, got {half_life!r}")
+    return float(half_life)
+
+
 def _as_lams(lam, n_layers: int) -> list[float]:
     lams = [float(lam)] * n_layers if np.isscalar(lam) else [float(v) for v in lam]
     if len(lams) != n_layers:
@@ -67,6 +76,16 @@ class OnlineLearner:
     track_regret : bool — keep A_r (labelled rows only) for the exact regret of -F (costs one
         extra symmetric rank-b update per labelled batch; -R gets it for free since A_r = A)
         and the D_m, Y_m of the bounds (one pass over D per labelled batch)
+    half_life : float or None — forgetting (SPEC §8): a row seen τ rows ago weighs 2^(−τ/half_life)
+        in A and c; None (default) = no forgetting, bit for bit the learner without it
+
+    Forgetting runs on ``state.clock``, the rows seen so far: ``observe`` (both modes) advances it
+    by b and first scales every data sum by 2^(−b/half_life) (``LearnerState.scale``; λI stays).
+    A row's stamp is the clock right after its batch was seen (``observed_at``); its label, and
+    under -R its Gram, enter with weight 2^(−(clock − stamp)/half_life), the weight its Gram has
+    in A under -F. So at every step β is the closed-form weighted ridge on what is labelled.
+    The scaling changes A by a multiple of I, not by rank b: Woodbury does not apply, and every
+    batch refactors A by Cholesky (n³/3 per layer; ``solver`` "woodbury" is refused).
 
     Examples
     --------
@@ -90,6 +109,7 @@ class OnlineLearner:
         solver: str = "auto",
         refactor_every: int = 256,
         track_regret: bool = True,
+        half_life: float | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -97,6 +117,9 @@ class OnlineLearner:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if refactor_every < 1:
             raise ValueError(f"refactor_every must be ≥ 1, got {refactor_every}")
+        half_life = check_half_life(half_life)
+        if half_life is not None and solver == "woodbury":
+            raise ValueError("solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): use 'auto' or 'cholesky'")
         self.n_columns = n_columns
         self.n_outputs = n_outputs
         self.n_layers = n_layers
@@ -105,6 +128,7 @@ class OnlineLearner:
         self.solver = solver
         self.refactor_every = refactor_every
         self.track_regret = track_regret
+        self.half_life = half_life
         self.parallel = False  # spread the layers over Numba's threads (set by runtime.StepTuner)
         self._scratch = None  # (threads, n, n): Cholesky factors of the fused -F step
         self.state = self.initial_state()
@@ -142,6 +166,7 @@ class OnlineLearner:
         if self.mode == "ridge" or b == 0 or not self._uses_cholesky(b) or network.n_columns != self.n_columns:
             features_t = network.features(x_scaled, parallel=self.parallel)
             return features_t, self.observe_and_predict(features_t)
+        self._tick(b)
         features_t = network.empty_features(b)
         args = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights, features_t)
         out = self._forward_kernel(features_t, b, args)
@@ -175,7 +200,10 @@ class OnlineLearner:
 
     def _forward(self, features_t: np.ndarray, *, predict: bool) -> np.ndarray | None:
         b = features_t.shape[2]
-        if self.mode == "ridge" or b == 0:
+        if b == 0:
+            return None
+        self._tick(b)
+        if self.mode == "ridge":
             return None
         if self._uses_cholesky(b) and self._fusable(features_t):
             out = self._forward_kernel(features_t, b, None)
@@ -195,6 +223,7 @@ class OnlineLearner:
         *,
         gram_in: np.ndarray | None = None,
         predicted: np.ndarray | None = None,
+        observed_at=None,
     ) -> np.ndarray:
         """Fold labelled rows in: c_l += D_lᵀY (and their Gram, where it has not entered yet).
 
@@ -203,11 +232,49 @@ class OnlineLearner:
         gram_in    : (b,) bool — rows whose Gram is already in A. Default: all (-F), none (-R).
         predicted  : (L, b, m) — the layer outputs that were emitted for these rows (the β that
                      made the prediction); default: computed now, before this update.
-        Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β.
+        observed_at : int or (b,) ints — with forgetting, each row's stamp (``state.clock`` right
+                     after its batch was seen); the row enters with weight 2^(−(clock − stamp)/half_life).
+                     Default: the current clock (weight 1). Ignored without forgetting.
+        Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β (unweighted; the
+        weighted loss is what accumulates in ``loss_sum`` with forgetting).
         β is left stale (solved when read): under -F the next observe replaces it unread.
         """
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
+        if self.half_life is not None and b:
+            return self._learn_weighted(features_t, targets, gram_in, predicted, observed_at)
+        return self._learn(features_t, targets, gram_in, predicted)
+
+    def row_weights(self, observed_at, b: int) -> np.ndarray:
+        """(b,) weights 2^(−(clock − stamp)/half_life) of rows stamped ``observed_at`` (all 1 without forgetting)."""
+        if self.half_life is None or observed_at is None:
+            return np.ones(b)
+        stamps = np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
+        ages = self.state.clock - stamps
+        if (ages < 0).any() or not np.isfinite(ages).all():
+            raise ValueError(f"observed_at: stamps must be ≤ the clock ({self.state.clock}), got up to {stamps.max()}")
+        return np.exp2(-ages / self.half_life)
+
+    def _learn_weighted(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        """``learn`` with row weights w: every row's D, Y and prediction are scaled by √w, so the same
+        kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and A_r, and Σ w ½‖Dβ − Y‖² to the loss."""
+        b = features_t.shape[2]
+        if predicted is None:
+            predicted = self.layer_outputs(features_t)
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        plain = np.empty(self.n_layers)
+        fused.label_losses(predicted, targets, plain)
+        weights = self.row_weights(observed_at, b)
+        if not (weights == 1.0).all():
+            root = np.sqrt(weights)
+            features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
+            targets = targets * root[:, None]
+            predicted = predicted * root[:, None]
+        self._learn(features_t, targets, gram_in, predicted)
+        return plain
+
+    def _learn(self, features_t, targets, gram_in, predicted) -> np.ndarray:
+        b = features_t.shape[2]
         if self.mode == "ridge":
             new, n_new = slice(None), b  # -R: no row's Gram is in A
         elif gram_in is None:
@@ -262,13 +329,17 @@ class OnlineLearner:
                 linalg.gram_update(ls.gram_labelled, d_t)
             ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
 
-    def forget(self, features_t: np.ndarray) -> None:
+    def forget(self, features_t: np.ndarray, observed_at=None) -> None:
         """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).
 
+        With forgetting, each row is removed with its present weight (``observed_at`` as in ``learn``).
         The factor is rebuilt from the exact A by Cholesky (a Woodbury downdate is not stable).
         """
         if self.mode == "ridge" or features_t.shape[2] == 0:
             return
+        weights = self.row_weights(observed_at, features_t.shape[2])
+        if not (weights == 1.0).all():
+            features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
         for layer, ls in enumerate(self.state.layers):
             linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
             self._refactor(ls)
@@ -278,8 +349,23 @@ class OnlineLearner:
 
     # -------------------------------------------------------------- internals
     def _uses_cholesky(self, b: int) -> bool:
-        """Gram + Cholesky for a batch of b rows (else Woodbury), by ``solver`` and b against n."""
-        return self.solver == "cholesky" or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
+        """Gram + Cholesky for a batch of b rows (else Woodbury), by ``solver`` and b against n;
+        always with forgetting (A changes by a multiple of I every batch, not by rank b)."""
+        return (
+            self.solver == "cholesky" or self.half_life is not None
+            or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
+        )  # fmt: skip
+
+    def advance(self, b: int) -> None:
+        """b rows seen that ``observe`` does not see (labelled rows never observed): the clock moves on."""
+        if b > 0:
+            self._tick(b)
+
+    def _tick(self, b: int) -> None:
+        """b more rows seen: the clock advances, and with forgetting every data sum decays by 2^(−b/half_life)."""
+        self.state.clock += b
+        if self.half_life is not None:
+            self.state.scale(float(np.exp2(-b / self.half_life)))
 
     def _fusable(self, features_t: np.ndarray) -> bool:
         """Whether the fused kernels take ``features_t`` as it is (they need no copy of it)."""

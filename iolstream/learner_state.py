@@ -194,6 +194,7 @@ class LearnerState:
     d_max: float = 0.0  # D_m = max |D| over labelled rows
     y_max: float = 0.0  # Y_m = max(|Y|, |D β|)
     version: int = 0  # bumped at every change of β
+    clock: int = 0  # rows seen (observed, or labelled without being observed): the time forgetting runs on
     extra: dict = field(default_factory=dict)
     arrays: LayerArrays | None = field(default=None, repr=False)  # the stacks ``layers`` view
 
@@ -204,6 +205,72 @@ class LearnerState:
             if ls._arrays.factor_stale[ls._index]:
                 ls.refactor()
         return self.__dict__.copy()
+
+    # The two operations forgetting and group learning are built on (SPEC §8). Write every sum as
+    # A = λI + S: only the data part S = Σ wᵢ dᵢdᵢᵀ (and c, A_r − λI, the loss sums) is scaled or added;
+    # the prior λI is never scaled and never counted twice. scale and add commute: f(S + S') = fS + fS'.
+
+    def scale(self, factor: float) -> None:
+        """Every data sum times ``factor`` (0 < factor ≤ 1 to forget): S, c, A_r − λI, Σ loss, Σ‖y‖².
+
+        A_l ← λ_l I + factor·(A_l − λ_l I), computed as factor·A_l + (1 − factor)·λ_l on the diagonal.
+        Rounding adds ~ε·|A| per call, and every later call scales it again by its factor, so the
+        error stays bounded by ε·|A|/(1 − factor) on a stream of any length. Factors and β become stale.
+        """
+        if not (np.isfinite(factor) and factor >= 0.0):
+            raise ValueError(f"scale: factor must be finite and ≥ 0, got {factor!r}")
+        if factor == 1.0:
+            return
+        a = self.arrays
+        lams = np.array([ls.lam for ls in self.layers])
+        _scale_data(a.gram, lams, factor)
+        if len(a.gram_labelled):
+            _scale_data(a.gram_labelled, lams, factor)
+        a.rhs *= factor
+        a.loss_sum *= factor
+        self.sum_y2 *= factor
+        self._mark_changed()
+
+    def add(self, other: LearnerState, factor: float = 1.0) -> None:
+        """Add ``factor`` × another state's data sums to these (its prior λI is not added): S, c,
+        A_r − λI, Σ loss, Σ‖y‖², and its row counters. The clocks are not touched: a caller holding a
+        state from another clock decays it first (``factor`` = 2^(−Δclock/half-life))."""
+        a, b = self.arrays, other.arrays
+        for name in ("gram", "rhs", "gram_labelled"):
+            if getattr(a, name).shape != getattr(b, name).shape:
+                raise ValueError(f"add: {name} shapes differ: {getattr(a, name).shape} and {getattr(b, name).shape}")
+        if not (np.isfinite(factor) and factor >= 0.0):
+            raise ValueError(f"add: factor must be finite and ≥ 0, got {factor!r}")
+        other_lams = np.array([ls.lam for ls in other.layers])
+        n = a.gram.shape[1]
+        diag = np.arange(n)
+        a.gram += factor * b.gram
+        a.gram[:, diag, diag] -= factor * other_lams[:, None]  # other's prior out
+        if len(a.gram_labelled):
+            a.gram_labelled += factor * b.gram_labelled
+            a.gram_labelled[:, diag, diag] -= factor * other_lams[:, None]
+        a.rhs += factor * b.rhs
+        a.loss_sum += factor * b.loss_sum
+        self.sum_y2 += factor * other.sum_y2
+        for key in ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for key in ("max_label_batch", "d_max", "y_max"):
+            setattr(self, key, max(getattr(self, key), getattr(other, key)))
+        self._mark_changed()
+
+    def _mark_changed(self) -> None:
+        a = self.arrays
+        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
+        a.woodbury_steps[:] = 0
+        self.version += 1
+
+
+def _scale_data(stack: np.ndarray, lams: np.ndarray, factor: float) -> None:
+    """stack[l] ← λ_l I + factor·(stack[l] − λ_l I) for every layer, in place (stack: (L, n, n))."""
+    diag = np.arange(stack.shape[1])
+    stack *= factor
+    stack[:, diag, diag] += (1.0 - factor) * lams[:, None]
 
 
 def solve_stale(state: LearnerState) -> None:

@@ -3,7 +3,7 @@
 File layout (``snap-<sequence>.iolsnap``, sequence zero-padded so names sort by age)::
 
     b"IOLSNAP\\n"              8-byte magic
-    uint32 little-endian       format version
+    uint32 little-endian       format version (FORMAT_VERSION; see READS)
     32 bytes                   SHA-256 of the body
     body                       an .npz archive (read with allow_pickle=False, so no code is loaded):
                                "__manifest__" (UTF-8 JSON) and plain numeric / unicode arrays
@@ -33,7 +33,12 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"IOLSNAP\n"
-FORMAT_VERSION = 1
+# Format versions: 1, the first; 2, forgetting and auto (model clock, candidates and their selector, target
+# scaling; pending rows carry their clock stamp and every candidate's outputs). A build writes
+# FORMAT_VERSION and reads READS: a reader of version 1 refuses a version-2 file (SnapshotVersionError,
+# naming both versions), while version-1 files still load here and continue as they would have.
+FORMAT_VERSION = 2
+READS = (1, 2)
 _HEADER = struct.Struct("<8sI32s")
 PATTERN = "snap-*.iolsnap"
 log = logging.getLogger("iolstream.snapshot")
@@ -98,8 +103,10 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     head = read_header(blob)
     if not head["magic_ok"]:
         raise SnapshotError("not an iolstream snapshot (bad magic)")
-    if head["version"] != FORMAT_VERSION:
-        raise SnapshotVersionError(f"format version {head['version']}; this build reads version {FORMAT_VERSION}")
+    if head["version"] not in READS:
+        raise SnapshotVersionError(
+            f"format version {head['version']}; this build reads versions {READS[0]} to {READS[-1]} (writes {FORMAT_VERSION})"
+        )
     if not head["checksum_ok"]:
         raise SnapshotError("checksum mismatch (truncated or corrupted)")
     try:

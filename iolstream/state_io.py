@@ -26,10 +26,13 @@ from .learner_state import LayerState
 from .model import EdRVFL, ModelConfig
 
 FORMAT = "iolstream.model"
-FORMAT_VERSION = 1
+# 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
+# load as they were written: no forgetting, one learner, raw regression targets, clock = rows observed.
+FORMAT_VERSION = 2
+READS = (1, 2)
 _COUNTERS = (
     "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
-    "sum_y2", "d_max", "y_max", "version",
+    "sum_y2", "d_max", "y_max", "version", "clock",
 )  # fmt: skip
 
 
@@ -47,32 +50,66 @@ def _json_safe(value):
 
 def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[str, np.ndarray]]:
     """(manifest, arrays): the manifest is JSON-able, the arrays plain numeric ndarrays."""
-    st = model.learner.state
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "config": {k: _json_safe(v) for k, v in model.config.to_dict().items()},
         "weights_sha256": model.weights_digest(),
+    }
+    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    tgt = model.targets
+    if model.config.task == "regression" and model.config.target_scaler != "none":
+        arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
+        manifest["targets"] = {"frozen": tgt.frozen, "held": []}
+        for i, (f, y, gram_in, predicted, observed_at) in enumerate(tgt.held):  # labels waiting for the scaling
+            parts = {"features_t": f, "y": y, "gram_in": gram_in, "predicted": predicted, "observed_at": observed_at}
+            manifest["targets"]["held"].append([k for k, v in parts.items() if v is not None])
+            arrays.update({f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None})
+    if len(model.learners) == 1:
+        manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
+    else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
+        manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
+        sel = model.selector
+        manifest["selection"] = {"chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows}
+    return manifest, arrays
+
+
+def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
+    """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``)."""
+    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
+        arrays[f"{base}layer{i}/gram"] = np.tril(ls.gram)
+        arrays[f"{base}layer{i}/rhs"] = ls.rhs
+        arrays[f"{base}layer{i}/beta"] = ls.beta
+        arrays[f"{base}layer{i}/factor"] = ls.factor
+        if ls.gram_labelled is not None:
+            arrays[f"{base}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
+    return {
         "counters": {k: getattr(st, k) for k in _COUNTERS},
         "layers": [
             {"lam": ls.lam, "factor_kind": ls.factor_kind, "loss_sum": ls.loss_sum, "woodbury_steps": ls.woodbury_steps}
             for ls in st.layers
         ],
     }
-    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
-    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
-        arrays[f"{prefix}layer{i}/gram"] = np.tril(ls.gram)
-        arrays[f"{prefix}layer{i}/rhs"] = ls.rhs
-        arrays[f"{prefix}layer{i}/beta"] = ls.beta
-        arrays[f"{prefix}layer{i}/factor"] = ls.factor
-        if ls.gram_labelled is not None:
-            arrays[f"{prefix}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
-    return manifest, arrays
+
+
+def saved_config(manifest: dict) -> ModelConfig:
+    """The model config a saved state (or snapshot manifest) was made with, as this build spells it.
+
+    Version 1 had no ``forgetting`` (off) and no ``target_scaler``: regression targets were raw ("none");
+    classification does not scale targets, so it gets the default. A worker compares this, not the
+    raw ``manifest["config"]``, with its own config. Raises StateFormatError naming the bad key."""
+    try:
+        return _config_from_json(manifest["config"])
+    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
+        raise StateFormatError(f"saved config does not load: {exc}") from None
 
 
 def _config_from_json(cfg: dict) -> ModelConfig:
     cfg = dict(cfg)
-    for key in ("classes", "scaler_mean", "scaler_std"):
+    cfg.setdefault("forgetting", None)  # saved before forgetting existed
+    if cfg.get("classes") is None:  # saved before regression targets were scaled: raw, as then
+        cfg.setdefault("target_scaler", "none")
+    for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
         if cfg.get(key) is not None:
             cfg[key] = tuple(cfg[key])
     if isinstance(cfg.get("lam"), list):
@@ -81,27 +118,57 @@ def _config_from_json(cfg: dict) -> ModelConfig:
 
 
 def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("format_version") not in READS:
         raise StateFormatError(
-            f"not an {FORMAT} v{FORMAT_VERSION} state (got {manifest.get('format')} v{manifest.get('format_version')})"
+            f"not an {FORMAT} state of version {' or '.join(map(str, READS))} "
+            f"(got {manifest.get('format')} v{manifest.get('format_version')}; this build writes v{FORMAT_VERSION})"
         )
-    try:
-        model = EdRVFL(_config_from_json(manifest["config"]))
-    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
-        raise StateFormatError(f"saved config does not load: {exc}") from None
+    if manifest["format_version"] == 1 and ({"candidates", "targets"} & manifest.keys()):
+        raise StateFormatError("a version-1 state cannot hold auto candidates or target scaling")
+    model = EdRVFL(saved_config(manifest))
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
-    st = model.learner.state
-    for key, value in manifest["counters"].items():
-        setattr(st, key, type(getattr(st, key))(value))
     try:
-        for i, (ls, meta) in enumerate(zip(st.layers, manifest["layers"], strict=True)):
-            base = f"{prefix}layer{i}/"
-            _restore_layer(ls, meta, arrays, base)
+        saved = manifest.get("targets")
+        if saved is None:  # saved before targets were scaled, or not scaled: raw targets
+            model.targets.frozen = True
+        else:
+            tgt = model.targets
+            tgt.mean = np.asarray(arrays[f"{prefix}targets/mean"], dtype=np.float64).reshape(model.config.m)
+            tgt.std = np.asarray(arrays[f"{prefix}targets/std"], dtype=np.float64).reshape(model.config.m)
+            tgt.frozen = bool(saved["frozen"])
+            names = ("features_t", "y", "gram_in", "predicted", "observed_at")
+            tgt.held = [
+                tuple(np.asarray(arrays[f"{prefix}targets/held{i}/{k}"]) if k in keys else None for k in names)
+                for i, keys in enumerate(saved["held"])
+            ]  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"inconsistent saved target scaling: {exc}") from None
+    try:
+        if len(model.learners) == 1:
+            _learner_from_arrays(model.learner.state, manifest, arrays, prefix)
+        else:
+            saved = manifest["candidates"]
+            if len(saved) != len(model.learners):
+                raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
+            for j, (ln, part) in enumerate(zip(model.learners, saved)):
+                _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
+            sel = manifest["selection"]
+            model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
+            model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model
+
+
+def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
+    for key, value in part["counters"].items():
+        setattr(st, key, type(getattr(st, key))(value))
+    if "clock" not in part["counters"]:  # saved before forgetting existed: every row seen was observed
+        st.clock = st.rows_observed
+    for i, (ls, meta) in enumerate(zip(st.layers, part["layers"], strict=True)):
+        _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
 
 
 def _restore_layer(ls: LayerState, meta: dict, arrays, base: str) -> None:

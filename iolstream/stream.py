@@ -28,6 +28,11 @@ Rules worth knowing:
   the batch is exactly one observed batch in its order: then the cached D of that
   batch is reused. Both give the same bits (same rows, same shapes), so a run
   restored from a snapshot (no cache) continues bitwise like one that never stopped.
+- With forgetting (``model.forgetting``), each pending row keeps its stamp (the model's clock right
+  after its batch was seen, ``Prediction.clock``); its label enters, and an expired row's Gram leaves,
+  at the weight 2^(−age/half-life) its Gram has in A, so β stays the closed-form weighted ridge for any
+  label delay and order. With ``auto`` every candidate's layer outputs wait with the row, so each
+  candidate is judged on the prediction it made; expiry reaches every candidate.
 - A dead letter of a one-row message carries the message's raw bytes; one row of a
   batch message carries that row re-encoded (codec). An early label given up on
   (``unknown_id``) carries the source of the message that brought it.
@@ -62,6 +67,8 @@ from .joinbuffer import JoinBuffer, MicroBatcher
 from .model import EdRVFL
 
 FEATURE_CACHE_BYTES = 256 * 2**20  # features of recent batches kept for their labels (bounded)
+# Columns of a pending row's payload (join buffer, label queue), saved in the state's manifest.
+PAYLOAD = ("x", "position", "stamp", "candidate", "outputs")
 
 
 @dataclass
@@ -143,8 +150,11 @@ class StreamProcessor:
         mc = model.config
         self.target = TargetSpec(mc.task, mc.classes, mc.m)
         self.n_features = mc.n_inputs
-        # Per pending row: x (k), its column in its batch (1), the layer outputs that predicted it (L·m).
-        self._payload_width = mc.n_inputs + 1 + mc.n_layers * mc.m
+        # Per pending row (PAYLOAD): x (k), its column in its batch (1), its clock stamp (1, for forgetting:
+        # the weight its Gram has in A), the candidate that emitted its prediction (1), and every candidate's
+        # layer outputs (K·L·m; K = 1 without auto) so that each candidate is judged on its own prediction.
+        self.n_candidates = len(model.learners)
+        self._payload_width = mc.n_inputs + 3 + self.n_candidates * mc.n_layers * mc.m
         self.batcher = MicroBatcher(cfg.batch_rows, cfg.max_batch_latency_ms)
         self.join = JoinBuffer(
             target=self.target, n_features=self._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
@@ -309,8 +319,15 @@ class StreamProcessor:
         )  # fmt: skip
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
-        position = np.arange(b, dtype=np.float64)[:, None]
-        payload = np.hstack([rows.X, position, pred.layer_outputs.transpose(1, 0, 2).reshape(b, -1)])
+        mc = self.model.config
+        outputs = np.asarray(pred.predicted).reshape(self.n_candidates, mc.n_layers, b, mc.m)  # (K, L, b, m)
+        payload = np.empty((b, self._payload_width))
+        k = self.n_features
+        payload[:, :k] = rows.X
+        payload[:, k] = np.arange(b)
+        payload[:, k + 1] = pred.clock  # rows seen so far: exact in float64 below 2⁵³
+        payload[:, k + 2] = self.model.selector.chosen
+        payload[:, k + 3 :] = outputs.transpose(2, 0, 1, 3).reshape(b, -1)
         self._cache_put(self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
         self._queue_joined(result, now_ms)
@@ -348,14 +365,19 @@ class StreamProcessor:
         mc = self.model.config
         k, b = mc.n_inputs, len(y)
         targets = self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)
-        predicted = payload[:, k + 1 :].reshape(b, mc.n_layers, mc.m).transpose(1, 0, 2)
+        outputs = payload[:, k + 3 :].reshape(b, self.n_candidates, mc.n_layers, mc.m).transpose(1, 2, 0, 3)  # (K, L, b, m)
+        chosen = payload[:, k + 2].astype(np.int64)
+        stamps = payload[:, k + 1].astype(np.int64)
+        # what was emitted: each row's outputs of the candidate in force when it was predicted
+        emitted_outputs = outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
         features_t, emitted = self._features_for(payload[:, :k], seqs, payload[:, k].astype(np.int64))
-        self.last_losses = self.model.learn(features_t, targets, predicted=predicted)
+        predicted = outputs[0] if self.n_candidates == 1 else outputs
+        self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
         if emitted is None:  # the ensemble of the stored layer outputs: what was emitted for these rows
-            _, index, value = self.model.combine(predicted)
+            _, index, value = self.model.combine(emitted_outputs)
         else:
             index, value = (emitted, None) if mc.task == "classification" else (None, emitted)
         if index is not None:
@@ -408,7 +430,8 @@ class StreamProcessor:
             for seq in np.unique(np.asarray(result.batch_seq)).tolist():
                 self._cache_drop(seq)
             if self.cfg.forget_expired and self.model.config.mode == "forward":
-                self.model.learner.forget(self.model.features(result.X[:, : self.n_features]))  # Gram out again
+                k = self.n_features  # Gram out again, of every candidate, at the weight it has now
+                self.model.forget(self.model.features(result.X[:, :k]), observed_at=result.X[:, k + 1].astype(np.int64))
                 self.counters["rows_forgotten"] += len(result.ids)
 
     # ------------------------------------------------------------ status
@@ -456,6 +479,7 @@ class StreamProcessor:
             "label_queue_since_ms": self.label_queue_since_ms,
             "last_label_rows": self.last_label_rows,
             "early_sources": [[row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None],
+            "payload": list(PAYLOAD),
         }
         return manifest, arrays
 
@@ -471,6 +495,7 @@ class StreamProcessor:
         proc.metric.window.extend(arrays["metric/window"].tolist())
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
+        arrays = _payload_of_this_version(arrays, manifest["format_version"], st.get("payload"), model)
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
             rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
@@ -495,6 +520,26 @@ class StreamProcessor:
             proc.label_queue_rows = len(arrays["queue/y"])
             proc.label_queue_since_ms = st["label_queue_since_ms"]
         return proc
+
+
+def _payload_of_this_version(arrays: dict, version: int, layout, model: EdRVFL) -> dict:
+    """The pending rows' and queued labels' payloads in this version's layout (PAYLOAD). A version-1 state
+    (before the stamps) holds x, position, L·m outputs of its one learner: the stamp column gets the
+    clock (weight 1; such a state never forgets) and the candidate column 0."""
+    if version != 1:
+        if layout is None or list(layout) != list(PAYLOAD):
+            raise ValueError(f"pending rows saved with the payload layout {layout}; this build reads {list(PAYLOAD)}")
+        return arrays
+    if len(model.learners) != 1 or model.learner.half_life is not None:
+        raise ValueError("a version-1 state has no row stamps: it cannot forget nor hold auto candidates")
+    k = model.config.n_inputs
+    arrays = dict(arrays)
+    for key in ("join/pending_X", "queue/payload"):
+        if key in arrays:
+            old = np.asarray(arrays[key], dtype=np.float64)
+            extra = np.column_stack([np.full(len(old), float(model.learner.state.clock)), np.zeros(len(old))])
+            arrays[key] = np.hstack([old[:, : k + 1], extra, old[:, k + 1 :]])
+    return arrays
 
 
 def _tuples(value):

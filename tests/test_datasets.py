@@ -40,7 +40,26 @@ def _load(name, **kwargs):
 
 
 def test_names_match_the_shapes_table():
-    assert set(DATASETS) == set(SHAPES)
+    assert set(DATASETS) == set(SHAPES) | set(DRIFT_SHAPES)
+
+
+# drift streams (iolstream.drift) -> (n_features, n_classes or None), generated at 3,000 rows here
+DRIFT_SHAPES = {"hyperplane": (10, 2), "sea": (3, 2), "agrawal": (9, 2), "rbf-drift": (10, 5), "friedman-drift": (10, None)}
+
+
+@pytest.mark.parametrize("name", list(DRIFT_SHAPES))
+def test_drift_streams_are_seeded_and_shaped(name):
+    n_features, n_classes = DRIFT_SHAPES[name]
+    ds = load(name, n_rows=3000, seed=5)
+    assert ds.X.shape == (3000, n_features) and ds.X.dtype == np.float64 and np.isfinite(ds.X).all()
+    if n_classes is None:
+        assert ds.task == "regression" and ds.y.dtype == np.float64
+    else:
+        assert ds.task == "classification" and len(ds.classes) == n_classes, f"{name}: classes {ds.classes}"
+    again = load(name, n_rows=3000, seed=5)
+    assert np.array_equal(ds.X, again.X) and np.array_equal(ds.y, again.y), f"{name}: not reproducible with seed 5"
+    other = load(name, n_rows=3000, seed=6)
+    assert not np.array_equal(ds.X, other.X), f"{name}: the seed is ignored"
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

@@ -189,3 +189,21 @@ def test_one_row_one_layer_forward_predicts_the_same_classes_as_ridge():
     forward, ridge = evaluate(toy(150), model=model, protocol=Protocol(batch=1, curve_points=1))
     assert np.array_equal(forward.batch_prequential, ridge.batch_prequential)
     assert not np.allclose(forward.batch_loss[1:], ridge.batch_loss[1:])
+
+
+def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
+    """--order stream: no shuffle and no test set; the prequential metric over all rows, the first 20 %
+    after the warm-up and the last 20 %, and windowed, all from the same per-batch errors."""
+    from iolstream.datasets import load
+
+    data = load("sea", n_rows=3000, seed=3)
+    protocol = Protocol(order="stream", batch=100)
+    (r,) = evaluate(data, model={"n_nodes": 32, "warmup_rows": 100}, modes=("forward",), protocol=protocol)
+    assert r.order == "stream" and r.rows == 3000 and r.test_rows == 0 and math.isnan(r.test_metric)
+    assert r.batches == 30 and r.curve == []
+    accuracies = r.batch_prequential
+    assert r.prequential_metric == pytest.approx(accuracies.mean())  # equal batches
+    assert r.prequential_last20 == pytest.approx(accuracies[-6:].mean())
+    assert r.prequential_first20 == pytest.approx(accuracies[1:7].mean())  # rows 100..700 after the 100-row warm-up
+    assert len(r.window_curve) == 30 and r.window_curve[-1][0] == 3000
+    assert r.to_json()["window_curve"][0] == [100, pytest.approx(accuracies[0])]

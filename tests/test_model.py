@@ -327,7 +327,7 @@ def _stream_with_regret(mode: str, seed: int, classification: bool, lam=(0.5, 1.
     """-F: observe, then labels two batches late with the predictions made at observe time.
     -R: predict with the β in force, then learn. Returns the model and the stored stream."""
     rng = np.random.default_rng(seed)
-    kwargs = dict(classes=(0, 1, 2)) if classification else dict(n_outputs=2)
+    kwargs = dict(classes=(0, 1, 2)) if classification else dict(n_outputs=2, target_scaler="none")  # regret in the units of the raw targets
     model = EdRVFL(small(mode=mode, lam=lam, **kwargs))
     stored = []  # (features_t, Y, [β_l used for the prediction])
     pending = []

@@ -213,7 +213,7 @@ def test_inspect_prints_what_a_snapshot_holds(snap_dir, capsys):
     path = snap_dir.paths()[0]
     assert cli.main(["snapshot", "inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    for text in ("valid: format version 1, SHA-256 checksum ok", "sequence   2", "exactly_once=True",
+    for text in (f"valid: format version {snapshot.FORMAT_VERSION}, SHA-256 checksum ok", "sequence   2", "exactly_once=True",
                  "n_inputs=4", "rows_in=40 rows_learned=30", "rows_observed=40", "malformed_json=2",
                  "t.features[0] 12", "t.labels[0] 9", "5 arrays", "a    ", "float64", "5×4", "ids"):  # fmt: skip
         assert text in out, f"{text!r} not in:\n{out}"
@@ -234,7 +234,7 @@ def test_inspect_reports_damage_and_exits_1(snap_dir, capsys):
 def test_inspect_json_and_errors(snap_dir, capsys, tmp_path):
     assert cli.main(["snapshot", "inspect", "--json", str(snap_dir.paths()[0])]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["valid"] and d["checksum_ok"] and d["format_version"] == 1
+    assert d["valid"] and d["checksum_ok"] and d["format_version"] == snapshot.FORMAT_VERSION
     assert d["manifest"]["offsets"] == [["t.features", 0, 12], ["t.labels", 0, 9]]
     assert d["arrays"]["a"] == {"dtype": "float64", "shape": [5, 4], "bytes": 160}
     assert cli.main(["snapshot", "inspect", str(tmp_path / "nope")]) == 2
