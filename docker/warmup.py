@@ -5,7 +5,7 @@ takes (forward step, Woodbury and Cholesky updates, softmax, a label fold-in tha
 the features, the regret), in both dtypes and both modes, classification and regression,
 with the serial and the parallel kernels (runtime.StepTuner tries both while streaming), with
 batch and one-row messages (the join buffer's id memory, ``recent_ids``, has one-id paths);
-see ``iolstream.warm``, which the worker also runs at start for its own model.
+see ``iolstream.stream.warm``, which the worker also runs at start for its own model.
 
     NUMBA_CACHE_DIR=/tmp/numba python docker/warmup.py
 """
@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from iolstream.model import ModelConfig
-from iolstream.warm import exercise
+from iolstream.core.model import ModelConfig
+from iolstream.stream.warm import exercise
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .model import EdRVFL, ModelConfig
+from iolstream.core.model import EdRVFL, ModelConfig
 
 
 class _EdRVFLBase(BaseEstimator):

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from iolstream.model import EdRVFL, ModelConfig
+from iolstream.core.model import EdRVFL, ModelConfig
 
 CASES = [  # (name, k, m, N, L, b)
     ("small b=256", 10, 10, 128, 4, 256),

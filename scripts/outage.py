@@ -37,7 +37,7 @@ import orjson
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-from iolstream import produce
+from iolstream.tools import produce
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = ["bash", str(REPO / "scripts" / "kafka.sh")]

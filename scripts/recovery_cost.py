@@ -33,7 +33,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from iolstream import produce
+from iolstream.tools import produce
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "crash_worker.py"

@@ -63,8 +63,8 @@ def load_done(path: str) -> dict:
 
 
 def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
-    from iolstream.datasets import load
-    from iolstream.evaluate import Protocol, evaluate
+    from iolstream.tools.datasets import load
+    from iolstream.tools.evaluate import Protocol, evaluate
 
     done = load_done(path)
     data = {name: load(name) for name in datasets}
@@ -142,7 +142,7 @@ def print_table(table, best, datasets, top: int, title: str) -> None:
 
 def _is_current_default(setting: dict) -> bool:
     """The setting ModelConfig now defaults to (kept in stage 2 as the reference), if it is on the grid."""
-    from iolstream.model import ModelConfig
+    from iolstream.core.model import ModelConfig
 
     d = ModelConfig(n_inputs=1)
     lam = float(np.log2(d.lam)) if np.isscalar(d.lam) else None

@@ -32,9 +32,10 @@ def _child(mode: str, argv: list[str]) -> int:
     """``iolstream run`` with the JSON of the chosen ``mode`` made free (see the module docstring)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from iolstream import codec, stream
-    from iolstream.cli import main
-    from iolstream.config import load_config
+    from iolstream.stream import codec
+    from iolstream.stream import processor as stream
+    from iolstream.tools.cli import main
+    from iolstream.kafka.config import load_config
 
     if mode == "as_is":
         return main(["run", *argv])
@@ -92,7 +93,7 @@ def _child(mode: str, argv: list[str]) -> int:
 
 
 def _run(mode: str, rows: int, bootstrap: str, workdir: Path) -> float:
-    from iolstream import bench_kafka as bk
+    from iolstream.tools import bench_kafka as bk
 
     X, y = bk._data(rows)
     topics = bk._topics(f"bound-{mode}")
@@ -120,7 +121,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=2, help="rounds of the three modes, alternating")
     p.add_argument("--bootstrap", default="127.0.0.1:19092")
     args = p.parse_args()
-    from iolstream.bench import bench_core_step
+    from iolstream.tools.bench import bench_core_step
 
     learner = [bench_core_step("small", "float64", seconds=3.0).rows_per_second]
     rates = {mode: [] for mode in MODES}

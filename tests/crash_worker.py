@@ -2,9 +2,9 @@
 
     python tests/crash_worker.py CONFIG.yaml [--idle-stop-seconds S] [--max-seconds S] [--stop-at-end]
 
-The same path as ``iolstream run`` (``iolstream.cmd_run.run``): YAML config, signal handlers,
+The same path as ``iolstream run`` (``iolstream.tools.run.run``): YAML config, signal handlers,
 exit codes. A test chooses where the process dies with the environment variable
-IOLSTREAM_CRASH_AT="point:n" (see ``iolstream.snapshot.crash_point``), or kills it itself.
+IOLSTREAM_CRASH_AT="point:n" (see ``iolstream.ops.faults.crash_point``), or kills it itself.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from iolstream import cmd_run
+from iolstream.tools import run as cmd_run
 
 
 def main() -> int:

@@ -329,7 +329,7 @@ def warm_up(bootstrap: str, timeout: float = 60.0) -> None:
 
 def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
     """Change a topic's max.message.bytes and wait until the broker reports the new value."""
-    from iolstream.topics import describe_max_message_bytes
+    from iolstream.kafka.topics import describe_max_message_bytes
 
     resource = ConfigResource("topic", topic, incremental_configs=[
         ConfigEntry("max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET)])  # fmt: skip

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from iolstream.align import Aligner
+from iolstream.stream.align import Aligner
 
 F, L = ("features", 0), ("labels", 0)
 CAUGHT_UP = lambda key: 0  # noqa: E731

@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from iolstream import cli
+from iolstream.tools import cli
 
 
 @pytest.mark.timeout(300)
@@ -54,7 +54,7 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
 def test_worker_cpu_is_read_over_the_timed_window_only():
     """CPU seconds between two wall-clock times, interpolated in the 20 ms samples (start-up and the
     idle tail before and after the timed predictions are left out)."""
-    from iolstream.bench_kafka import WorkerProcess
+    from iolstream.tools.bench_kafka import WorkerProcess
 
     w = WorkerProcess.__new__(WorkerProcess)  # the samples alone, no process
     w.cpu_samples = [(100.0, 1.5), (101.0, 1.5), (102.0, 3.0), (103.0, 4.5), (104.0, 4.6)]

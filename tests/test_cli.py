@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from iolstream.cli import COMMANDS, main
+from iolstream.tools.cli import COMMANDS, main
 
 FAST = ["--nodes", "16", "--layers", "2"]
 
@@ -141,7 +141,7 @@ def test_json_objects(capsys, csv_file):
 
 
 def test_defaults_come_from_model_config(capsys):
-    from iolstream.model import ModelConfig
+    from iolstream.core.model import ModelConfig
 
     rc, out, _ = run(capsys, "evaluate", "--dataset", "iris", "--json", "--quiet", "--mode", "forward")
     (obj,) = [json.loads(line) for line in out.splitlines()]
@@ -201,8 +201,8 @@ def test_simulate_bad_lambda(capsys):
 
 def test_top_level_help_imports_no_command():
     code = (
-        "import sys; from iolstream.cli import main; rc = main(['--help']);"
-        "heavy = [m for m in ('numba', 'iolstream.model', 'iolstream.evaluate', 'matplotlib') if m in sys.modules];"
+        "import sys; from iolstream.tools.cli import main; rc = main(['--help']);"
+        "heavy = [m for m in ('numba', 'iolstream.core.model', 'iolstream.tools.evaluate', 'matplotlib') if m in sys.modules];"
         "print('RESULT', rc, heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout

@@ -1,4 +1,4 @@
-"""iolstream.codec: every dead-letter reason, row vs batch messages, the fast batch path
+"""iolstream.stream.codec: every dead-letter reason, row vs batch messages, the fast batch path
 against the per-row reference path, and prediction / header encoding."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream import codec
-from iolstream.codec import (
+from iolstream.stream import codec
+from iolstream.stream.codec import (
     REASONS,
     BadInput,
     FeatureRows,

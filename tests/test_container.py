@@ -33,9 +33,10 @@ import yaml
 from kafka_util import unique_group
 from prometheus_client.parser import text_string_to_metric_families
 
-from iolstream import kernels, recent_ids
-from iolstream.cli import build_parser
-from iolstream.config import load_config
+from iolstream.core import kernels
+from iolstream.stream import recent_ids
+from iolstream.tools.cli import build_parser
+from iolstream.kafka.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"

@@ -1,4 +1,4 @@
-"""Tests for iolstream.datasets: built-in sets, the poker generator and the CSV loader."""
+"""Tests for iolstream.tools.datasets: built-in sets, the poker generator and the CSV loader."""
 
 import time
 from collections import Counter
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.datasets import DATASETS, DataError, Dataset, load, load_csv, make_poker, poker_hand_labels
+from iolstream.tools.datasets import DATASETS, DataError, Dataset, load, load_csv, make_poker, poker_hand_labels
 
 # name -> (n_rows, n_features, n_classes or None for regression), poker at a small size
 SHAPES = {
@@ -43,7 +43,7 @@ def test_names_match_the_shapes_table():
     assert set(DATASETS) == set(SHAPES) | set(DRIFT_SHAPES)
 
 
-# drift streams (iolstream.drift) -> (n_features, n_classes or None), generated at 3,000 rows here
+# drift streams (iolstream.tools.drift) -> (n_features, n_classes or None), generated at 3,000 rows here
 DRIFT_SHAPES = {"hyperplane": (10, 2), "sea": (3, 2), "agrawal": (9, 2), "rbf-drift": (10, 5), "friedman-drift": (10, None)}
 
 

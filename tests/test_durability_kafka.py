@@ -31,18 +31,20 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from kafka_util import set_topic_limit, committed_offsets, consume_all, create_topics, delete_topics, produce_json, unique_group
 
-from iolstream import produce, snapshot
-from iolstream.config import config_from_dict
-from iolstream.model import EdRVFL
-from iolstream.stream import StreamProcessor
-from iolstream.lifecycle import EXIT_SHUTDOWN_OVERRUN
-from iolstream.worker import EXIT_FATAL, Worker, WorkerError, check_timing
+from iolstream.tools import produce
+from iolstream.kafka import snapshots as snapshot
+from iolstream.ops import faults
+from iolstream.kafka.config import config_from_dict
+from iolstream.core.model import EdRVFL
+from iolstream.stream.processor import StreamProcessor
+from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
+from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 
 REPO = Path(__file__).resolve().parent.parent
 CRASH_WORKER = REPO / "tests" / "crash_worker.py"
 N_ROWS = 50_000
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261125"))
-CRASHED = snapshot.CRASH_EXIT_CODE
+CRASHED = faults.CRASH_EXIT_CODE
 KILLED = -signal.SIGKILL
 MODEL_ARRAYS = re.compile(r"model/layer\d+/(gram|rhs|beta|gram_labelled)$")
 STREAM_COUNTERS = ("messages_features", "messages_labels", "rows_in", "predictions_out", "labels_in", "rows_learned")
@@ -133,9 +135,9 @@ class WorkerRig:
     def start(self, crash: str | None = None, idle: float = 2.0, extra_args=()) -> tuple[subprocess.Popen, Path]:
         self.runs += 1
         log_path = self.dir / f"run{self.runs}.log"
-        env = {k: v for k, v in os.environ.items() if k != snapshot.CRASH_ENV}
+        env = {k: v for k, v in os.environ.items() if k != faults.CRASH_ENV}
         if crash:
-            env[snapshot.CRASH_ENV] = crash
+            env[faults.CRASH_ENV] = crash
         cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", str(idle), *extra_args]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
         return proc, log_path

@@ -1,4 +1,4 @@
-"""Tests for iolstream.evaluate (the protocol, as a pure function) and iolstream.baselines."""
+"""Tests for iolstream.tools.evaluate (the protocol, as a pure function) and iolstream.tools.baselines."""
 
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from iolstream.datasets import DataError, Dataset, load
-from iolstream.evaluate import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run, time_points
+from iolstream.tools.datasets import DataError, Dataset, load
+from iolstream.tools.evaluate import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run, time_points
 
 SMALL = {"n_nodes": 32, "n_layers": 2}
 JSON_KEYS = {
@@ -194,7 +194,7 @@ def test_one_row_one_layer_forward_predicts_the_same_classes_as_ridge():
 def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
     """--order stream: no shuffle and no test set; the prequential metric over all rows, the first 20 %
     after the warm-up and the last 20 %, and windowed, all from the same per-batch errors."""
-    from iolstream.datasets import load
+    from iolstream.tools.datasets import load
 
     data = load("sea", n_rows=3000, seed=3)
     protocol = Protocol(order="stream", batch=100)

@@ -24,10 +24,10 @@ import pytest
 from test_learner import K, M, N_COLUMNS, N_LAYERS, N_NODES, SMALL, assert_close, layer_rows, make_batches, snapshot
 from threadpoolctl import threadpool_limits
 
-from iolstream import linalg
-from iolstream.learner import OnlineLearner
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.network import RandomNetwork
+from iolstream.core import linalg
+from iolstream.core.learner import OnlineLearner
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.network import RandomNetwork
 
 LAMS = (0.5, 1.0, 2.0)
 RTOL = 1e-9
@@ -444,7 +444,7 @@ def test_forgetting_auto_picks_a_half_life_after_a_concept_flip():
 def test_auto_survives_a_state_round_trip():
     import io
 
-    from iolstream.state_io import load_model, save_model
+    from iolstream.core.state_io import load_model, save_model
 
     seed_ = 33
     rng = np.random.default_rng(seed_)

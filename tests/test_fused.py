@@ -12,9 +12,11 @@ import numba
 import numpy as np
 import pytest
 
-from iolstream import blaslib, fused, kernels
-from iolstream.learner_state import LayerArrays
-from iolstream.network import RandomNetwork
+from iolstream.core import blaslib
+from iolstream.core import fused
+from iolstream.core import kernels
+from iolstream.core.learner_state import LayerArrays
+from iolstream.core.network import RandomNetwork
 
 
 def _tol(dtype):

@@ -1,4 +1,4 @@
-"""iolstream.joinbuffer: joining labels to rows in any order, expiry, bounds, state round trip,
+"""iolstream.stream.joinbuffer: joining labels to rows in any order, expiry, bounds, state round trip,
 and the micro-batcher."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.codec import FeatureRows, LabelRows, TargetSpec, decode_features, decode_labels
-from iolstream.joinbuffer import JoinBuffer, MicroBatcher
-from iolstream.recent_ids import fingerprints
+from iolstream.stream.codec import FeatureRows, LabelRows, TargetSpec, decode_features, decode_labels
+from iolstream.stream.joinbuffer import JoinBuffer, MicroBatcher
+from iolstream.stream.recent_ids import fingerprints
 
 K = 2
 CLASSES = TargetSpec.classification(("no", "yes", "maybe"))
@@ -515,7 +515,7 @@ def test_micro_batcher_state_round_trip():
 @given(st.lists(st.tuples(st.sampled_from(["push", "drop", "pop"]), st.integers(0, 40)), max_size=300))
 def test_arrival_order_is_a_list_in_arrival_order(ops):
     """ArrivalOrder (ring with stale entries, compaction) answers as a plain list would."""
-    from iolstream.joinbuffer import ArrivalOrder
+    from iolstream.stream.joinbuffer import ArrivalOrder
 
     order, model = ArrivalOrder(), []
     for op, slot in ops:

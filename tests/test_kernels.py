@@ -14,8 +14,10 @@ from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
 
-from iolstream import fused, kernels, linalg
-from iolstream.network import INITS, RandomNetwork
+from iolstream.core import fused
+from iolstream.core import kernels
+from iolstream.core import linalg
+from iolstream.core.network import INITS, RandomNetwork
 
 
 def _tol(dtype):
@@ -286,7 +288,7 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     import subprocess
     import sys
 
-    from iolstream import kernel_cache
+    from iolstream.core import kernel_cache
 
     assert isinstance(fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator))
     package = tmp_path / "copy" / "iolstream"

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
-from iolstream import linalg
-from iolstream.learner import WOODBURY_RATIO, OnlineLearner
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.network import RandomNetwork
+from iolstream.core import linalg
+from iolstream.core.learner import WOODBURY_RATIO, OnlineLearner
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.network import RandomNetwork
 
 RTOL = 1e-9  # the exactness bar of issue #2 (float64)
 COUNTERS = (

@@ -1,5 +1,5 @@
 """The process's life without a broker: client calls with deadlines, signals on their own thread,
-the loop watchdog, repeated log lines (iolstream.calls, iolstream.lifecycle, iolstream.logs)."""
+the loop watchdog, repeated log lines (iolstream.kafka.calls, iolstream.ops.lifecycle, iolstream.ops.logs)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from iolstream.calls import CallTimedOut, ClientCalls
-from iolstream.lifecycle import EXIT_STUCK
-from iolstream.logs import RepeatFilter
+from iolstream.kafka.calls import CallTimedOut, ClientCalls
+from iolstream.ops.lifecycle import EXIT_STUCK
+from iolstream.ops.logs import RepeatFilter
 
 
 def test_a_call_returns_its_result_or_raises_its_error():
@@ -57,8 +57,8 @@ def test_sigterm_reaches_its_thread_while_the_main_thread_is_stuck_in_c():
     BLAS threads already started."""
     proc = run_python("""
         import os, sys, numpy
-        from iolstream.calls import hang_in_c
-        from iolstream.lifecycle import SignalThread
+        from iolstream.kafka.calls import hang_in_c
+        from iolstream.ops.lifecycle import SignalThread
         def on_signal(signum):
             print("signal", signum, flush=True)
             os._exit(0)
@@ -76,9 +76,9 @@ def test_sigterm_reaches_its_thread_while_the_main_thread_is_stuck_in_c():
 def test_watchdog_ends_a_stuck_loop_naming_the_call():
     proc = run_python("""
         import time
-        from iolstream import logs
-        from iolstream.calls import ClientCalls, hang_in_c
-        from iolstream.lifecycle import LoopWatchdog
+        from iolstream.ops import logs
+        from iolstream.kafka.calls import ClientCalls, hang_in_c
+        from iolstream.ops.lifecycle import LoopWatchdog
         logs.setup("INFO", "text")
         calls = ClientCalls()
         ticked = time.monotonic()
@@ -93,9 +93,9 @@ def test_watchdog_ends_a_stuck_loop_naming_the_call():
 def test_watchdog_names_the_main_threads_frame_when_no_call_is_in_flight():
     proc = run_python("""
         import time
-        from iolstream import logs
-        from iolstream.calls import hang_in_c
-        from iolstream.lifecycle import LoopWatchdog
+        from iolstream.ops import logs
+        from iolstream.kafka.calls import hang_in_c
+        from iolstream.ops.lifecycle import LoopWatchdog
         logs.setup("INFO", "text")
         ticked = time.monotonic()
         LoopWatchdog(0.5, lambda: ticked, lambda: None).start()

@@ -1,4 +1,4 @@
-"""Logging (iolstream.logs): JSON lines for machines, readable lines for terminals, the level
+"""Logging (iolstream.ops.logs): JSON lines for machines, readable lines for terminals, the level
 from the config, and the worker's structured events (status counters, batch ids)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import orjson
 import pytest
 
-from iolstream import logs
-from iolstream.config import config_from_dict
-from iolstream.stream import StepOutput
-from iolstream.worker import Worker
+from iolstream.ops import logs
+from iolstream.kafka.config import config_from_dict
+from iolstream.stream.processor import StepOutput
+from iolstream.kafka.worker import Worker
 
 MODEL = {"n_inputs": 4, "classes": [0, 1, 2], "n_nodes": 16, "n_layers": 2, "scaler": "none", "seed": 1}
 

@@ -20,12 +20,13 @@ from kafka_util import consume_all, produce_json, unique_group
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from iolstream import codec
-from iolstream.config import StreamConfig, config_from_dict
-from iolstream.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.stream import StreamProcessor
-from iolstream.worker import Checkpoint, Worker
+from iolstream.stream import codec
+from iolstream.stream.config import StreamConfig
+from iolstream.kafka.config import config_from_dict
+from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.stream.processor import StreamProcessor
+from iolstream.kafka.worker import Checkpoint, Worker
 
 SEED = 20240611
 MODEL = {"n_inputs": 4, "classes": [0, 1, 2], "n_nodes": 16, "n_layers": 2, "scaler": "none", "seed": 1}

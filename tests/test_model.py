@@ -10,9 +10,11 @@ from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
 
-from iolstream import kernels, regret
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.scaling import Scaler, ScalerNotReady
+from iolstream.core import kernels
+from iolstream.core import regret
+from iolstream.ops import process
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.scaling import Scaler, ScalerNotReady
 
 K = 5
 
@@ -418,7 +420,7 @@ def test_parallel_steps_equal_serial_steps_bitwise(dtype):
 
 
 def test_step_settings_by_size_and_cores():
-    from iolstream.runtime import SINGLE_THREAD_BELOW_COLUMNS, StepSetting, step_settings
+    from iolstream.core.runtime import SINGLE_THREAD_BELOW_COLUMNS, StepSetting, step_settings
 
     assert step_settings(139, cores=1) == [StepSetting(1, False)]
     assert step_settings(139, cores=2) == [StepSetting(1, False), StepSetting(1, True)]  # small: BLAS stays single
@@ -430,7 +432,7 @@ def test_step_tuner_runs_the_fastest_and_retries_the_others():
     """Each setting is timed first (on its second step: the first after a switch is not timed);
     then the cheapest runs, and a loser is retried (1 + TRIAL_STEPS steps) after 8, 16, 32 … steps,
     doubling each time it loses again; when it wins, it takes over."""
-    from iolstream.runtime import TRIAL_STEPS, StepSetting, StepTuner
+    from iolstream.core.runtime import TRIAL_STEPS, StepSetting, StepTuner
 
     settings = [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
     seconds = {settings[0]: 2.0, settings[1]: 1.0, settings[2]: 10.0}
@@ -458,7 +460,7 @@ def test_a_retry_is_not_lost_to_one_stalled_step():
     """The faster setting, retried after it lost to a slowdown, takes over again although one of its
     trial steps stalled (another process held the core: 10× as long): the median of its timed steps
     decides, not their mean. Two stalls in a row are a slowdown, and it stays the loser."""
-    from iolstream.runtime import TRIAL_STEPS, StepSetting, StepTuner
+    from iolstream.core.runtime import TRIAL_STEPS, StepSetting, StepTuner
 
     serial, parallel = StepSetting(1, False), StepSetting(1, True)
     for stalls, parallel_wins in ((1, True), (2, False)):
@@ -481,7 +483,7 @@ def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wi
     the stream, and a step shorter than ``live_serial_seconds`` serially runs serially even when
     both cores were faster (a parallel region waits for a thread another process parked); a long
     step still takes the fastest setting. With a backlog again the tuner times and retries."""
-    from iolstream.runtime import StepSetting, StepTuner
+    from iolstream.core.runtime import StepSetting, StepTuner
 
     serial, parallel = StepSetting(1, False), StepSetting(1, True)
     per_row = {serial: 2e-6, parallel: 1e-6 if parallel_wins else 2e-5}
@@ -506,10 +508,10 @@ def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wi
      ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"})],
 )  # fmt: skip
 def test_worker_omp_spin_is_short_unless_the_user_chose(environ, expected):
-    from iolstream import runtime
+    from iolstream.core import runtime
 
     env = dict(environ)
-    set_to = runtime.configure_worker_threads(env)
+    set_to = process.configure_worker_threads(env)
     assert env == expected and set_to == (None if environ else "3000")
 
 
@@ -541,7 +543,7 @@ def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_pa
 
 
 def test_freezing_the_start_up_objects_collects_garbage_first_and_still_collects_later():
-    """runtime.freeze_startup_objects (fresh process: gc.freeze is process-wide): cyclic garbage made
+    """process.freeze_startup_objects (fresh process: gc.freeze is process-wide): cyclic garbage made
     before is collected, not frozen; live objects are frozen; cycles made after are collected as usual."""
     import subprocess
     import sys
@@ -555,7 +557,7 @@ def test_freezing_the_start_up_objects_collects_garbage_first_and_still_collects
         "    return weakref.ref(a)\n"
         "gc.disable()\n"
         "before, kept = cycle(), Node()\n"
-        "frozen = runtime.freeze_startup_objects()\n"
+        "frozen = process.freeze_startup_objects()\n"
         "after = cycle()\n"
         "print(before() is None, frozen > 1000, frozen == gc.get_freeze_count(), after() is None)\n"
         "gc.collect()\n"

@@ -21,11 +21,13 @@ import orjson
 import pytest
 from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
 
-from iolstream import codec, produce, topics
-from iolstream.config import ConfigError, config_from_dict
-from iolstream.model import EdRVFL
-from iolstream.stream import StreamProcessor
-from iolstream.worker import EXIT_FATAL, EXIT_OK, Worker, WorkerError, ensure_topics
+from iolstream.stream import codec
+from iolstream.tools import produce
+from iolstream.kafka import topics
+from iolstream.kafka.config import ConfigError, config_from_dict
+from iolstream.core.model import EdRVFL
+from iolstream.stream.processor import StreamProcessor
+from iolstream.kafka.worker import EXIT_FATAL, EXIT_OK, Worker, WorkerError, ensure_topics
 
 N_ROWS = 2000
 BIG_TOPIC = {"max.message.bytes": "8388608"}

@@ -10,10 +10,11 @@ import orjson
 import pytest
 import yaml
 
-from iolstream import cli, produce
-from iolstream.datasets import load
-from iolstream.evaluate import Protocol, make_split
-from iolstream.produce import PlanOptions, learning_curve, plan, plan_summary
+from iolstream.tools import cli
+from iolstream.tools import produce
+from iolstream.tools.datasets import load
+from iolstream.tools.evaluate import Protocol, make_split
+from iolstream.tools.produce import PlanOptions, learning_curve, plan, plan_summary
 
 
 def rows(n: int, k: int = 3):

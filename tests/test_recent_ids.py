@@ -1,4 +1,4 @@
-"""iolstream.recent_ids: fingerprints of ids, and the bounded FIFO of remembered ids in fixed memory,
+"""iolstream.stream.recent_ids: fingerprints of ids, and the bounded FIFO of remembered ids in fixed memory,
 checked against an OrderedDict (what the join buffer used before) and a plain-Python hash."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.recent_ids import FINGERPRINT_BATCHES, FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
+from iolstream.stream.recent_ids import FINGERPRINT_BATCHES, FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
 
 MASK = 2**64 - 1
 

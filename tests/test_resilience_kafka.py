@@ -24,7 +24,7 @@ from test_durability_kafka import (  # noqa: F401  (fixtures)
     WorkerRig, assert_one_prediction_per_row, assert_same_model, backlog, outputs, reference, send_stream, stream, wait_for,
 )  # fmt: skip
 
-from iolstream.lifecycle import EXIT_OK, EXIT_SHUTDOWN_OVERRUN, EXIT_STUCK
+from iolstream.ops.lifecycle import EXIT_OK, EXIT_SHUTDOWN_OVERRUN, EXIT_STUCK
 
 pytestmark = pytest.mark.kafka
 

@@ -1,9 +1,9 @@
-"""Tests for iolstream.simulate (Supplementary F)."""
+"""Tests for iolstream.tools.simulate (Supplementary F)."""
 
 import numpy as np
 import pytest
 
-from iolstream.simulate import SimulationConfig, _stream, run_one, simulate
+from iolstream.tools.simulate import SimulationConfig, _stream, run_one, simulate
 
 
 def quick(**kwargs):

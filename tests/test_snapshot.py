@@ -15,11 +15,13 @@ import sys
 import numpy as np
 import pytest
 
-from iolstream import cli, snapshot
-from iolstream.config import StreamConfig
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.snapshot import SnapshotError, SnapshotStore, SnapshotVersionError, decode, encode
-from iolstream.stream import StreamProcessor
+from iolstream.tools import cli
+from iolstream.kafka import snapshots as snapshot
+from iolstream.ops import faults
+from iolstream.stream.config import StreamConfig
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.kafka.snapshots import SnapshotError, SnapshotStore, SnapshotVersionError, decode, encode
+from iolstream.stream.processor import StreamProcessor
 
 SEED = 7
 
@@ -155,21 +157,21 @@ def test_crash_in_the_middle_of_a_write_leaves_the_previous_snapshots(tmp_path):
         "import numpy as np; from iolstream.snapshot import SnapshotStore; "
         f"SnapshotStore({str(tmp_path)!r}, keep=3).write({{'i': 1}}, {{'x': np.ones(10_000)}})"
     )
-    env = {**os.environ, snapshot.CRASH_ENV: "in_snapshot:1"}
+    env = {**os.environ, faults.CRASH_ENV: "in_snapshot:1"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == snapshot.CRASH_EXIT_CODE, r.stderr
+    assert r.returncode == faults.CRASH_EXIT_CODE, r.stderr
     assert len(list(tmp_path.glob(".tmp-*"))) == 1 and len(store.paths()) == 1
     assert store.load_latest().manifest["i"] == 0
     assert not list(tmp_path.glob(".tmp-*")), "a stale temporary file is removed on load"
 
 
 def test_fault_points_fire_at_the_chosen_hit(monkeypatch):
-    monkeypatch.setenv(snapshot.CRASH_ENV, "a:3,b:1")
+    monkeypatch.setenv(faults.CRASH_ENV, "a:3,b:1")
     monkeypatch.setattr(snapshot, "_hits", {})
-    assert [snapshot.fault_point("a") for _ in range(4)] == [False, False, True, False]
-    assert snapshot.fault_point("b") and not snapshot.fault_point("c")
-    monkeypatch.delenv(snapshot.CRASH_ENV)
-    assert not snapshot.fault_point("b")
+    assert [faults.fault_point("a") for _ in range(4)] == [False, False, True, False]
+    assert faults.fault_point("b") and not faults.fault_point("c")
+    monkeypatch.delenv(faults.CRASH_ENV)
+    assert not faults.fault_point("b")
 
 
 def test_stream_processor_state_round_trips_through_a_snapshot(tmp_path):

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iolstream import snapshot, state_io
-from iolstream.config import StreamConfig
-from iolstream.joinbuffer import EXPIRED, LABELLED
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.recent_ids import fingerprints
-from iolstream.stream import StreamProcessor
+from iolstream.kafka import snapshots as snapshot
+from iolstream.core import state_io
+from iolstream.stream.config import StreamConfig
+from iolstream.stream.joinbuffer import EXPIRED, LABELLED
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.stream.recent_ids import fingerprints
+from iolstream.stream.processor import StreamProcessor
 
 OLD_SNAPSHOT = Path(__file__).parent / "data" / "snapshot-before-fingerprints.iolsnap"
 

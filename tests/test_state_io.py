@@ -12,8 +12,8 @@ import numpy as np
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import pytest
 
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.state_io import FORMAT_VERSION, StateFormatError, load_model, model_to_arrays, save_model
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.state_io import FORMAT_VERSION, StateFormatError, load_model, model_to_arrays, save_model
 
 K = 4
 SEED = 20261125

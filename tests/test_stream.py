@@ -10,11 +10,11 @@ import numpy as np
 import orjson
 import pytest
 
-from iolstream.config import StreamConfig
-from iolstream.evaluate import EdRVFLLearner, Protocol, Split, run
-from iolstream.model import EdRVFL, ModelConfig
-from iolstream.snapshot import SnapshotStore
-from iolstream.stream import StreamProcessor
+from iolstream.stream.config import StreamConfig
+from iolstream.tools.evaluate import EdRVFLLearner, Protocol, Split, run
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.kafka.snapshots import SnapshotStore
+from iolstream.stream.processor import StreamProcessor
 
 
 @pytest.fixture(autouse=True)

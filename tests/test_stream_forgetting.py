@@ -22,10 +22,10 @@ from test_stream import (
     stream_config,
 )  # fmt: skip
 
-from iolstream import model as model_mod
-from iolstream.evaluate import EdRVFLLearner, Protocol, Split, run
-from iolstream.model import EdRVFL
-from iolstream.stream import StreamProcessor
+from iolstream.core import model as model_mod
+from iolstream.tools.evaluate import EdRVFLLearner, Protocol, Split, run
+from iolstream.core.model import EdRVFL
+from iolstream.stream.processor import StreamProcessor
 
 
 @pytest.fixture(autouse=True)

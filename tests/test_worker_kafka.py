@@ -24,12 +24,13 @@ import yaml
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from kafka_util import committed_offsets, consume_all, create_topics, produce_json, unique_group, wait_for_broker
 
-from iolstream import cli, produce
-from iolstream.config import config_from_dict
-from iolstream.datasets import load
-from iolstream.evaluate import Protocol, evaluate
-from iolstream.model import EdRVFL
-from iolstream.worker import EXIT_OK, Worker
+from iolstream.tools import cli
+from iolstream.tools import produce
+from iolstream.kafka.config import config_from_dict
+from iolstream.tools.datasets import load
+from iolstream.tools.evaluate import Protocol, evaluate
+from iolstream.core.model import EdRVFL
+from iolstream.kafka.worker import EXIT_OK, Worker
 
 pytestmark = pytest.mark.kafka
 
@@ -478,7 +479,7 @@ def test_iolstream_run_subprocess_stops_cleanly_on_sigterm(kafka_bootstrap, kafk
     n = 300
     X, y = segment(n, seed=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOLSTREAM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "iolstream.cli", "run", "-c", str(path)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "iolstream.tools.cli", "run", "-c", str(path)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         cfg = config_from_dict(raw, environ={})
@@ -538,7 +539,7 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
     produced a moment ago is fresh by its timestamps and was worked through on one core before."""
     from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-    from iolstream import worker as worker_module
+    from iolstream.kafka import worker as worker_module
 
     w = Worker.__new__(Worker)  # the decision alone: no clients
     w.cfg = config_from_dict(worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),

@@ -1,0 +1,119 @@
+"""Numba kernels: the activations, the Woodbury inverse update and the softmax.
+
+Private, unvalidated, arrays in and arrays out. The public wrappers live in
+``network`` and ``learner``; the plain-NumPy twins every kernel is tested
+against live in ``tests/naive.py``. The fused kernels of a whole step (hidden
+layers, Gram + Cholesky update, prediction, fold-in) are in ``fused``.
+
+``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
+``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
+``linalg``: the hot path uses one OpenBLAS thread pool, never two (see
+MEASUREMENTS.md, "two OpenBLAS copies fighting over 2 cores").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from iolstream.core import kernel_cache  # noqa: F401  (before the first @njit(cache=True): kernels stamped with all kernel files)
+
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "selu", "swish", "leaky_relu")
+ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
+
+# SELU constants (Klambauer et al., 2017) and the leaky-ReLU slope.
+SELU_ALPHA = 1.6732632423543772
+SELU_SCALE = 1.0507009873554805
+LEAKY_SLOPE = 0.01
+
+JIT = dict(cache=True, nogil=True, fastmath=False)
+
+
+@nb.njit(**JIT)
+def _activate(v, code):
+    if code == 0:  # relu
+        return v if v > 0.0 else 0.0 * v
+    if code == 1:  # sigmoid, stable on both tails
+        if v >= 0.0:
+            return 1.0 / (1.0 + math.exp(-v))
+        e = math.exp(v)
+        return e / (1.0 + e)
+    if code == 2:
+        return math.tanh(v)
+    if code == 3:  # selu
+        return SELU_SCALE * (v if v > 0.0 else SELU_ALPHA * (math.exp(v) - 1.0))
+    if code == 4:  # swish = v * sigmoid(v)
+        if v >= 0.0:
+            return v / (1.0 + math.exp(-v))
+        e = math.exp(v)
+        return v * e / (1.0 + e)
+    # leaky_relu
+    return v if v > 0.0 else LEAKY_SLOPE * v
+
+
+@nb.njit(**JIT)
+def woodbury_update(inverse, d_t):
+    """P ← P − P Dᵀ (I + D P Dᵀ)⁻¹ D P, in place (Algorithms 1–2, Sherman–Morrison–Woodbury).
+
+    inverse : (n, n) symmetric positive definite P = A⁻¹ (η in the paper)
+    d_t     : (n, b) Dᵀ of the batch entering A
+    The b×b system is solved by Cholesky; the result is re-symmetrised, which keeps
+    P positive definite over long streams (MEASUREMENTS.md: float32 without it diverges).
+    """
+    n, b = d_t.shape
+    pd = np.dot(inverse, d_t)  # P Dᵀ, (n, b)
+    s = np.dot(d_t.T, pd)  # D P Dᵀ, (b, b)
+    for i in range(b):
+        s[i, i] += 1.0
+    chol = np.linalg.cholesky(s)
+    # K = P Dᵀ S⁻¹ via two triangular solves on the transposed system: S Kᵀ = D P
+    k_t = np.linalg.solve(chol, pd.T)  # L⁻¹ D P, (b, n)
+    update = np.dot(k_t.T, k_t)  # P Dᵀ S⁻¹ D P = (L⁻¹DP)ᵀ(L⁻¹DP)
+    for i in range(n):
+        for j in range(i, n):
+            v = 0.5 * ((inverse[i, j] - update[i, j]) + (inverse[j, i] - update[j, i]))
+            inverse[i, j] = v
+            inverse[j, i] = v
+    return inverse
+
+
+@nb.njit(**JIT)
+def softmax_rows(z):
+    """Row-wise softmax of (b, m) scores, shifted by the row maximum for stability."""
+    out = np.empty_like(z)
+    b, m = z.shape
+    for i in range(b):
+        top = z[i, 0]
+        for j in range(1, m):
+            if z[i, j] > top:
+                top = z[i, j]
+        total = 0.0
+        for j in range(m):
+            e = math.exp(z[i, j] - top)
+            out[i, j] = e
+            total += e
+        for j in range(m):
+            out[i, j] /= total
+    return out
+
+
+@nb.njit(**JIT)
+def layer_mean(outputs):
+    """Mean over the layers of (L, b, m) outputs: summed in layer order, then divided (the bits of
+    NumPy's ``outputs.mean(axis=0)``). The default regression ensemble."""
+    total = outputs[0].copy()
+    for layer in range(1, outputs.shape[0]):
+        total += outputs[layer]
+    return total / outputs.shape[0]
+
+
+@nb.njit(**JIT)
+def softmax_mean(outputs):
+    """Mean over the layers of the row-wise softmax of (L, b, m) outputs. The default
+    classification ensemble (each layer's scores made probabilities first)."""
+    total = softmax_rows(outputs[0])
+    for layer in range(1, outputs.shape[0]):
+        total += softmax_rows(outputs[layer])
+    return total / outputs.shape[0]

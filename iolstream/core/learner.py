@@ -1,0 +1,417 @@
+"""The online output-layer learners of edRVFL: -F and -R on one state (SPEC §2).
+
+Each layer l keeps sufficient statistics, never past data:
+
+    A_l = λ_l I + Σ DᵀD over every row whose Gram has entered   (P_l = A_l⁻¹ is the paper's η)
+    c_l = Σ DᵀY over every labelled row
+    β_l = A_l⁻¹ c_l
+
+-F (Algorithm 2, Theorem 3): ``observe`` puts a batch's Gram into A before the
+batch is predicted; ``learn`` later adds only DᵀY to c.
+-R (Algorithm 1, Theorem 2): ``observe`` changes nothing; ``learn`` adds the
+Gram and DᵀY together.
+
+Because A and c are sums, any label delay and any arrival order give the same
+state; in order with labels one batch late this is exactly the paper's
+recursions (tests/naive.py transcribes them). A β is never obtained by inverting
+A per batch: either the Cholesky factor of A is recomputed (Gram + Cholesky,
+O(b·n² + n³), best for large batches) or P is updated by Woodbury (O(b·n² + b²·n + b³),
+best for b well below n), with P rebuilt from the exact A every
+``refactor_every`` Woodbury steps so that round-off cannot accumulate.
+
+β is solved lazily: ``learn`` only marks it stale, since under -F the next
+``observe`` changes A and solves again before any prediction; whoever reads β
+(a prediction, the regret, a snapshot) gets A⁻¹c. Likewise the -F step factors A
+in scratch memory and the stored factor is made when read. The Gram + Cholesky
+route runs as fused kernels over all layers at once (``fused``), on one core or —
+when ``parallel`` is set, by ``runtime.StepTuner`` — spread over Numba's threads.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from iolstream.core import fused
+from iolstream.core import kernels
+from iolstream.core import linalg
+from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
+
+MODES = ("forward", "ridge")
+SOLVERS = ("auto", "cholesky", "woodbury")
+
+# auto: Woodbury when b·WOODBURY_RATIO ≤ n. Measured here (MEASUREMENTS.md): Woodbury wins only
+# below b ≈ n/8 to n/4; n/6 sits in between.
+WOODBURY_RATIO = 6
+
+
+def check_half_life(half_life) -> float | None:
+    """None (no forgetting) or a finite number of rows > 0; raises ValueError naming ``forgetting``."""
+    if half_life is None:
+        return None
+    if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not (np.isfinite(half_life) and half_life > 0):
+        raise ValueError(f"forgetting: must be null (off) or a half-life in rows, a number > 0, got {half_life!r}")
+    return float(half_life)
+
+
+def _as_lams(lam, n_layers: int) -> list[float]:
+    lams = [float(lam)] * n_layers if np.isscalar(lam) else [float(v) for v in lam]
+    if len(lams) != n_layers:
+        raise ValueError(f"lam: expected a scalar or {n_layers} values (one per layer), got {len(lams)}")
+    if not all(np.isfinite(v) and v > 0 for v in lams):
+        raise ValueError(f"lam: every value must be finite and > 0, got {lams}")
+    return lams
+
+
+class OnlineLearner:
+    """L independent ridge learners on the layer features, updated by -F or -R.
+
+    Parameters
+    ----------
+    n_columns : int — n, columns of every D_l
+    n_outputs : int — m
+    n_layers : int — L
+    lam : float or sequence of L floats — λ_l (the prior A_0 = λ_l I)
+    mode : "forward" (-F, default) or "ridge" (-R)
+    solver : "auto" (by batch size), "cholesky" (Gram + Cholesky) or "woodbury"
+    refactor_every : int — Woodbury steps between exact rebuilds of P from A
+    track_regret : bool — keep A_r (labelled rows only) for the exact regret of -F (costs one
+        extra symmetric rank-b update per labelled batch; -R gets it for free since A_r = A)
+        and the D_m, Y_m of the bounds (one pass over D per labelled batch)
+    half_life : float or None — forgetting (SPEC §8): a row seen τ rows ago weighs 2^(−τ/half_life)
+        in A and c; None (default) = no forgetting, bit for bit the learner without it
+
+    Forgetting runs on ``state.clock``, the rows seen so far: ``observe`` (both modes) advances it
+    by b and first scales every data sum by 2^(−b/half_life) (``LearnerState.scale``; λI stays).
+    A row's stamp is the clock right after its batch was seen (``observed_at``); its label, and
+    under -R its Gram, enter with weight 2^(−(clock − stamp)/half_life), the weight its Gram has
+    in A under -F. So at every step β is the closed-form weighted ridge on what is labelled.
+    The scaling changes A by a multiple of I, not by rank b: Woodbury does not apply, and every
+    batch refactors A by Cholesky (n³/3 per layer; ``solver`` "woodbury" is refused).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> learner = OnlineLearner(n_columns=3, n_outputs=1, n_layers=1, lam=1.0)
+    >>> d_t = rng.standard_normal((1, 3, 8))            # D_1ᵀ of one batch of 8 rows
+    >>> learner.observe(d_t)                            # -F: Gram enters first
+    >>> loss = learner.learn(d_t, rng.standard_normal((8, 1)))  # labels later: only c changes
+    >>> learner.state.rows_observed, learner.state.rows_labelled
+    (8, 8)
+    """
+
+    def __init__(
+        self,
+        n_columns: int,
+        n_outputs: int,
+        n_layers: int,
+        lam=1.0,
+        mode: str = "forward",
+        solver: str = "auto",
+        refactor_every: int = 256,
+        track_regret: bool = True,
+        half_life: float | None = None,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+        if refactor_every < 1:
+            raise ValueError(f"refactor_every must be ≥ 1, got {refactor_every}")
+        half_life = check_half_life(half_life)
+        if half_life is not None and solver == "woodbury":
+            raise ValueError("solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): use 'auto' or 'cholesky'")
+        self.n_columns = n_columns
+        self.n_outputs = n_outputs
+        self.n_layers = n_layers
+        self.lam = lam
+        self.mode = mode
+        self.solver = solver
+        self.refactor_every = refactor_every
+        self.track_regret = track_regret
+        self.half_life = half_life
+        self.parallel = False  # spread the layers over Numba's threads (set by runtime.StepTuner)
+        self._scratch = None  # (threads, n, n): Cholesky factors of the fused -F step
+        self.state = self.initial_state()
+
+    # ------------------------------------------------------------------ state
+    def initial_state(self) -> LearnerState:
+        """η_0 = (λI)⁻¹, β = 0 for every layer."""
+        lams = _as_lams(self.lam, self.n_layers)
+        arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward")
+        return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
+
+    # ------------------------------------------------------------ prediction
+    def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
+        """D_l β_l for every layer: (L, b, m). Pure: changes nothing (but solves a stale β)."""
+        features_t = self._kernel_features(features_t)
+        solve_stale(self.state)
+        out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
+        fused.predict_all(features_t, self.state.arrays.beta, out)
+        return out
+
+    # ----------------------------------------------------------------- update
+    def observe(self, features_t: np.ndarray) -> None:
+        """A new unlabelled batch. -F: its Gram enters A now (η_{t+1}, Algorithm 2). -R: nothing."""
+        self._forward(features_t, predict=False)
+
+    def observe_and_predict(self, features_t: np.ndarray) -> np.ndarray:
+        """``observe`` then ``layer_outputs`` (L, b, m), fused into one kernel call where possible."""
+        out = self._forward(features_t, predict=True)
+        return self.layer_outputs(features_t) if out is None else out
+
+    def observe_rows(self, network, x_scaled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``network.features`` then ``observe_and_predict``: (features_t, layer outputs), in one
+        kernel call on the -F Gram + Cholesky route (``network``: a ``RandomNetwork``)."""
+        b = x_scaled.shape[0]
+        if self.mode == "ridge" or b == 0 or not self._uses_cholesky(b) or network.n_columns != self.n_columns:
+            features_t = network.features(x_scaled, parallel=self.parallel)
+            return features_t, self.observe_and_predict(features_t)
+        self._tick(b)
+        features_t = network.empty_features(b)
+        args = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights, features_t)
+        out = self._forward_kernel(features_t, b, args)
+        return features_t, out
+
+    def _forward_kernel(self, features_t: np.ndarray, b: int, inputs: tuple | None) -> np.ndarray:
+        """The fused -F forward step (``inputs``: also compute the features first); layer outputs."""
+        st = self.state
+        a = st.arrays
+        out = np.empty((self.n_layers, b, self.n_outputs))
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        if self._scratch is None:
+            self._scratch = np.empty((numba.config.NUMBA_NUM_THREADS, self.n_columns, self.n_columns))
+        arrays = (a.gram, self._scratch, a.rhs, a.beta, out, info)
+        if inputs is None:
+            kernel = fused.forward_parallel if self.parallel else fused.forward_serial
+            failed = kernel(features_t, *arrays)
+        elif self.parallel:
+            failed = fused.observe_parallel(*inputs, *arrays)
+        else:
+            failed = fused.observe_serial(*inputs, *arrays)
+        if failed:
+            _raise_for(info)
+        a.factor_inverse[:] = False
+        a.woodbury_steps[:] = 0
+        a.factor_stale[:] = True  # factored in scratch: A's own factor is made when read
+        a.beta_stale[:] = False
+        st.rows_observed += b
+        st.version += 1
+        return out
+
+    def _forward(self, features_t: np.ndarray, *, predict: bool) -> np.ndarray | None:
+        b = features_t.shape[2]
+        if b == 0:
+            return None
+        self._tick(b)
+        if self.mode == "ridge":
+            return None
+        if self._uses_cholesky(b) and self._fusable(features_t):
+            out = self._forward_kernel(features_t, b, None)
+            return out if predict else None
+        st = self.state
+        for layer, ls in enumerate(st.layers):
+            self._enter_gram(ls, features_t[layer])
+        st.arrays.beta_stale[:] = True
+        st.rows_observed += b
+        st.version += 1
+        return None
+
+    def learn(
+        self,
+        features_t: np.ndarray,
+        targets: np.ndarray,
+        *,
+        gram_in: np.ndarray | None = None,
+        predicted: np.ndarray | None = None,
+        observed_at=None,
+    ) -> np.ndarray:
+        """Fold labelled rows in: c_l += D_lᵀY (and their Gram, where it has not entered yet).
+
+        features_t : (L, n, b) — D_lᵀ of the labelled rows
+        targets    : (b, m) float — Y (one-hot for classification)
+        gram_in    : (b,) bool — rows whose Gram is already in A. Default: all (-F), none (-R).
+        predicted  : (L, b, m) — the layer outputs that were emitted for these rows (the β that
+                     made the prediction); default: computed now, before this update.
+        observed_at : int or (b,) ints — with forgetting, each row's stamp (``state.clock`` right
+                     after its batch was seen); the row enters with weight 2^(−(clock − stamp)/half_life).
+                     Default: the current clock (weight 1). Ignored without forgetting.
+        Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β (unweighted; the
+        weighted loss is what accumulates in ``loss_sum`` with forgetting).
+        β is left stale (solved when read): under -F the next observe replaces it unread.
+        """
+        b = features_t.shape[2]
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
+        if self.half_life is not None and b:
+            return self._learn_weighted(features_t, targets, gram_in, predicted, observed_at)
+        return self._learn(features_t, targets, gram_in, predicted)
+
+    def row_weights(self, observed_at, b: int) -> np.ndarray:
+        """(b,) weights 2^(−(clock − stamp)/half_life) of rows stamped ``observed_at`` (all 1 without forgetting)."""
+        if self.half_life is None or observed_at is None:
+            return np.ones(b)
+        stamps = np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
+        ages = self.state.clock - stamps
+        if (ages < 0).any() or not np.isfinite(ages).all():
+            raise ValueError(f"observed_at: stamps must be ≤ the clock ({self.state.clock}), got up to {stamps.max()}")
+        return np.exp2(-ages / self.half_life)
+
+    def _learn_weighted(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        """``learn`` with row weights w: every row's D, Y and prediction are scaled by √w, so the same
+        kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and A_r, and Σ w ½‖Dβ − Y‖² to the loss."""
+        b = features_t.shape[2]
+        if predicted is None:
+            predicted = self.layer_outputs(features_t)
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        plain = np.empty(self.n_layers)
+        fused.label_losses(predicted, targets, plain)
+        weights = self.row_weights(observed_at, b)
+        if not (weights == 1.0).all():
+            root = np.sqrt(weights)
+            features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
+            targets = targets * root[:, None]
+            predicted = predicted * root[:, None]
+        self._learn(features_t, targets, gram_in, predicted)
+        return plain
+
+    def _learn(self, features_t, targets, gram_in, predicted) -> np.ndarray:
+        b = features_t.shape[2]
+        if self.mode == "ridge":
+            new, n_new = slice(None), b  # -R: no row's Gram is in A
+        elif gram_in is None:
+            new, n_new = slice(0), 0  # -F: every row's is
+        else:
+            new = np.flatnonzero(~np.asarray(gram_in, dtype=bool))  # rows whose Gram enters now
+            n_new = new.size
+        if predicted is None:
+            predicted = self.layer_outputs(features_t)
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        st = self.state
+        a = st.arrays
+        losses = np.empty(self.n_layers)
+        if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
+            info = np.zeros(self.n_layers, dtype=np.int32)
+            kernel = fused.learn_parallel if self.parallel else fused.learn_serial
+            state = (a.rhs, a.gram, a.factor, a.gram_labelled)
+            sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
+            if info.any():
+                _raise_for(info)
+            if n_new:  # the kernel factored A into ``factor``
+                a.factor_inverse[:] = a.factor_stale[:] = False
+                a.woodbury_steps[:] = 0
+        else:
+            sum_y2 = fused.label_losses(predicted, targets, losses)
+            if b == 0:
+                return losses
+            self._learn_layers(features_t, targets, n_new, new)
+        a.loss_sum += losses
+        a.beta_stale[:] = True
+        st.rows_observed += n_new
+        st.rows_labelled += b
+        st.label_batches += 1
+        st.max_label_batch = max(st.max_label_batch, b)
+        st.sum_y2 += sum_y2
+        if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
+            st.d_max = max(st.d_max, fused.abs_max(features_t))
+            st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
+        st.version += 1
+        return losses
+
+    def _learn_layers(self, features_t, targets, n_new, new) -> None:
+        """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""
+        b = features_t.shape[2]
+        targets_f = np.asfortranarray(targets)
+        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
+        for layer, ls in enumerate(self.state.layers):
+            d_t = features_t[layer]
+            if n_new:
+                self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
+            if ls.gram_labelled is not None:
+                linalg.gram_update(ls.gram_labelled, d_t)
+            ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
+
+    def forget(self, features_t: np.ndarray, observed_at=None) -> None:
+        """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).
+
+        With forgetting, each row is removed with its present weight (``observed_at`` as in ``learn``).
+        The factor is rebuilt from the exact A by Cholesky (a Woodbury downdate is not stable).
+        """
+        if self.mode == "ridge" or features_t.shape[2] == 0:
+            return
+        weights = self.row_weights(observed_at, features_t.shape[2])
+        if not (weights == 1.0).all():
+            features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
+        for layer, ls in enumerate(self.state.layers):
+            linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
+            self._refactor(ls)
+        self.state.arrays.beta_stale[:] = True
+        self.state.rows_forgotten += features_t.shape[2]
+        self.state.version += 1
+
+    # -------------------------------------------------------------- internals
+    def _uses_cholesky(self, b: int) -> bool:
+        """Gram + Cholesky for a batch of b rows (else Woodbury), by ``solver`` and b against n;
+        always with forgetting (A changes by a multiple of I every batch, not by rank b)."""
+        return (
+            self.solver == "cholesky" or self.half_life is not None
+            or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
+        )  # fmt: skip
+
+    def advance(self, b: int) -> None:
+        """b rows seen that ``observe`` does not see (labelled rows never observed): the clock moves on."""
+        if b > 0:
+            self._tick(b)
+
+    def _tick(self, b: int) -> None:
+        """b more rows seen: the clock advances, and with forgetting every data sum decays by 2^(−b/half_life)."""
+        self.state.clock += b
+        if self.half_life is not None:
+            self.state.scale(float(np.exp2(-b / self.half_life)))
+
+    def _fusable(self, features_t: np.ndarray) -> bool:
+        """Whether the fused kernels take ``features_t`` as it is (they need no copy of it)."""
+        if features_t.ndim != 3 or features_t.shape[:2] != (self.n_layers, self.n_columns):
+            raise ValueError(f"features_t: expected shape ({self.n_layers}, {self.n_columns}, b), got {features_t.shape}")
+        return features_t.dtype in (np.float64, np.float32) and features_t.flags.c_contiguous
+
+    def _kernel_features(self, features_t: np.ndarray) -> np.ndarray:
+        if self._fusable(features_t):
+            return features_t
+        dtype = features_t.dtype if features_t.dtype in (np.float64, np.float32) else np.float64
+        return np.ascontiguousarray(features_t, dtype=dtype)
+
+    def _enter_gram(self, ls: LayerState, d_t: np.ndarray) -> None:
+        """A ← A + DᵀD and bring the cached factor up to date, by the cheaper route for this b."""
+        linalg.gram_update(ls.gram, d_t)
+        if self._uses_cholesky(d_t.shape[1]):
+            self._refactor(ls)
+            return
+        if ls.factor_kind != "inverse" or ls.woodbury_steps >= self.refactor_every:
+            # (Re)build P from the exact A, which already holds this batch: nothing left to update.
+            ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
+            ls.factor_kind = "inverse"
+            ls.woodbury_steps = 0
+            return
+        kernels.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
+        ls.woodbury_steps += 1
+
+    @staticmethod
+    def _refactor(ls: LayerState) -> None:
+        ls.refactor()
+
+    def refresh(self) -> None:
+        """Rebuild every factor and β from the exact sums (after a restore, or to drop Woodbury drift)."""
+        for ls in self.state.layers:
+            self._refactor(ls)
+            ls.solve()
+
+
+def _raise_for(info: np.ndarray) -> None:
+    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
+    layer = int(np.flatnonzero(info)[0])
+    if info[layer] > 0:
+        raise linalg.NotPositiveDefinite(
+            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
+        )
+    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

@@ -1,0 +1,509 @@
+"""The edRVFL model: random hidden layers, a scaler, L online learners and the ensemble.
+
+``EdRVFL`` ties the pieces together for one task (classification with a declared
+class list, or regression with m outputs). Arrays in, arrays out, no I/O.
+
+    >>> import numpy as np
+    >>> from iolstream.core.model import EdRVFL, ModelConfig
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((300, 4)); y = (x[:, 0] + x[:, 1] > 0).astype(int)
+    >>> model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none"))
+    >>> for start in range(0, 300, 50):                    # -F: observe, predict, then learn
+    ...     batch = model.observe(x[start:start + 50])
+    ...     _ = model.learn(batch.features_t, model.encode_labels(y[start:start + 50]), predicted=batch.layer_outputs)
+    >>> float((model.predict(x) == y).mean()) > 0.9
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from iolstream.core import kernels
+from iolstream.core import learner
+from iolstream.core import regret
+from iolstream.core.network import INITS, RandomNetwork
+from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady
+
+TASKS = ("classification", "regression")
+TARGET_SCALERS = ("warmup", "fixed", "none")
+ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
+DTYPES = ("float64", "float32")
+
+# ``lam: auto`` / ``forgetting: auto``: the candidates, all on the same random features, every one
+# learning every row; the one with the lowest recent prequential loss predicts (``CandidateSelector``).
+LAM_CANDIDATES = (0.05, 0.5, 5.0)
+HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
+SELECTION_HALF_LIFE = 2048.0  # rows: the recent loss is an average with weights halving every 2,048 rows
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters, stored exactly as given and validated at construction.
+
+    Defaults were chosen from measurements over the shipped data sets (README, "Defaults").
+    """
+
+    n_inputs: int
+    classes: tuple | None = None  # classification: the declared class list; None: regression
+    n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
+    n_nodes: int = 512  # defaults: the most robust setting of scripts/sweep_defaults.py (README, "Defaults")
+    n_layers: int = 2
+    lam: float | tuple = 0.5
+    activation: str = "relu"
+    init: str = "xavier"
+    seed: int = 0
+    mode: str = "forward"
+    ensemble: str | None = None  # default: softmax (classification) / mean (regression)
+    solver: str = "auto"
+    dtype: str = "float64"
+    bias_column: bool = True
+    scaler: str = "warmup"
+    warmup_rows: int = 256
+    scaler_mean: tuple | None = None
+    scaler_std: tuple | None = None
+    refactor_every: int = 256
+    track_regret: bool = True
+    forgetting: float | str | None = None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
+    target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
+    target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
+    target_std: tuple | None = None
+
+    def __post_init__(self):
+        def bad(key, allowed, got):
+            raise ValueError(f"model.{key}: must be {allowed}, got {got!r}")
+
+        if not (isinstance(self.n_inputs, int) and self.n_inputs >= 1):
+            bad("n_inputs", "an integer ≥ 1", self.n_inputs)
+        if self.classes is not None:
+            if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
+                bad("classes", "a list of at least 2 distinct labels", self.classes)
+            object.__setattr__(self, "classes", tuple(self.classes))
+        elif not (isinstance(self.n_outputs, int) and self.n_outputs >= 1):
+            bad("n_outputs", "an integer ≥ 1", self.n_outputs)
+        for key in ("n_nodes", "n_layers", "refactor_every", "warmup_rows"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                bad(key, "an integer ≥ 1", value)
+        if self.lam == "auto":
+            pass
+        elif not isinstance(self.lam, (int, float)):
+            try:
+                object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
+            except (TypeError, ValueError):
+                bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
+        try:
+            if self.lam != "auto":
+                learner._as_lams(self.lam, self.n_layers)
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None  # _as_lams' message starts with "lam:"
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
+            bad("seed", "an integer ≥ 0", self.seed)
+        for key in ("bias_column", "track_regret"):
+            if not isinstance(getattr(self, key), bool):
+                bad(key, "true or false", getattr(self, key))
+        if self.activation not in kernels.ACTIVATIONS:
+            bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
+        if self.init not in INITS:
+            bad("init", f"one of {INITS}", self.init)
+        try:
+            if self.forgetting != "auto":
+                learner.check_half_life(self.forgetting)
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None
+        if self.forgetting is not None and self.solver == "woodbury":
+            bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
+        if self.target_scaler not in TARGET_SCALERS:
+            bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
+        if self.target_scaler == "fixed" and self.task == "regression":
+            for key, low in (("target_mean", -np.inf), ("target_std", 0.0)):
+                value = getattr(self, key)
+                try:
+                    arr = np.asarray(value, dtype=np.float64)
+                except (TypeError, ValueError):
+                    arr = np.empty(0)
+                if arr.shape != (self.n_outputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                    bad(key, f"a list of {self.n_outputs} finite numbers{' > 0' if low == 0.0 else ''} with target_scaler 'fixed'", value)
+                object.__setattr__(self, key, tuple(float(v) for v in arr))
+        if self.mode not in learner.MODES:
+            bad("mode", f"one of {learner.MODES}", self.mode)
+        if self.solver not in learner.SOLVERS:
+            bad("solver", f"one of {learner.SOLVERS}", self.solver)
+        if self.dtype not in DTYPES:
+            bad("dtype", f"one of {DTYPES}", self.dtype)
+        if self.scaler not in SCALER_MODES:
+            bad("scaler", f"one of {SCALER_MODES}", self.scaler)
+        if self.scaler == "warmup" and self.warmup_rows < 2:
+            bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
+        if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
+            for key, low in (("scaler_mean", -np.inf), ("scaler_std", 0.0)):
+                value = getattr(self, key)
+                try:
+                    arr = np.asarray(value, dtype=np.float64)
+                except (TypeError, ValueError):
+                    arr = np.empty(0)
+                if arr.shape != (self.n_inputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                    what = "finite numbers" + (" > 0" if low == 0.0 else "")
+                    bad(key, f"a list of {self.n_inputs} {what} with scaler 'fixed'", value)
+        if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
+            bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+
+    @property
+    def task(self) -> str:
+        return "classification" if self.classes is not None else "regression"
+
+    @property
+    def m(self) -> int:
+        return len(self.classes) if self.classes is not None else self.n_outputs
+
+    @property
+    def ensemble_rule(self) -> str:
+        return self.ensemble or ENSEMBLES[self.task][0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def candidates(self) -> list[tuple]:
+        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings."""
+        lams = LAM_CANDIDATES if self.lam == "auto" else (self.lam,)
+        half_lives = HALF_LIFE_CANDIDATES if self.forgetting == "auto" else (self.forgetting,)
+        return [(lam, h) for h in half_lives for lam in lams]
+
+
+class TargetScaler:
+    """Regression targets z-scored as the inputs are (SPEC §4): mean and deviation of the first
+    ``warmup_rows`` labels, then frozen, so that the ridge prior and -F's shrinkage pull toward the
+    mean and not toward 0. The layers learn (y − μ)/σ; ``inverse`` maps their ensemble back.
+
+    Until frozen, labelled batches are held (their Grams, under -F, are already in A) and enter, scaled,
+    the moment the warmup_rows-th label arrives; held batches are part of the saved state.
+    mean, std : (m,) float64; frozen : bool; held : [(features_t, Y, gram_in, predicted, observed_at)]
+    """
+
+    def __init__(self, m: int, warmup_rows: int, active: bool):
+        self.mean, self.std = np.zeros(m), np.ones(m)
+        self.warmup_rows = warmup_rows
+        self.frozen = not active
+        self.held: list[tuple] = []
+
+    def transform(self, targets: np.ndarray) -> np.ndarray:
+        return (targets - self.mean) / self.std
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        return values * self.std + self.mean
+
+    def hold(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
+        returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
+        copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
+        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted), copy(observed_at)))
+        if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
+            y = np.concatenate([h[1] for h in self.held])
+            std = y.std(axis=0, ddof=1)
+            self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
+            self.frozen = True
+        if predicted is None or np.ndim(predicted) != 3:
+            return np.full(features_t.shape[0], np.nan)
+        return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
+
+    def release(self) -> list[tuple]:
+        """The held batches with their targets scaled, once frozen (and forgets them)."""
+        out = [(f, self.transform(y), g, p, o) for f, y, g, p, o in self.held]
+        self.held = []
+        return out
+
+
+class CandidateSelector:
+    """Which of K candidate learners predicts: the lowest recent prequential loss.
+
+    Each candidate's loss on a labelled batch is ½‖D_l β_l − Y‖² (mean over layers, summed over
+    rows) with the β that predicted the batch *before* its labels entered (test-then-train). The
+    recent loss is Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the
+    same rows, so the weighted sums compare directly). Ties, and the start, go to ``start``.
+
+    loss : (K,) float64 — the weighted loss sums; chosen : index of the candidate in force
+    """
+
+    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE):
+        self.loss = np.zeros(n_candidates)
+        self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
+        self.chosen = start
+        self.half_life = half_life
+
+    def record(self, batch_losses: np.ndarray, b: int) -> None:
+        """batch_losses: (K,) each candidate's loss summed over the b rows of one labelled batch."""
+        decay = float(np.exp2(-b / self.half_life))
+        self.loss = decay * self.loss + batch_losses
+        self.rows = decay * self.rows + b
+        best = int(np.argmin(self.loss))
+        if self.loss[best] < self.loss[self.chosen]:
+            self.chosen = best
+
+    def recent(self) -> np.ndarray:
+        """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
+        return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
+
+
+@dataclass
+class Prediction:
+    """What ``observe``/``predict_batch`` return for a batch of b rows.
+
+    features_t    : (L, n, b) — D_lᵀ, reusable by ``learn`` to avoid recomputing features
+    layer_outputs : (L, b, m) — D_l β_l with the β in force for this prediction
+    proba         : (b, m) — class probabilities (classification) or None
+    index         : (b,) int — predicted class index (classification) or None
+    value         : (b, m) — regression prediction or None
+    version       : model version that made it
+    clock         : the learner's clock right after this batch was seen: the rows' stamp for
+                    ``learn(observed_at=...)`` under forgetting
+    candidate_outputs : (K, L, b, m) — with ``auto``, every candidate's layer outputs (pass them
+                    to ``learn(predicted=...)`` so that each is judged on its own prediction), else None
+    """
+
+    features_t: np.ndarray
+    layer_outputs: np.ndarray
+    proba: np.ndarray | None
+    index: np.ndarray | None
+    value: np.ndarray | None
+    version: int
+    clock: int = 0
+    candidate_outputs: np.ndarray | None = None
+
+    @property
+    def predicted(self) -> np.ndarray:
+        """What ``learn(predicted=...)`` takes for these rows: every candidate's outputs with ``auto``, else layer_outputs."""
+        return self.layer_outputs if self.candidate_outputs is None else self.candidate_outputs
+
+    def labels(self, classes) -> list:
+        return [classes[i] for i in self.index]
+
+
+@dataclass
+class RegretReport:
+    cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
+    expert_loss: np.ndarray  # (L,) min_β over everything labelled
+    cumulative_regret: np.ndarray  # (L,)
+    bound: float  # Theorem 4 (-R) or 5 (-F), with the smallest λ_l (the loosest: the bounds fall as λ grows)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_regret(self) -> float:
+        return float(self.cumulative_regret.mean())
+
+
+class EdRVFL:
+    """An ensemble deep RVFL network learning online by -F or -R."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.network = RandomNetwork.create(
+            config.n_inputs, config.n_nodes, config.n_layers, activation=config.activation, init=config.init,
+            seed=config.seed, dtype=np.dtype(config.dtype), bias_column=config.bias_column,
+        )  # fmt: skip
+        self.scaler = Scaler(
+            config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
+        )
+        self.candidates = config.candidates
+        self.learners = [
+            learner.OnlineLearner(
+                self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,
+                refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
+            )
+            for lam, half_life in self.candidates
+        ]  # fmt: skip
+        default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
+        self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
+        self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+        self.targets = TargetScaler(config.m, config.warmup_rows, config.task == "regression" and config.target_scaler == "warmup")
+        if config.task == "regression" and config.target_scaler == "fixed":
+            self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
+        self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+
+    @property
+    def learner(self) -> learner.OnlineLearner:
+        """The learner in force (the only one, or the candidate ``auto`` has chosen)."""
+        return self.learners[self.selector.chosen]
+
+    @property
+    def effective(self) -> dict:
+        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row."""
+        lam, half_life = self.candidates[self.selector.chosen]
+        out = {"lam": lam, "forgetting": half_life}
+        if len(self.learners) > 1:
+            out["candidates"] = [
+                {"lam": c_lam, "forgetting": c_h, "recent_loss": float(v)}
+                for (c_lam, c_h), v in zip(self.candidates, self.selector.recent())
+            ]  # fmt: skip
+        return out
+
+    # ------------------------------------------------------------- encoding
+    def encode_labels(self, y) -> np.ndarray:
+        """Targets Y (b, m) float64: one-hot of class labels, or regression values."""
+        if self._class_index is None:
+            return np.asarray(y, dtype=np.float64).reshape(-1, self.config.m)
+        try:
+            index = np.fromiter((self._class_index[v.item() if hasattr(v, "item") else v] for v in y), dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"unknown class {exc.args[0]!r}; declared classes: {list(self.config.classes)}") from None
+        return self.one_hot(index)
+
+    def one_hot(self, index: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(index), self.config.m))
+        out[np.arange(len(index)), index] = 1.0
+        return out
+
+    # ------------------------------------------------------------- features
+    @property
+    def ready(self) -> bool:
+        """False while a warm-up scaler still waits for rows."""
+        return self.scaler.frozen
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """D_lᵀ for every layer, (L, n, b), from raw rows (b, k). Raises ScalerNotReady while warming up."""
+        return self.network.features(self._scaled(x), parallel=self.learner.parallel)
+
+    def _scaled(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.config.n_inputs:
+            raise ValueError(f"expected rows of {self.config.n_inputs} features, got shape {x.shape}")
+        return self.scaler.transform(x)
+
+    # ----------------------------------------------------------- prediction
+    def combine(self, layer_outputs: np.ndarray):
+        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
+        rule = self.config.ensemble_rule
+        if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
+            if rule == "median":
+                return None, None, self.targets.inverse(np.median(layer_outputs, axis=0))
+            return None, None, self.targets.inverse(kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)))
+        n_layers, b, m = layer_outputs.shape
+        if rule == "softmax":
+            proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+        else:  # majority vote; proba = share of layers voting for each class
+            votes = layer_outputs.argmax(axis=2)
+            proba = np.zeros((b, m))
+            for layer_votes in votes:
+                proba[np.arange(b), layer_votes] += 1.0 / n_layers
+        return proba, proba.argmax(axis=1), None
+
+    def predict_batch(self, x=None, *, features_t=None) -> Prediction:
+        """Pure inference: changes nothing."""
+        features_t = self.features(x) if features_t is None else features_t
+        outputs = self.learner.layer_outputs(features_t)
+        proba, index, value = self.combine(outputs)
+        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
+
+    def predict(self, x) -> np.ndarray:
+        """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
+        pred = self.predict_batch(x)
+        if pred.index is not None:
+            return np.asarray(self.config.classes)[pred.index]
+        return pred.value[:, 0] if self.config.m == 1 else pred.value
+
+    # --------------------------------------------------------------- update
+    def observe(self, x) -> Prediction:
+        """A new unlabelled batch: -F forward step (its Gram enters first), then its prediction."""
+        tuner = self.thread_tuner
+        if tuner is not None:
+            setting, started = tuner.choose(), time.perf_counter()
+            self.learner.parallel = setting.parallel
+        features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
+        candidate_outputs = None
+        if len(self.learners) > 1:  # the same features for every candidate
+            candidate_outputs = np.empty((len(self.learners), *outputs.shape))
+            for j, other in enumerate(self.learners):
+                if j == self.selector.chosen:
+                    candidate_outputs[j] = outputs
+                else:
+                    other.parallel = self.learner.parallel
+                    candidate_outputs[j] = other.observe_and_predict(features_t)
+        proba, index, value = self.combine(outputs)
+        if tuner is not None:
+            tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
+        st = self.learner.state
+        return Prediction(features_t, outputs, proba, index, value, st.version, st.clock, candidate_outputs)
+
+    def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
+        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
+        ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
+            held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
+            if self.targets.frozen:
+                for args in self.targets.release():
+                    self._learn_scaled(*args)
+            return held
+        return self._learn_scaled(features_t, self.targets.transform(targets), gram_in, predicted, observed_at)
+
+    def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        if len(self.learners) == 1:
+            return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
+        # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
+        # prediction it made; otherwise each one's present β (these labels are not in it yet either).
+        if predicted is None or np.ndim(predicted) != 4:
+            predicted = [ln.layer_outputs(features_t) for ln in self.learners]
+        chosen = self.selector.chosen
+        batch_losses = np.empty(len(self.learners))
+        for j, ln in enumerate(self.learners):
+            losses = ln.learn(features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at)
+            batch_losses[j] = losses.mean()
+            if j == chosen:
+                result = losses
+        self.selector.record(batch_losses, features_t.shape[2])
+        return result
+
+    def forget(self, features_t, observed_at=None) -> None:
+        """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
+        the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
+        for ln in self.learners:
+            ln.forget(features_t, observed_at)
+
+    def learn_rows(self, x, y) -> np.ndarray:
+        """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""
+        features_t = self.features(x)
+        for ln in self.learners:
+            ln.advance(len(x))
+        return self.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
+
+    # --------------------------------------------------------------- regret
+    def regret(self) -> RegretReport:
+        """Cumulative regret of every layer against its offline expert, and the paper's bound."""
+        st = self.learner.state
+        losses, experts = [], []
+        for ls in st.layers:
+            labelled = ls.gram if ls.gram_labelled is None else ls.gram_labelled
+            if self.config.mode == "forward" and ls.gram_labelled is None:
+                labelled = None  # not tracked: A_r unknown
+            losses.append(ls.loss_sum)
+            experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
+        losses, experts = np.array(losses), np.array(experts)
+        lam, half_life = self.candidates[self.selector.chosen]
+        if half_life is not None:
+            # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
+            # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the
+            # undiscounted regret against a fixed β; they do not apply, so no bound is reported.
+            note = {"regret": "discounted", "half_life": half_life}
+            return RegretReport(losses, experts, losses - experts, float("nan"), note)
+        if not self.config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
+            return RegretReport(losses, experts, losses - experts, float("nan"))
+        bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
+        bound = bound_fn(
+            st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
+            min(learner._as_lams(lam, self.config.n_layers)),
+        )  # fmt: skip
+        return RegretReport(losses, experts, losses - experts, bound)
+
+    # ---------------------------------------------------------------- state
+    def weights_digest(self) -> str:
+        h = hashlib.sha256()
+        for w, b in zip(self.network.weights_t, self.network.biases):
+            h.update(np.ascontiguousarray(w).tobytes())
+            h.update(np.ascontiguousarray(b).tobytes())
+        return h.hexdigest()
+
+
+__all__ = ["EdRVFL", "ModelConfig", "Prediction", "RegretReport", "ScalerNotReady"]

@@ -1,0 +1,203 @@
+"""Model state <-> plain arrays and a small JSON manifest (no pickle, no code loaded).
+
+The state is everything a run needs to continue bit for bit: config, the seed of
+the random weights (regenerated, and checked against a stored digest), the
+scaler, and per layer A, c, β, the cached factor and A_r. ``save_model`` /
+``load_model`` store it as one ``.npz`` read with ``allow_pickle=False``.
+
+    >>> import io, numpy as np
+    >>> from iolstream.core.model import EdRVFL, ModelConfig
+    >>> m = EdRVFL(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none"))
+    >>> m.learn_rows(np.ones((4, 3)), np.arange(4.0)).shape
+    (2,)
+    >>> buf = io.BytesIO(); save_model(buf, m); _ = buf.seek(0)
+    >>> restored = load_model(buf)
+    >>> bool(np.array_equal(restored.learner.state.layers[1].beta, m.learner.state.layers[1].beta))
+    True
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from iolstream.core.learner_state import LayerState
+from iolstream.core.model import EdRVFL, ModelConfig
+
+FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/; the name stays)
+# 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
+# load as they were written: no forgetting, one learner, raw regression targets, clock = rows observed.
+FORMAT_VERSION = 2
+READS = (1, 2)
+_COUNTERS = (
+    "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
+    "sum_y2", "d_max", "y_max", "version", "clock",
+)  # fmt: skip
+
+
+class StateFormatError(ValueError):
+    """A saved state that cannot be read: wrong format, version, or inconsistent contents."""
+
+
+def _json_safe(value):
+    if isinstance(value, tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[str, np.ndarray]]:
+    """(manifest, arrays): the manifest is JSON-able, the arrays plain numeric ndarrays."""
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": {k: _json_safe(v) for k, v in model.config.to_dict().items()},
+        "weights_sha256": model.weights_digest(),
+    }
+    arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    tgt = model.targets
+    if model.config.task == "regression" and model.config.target_scaler != "none":
+        arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
+        manifest["targets"] = {"frozen": tgt.frozen, "held": []}
+        for i, (f, y, gram_in, predicted, observed_at) in enumerate(tgt.held):  # labels waiting for the scaling
+            parts = {"features_t": f, "y": y, "gram_in": gram_in, "predicted": predicted, "observed_at": observed_at}
+            manifest["targets"]["held"].append([k for k, v in parts.items() if v is not None])
+            arrays.update({f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None})
+    if len(model.learners) == 1:
+        manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
+    else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
+        manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
+        sel = model.selector
+        manifest["selection"] = {"chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows}
+    return manifest, arrays
+
+
+def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
+    """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``)."""
+    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
+        arrays[f"{base}layer{i}/gram"] = np.tril(ls.gram)
+        arrays[f"{base}layer{i}/rhs"] = ls.rhs
+        arrays[f"{base}layer{i}/beta"] = ls.beta
+        arrays[f"{base}layer{i}/factor"] = ls.factor
+        if ls.gram_labelled is not None:
+            arrays[f"{base}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
+    return {
+        "counters": {k: getattr(st, k) for k in _COUNTERS},
+        "layers": [
+            {"lam": ls.lam, "factor_kind": ls.factor_kind, "loss_sum": ls.loss_sum, "woodbury_steps": ls.woodbury_steps}
+            for ls in st.layers
+        ],
+    }
+
+
+def saved_config(manifest: dict) -> ModelConfig:
+    """The model config a saved state (or snapshot manifest) was made with, as this build spells it.
+
+    Version 1 had no ``forgetting`` (off) and no ``target_scaler``: regression targets were raw ("none");
+    classification does not scale targets, so it gets the default. A worker compares this, not the
+    raw ``manifest["config"]``, with its own config. Raises StateFormatError naming the bad key."""
+    try:
+        return _config_from_json(manifest["config"])
+    except (KeyError, TypeError, ValueError) as exc:  # unknown or invalid config keys
+        raise StateFormatError(f"saved config does not load: {exc}") from None
+
+
+def _config_from_json(cfg: dict) -> ModelConfig:
+    cfg = dict(cfg)
+    cfg.setdefault("forgetting", None)  # saved before forgetting existed
+    if cfg.get("classes") is None:  # saved before regression targets were scaled: raw, as then
+        cfg.setdefault("target_scaler", "none")
+    for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
+        if cfg.get(key) is not None:
+            cfg[key] = tuple(cfg[key])
+    if isinstance(cfg.get("lam"), list):
+        cfg["lam"] = tuple(cfg["lam"])
+    return ModelConfig(**cfg)
+
+
+def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
+    if manifest.get("format") != FORMAT or manifest.get("format_version") not in READS:
+        raise StateFormatError(
+            f"not an {FORMAT} state of version {' or '.join(map(str, READS))} "
+            f"(got {manifest.get('format')} v{manifest.get('format_version')}; this build writes v{FORMAT_VERSION})"
+        )
+    if manifest["format_version"] == 1 and ({"candidates", "targets"} & manifest.keys()):
+        raise StateFormatError("a version-1 state cannot hold auto candidates or target scaling")
+    model = EdRVFL(saved_config(manifest))
+    if model.weights_digest() != manifest["weights_sha256"]:
+        raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
+    model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
+    try:
+        saved = manifest.get("targets")
+        if saved is None:  # saved before targets were scaled, or not scaled: raw targets
+            model.targets.frozen = True
+        else:
+            tgt = model.targets
+            tgt.mean = np.asarray(arrays[f"{prefix}targets/mean"], dtype=np.float64).reshape(model.config.m)
+            tgt.std = np.asarray(arrays[f"{prefix}targets/std"], dtype=np.float64).reshape(model.config.m)
+            tgt.frozen = bool(saved["frozen"])
+            names = ("features_t", "y", "gram_in", "predicted", "observed_at")
+            tgt.held = [
+                tuple(np.asarray(arrays[f"{prefix}targets/held{i}/{k}"]) if k in keys else None for k in names)
+                for i, keys in enumerate(saved["held"])
+            ]  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"inconsistent saved target scaling: {exc}") from None
+    try:
+        if len(model.learners) == 1:
+            _learner_from_arrays(model.learner.state, manifest, arrays, prefix)
+        else:
+            saved = manifest["candidates"]
+            if len(saved) != len(model.learners):
+                raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
+            for j, (ln, part) in enumerate(zip(model.learners, saved)):
+                _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
+            sel = manifest["selection"]
+            model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
+            model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
+    except (KeyError, ValueError) as exc:
+        raise StateFormatError(f"inconsistent saved state: {exc}") from None
+    return model
+
+
+def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
+    for key, value in part["counters"].items():
+        setattr(st, key, type(getattr(st, key))(value))
+    if "clock" not in part["counters"]:  # saved before forgetting existed: every row seen was observed
+        st.clock = st.rows_observed
+    for i, (ls, meta) in enumerate(zip(st.layers, part["layers"], strict=True)):
+        _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
+
+
+def _restore_layer(ls: LayerState, meta: dict, arrays, base: str) -> None:
+    def load(name, like):
+        value = np.asarray(arrays[base + name], dtype=np.float64)
+        if value.shape != like.shape:
+            raise ValueError(f"{base}{name}: shape {value.shape}, expected {like.shape}")
+        return np.asfortranarray(value) if like.flags.f_contiguous else np.ascontiguousarray(value)
+
+    ls.gram = load("gram", ls.gram)
+    ls.rhs = load("rhs", ls.rhs)
+    ls.beta = load("beta", ls.beta)
+    ls.factor = load("factor", ls.factor)
+    if ls.gram_labelled is not None:
+        ls.gram_labelled = load("gram_labelled", ls.gram_labelled)
+    ls.lam, ls.factor_kind = float(meta["lam"]), meta["factor_kind"]
+    ls.loss_sum, ls.woodbury_steps = float(meta["loss_sum"]), int(meta["woodbury_steps"])
+
+
+def save_model(file, model: EdRVFL) -> None:
+    """Write the model to ``file`` (path or binary file object) as an .npz with its manifest."""
+    manifest, arrays = model_to_arrays(model)
+    arrays["__manifest__"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+    np.savez(file, **arrays)
+
+
+def load_model(file) -> EdRVFL:
+    with np.load(file, allow_pickle=False) as data:
+        if "__manifest__" not in data:
+            raise StateFormatError("no __manifest__ in the saved state")
+        manifest = json.loads(bytes(data["__manifest__"]).decode())
+        return model_from_arrays(manifest, {k: data[k] for k in data.files})

@@ -1,0 +1,261 @@
+"""Worker configuration: frozen dataclasses loaded from YAML, validated at load.
+
+Every key is checked when the file loads (never on the first message); an error
+names the key and what is allowed. Environment variables override the file:
+``IOLSTREAM_<SECTION>__<KEY>=value`` (double underscore between levels, value
+parsed as a YAML scalar), e.g. ``IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS=broker:9092``
+or ``IOLSTREAM_STREAM__BATCH_ROWS=512``. ``config/worker.yaml`` documents every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from iolstream.core.model import ModelConfig
+from iolstream.stream.config import StreamConfig
+
+ENV_PREFIX = "IOLSTREAM_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that is missing, unknown or out of range; the message names the key."""
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str = "127.0.0.1:19092"
+    group_id: str = "iolstream"
+    client: dict = field(default_factory=dict)  # librdkafka settings for every client (security.protocol, sasl.*, ssl.*)
+    consumer: dict = field(default_factory=dict)  # extra consumer settings
+    producer: dict = field(default_factory=dict)  # extra producer settings
+    poll_timeout_ms: int = 100
+    call_timeout_seconds: float = 30.0  # one blocking client call (flush, commit, a transaction step); 5 s more and it is abandoned
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    features: str = "iol.features"
+    labels: str = "iol.labels"
+    predictions: str = "iol.predictions"
+    dead_letters: str = "iol.dead-letters"
+    create: bool = True
+    partitions: int = 1
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    dir: str = "snapshots"
+    every_batches: int = 200
+    every_seconds: float = 60.0
+    keep: int = 3
+    first_after_seconds: float | None = 1.0  # after a (re)start, the first snapshot this soon (null: the cadence above)
+
+
+@dataclass(frozen=True)
+class DurabilityConfig:
+    exactly_once: bool = False
+    transactional_id: str | None = None  # default: "<group_id>-worker"
+    shutdown_grace_seconds: float = 25.0
+    watchdog_seconds: float | None = None  # exit 5 when the loop has not ticked this long (null: from the client timeouts)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    port: int = 9108  # 0 disables the HTTP endpoint (metrics, /healthz, /readyz)
+    host: str = "0.0.0.0"
+    window_rows: int = 1000  # sliding window of the prequential metric
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "INFO"
+    format: str = "text"  # text | json
+    status_every_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: ModelConfig
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    durability: DurabilityConfig = field(default_factory=DurabilityConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def transactional_id(self) -> str:
+        return self.durability.transactional_id or f"{self.kafka.group_id}-worker"
+
+
+_SECTIONS = {
+    "kafka": KafkaConfig,
+    "topics": TopicsConfig,
+    "stream": StreamConfig,
+    "snapshot": SnapshotConfig,
+    "durability": DurabilityConfig,
+    "metrics": MetricsConfig,
+    "logging": LoggingConfig,
+}
+
+# Range rules: key -> (predicate, description)
+_POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
+_RULES = {
+    "kafka.poll_timeout_ms": _POSITIVE,
+    "kafka.call_timeout_seconds": (lambda v: v >= 1, "a number ≥ 1"),
+    "topics.partitions": _POSITIVE,
+    "topics.replication_factor": _POSITIVE,
+    "snapshot.every_batches": _POSITIVE,
+    "snapshot.every_seconds": (lambda v: v > 0, "a number > 0"),
+    "snapshot.keep": _POSITIVE,
+    "snapshot.first_after_seconds": (lambda v: v is None or v >= 0, "null or a number ≥ 0"),
+    "durability.shutdown_grace_seconds": (lambda v: v > 0, "a number > 0"),
+    "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
+    "metrics.port": (lambda v: 0 <= v <= 65535, "a port number 0–65535 (0 disables)"),
+    "metrics.window_rows": _POSITIVE,
+    "logging.level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "one of DEBUG, INFO, WARNING, ERROR"),
+    "logging.format": (lambda v: v in ("text", "json"), "one of text, json"),
+    "logging.status_every_seconds": (lambda v: v > 0, "a number > 0"),
+}
+
+
+def _check_type(key: str, value, annotation):
+    """Coerce/validate one scalar against its annotation; raise ConfigError naming the key."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    hints = typing.get_args(annotation) if union else (annotation,)
+    if value is None:
+        if type(None) in hints:
+            return None
+        raise ConfigError(f"{key}: must not be null")
+    for hint in hints:
+        if hint is bool and isinstance(value, bool):
+            return value
+        if hint is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if hint is str and isinstance(value, str):
+            return value
+        if hint is dict and isinstance(value, dict):
+            return {str(k): v for k, v in value.items()}
+    names = " or ".join("null" if h is type(None) else h.__name__ for h in hints)
+    raise ConfigError(f"{key}: must be {names}, got {value!r}")
+
+
+def _build_section(name: str, cls, raw) -> object:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+    values = {}
+    for key, value in raw.items():
+        full = f"{name}.{key}"
+        value = _check_type(full, value, hints[key])
+        rule = _RULES.get(full)
+        if rule and not rule[0](value):
+            raise ConfigError(f"{full}: must be {rule[1]}, got {value!r}")
+        values[key] = value
+    try:
+        return cls(**values)
+    except ValueError as exc:  # a section that validates itself (StreamConfig)
+        raise ConfigError(str(exc)) from None
+
+
+def _build_model(raw) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("model: required mapping (at least model.n_inputs and model.classes or model.n_outputs)")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+    if "n_inputs" not in raw:
+        raise ConfigError("model.n_inputs: required (the number of features per row)")
+    raw = dict(raw)
+    for key in ("classes", "scaler_mean", "scaler_std"):
+        if raw.get(key) is not None:
+            if not isinstance(raw[key], list):
+                raise ConfigError(f"model.{key}: must be a list, got {raw[key]!r}")
+            raw[key] = tuple(raw[key])
+    if isinstance(raw.get("lam"), list):
+        raw["lam"] = tuple(raw["lam"])
+    try:
+        return ModelConfig(**raw)
+    except (TypeError, ValueError) as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith("model.") else f"model: {msg}") from None
+
+
+def _apply_env(raw: dict, environ) -> dict:
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name[len(ENV_PREFIX) :]:
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {'.'.join(path)} does not name a key inside a section")
+        try:
+            node[path[-1]] = yaml.safe_load(value) if value != "" else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not a YAML scalar: {exc}") from None
+    return raw
+
+
+def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
+    """Build and validate a WorkerConfig from a parsed mapping, applying IOLSTREAM_* overrides."""
+    if not isinstance(raw, dict):
+        raise ConfigError("the configuration must be a YAML mapping of sections")
+    raw = _apply_env(raw, os.environ if environ is None else environ)
+    unknown = sorted(set(raw) - set(_SECTIONS) - {"model"})
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; known: model, {', '.join(_SECTIONS)}")
+    sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
+    cfg = WorkerConfig(model=_build_model(raw.get("model")), **sections)
+    names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
+    if len(set(names)) != 4:
+        raise ConfigError(f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}")
+    return _with_size_limits(cfg)
+
+
+def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
+    """Check the client size settings against stream.max_message_bytes (ConfigError naming the keys) and set the
+    producer's message.max.bytes when it is not given: librdkafka's default (1,000,000) is below the default
+    stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue 12)."""
+    from iolstream.kafka import topics  # imports confluent_kafka: not at module level, the config loads without it
+
+    try:
+        topics.check_producer_limits(cfg.stream.max_message_bytes, cfg.kafka.producer, cfg.kafka.consumer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "message.max.bytes" in cfg.kafka.producer:
+        return cfg
+    producer = {"message.max.bytes": topics.producer_message_max_bytes(cfg.stream.max_message_bytes), **cfg.kafka.producer}
+    return dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, producer=producer))
+
+
+def load_config(path, environ=None) -> WorkerConfig:
+    """Read, override from the environment, and validate a worker YAML file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return config_from_dict(raw, environ)

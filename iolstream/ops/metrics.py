@@ -1,0 +1,472 @@
+"""Prometheus metrics and the health endpoints of a running worker.
+
+One small HTTP server (a daemon thread) answers:
+
+- ``/metrics``: Prometheus text format (names below);
+- ``/healthz``: 200 while the loop has ticked within ``max(5 × kafka.poll_timeout_ms, 10 s)``
+  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch);
+- ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
+  broker is reachable and no stop was requested; else 503 and the reason.
+
+Threads: the worker thread writes, HTTP threads read. Everything a scrape reads is either
+a prometheus-client object (locked), or a dict/array the worker thread *replaces* (never
+mutates) under ``_lock``, so a scrape never sees the learner's live state half-updated.
+The worker calls ``tick`` every loop, which refreshes that copy at most every
+``REFRESH_SECONDS`` (and the regret, a factorisation per layer, at most every
+``REGRET_SECONDS``); ``refresh`` forces it (status lines, snapshots, shutdown).
+
+Counters (``*_total``) count what *this process* did, from 0 at its start, so Prometheus'
+``rate()`` is right across restarts; rows replayed after an aborted transaction count again.
+Gauges (pending rows, prequential metric, regret, ...) describe the model state, which a
+snapshot carries across restarts.
+
+Exported (all ``iolstream_``):
+
+=====================================  ==========  =============================================
+name                                   type        labels; meaning
+=====================================  ==========  =============================================
+rows_in_total                          counter     feature rows accepted
+predictions_total                      counter     predictions produced
+rows_replayed_total                    counter     rows predicted again but not emitted (replay)
+rows_learned_total                     counter     labelled rows folded into the model
+batches_total / label_batches_total    counter     forward steps / label fold-ins
+labels_received_total                  counter     labels decoded
+labels_total                           counter     outcome = joined | duplicate | expired | orphan
+rows_unlabelled_total                  counter     why = expired | evicted
+dead_letters_total                     counter     reason (every codec.REASONS value)
+dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
+dead_letters_dropped_total             counter     reason: dead letters not written (refused even as an excerpt)
+transactions_total                     counter     outcome = committed | aborted
+pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
+model_version                          gauge       changes of β
+prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
+immediate_loss                         gauge       mode: SPEC §3 L_t of the last label batch (mean over layers)
+label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
+cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
+cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (SPEC §3)
+snapshot_age_seconds                   gauge       since the newest durable snapshot
+snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
+consumer_lag                           gauge       topic, partition: last stable offset − position
+ready                                  gauge       1 when /readyz answers 200
+batch_update_seconds                   histogram   one step: forward update, predict, fold-in
+prediction_latency_seconds             histogram   Kafka produce timestamp of the features → prediction produced
+event_latency_seconds                  histogram   the row's "ts" (event time) → prediction produced
+=====================================  ==========  =============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import orjson
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from iolstream.stream import codec
+
+log = logging.getLogger("iolstream.metrics")
+
+PREFIX = "iolstream_"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+REFRESH_SECONDS = 0.5  # staleness of the state copy a scrape sees
+REGRET_SECONDS = 5.0  # the regret costs one Cholesky per layer: recomputed at most this often
+HEALTH_MIN_SECONDS = 10.0
+
+# label value -> state counter; labels_early_held is no outcome (those end joined or orphan)
+LABEL_OUTCOMES = {"joined": "join_labels_joined", "duplicate": "join_labels_duplicate",
+                  "expired": "join_labels_expired_id", "orphan": "join_labels_orphan"}  # fmt: skip
+UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
+PLAIN_COUNTERS = {  # state counter -> (metric, help)
+    "rows_in": ("rows_in", "Feature rows accepted"),
+    "rows_learned": ("rows_learned", "Labelled rows folded into the model"),
+    "batches": ("batches", "Forward steps (feature batches)"),
+    "label_batches": ("label_batches", "Label batches folded in"),
+    "labels_in": ("labels_received", "Labels decoded (before the join)"),
+}
+
+
+class _Histogram:
+    """A histogram observed a whole array at a time (one step can predict thousands of rows)."""
+
+    def __init__(self, name: str, doc: str, buckets=LATENCY_BUCKETS):
+        self.name, self.doc = name, doc
+        self.bounds = np.asarray(buckets, dtype=np.float64)
+        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # last: above the largest bound
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, values) -> None:
+        values = np.asarray(values, dtype=np.float64).ravel()
+        if not len(values):
+            return
+        index = np.searchsorted(self.bounds, values, side="left")  # first bound ≥ value: Prometheus' "le"
+        add = np.bincount(index, minlength=len(self.counts))
+        with self._lock:
+            self.counts += add
+            self.sum += float(values.sum())
+
+    def family(self) -> HistogramMetricFamily:
+        with self._lock:
+            cumulative, total = np.cumsum(self.counts).tolist(), self.sum
+        les = [_le(b) for b in self.bounds] + ["+Inf"]
+        return HistogramMetricFamily(PREFIX + self.name, self.doc, buckets=list(zip(les, cumulative)), sum_value=total)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class _Arrivals:
+    """Kafka timestamps (ms, None unknown) of the rows accepted but not yet predicted, oldest first.
+
+    Rows are predicted in the order they were accepted (the micro-batcher is FIFO), so a step
+    that predicts n rows takes the n oldest. After each step the queue is cut to the processor's
+    queued row count, which re-aligns it if rows were dropped in between (or restored from a
+    snapshot: those have no timestamp here)."""
+
+    def __init__(self, unknown_rows: int = 0):
+        self.chunks: deque[list] = deque()  # [rows, ts]
+        self.rows = 0
+        self.push(unknown_rows, None)
+
+    def push(self, rows: int, ts) -> None:
+        if rows > 0:
+            self.chunks.append([rows, ts])
+            self.rows += rows
+
+    def pop(self, rows: int) -> list[tuple[int, object]]:
+        out = []
+        while rows > 0 and self.chunks:
+            chunk = self.chunks[0]
+            take = min(rows, chunk[0])
+            out.append((take, chunk[1]))
+            chunk[0] -= take
+            rows -= take
+            self.rows -= take
+            if chunk[0] == 0:
+                self.chunks.popleft()
+        return out
+
+    def align(self, queued_rows: int) -> None:
+        if self.rows > queued_rows:
+            self.pop(self.rows - queued_rows)
+        elif self.rows < queued_rows:
+            self.chunks.appendleft([queued_rows - self.rows, None])
+            self.rows = queued_rows
+
+
+class _WorkerCollector:
+    """Yields the metric families built from the last copy of the worker's state."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        with m._lock:
+            v, totals, lag = m._view, m._totals, m._lag
+        for hist in (m.batch_seconds, m.latency, m.event_latency):
+            yield hist.family()
+        ready = GaugeMetricFamily(PREFIX + "ready", "1 when /readyz answers 200")
+        ready.add_metric([], float(m.ready()[0]))
+        yield ready
+        if not v:  # no worker attached yet (the model is loading)
+            return
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(PREFIX + name, doc)
+            c.add_metric([], value)
+            return c
+
+        def gauge(name, doc, value, **labels):
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+            g.add_metric(list(labels.values()), _finite(value))
+            return g
+
+        for key, (name, doc) in PLAIN_COUNTERS.items():
+            yield counter(name, doc, totals.get(key, 0))
+        labels = CounterMetricFamily(PREFIX + "labels", "Labels by outcome of the join", labels=["outcome"])
+        for outcome, key in LABEL_OUTCOMES.items():
+            labels.add_metric([outcome], totals.get(key, 0))
+        yield labels
+        unlabelled = CounterMetricFamily(PREFIX + "rows_unlabelled", "Rows that left the join buffer unlabelled", labels=["why"])
+        for why, key in UNLABELLED.items():
+            unlabelled.add_metric([why], totals.get(key, 0))
+        yield unlabelled
+
+        mode = v["mode"]
+        yield gauge("pending_rows", "Rows waiting for their label", v["pending"])
+        yield gauge("held_rows", "Rows waiting for the warm-up scaler (not predicted yet)", v["held"])
+        yield gauge("early_labels", "Labels waiting for their feature row", v["early_labels"])
+        yield gauge("model_version", "Model version (changes of β)", v["model_version"])
+        preq = GaugeMetricFamily(PREFIX + "prequential", "Prequential metric of the emitted predictions",
+                                 labels=["metric", "window", "mode"])  # fmt: skip
+        preq.add_metric([v["metric_name"], "all", mode], _finite(v["metric"]))
+        preq.add_metric([v["metric_name"], "sliding", mode], _finite(v["metric_window"]))
+        yield preq
+        yield gauge("immediate_loss", "½‖Dβ − Y‖² of the last label batch, mean over layers (SPEC §3)",
+                    v["immediate_loss"], mode=mode)  # fmt: skip
+        yield gauge("label_batch_rows", "Rows in the last label batch", v["label_batch_rows"])
+        yield gauge("cumulative_loss", "Σ_t ½‖D_t β_t − Y_t‖², mean over layers", v["cumulative_loss"], mode=mode)
+        yield gauge("cumulative_regret", "Cumulative regret vs the offline expert, mean over layers (SPEC §3)",
+                    v["regret"], mode=mode)  # fmt: skip
+        yield gauge("regret_bound", "Theorem 4 (-R) / 5 (-F) bound on the cumulative regret", v["regret_bound"], mode=mode)
+        written = v["snapshot_written_at"]
+        yield gauge("snapshot_age_seconds", "Seconds since the newest durable snapshot",
+                    time.time() - written if written else float("nan"))  # fmt: skip
+        yield gauge("snapshot_duration_seconds", "Write time of the last snapshot", v["snapshot_seconds"])
+        yield gauge("snapshot_bytes", "Size of the last snapshot", v["snapshot_bytes"])
+        lag_family = GaugeMetricFamily(PREFIX + "consumer_lag", "Messages behind the end of each consumed partition "
+                                       "(librdkafka statistics)", labels=["topic", "partition"])  # fmt: skip
+        for (topic, part), value in sorted(lag.items()):
+            lag_family.add_metric([topic, str(part)], value)
+        yield lag_family
+
+
+def _finite(v) -> float:
+    return float(v) if v is not None and math.isfinite(v) else float("nan")
+
+
+class Metrics:
+    """The worker's metrics registry plus the HTTP endpoints (see the module docstring)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.registry = CollectorRegistry()
+        self.predictions = Counter(PREFIX + "predictions", "Predictions produced", registry=self.registry)
+        self.rows_replayed = Counter(PREFIX + "rows_replayed", "Rows predicted during replay and not emitted "
+                                     "(a committed transaction already covered them)", registry=self.registry)  # fmt: skip
+        self.dead_letters = Counter(PREFIX + "dead_letters", "Dead letters produced, by reason", ["reason"], registry=self.registry)
+        self.dead_letters_truncated = Counter(PREFIX + "dead_letters_truncated", "Dead letters written as an excerpt "
+                                              "(too large as they were), by reason", ["reason"], registry=self.registry)  # fmt: skip
+        self.dead_letters_dropped = Counter(PREFIX + "dead_letters_dropped", "Dead letters not written (the limits "
+                                            "refused even an excerpt), by reason", ["reason"], registry=self.registry)  # fmt: skip
+        for reason in codec.REASONS:
+            self.dead_letters.labels(reason)
+            self.dead_letters_truncated.labels(reason)
+            self.dead_letters_dropped.labels(reason)
+        self.transactions = Counter(PREFIX + "transactions", "Kafka transactions", ["outcome"], registry=self.registry)
+        self.transactions_committed = self.transactions.labels("committed")
+        self.transactions_aborted = self.transactions.labels("aborted")
+        self.batch_seconds = _Histogram("batch_update_seconds", "Duration of one step (forward update, predict, fold-in)")
+        self.latency = _Histogram("prediction_latency_seconds", "Kafka produce timestamp of the features message "
+                                  "to prediction produced")  # fmt: skip
+        self.event_latency = _Histogram("event_latency_seconds", "Event time (ts on the feature row) to prediction produced")
+        self.registry.register(_WorkerCollector(self))
+
+        self._lock = threading.Lock()
+        self._view: dict = {}  # replaced, never mutated (read by HTTP threads)
+        self._totals: dict[str, int] = {}  # process-local counter values
+        self._lag: dict[tuple[str, int], int] = {}
+        self._last_raw: dict[str, int] = {}
+        self._refreshed_at = 0.0
+        self._regret_at = -math.inf
+        self._regret_batches = -1
+        self._regret = (float("nan"), float("nan"), float("nan"))  # (cumulative loss, regret, bound)
+        self._proc = None  # the processor the arrival queue follows
+        self._arrivals = _Arrivals()
+        self._rows_in_seen = 0
+        self.broker_up: bool | None = None  # None: no statistics yet
+        self.worker = None
+        self.server: ThreadingHTTPServer | None = None
+
+    # ---------------------------------------------------- worker thread
+    def attach(self, worker) -> None:
+        """Follow ``worker``: its restored counters are the baseline of this process' counters."""
+        self.worker = worker
+        self._follow(worker)
+        self.refresh(worker)
+
+    def _follow(self, worker):
+        """The processor to read; a new one (restored after an aborted transaction) resets the arrival queue."""
+        proc = worker.processor
+        if proc is not self._proc:
+            self._proc = proc
+            self._rows_in_seen = proc.counters["rows_in"]
+            self._arrivals = _Arrivals(len(proc.batcher) + proc.held_rows)
+        return proc
+
+    def on_features(self, worker, timestamp) -> None:
+        """After ``processor.on_features`` of one message; ``timestamp``: confluent-kafka's (type, ms)."""
+        proc = self._follow(worker)
+        accepted = proc.counters["rows_in"] - self._rows_in_seen
+        self._rows_in_seen = proc.counters["rows_in"]
+        kind, ts = timestamp if timestamp is not None else (0, 0)
+        self._arrivals.push(accepted, ts if kind and ts > 0 else None)  # kind 0: TIMESTAMP_NOT_AVAILABLE
+
+    def on_step(self, worker, out, replay: bool = False) -> None:
+        proc = self._follow(worker)
+        if out.batch_seconds and (out.rows_predicted or out.rows_learned):
+            self.batch_seconds.observe([out.batch_seconds])
+        taken = self._arrivals.pop(out.rows_predicted)
+        self._arrivals.align(len(proc.batcher) + proc.held_rows)
+        if replay:
+            self.rows_replayed.inc(out.rows_predicted)
+            return
+        self.predictions.inc(out.rows_predicted)
+        now_ms = time.time() * 1000.0
+        known = [(n, ts) for n, ts in taken if ts is not None]  # one entry per message: 256 for one-row messages
+        if known:
+            counts, stamps = zip(*known)
+            waited = np.repeat(now_ms - np.array(stamps, dtype=np.float64), counts)
+            self.latency.observe(np.maximum(waited, 0.0) / 1000.0)
+        if out.event_ts is not None and len(out.event_ts):
+            ts = np.asarray(out.event_ts, dtype=np.float64)
+            self.event_latency.observe(np.maximum(now_ms - ts[ts >= 0], 0.0) / 1000.0)
+
+    def on_dead_letters(self, dead) -> None:
+        for d in dead:
+            self.dead_letters.labels(d.bad.reason).inc()
+
+    def on_snapshot(self, snap) -> None:
+        if self.worker is not None:
+            self.refresh(self.worker)
+
+    def on_stats(self, stats_json: str) -> None:
+        """librdkafka statistics callback (consumer): lag per assigned partition, broker state."""
+        try:
+            stats = orjson.loads(stats_json)
+            lag = {}
+            for topic, t in stats.get("topics", {}).items():
+                for part, p in t.get("partitions", {}).items():
+                    value = _partition_lag(p)
+                    if part != "-1" and p.get("desired") and value is not None:
+                        lag[(topic, int(part))] = value
+            brokers = [b for b in stats.get("brokers", {}).values() if b.get("nodeid", -1) >= 0]
+            with self._lock:
+                self._lag = lag
+            self.broker_up = any(b.get("state") == "UP" for b in brokers) if brokers else self.broker_up
+        except Exception:  # a callback must never break the consumer
+            log.exception("cannot read librdkafka statistics")
+
+    def tick(self, worker) -> None:
+        """Called every loop: refresh the copy a scrape reads when it is older than REFRESH_SECONDS."""
+        if time.monotonic() - self._refreshed_at >= REFRESH_SECONDS:
+            self.refresh(worker, regret_due=time.monotonic() - self._regret_at >= REGRET_SECONDS)
+
+    def refresh(self, worker, *, regret_due: bool = True) -> None:
+        """Copy what the collector reports (worker thread only)."""
+        proc = self._follow(worker)
+        s = proc.status()
+        totals = self._count(s)
+        mc = proc.model.config
+        st = proc.model.learner.state
+        if regret_due and st.label_batches != self._regret_batches:
+            self._regret = _regret(proc.model)
+            self._regret_batches, self._regret_at = st.label_batches, time.monotonic()
+        cp = worker.checkpoint
+        view = {
+            "mode": mc.mode,
+            "metric_name": "accuracy" if mc.task == "classification" else "rmse",
+            "pending": s["pending"], "held": s["held"], "early_labels": s["early_labels"],
+            "model_version": s["model_version"], "metric": s["metric"], "metric_window": s["metric_window"],
+            "immediate_loss": float(proc.last_losses.mean()) if len(proc.last_losses) and proc.last_label_rows else float("nan"),
+            "label_batch_rows": proc.last_label_rows,
+            "cumulative_loss": self._regret[0], "regret": self._regret[1], "regret_bound": self._regret[2],
+            "snapshot_written_at": cp.written_at, "snapshot_seconds": cp.snapshot_seconds, "snapshot_bytes": cp.snapshot_bytes,
+        }  # fmt: skip
+        with self._lock:
+            self._view, self._totals = view, totals
+        self._refreshed_at = time.monotonic()
+
+    def _count(self, status: dict) -> dict[str, int]:
+        """Process-local counters from the state's counters: only increases count (a state reloaded
+        after an aborted transaction goes back, and its replay then counts again)."""
+        totals = dict(self._totals)
+        keys = list(PLAIN_COUNTERS) + list(LABEL_OUTCOMES.values()) + list(UNLABELLED.values())
+        raw = {key: status.get(key, 0) for key in keys}
+        for key, value in raw.items():
+            last = self._last_raw.get(key, value)  # the first look is the baseline
+            totals[key] = totals.get(key, 0) + max(0, value - last)
+        self._last_raw = raw
+        return totals
+
+    # ------------------------------------------------------------ http
+    def healthy(self) -> tuple[bool, str]:
+        w = self.worker
+        if w is None:
+            return False, "starting"
+        limit = max(5 * self.cfg.kafka.poll_timeout_ms / 1000.0, HEALTH_MIN_SECONDS)
+        idle = time.monotonic() - w.last_tick
+        return (True, "ok") if idle <= limit else (False, f"loop stalled for {idle:.1f} s")
+
+    def ready(self) -> tuple[bool, str]:
+        w = self.worker
+        if w is None:
+            return False, "starting"
+        if w.stop_event.is_set():
+            return False, "stopping"
+        if w.consumer is None:
+            return False, "not connected"
+        if not w.assigned:
+            return False, "no partitions assigned"
+        if w.replay_until:
+            return False, "replaying input a committed transaction already covered"
+        down = w.broker_unreachable_seconds()
+        if down is not None:
+            return False, f"broker unreachable for {down:.0f} s"
+        if self.broker_up is False:
+            return False, "broker unreachable"
+        return True, "ready"
+
+    def serve(self) -> int:
+        """Start the HTTP server (daemon thread); returns the bound port (``metrics.port`` 0: any free one)."""
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body, status, ctype = generate_latest(metrics.registry), 200, "text/plain; version=0.0.4; charset=utf-8"
+                elif path in ("/healthz", "/readyz"):
+                    ok, why = metrics.healthy() if path == "/healthz" else metrics.ready()
+                    body, status, ctype = (why + "\n").encode(), (200 if ok else 503), "text/plain; charset=utf-8"
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain; charset=utf-8"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # keep scrapes out of the logs
+                pass
+
+        self.server = ThreadingHTTPServer((self.cfg.metrics.host, self.cfg.metrics.port), Handler)
+        threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True).start()
+        return self.server.server_address[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def _partition_lag(p: dict) -> int | None:
+    """Messages between the consumer's position and the end of the partition (the last stable
+    offset under read_committed). Position: the next offset handed to the application, else the
+    committed offset, else the log start; None while the end is unknown."""
+    end = p.get("ls_offset", -1) if p.get("ls_offset", -1) >= 0 else p.get("hi_offset", -1)
+    if end < 0:
+        return None
+    for key in ("app_offset", "committed_offset", "lo_offset"):
+        if p.get(key, -1) >= 0:
+            return max(0, end - p[key])
+    return None
+
+
+def _regret(model) -> tuple[float, float, float]:
+    """(cumulative loss, cumulative regret, bound), means over layers; NaN where unknown."""
+    try:
+        report = model.regret()
+        return float(report.cumulative_loss.mean()), report.mean_regret, float(report.bound)
+    except Exception:  # e.g. a factorisation failing: never let metrics break the worker
+        log.exception("cannot compute the regret")
+        return float("nan"), float("nan"), float("nan")

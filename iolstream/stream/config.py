@@ -1,0 +1,70 @@
+"""The stream logic's settings: micro-batching, the join buffer's bounds and ttls, catch-up alignment.
+
+``StreamConfig`` validates itself when it is built (a ``ValueError`` naming the key as
+``stream.<key>``), whoever builds it: the YAML loader (``iolstream.kafka.config``) or a program.
+
+    >>> StreamConfig(batch_rows=512).batch_rows
+    512
+    >>> StreamConfig(label_batch_rows=-5)
+    Traceback (most recent call last):
+    ...
+    ValueError: stream.label_batch_rows: must be an integer ≥ 1, got -5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+_POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
+_NON_NEGATIVE = (lambda v: v >= 0, "an integer ≥ 0")
+_OPTIONAL_POSITIVE = (lambda v: v is None or v >= 1, "null or an integer ≥ 1")
+RULES = {  # key -> (predicate, what is allowed)
+    "batch_rows": _POSITIVE,
+    "label_batch_rows": _POSITIVE,
+    "max_batch_latency_ms": _NON_NEGATIVE,
+    "max_label_latency_ms": _NON_NEGATIVE,
+    "max_message_bytes": (lambda v: v >= 64, "an integer ≥ 64"),
+    "max_pending_rows": _POSITIVE,
+    "row_ttl_ms": _OPTIONAL_POSITIVE,
+    "row_ttl_batches": _OPTIONAL_POSITIVE,
+    "early_label_ttl_ms": _NON_NEGATIVE,
+    "max_early_labels": _NON_NEGATIVE,
+    "remember_done": _NON_NEGATIVE,
+    "align_max_wait_ms": (lambda v: v >= 0, "an integer ≥ 0 (0 disables the alignment)"),
+    "align_max_queued_messages": _POSITIVE,
+    "align_max_queued_bytes": (lambda v: v >= 1024, "an integer ≥ 1024"),
+}
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    batch_rows: int = 256
+    max_batch_latency_ms: int = 50
+    label_batch_rows: int = 256
+    max_label_latency_ms: int = 200
+    max_message_bytes: int = 1_048_576
+    max_pending_rows: int = 100_000
+    row_ttl_ms: int | None = 3_600_000
+    row_ttl_batches: int | None = None
+    early_label_ttl_ms: int = 60_000
+    max_early_labels: int = 100_000
+    remember_done: int = 200_000
+    forget_expired: bool = False  # downdate the Gram of rows whose label never came (default: keep it, SPEC §2)
+    align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
+    align_max_queued_messages: int = 20_000  # per partition, consumed but not yet processed: pause it above this ...
+    align_max_queued_bytes: int = 16 * 2**20  # ... or above this many bytes
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise ValueError(f"stream.{f.name}: must be true or false, got {value!r}")
+                continue
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"stream.{f.name}: must be an integer, got {value!r}")
+            ok, allowed = RULES[f.name]
+            if not ok(value):
+                raise ValueError(f"stream.{f.name}: must be {allowed}, got {value!r}")
+        if self.label_batch_rows > self.max_pending_rows:
+            raise ValueError("stream.label_batch_rows: must not exceed stream.max_pending_rows")

@@ -1,0 +1,121 @@
+"""The ``iolstream`` command line: one subcommand per module, found through ``COMMANDS``.
+
+A command module exposes ``add_parser(subparsers)``, which adds its parser, sets
+``func`` (called with the parsed arguments, returning the exit code) and returns the
+parser. Adding a command is one line in ``COMMANDS``. Only the module of the command
+being run is imported; the others appear in ``iolstream --help`` through the one-line
+summary given here, so ``iolstream --help`` imports none of them.
+
+Errors of the user's making — a bad argument or bad data (``DataError``, ``ValueError``) —
+print one line, ``iolstream <command>: error: <what is wrong>``, and exit with code 2.
+
+    >>> main(["evaluate", "--dataset", "nosuch"])
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import math
+import os
+import sys
+
+# Subcommand -> (module defining add_parser(subparsers), one-line summary for --help), in --help order.
+COMMANDS = {
+    "evaluate": ("iolstream.tools.evaluate", "run the IOL process over a data set and report it as the paper does"),
+    "simulate": ("iolstream.tools.simulate", "the paper's Supplementary F simulation: regrets of -R and -F"),
+    "bench": ("iolstream.tools.bench", "throughput benchmarks against baselines measured in the same run"),
+    "run": ("iolstream.tools.run", "run the Kafka worker: features and labels in, predictions out"),
+    "produce": ("iolstream.tools.produce", "replay a data set into the features and labels topics"),
+    "snapshot": ("iolstream.tools.snapshot", "inspect worker snapshots: format, config, counters, offsets, checksum"),
+}
+
+EXIT_USAGE = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (no usage dump) and exit code 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _number(kind, low: float, strict: bool, words: str):
+    """An argparse ``type`` accepting a finite ``kind`` ≥ low (> low when ``strict``)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 1, False, "a positive integer")
+non_negative_int = _number(int, 0, False, "an integer ≥ 0")
+positive_float = _number(float, 0.0, True, "a positive number")
+non_negative_float = _number(float, 0.0, False, "a number ≥ 0")
+
+
+def model_defaults() -> dict:
+    """ModelConfig's field defaults, the single source of the CLI's model defaults."""
+    from iolstream.core.model import ModelConfig
+
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
+
+def build_parser(command: str | None = None) -> ArgumentParser:
+    """The full parser of ``command`` (importing its module); the others as one-line placeholders."""
+    from iolstream import __version__
+
+    parser = ArgumentParser(
+        prog="iolstream",
+        description="Incremental online learning of edRVFL networks with forward regularization.",
+    )
+    parser.add_argument("--version", action="version", version=f"iolstream {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    subparsers.required = True
+    for name, (module, summary) in COMMANDS.items():
+        if name == command:
+            importlib.import_module(module).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv``: its first token that is not an option."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main(argv=None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]), run the command, return its exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(argv))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return int(exc.code or 0)
+    prog = f"iolstream {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:  # DataError, ConfigError and friends are ValueErrors
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())

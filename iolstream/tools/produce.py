@@ -1,0 +1,626 @@
+"""``iolstream produce``: replay a data set into the features and labels topics.
+
+The message plan is pure (``iter_plan``/``plan``) and testable without Kafka: features
+go out in order (row or batch messages); each label becomes due ``label_delay_rows``
+rows after its features (and, when sending, ``label_delay_seconds`` later still), and
+may be dropped (never sent), duplicated, or shuffled within a window (out of order).
+``send`` is the thin Kafka part: one idempotent producer, id as key, optional rate
+limit, event time ("ts", ms) stamped when a features message is sent.
+
+``Follower`` reads the predictions topic while a replay runs and joins every
+prediction with the label the replay knows (sent or not): the prequential metric of
+what the worker actually emitted, live, and as a learning curve (``plot_curve``).
+
+    >>> import numpy as np
+    >>> msgs = plan(np.arange(6.0).reshape(3, 2), ["a", "b", "a"], PlanOptions(label_delay_rows=1, with_ts=False))
+    >>> [(m.kind, m.encode()) for m in msgs][:4]  # doctest: +NORMALIZE_WHITESPACE
+    [('features', b'{"id":"r0","x":[0.0,1.0]}'), ('features', b'{"id":"r1","x":[2.0,3.0]}'),
+     ('labels', b'{"id":"r0","y":"a"}'), ('features', b'{"id":"r2","x":[4.0,5.0]}')]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    batch_rows: int = 1  # rows per message: 1 = row messages {"id", "x"}, more = batch messages {"ids", "x"}
+    label_delay_rows: int = 0  # a label is sent once this many later rows have been sent
+    label_delay_seconds: float = 0.0  # ... and this long after it became due (applied by ``send``)
+    missing_fraction: float = 0.0  # labels never sent
+    duplicate_fraction: float = 0.0  # labels sent twice
+    shuffle_window: int = 0  # labels shuffled within windows of this many (out of order)
+    with_ts: bool = True  # event time on features (the wall clock when sent)
+    id_prefix: str = "r"
+    seed: int = 0
+
+    def __post_init__(self):
+        for key in ("missing_fraction", "duplicate_fraction"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"--{key.replace('_', '-')}: must be in [0, 1), got {value}")
+        for key in ("batch_rows", "label_delay_rows", "shuffle_window"):
+            if getattr(self, key) < (1 if key == "batch_rows" else 0):
+                raise ValueError(f"--{key.replace('_', '-')}: out of range: {getattr(self, key)}")
+        if not (math.isfinite(self.label_delay_seconds) and self.label_delay_seconds >= 0):
+            raise ValueError(f"--label-delay-seconds: must be ≥ 0, got {self.label_delay_seconds}")
+        if not self.id_prefix:
+            raise ValueError("--id-prefix: must not be empty")
+
+
+@dataclass
+class Message:
+    kind: str  # "features" or "labels"
+    key: bytes
+    obj: dict  # the JSON object, without "ts" (stamped by ``encode``)
+    rows: int
+    due_row: int  # feature rows sent before this message (for rate-limited replays)
+    stamp: bool = False  # features with event time
+
+    def encode(self, now_ms: int | None = None) -> bytes:
+        """The message value; features get ``"ts": now_ms`` when stamped (one int for a batch)."""
+        if self.stamp and now_ms is not None:
+            return orjson.dumps({**self.obj, "ts": int(now_ms)})
+        return orjson.dumps(self.obj)
+
+
+def _label_value(y):
+    return y.item() if hasattr(y, "item") else y
+
+
+def row_ids(n: int, options: PlanOptions) -> list[str]:
+    return [f"{options.id_prefix}{i}" for i in range(n)]
+
+
+def iter_plan(X: np.ndarray, y, options: PlanOptions) -> Iterator[Message]:
+    """The exact sequence of messages a replay sends (features and labels interleaved), lazily."""
+    rng = np.random.default_rng(options.seed)
+    n = len(X)
+    ids = row_ids(n, options)
+    send = rng.random(n) >= options.missing_fraction
+    twice = rng.random(n) < options.duplicate_fraction
+    label_order = np.arange(n)
+    if options.shuffle_window > 1:
+        for start in range(0, n, options.shuffle_window):
+            rng.shuffle(label_order[start : start + options.shuffle_window])
+    label_queue = deque(label_order.tolist())
+    pending: deque[int] = deque()  # label rows due, in send order
+    repeats: list[int] = []  # duplicates go out with the next flush, never in the same message
+    b = options.batch_rows
+
+    def y_of(i: int):
+        v = y[i]
+        return _label_value(v) if np.ndim(v) == 0 else np.asarray(v, float).tolist()
+
+    def flush_labels(limit_row: int | None, sent_rows: int) -> Iterator[Message]:
+        # labels whose features went out at least label_delay_rows rows ago, in (shuffled) order
+        pending.extend(repeats)
+        repeats.clear()
+        while label_queue and (limit_row is None or label_queue[0] + options.label_delay_rows < limit_row):
+            i = label_queue.popleft()
+            if send[i]:
+                pending.append(i)
+                if twice[i]:
+                    repeats.append(i)
+        while pending:
+            chunk = [pending.popleft() for _ in range(min(b, len(pending)))]
+            if b == 1:
+                obj = {"id": ids[chunk[0]], "y": y_of(chunk[0])}
+            else:
+                obj = {"ids": [ids[i] for i in chunk], "y": [y_of(i) for i in chunk]}
+            yield Message("labels", ids[chunk[0]].encode(), obj, len(chunk), sent_rows)
+
+    for start in range(0, n, b):
+        stop = min(start + b, n)
+        if b == 1:
+            obj = {"id": ids[start], "x": np.asarray(X[start], dtype=np.float64).tolist()}
+        else:
+            obj = {"ids": ids[start:stop], "x": np.asarray(X[start:stop], dtype=np.float64).tolist()}
+        yield Message("features", ids[start].encode(), obj, stop - start, start, stamp=options.with_ts)
+        yield from flush_labels(stop, stop)
+    yield from flush_labels(None, n)
+    yield from flush_labels(None, n)  # the last repeats
+
+
+def plan(X: np.ndarray, y, options: PlanOptions) -> list[Message]:
+    """``iter_plan`` as a list."""
+    return list(iter_plan(X, y, options))
+
+
+def plan_summary(messages: Iterable[Message]) -> dict:
+    out = {"feature_messages": 0, "feature_rows": 0, "label_messages": 0, "label_rows": 0}
+    for m in messages:
+        if m.kind == "features":
+            out["feature_messages"] += 1
+            out["feature_rows"] += m.rows
+        else:
+            out["label_messages"] += 1
+            out["label_rows"] += m.rows
+    return out
+
+
+# ----------------------------------------------------------------------------- Kafka
+
+
+def send(
+    messages: Iterable[Message],
+    *,
+    producer_conf: dict,
+    features_topic: str,
+    labels_topic: str,
+    rate: float | None = None,
+    label_delay_seconds: float = 0.0,
+    progress=None,
+    stop: threading.Event | None = None,
+) -> dict:
+    """Send a plan with one idempotent producer; ``rate`` in feature rows/s (None: as fast as
+    possible). ``progress(rows_sent)`` is called after every features message. Returns the
+    plan summary of what was sent, plus "seconds". Raises RuntimeError on delivery errors."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"linger.ms": 5, "enable.idempotence": True, **producer_conf})
+    errors: list[str] = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            errors.append(str(err))
+
+    started = time.monotonic()
+    delayed: deque[tuple[float, Message]] = deque()
+    summary = plan_summary([])
+    rows_sent = 0
+
+    def produce(m: Message) -> None:
+        topic = features_topic if m.kind == "features" else labels_topic
+        value = m.encode(int(time.time() * 1000))
+        while True:
+            try:
+                producer.produce(topic, value, key=m.key, on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: let librdkafka drain it
+                producer.poll(0.05)
+        summary[f"{'feature' if m.kind == 'features' else 'label'}_messages"] += 1
+        summary[f"{'feature' if m.kind == 'features' else 'label'}_rows"] += m.rows
+
+    for m in messages:
+        if stop is not None and stop.is_set():
+            break
+        if rate:
+            wait = started + m.due_row / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        while delayed and delayed[0][0] <= time.monotonic():
+            produce(delayed.popleft()[1])
+        if m.kind == "labels" and label_delay_seconds > 0:
+            delayed.append((time.monotonic() + label_delay_seconds, m))
+        else:
+            produce(m)
+        if m.kind == "features":
+            rows_sent += m.rows
+            if progress is not None:
+                progress(rows_sent)
+        producer.poll(0)
+    while delayed and not (stop is not None and stop.is_set()):
+        due, m = delayed.popleft()
+        time.sleep(max(0.0, due - time.monotonic()))
+        produce(m)
+    remaining = producer.flush(60)
+    if remaining or errors:
+        raise RuntimeError(f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})")
+    return {**summary, "seconds": time.monotonic() - started}
+
+
+def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, replication_factor: int = 1,
+                  timeout: float = 30.0, sized=(), max_message_bytes: int | None = None) -> list[str]:  # fmt: skip
+    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
+    which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
+    that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
+    when that is above Kafka's default."""
+    from confluent_kafka.admin import AdminClient
+
+    from iolstream.kafka import topics
+    from iolstream.stream.config import StreamConfig
+
+    limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
+    return topics.create_topics(AdminClient(admin_conf), names, partitions=partitions, replication_factor=replication_factor,
+                                configs=topics.topic_configs(limit, sized), timeout=timeout)  # fmt: skip
+
+
+class Follower:
+    """Reads the predictions topic (from its end when started) and joins each prediction of
+    this replay's ids with the true label: the prequential metric of what the worker emitted.
+
+    errors[i]: 1.0/0.0 for a right/wrong class (classification) or the squared error (regression)
+    of row i, NaN until its prediction came. ``duplicates`` counts predictions of an id seen before.
+    """
+
+    def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str):
+        self.consumer_conf = consumer_conf
+        self.topic = topic
+        self.index = {row_id: i for i, row_id in enumerate(ids)}
+        self.task = task
+        if task == "classification":
+            self.truth = [_label_value(v) for v in y]
+        else:
+            self.truth = np.asarray(y, dtype=np.float64).reshape(len(ids), -1)
+        self.errors = np.full(len(ids), np.nan)
+        self.seen = np.zeros(len(ids), dtype=bool)
+        self.arrival: list[int] = []  # row indices in the order their predictions came
+        self.received = 0
+        self.duplicates = 0
+        self.modes: set[str] = set()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: Exception | None = None
+
+    def start(self, timeout: float = 30.0) -> Follower:
+        self._thread = threading.Thread(target=self._run, name="follow-predictions", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"could not start reading {self.topic!r} within {timeout:.0f} s")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer({
+            "group.id": f"iolstream-produce-follow-{time.time_ns()}", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "fetch.wait.max.ms": 100, **self.consumer_conf,
+        })  # fmt: skip
+        try:
+            md = consumer.list_topics(self.topic, timeout=30)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None:
+                raise RuntimeError(f"predictions topic {self.topic!r} not found: {t.error if t else 'no metadata'}")
+            parts = []
+            for p in sorted(t.partitions):
+                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
+                parts.append(TopicPartition(self.topic, p, high))
+            consumer.assign(parts)
+        except Exception as exc:  # reported by start()
+            self.error = exc
+            self._ready.set()
+            consumer.close()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                    if msg.error() is None:
+                        self._on_prediction(msg.value())
+                    elif msg.error().code() != KafkaError._PARTITION_EOF:
+                        pass  # transient: librdkafka retries by itself
+        finally:
+            consumer.close()
+
+    def _on_prediction(self, value: bytes) -> None:
+        try:
+            obj = orjson.loads(value)
+            i = self.index.get(obj.get("id"))
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if i is None:
+            return  # another replay's row
+        self.received += 1
+        if self.seen[i]:
+            self.duplicates += 1
+            return
+        self.seen[i] = True
+        if "mode" in obj:
+            self.modes.add(obj["mode"])
+        if self.task == "classification":
+            self.errors[i] = float(obj.get("y_hat") == self.truth[i])
+        else:
+            y_hat = obj.get("y_hat")
+            y_hat = np.asarray([np.nan if y_hat is None else y_hat], dtype=np.float64).reshape(-1)
+            self.errors[i] = float(np.mean((y_hat - self.truth[i]) ** 2))
+        self.arrival.append(i)
+
+    @property
+    def predicted(self) -> int:
+        return len(self.arrival)
+
+    def metric(self) -> float:
+        """Prequential accuracy (classification) or RMSE (regression) over the rows predicted so far."""
+        errors = self.errors[self.arrival] if self.arrival else np.empty(0)
+        if not len(errors):
+            return math.nan
+        return float(errors.mean()) if self.task == "classification" else float(np.sqrt(errors.mean()))
+
+    def wait(self, rows: int, *, timeout: float, on_tick=None) -> bool:
+        """Until ``rows`` rows are predicted (True) or no new prediction came for ``timeout`` s."""
+        last, last_change = -1, time.monotonic()
+        while self.predicted < rows:
+            if self.predicted != last:
+                last, last_change = self.predicted, time.monotonic()
+            elif time.monotonic() - last_change > timeout:
+                return False
+            if on_tick is not None:
+                on_tick()
+            time.sleep(0.1)
+        return True
+
+
+def learning_curve(errors: np.ndarray, task: str, window: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cumulative prequential metric, metric over the last ``window`` rows), in stream order,
+    over the rows that have a prediction."""
+    e = errors[~np.isnan(errors)]
+    rows = np.arange(1, len(e) + 1)
+    csum = np.concatenate([[0.0], np.cumsum(e)])
+    cumulative = csum[1:] / rows
+    lo = np.maximum(rows - window, 0)
+    windowed = (csum[rows] - csum[lo]) / (rows - lo)
+    if task != "classification":
+        cumulative, windowed = np.sqrt(cumulative), np.sqrt(windowed)
+    return rows, cumulative, windowed
+
+
+def plot_curve(errors: np.ndarray, task: str, path: str, *, title: str = "", window: int = 200) -> None:
+    """The worker's prequential metric over rows (stream order), cumulative and windowed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cumulative, windowed = learning_curve(errors, task, window)
+    name = "accuracy" if task == "classification" else "RMSE"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(rows, windowed, lw=1, alpha=0.6, label=f"last {window} rows")
+    ax.plot(rows, cumulative, lw=2, label="cumulative")
+    ax.set_xlabel("rows (stream order)")
+    ax.set_ylabel(f"prequential {name}")
+    if task == "classification":
+        ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right" if task == "classification" else "upper right")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers):
+    from iolstream.tools.cli import non_negative_float, non_negative_int, positive_int
+    from iolstream.tools.datasets import DATASETS
+
+    p = subparsers.add_parser(
+        "produce",
+        help="replay a data set into the features and labels topics",
+        description=(
+            "Send a data set's rows to the features topic and their labels to the labels topic: labels "
+            "delayed by rows or seconds, optionally some never sent, duplicated or out of order; at a rate "
+            "or as fast as possible; one row or a batch per message. With --follow, read the worker's "
+            "predictions meanwhile and report their prequential metric (and --plot its learning curve)."
+        ),
+    )
+    src = p.add_argument_group("data")
+    which = src.add_mutually_exclusive_group(required=True)
+    which.add_argument("--dataset", metavar="NAME", help=f"built-in stream: {', '.join(DATASETS)}")
+    which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
+    src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
+    src.add_argument("--rows", type=positive_int, metavar="N", help="send at most N rows (after --shuffle)")
+    src.add_argument("--seed", type=int, default=0, help="--shuffle and the label faults (default: %(default)s)")
+    src.add_argument("--shuffle", action="store_true",
+                     help="shuffle the rows with the seed first (the order `evaluate --seed` streams)")  # fmt: skip
+    src.add_argument("--id-prefix", default="r", help="row ids are PREFIX0, PREFIX1, ... (default: %(default)s)")
+
+    kafka = p.add_argument_group("kafka")
+    kafka.add_argument("-c", "--config", metavar="YAML",
+                       help="worker config: bootstrap servers, topic names and kafka.client settings from it")  # fmt: skip
+    kafka.add_argument("--bootstrap", metavar="HOST:PORT", help=f"(default: the config's, else {DEFAULT_BOOTSTRAP})")
+    kafka.add_argument("--features-topic", metavar="TOPIC", help="(default: the config's, else iol.features)")
+    kafka.add_argument("--labels-topic", metavar="TOPIC", help="(default: the config's, else iol.labels)")
+    kafka.add_argument("--predictions-topic", metavar="TOPIC",
+                       help="for --follow (default: the config's, else iol.predictions)")  # fmt: skip
+    kafka.add_argument("--create-topics", action="store_true",
+                       help="create missing topics first: features, labels, predictions (and dead letters with -c)")  # fmt: skip
+
+    how = p.add_argument_group("replay")
+    how.add_argument("--batch-rows", type=positive_int, default=1, metavar="B",
+                     help="rows per message: 1 = row messages, more = batch messages (default: %(default)s)")  # fmt: skip
+    how.add_argument("--label-delay-rows", type=non_negative_int, default=0, metavar="D",
+                     help="a label goes out once D later rows went out (default: %(default)s)")  # fmt: skip
+    how.add_argument("--label-delay-seconds", type=non_negative_float, default=0.0, metavar="S",
+                     help="... and S seconds after that (default: %(default)s)")  # fmt: skip
+    how.add_argument("--missing-fraction", type=float, default=0.0, metavar="F", help="labels never sent (default: 0)")
+    how.add_argument("--duplicate-fraction", type=float, default=0.0, metavar="F", help="labels sent twice (default: 0)")
+    how.add_argument("--shuffle-window", type=non_negative_int, default=0, metavar="W",
+                     help="labels shuffled within windows of W rows: out of order (default: 0)")  # fmt: skip
+    how.add_argument("--rate", type=non_negative_float, default=0.0, metavar="ROWS_PER_S",
+                     help="feature rows per second; 0 = as fast as possible (default: 0)")  # fmt: skip
+    how.add_argument("--no-ts", dest="with_ts", action="store_false", help="no event time on features")
+
+    out = p.add_argument_group("follow the worker")
+    out.add_argument("--follow", action="store_true",
+                     help="read the predictions meanwhile: live prequential metric; wait until every row is predicted")  # fmt: skip
+    out.add_argument("--follow-timeout", type=non_negative_float, default=30.0, metavar="S",
+                     help="stop waiting after S seconds without a new prediction (default: %(default)s)")  # fmt: skip
+    out.add_argument("--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions")
+    out.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=main)
+    return p
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """Where a replay goes: resolved from the options, the worker config, then the defaults."""
+
+    client_conf: dict
+    features: str
+    labels: str
+    predictions: str
+    dead_letters: str | None
+    partitions: int = 1
+    replication_factor: int = 1
+
+
+def resolve_target(args) -> KafkaTarget:
+    from iolstream.kafka.config import TopicsConfig, load_config
+
+    topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
+    dead = None
+    if args.config:
+        cfg = load_config(args.config)
+        topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
+        dead = cfg.topics.dead_letters
+    conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
+    target = KafkaTarget(
+        conf, args.features_topic or topics.features, args.labels_topic or topics.labels,
+        args.predictions_topic or topics.predictions, dead, topics.partitions, topics.replication_factor,
+    )  # fmt: skip
+    names = [target.features, target.labels, target.predictions]
+    if len(set(names)) != 3:
+        raise ValueError(f"the features, labels and predictions topics must differ, got {names}")
+    return target
+
+
+def load_rows(args):
+    """(X, y, task, description) of the data set, shuffled and capped as asked."""
+    from iolstream.tools import datasets
+
+    if args.csv is not None and not args.target:
+        raise ValueError("--csv needs --target COLUMN")
+    if args.csv is None and args.target:
+        raise ValueError("--target applies only to --csv")
+    if args.csv is not None:
+        ds = datasets.load_csv(args.csv, args.target)
+    elif args.dataset not in datasets.DATASETS:
+        raise datasets.DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
+    elif args.dataset == "poker":
+        ds = datasets.load("poker", rows=args.rows, seed=args.seed)
+    else:
+        ds = datasets.load(args.dataset, seed=args.seed)
+    order = np.random.default_rng(args.seed).permutation(ds.n_rows) if args.shuffle else np.arange(ds.n_rows)
+    if args.rows is not None:
+        order = order[: args.rows]
+    return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description
+
+
+def main(args) -> int:
+    import sys
+
+    if args.plot is not None and not args.follow:
+        raise ValueError("--plot needs --follow (the curve is drawn from the predictions)")
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
+    options = PlanOptions(
+        batch_rows=args.batch_rows, label_delay_rows=args.label_delay_rows, label_delay_seconds=args.label_delay_seconds,
+        missing_fraction=args.missing_fraction, duplicate_fraction=args.duplicate_fraction,
+        shuffle_window=args.shuffle_window, with_ts=args.with_ts, id_prefix=args.id_prefix, seed=args.seed,
+    )  # fmt: skip
+    target = resolve_target(args)
+    X, y, task, description = load_rows(args)
+    n = len(X)
+    say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say(f"{description}\nsending {n} rows to {target.features} (labels to {target.labels}) "
+        f"via {target.client_conf['bootstrap.servers']}")  # fmt: skip
+
+    if args.create_topics:
+        names = [target.features, target.labels, target.predictions] + ([target.dead_letters] if target.dead_letters else [])
+        sized = [n for n in names if n != target.predictions]  # input and dead letters: room for the largest message
+        created = create_topics(target.client_conf, names, partitions=target.partitions,
+                                replication_factor=target.replication_factor, sized=sized)  # fmt: skip
+        if created:
+            say(f"created topics {', '.join(created)}")
+
+    follower = None
+    if args.follow:
+        follower = Follower(target.client_conf, target.predictions, row_ids(n, options), y, task).start()
+    metric_name = "acc" if task == "classification" else "rmse"
+    reporter = _Reporter(n, enabled=not args.quiet)
+
+    def status(rows_sent: int) -> str:
+        if follower is None:
+            return f"{rows_sent}/{n} rows sent"
+        return (f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
+                f"prequential {metric_name} {follower.metric():.4f}")  # fmt: skip
+
+    sent_rows = [0]
+
+    def progress(rows_sent: int) -> None:
+        sent_rows[0] = rows_sent
+        reporter.update(rows_sent, status(rows_sent))
+
+    try:
+        summary = send(
+            iter_plan(X, y, options), producer_conf=target.client_conf, features_topic=target.features,
+            labels_topic=target.labels, rate=args.rate or None, label_delay_seconds=args.label_delay_seconds,
+            progress=progress,
+        )  # fmt: skip
+        reporter.update(n, status(n), force=True)
+        if follower is not None:
+            done = follower.wait(n, timeout=args.follow_timeout,
+                                 on_tick=lambda: reporter.update(follower.predicted, status(n)))  # fmt: skip
+            reporter.update(follower.predicted, status(n), force=True)
+    finally:
+        reporter.close()
+        if follower is not None:
+            follower.stop()
+    say(f"sent {summary['feature_rows']} rows in {summary['feature_messages']} messages and "
+        f"{summary['label_rows']} labels in {summary['label_messages']} messages in {summary['seconds']:.1f} s")  # fmt: skip
+    if follower is None:
+        return 0
+    modes = ",".join(sorted(follower.modes)) or "-"
+    say(f"{follower.predicted}/{n} rows predicted (mode {modes}), prequential {metric_name} "
+        f"{follower.metric():.4f}, {follower.duplicates} duplicate predictions")  # fmt: skip
+    if args.plot and follower.predicted:
+        name = args.dataset or os.path.basename(args.csv)
+        plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
+        say(f"learning curve written to {args.plot}")
+    if not done:
+        print(f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
+              f"{args.follow_timeout:.0f} s of the last one", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+class _Reporter:
+    """A progress bar on a terminal; elsewhere (logs, CI) one plain line every few seconds."""
+
+    def __init__(self, total: int, *, enabled: bool, every_seconds: float = 3.0):
+        import sys
+
+        from iolstream.tools.progress import ProgressBar
+
+        self.bar = ProgressBar(total, "produce", enabled=None if enabled else False)  # None: on a terminal
+        self.lines = enabled and not self.bar.enabled
+        self.every = every_seconds
+        self.last = 0.0
+        self.stream = sys.stderr
+
+    def update(self, done: int, text: str, *, force: bool = False) -> None:
+        if self.bar.enabled:
+            self.bar.update(done, text, force=force)
+        elif self.lines and (force or time.monotonic() - self.last >= self.every):
+            self.last = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,75 @@
+"""``iolstream run -c config/worker.yaml``: the long-running Kafka worker."""
+
+from __future__ import annotations
+
+import logging
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("run", help="run the worker: features and labels in, predictions out")
+    p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
+    p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
+    p.add_argument("--max-seconds", type=float, help="stop (cleanly) after this long")
+    p.add_argument(
+        "--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input while partitions are assigned"
+    )
+    p.add_argument(
+        "--stop-at-end", action="store_true",
+        help="stop (cleanly) once every assigned partition has reached the end it had when assigned (a finite input, "
+        "as kcat -e does)",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    import dataclasses
+    import os
+
+    from iolstream.ops import logs
+    from iolstream.ops.process import configure_worker_threads
+    from iolstream.kafka.config import load_config
+    from iolstream.ops.lifecycle import EXIT_OK, SignalThread
+    from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
+
+    # SIGTERM/SIGINT on a thread of their own, which a stuck main thread does not hold up
+    worker: Worker | None = None
+
+    def on_signal(signum: int) -> None:
+        if worker is None:  # still starting: nothing consumed, nothing to save
+            logging.getLogger("iolstream.worker").info("signal %d while starting: exiting", signum)
+            os._exit(EXIT_OK)
+        worker.request_stop(signum)
+
+    SignalThread(on_signal).start()
+    cfg = load_config(args.config)
+    if args.bootstrap:
+        cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
+    logs.setup(cfg.logging.level, cfg.logging.format)
+    log = logging.getLogger("iolstream.worker")
+    spin = configure_worker_threads()  # before the first parallel kernel (Worker preloads them)
+    if spin is not None:
+        log.debug("GOMP_SPINCOUNT=%s (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose)", spin)
+    metrics = None
+    if cfg.metrics.port:
+        from iolstream.ops.metrics import Metrics
+
+        metrics = Metrics(cfg)
+        try:  # up before the model loads: /healthz and /readyz answer 503 "starting" meanwhile
+            metrics.serve()
+        except OSError as exc:
+            log.error("cannot start: metrics.port %s:%d: %s", cfg.metrics.host, cfg.metrics.port, exc)
+            return EXIT_FATAL
+    try:
+        try:
+            worker = Worker(cfg, metrics=metrics)
+        except WorkerError as exc:
+            log.error("cannot start: %s", exc)
+            return EXIT_FATAL
+        if metrics is not None:
+            metrics.attach(worker)
+        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds,
+                          stop_at_end=args.stop_at_end, freeze_startup=True)  # fmt: skip
+    finally:
+        if metrics is not None:
+            metrics.close()
