@@ -1,11 +1,34 @@
-"""iolstream: incremental online learning of edRVFL networks with forward regularization.
+"""iolstream: incremental online learning of edRVFL networks with forward regularization, on Kafka.
 
-The package is layered; imports flow one way::
+The package has five rooms, whose imports go one way (``tests/test_architecture.py`` checks it;
+``docs/architecture.md`` draws it)::
 
-    cli -> worker (Kafka adapter) -> stream / snapshot -> model -> learner -> kernels
+    core    the math: kernels, network, learner, model, persistence      (numpy, scipy, numba)
+    stream  the stream logic: codec, join buffer, processor               (core)
+    kafka   the worker loop and the collaborators that hold its clients   (core, stream, ops)
+    ops     metrics, logs, process set-up, signals, watchdog              (core, stream)
+    tools   the CLI and its commands, data sets, baselines, benchmarks    (anything)
 
-The math core (``kernels``, ``linalg``, ``network``, ``learner``, ``model``) takes
-arrays and returns arrays; it does no I/O.
+The public Python API:
+
+    >>> from iolstream import EdRVFL, ModelConfig
+    >>> model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=8, n_layers=2))
+    >>> type(model).__name__
+    'EdRVFL'
+
+The names load on first use (``iolstream --help`` must not wait for Numba; ``EdRVFLClassifier`` and
+``EdRVFLRegressor``, the scikit-learn estimators of ``iolstream.estimators``, need scikit-learn).
 """
 
 __version__ = "0.1.0"
+__all__ = ["EdRVFL", "EdRVFLClassifier", "EdRVFLRegressor", "ModelConfig", "__version__"]
+_HOMES = {"EdRVFL": "iolstream.core.model", "ModelConfig": "iolstream.core.model",
+          "EdRVFLClassifier": "iolstream.estimators", "EdRVFLRegressor": "iolstream.estimators"}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        import importlib
+
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'iolstream' has no attribute {name!r}")
