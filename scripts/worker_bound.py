@@ -32,7 +32,7 @@ def _child(mode: str, argv: list[str]) -> int:
     """``iolstream run`` with the JSON of the chosen ``mode`` made free (see the module docstring)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from iolstream.stream import codec
+    from iolstream.stream import codec, encoding
     from iolstream.stream import processor as stream
     from iolstream.tools.cli import main
     from iolstream.kafka.config import load_config
@@ -86,9 +86,9 @@ def _child(mode: str, argv: list[str]) -> int:
         import numpy as np
 
         proba = np.full((1, mc.m), 1.0 / 3)  # 0.3333333333333333: as long as most probabilities print
-        one = codec.encode_predictions(["b123456"], np.array([1]), proba, model_version=12345, ts_in=np.array([1795677314784]),
+        one = encoding.encode_predictions(["b123456"], np.array([1]), proba, model_version=12345, ts_in=np.array([1795677314784]),
                                        ts_out_ms=1795677314799, mode=mc.mode, classes=mc.classes)[0]  # fmt: skip
-        codec.encode_predictions = lambda ids, *args, **kwargs: [one] * len(ids)
+        encoding.encode_predictions = lambda ids, *args, **kwargs: [one] * len(ids)
     return main(["run", *argv])
 
 

@@ -1,4 +1,4 @@
-"""iolstream.stream.codec: every dead-letter reason, row vs batch messages, the fast batch path
+"""iolstream.stream.codec and .encoding: every dead-letter reason, row vs batch messages, the fast batch path
 against the per-row reference path, and prediction / header encoding."""
 
 from __future__ import annotations
@@ -11,17 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolstream.stream import codec
-from iolstream.stream.codec import (
-    REASONS,
-    BadInput,
-    FeatureRows,
-    LabelRows,
-    TargetSpec,
-    dead_letter_headers,
-    decode_features,
-    decode_labels,
-    encode_predictions,
-)
+from iolstream.stream.codec import dead_letter_headers, decode_features, decode_labels
+from iolstream.stream.encoding import encode_predictions
+from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 
 K = 3
 MAX = 10_000
@@ -356,7 +348,7 @@ def test_target_spec_validation():
 def test_bad_input_is_one_line_and_checked():
     b = BadInput("non_finite", "row 1:\n x[0] is null")
     assert b.detail == "row 1: x[0] is null" and str(b) == "non_finite: row 1: x[0] is null"
-    assert len(BadInput("bad_schema", "y" * 10_000).detail) == codec.MAX_DETAIL_CHARS
+    assert len(BadInput("bad_schema", "y" * 10_000).detail) == MAX_DETAIL_CHARS
     with pytest.raises(ValueError):
         BadInput("not_a_reason", "x")
     assert len(set(REASONS)) == len(REASONS) == 11

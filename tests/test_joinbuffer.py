@@ -1,4 +1,4 @@
-"""iolstream.stream.joinbuffer: joining labels to rows in any order, expiry, bounds, state round trip,
+"""iolstream.stream.joinbuffer (its stores, the micro-batcher): joining labels to rows in any order, expiry, bounds, state round trip,
 and the micro-batcher."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.stream.codec import FeatureRows, LabelRows, TargetSpec, decode_features, decode_labels
-from iolstream.stream.joinbuffer import JoinBuffer, MicroBatcher
+from iolstream.stream.batcher import MicroBatcher
+from iolstream.stream.codec import decode_features, decode_labels
+from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.stream.recent_ids import fingerprints
+from iolstream.stream.rows import FeatureRows, LabelRows, TargetSpec
 
 K = 2
 CLASSES = TargetSpec.classification(("no", "yes", "maybe"))
@@ -515,7 +517,7 @@ def test_micro_batcher_state_round_trip():
 @given(st.lists(st.tuples(st.sampled_from(["push", "drop", "pop"]), st.integers(0, 40)), max_size=300))
 def test_arrival_order_is_a_list_in_arrival_order(ops):
     """ArrivalOrder (ring with stale entries, compaction) answers as a plain list would."""
-    from iolstream.stream.joinbuffer import ArrivalOrder
+    from iolstream.stream.stores import ArrivalOrder
 
     order, model = ArrivalOrder(), []
     for op, slot in ops:
@@ -553,7 +555,7 @@ def _container_sizes(buf) -> dict:
     return {
         "early_dict": sys.getsizeof(buf._early.index), "early_slots": buf._early.capacity,
         "early_ring": len(buf._early._order._ring), "pending_dict": sys.getsizeof(buf._pending),
-        "pending_slots": len(buf._seq), "pending_ring": len(buf._order._ring), "free": len(buf._free),
+        "pending_slots": len(buf._rows.seq), "pending_ring": len(buf._rows.order._ring), "free": len(buf._rows.free),
     }  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Input messages -> validated arrays, predictions -> JSON (SPEC §5). No I/O, no Kafka types.
+"""Input messages -> validated arrays (``rows``), and dead letters for what is refused (SPEC §5).
+No I/O, no Kafka types; the way out (predictions, one-row messages) is ``encoding``.
 
 A message carries one row or a batch::
 
@@ -62,130 +63,19 @@ overhead over ``orjson.loads`` stays about one numpy conversion.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import orjson
 
-REASONS: tuple[str, ...] = (
-    "malformed_json",  # not JSON (also: empty value, NaN/Infinity tokens, numbers overflowing a double)
-    "bad_schema",  # not an object, wrong types, ids/x lengths differ, empty batch
-    "missing_id",  # id absent, null or ""
-    "wrong_feature_count",
-    "non_finite",  # null (NaN as serialised by orjson/JS) in x or a regression y
-    "unknown_class",
-    "bad_label",  # wrong type/shape of y for the task
-    "oversize",  # value longer than max_bytes (checked before parsing)
-    "unknown_id",  # label whose feature row never came within the wait
-    "expired_id",  # label for a row that expired (or was evicted) before its label came
-    "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
-)
+from iolstream.stream.encoding import row_message
+from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
+
+__all__ = ["REASONS", "decode_features", "decode_labels", "dead_letter_headers", "dead_letter_excerpt", "headers_bytes"]
 
 MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
 MAX_TS_MS = 2**62  # event times beyond this are not milliseconds
-MAX_DETAIL_CHARS = 500
 _NUMBER_TYPES = frozenset((int, float))  # exact types: bool is not a number here
-
-
-class BadInput(Exception):
-    """Why a message (or one row of it) was rejected.
-
-    reason : one of REASONS (stable: used in metrics and dead-letter headers)
-    detail : one line naming what was wrong, e.g. "row 3: expected 18 features, got 17"
-    """
-
-    def __init__(self, reason: str, detail: str):
-        if reason not in REASONS:
-            raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {REASONS}")
-        detail = " ".join(str(detail).split())  # one line
-        if len(detail) > MAX_DETAIL_CHARS:
-            detail = detail[: MAX_DETAIL_CHARS - 3] + "..."
-        super().__init__(reason, detail)
-        self.reason = reason
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}"
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, BadInput):
-            return NotImplemented
-        return (self.reason, self.detail) == (other.reason, other.detail)
-
-    def __hash__(self) -> int:
-        return hash((self.reason, self.detail))
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureRows:
-    """Validated feature rows.
-
-    ids : list of b unique non-empty str
-    X   : ndarray of shape (b, k), float64, C-contiguous, all finite
-    ts  : ndarray of shape (b,), int64 — event time in ms, -1 where absent
-    """
-
-    ids: list[str]
-    X: np.ndarray
-    ts: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class LabelRows:
-    """Validated labels.
-
-    ids : list of b unique non-empty str
-    Y   : classification: ndarray of shape (b,), int64 — index into TargetSpec.classes;
-          regression: ndarray of shape (b, m), float64, all finite
-    """
-
-    ids: list[str]
-    Y: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """What a label is: ``classification`` over declared ``classes`` (all int or all str, at
-    least 2, distinct; ``n_outputs == len(classes)``) or ``regression`` with ``n_outputs`` values."""
-
-    task: str
-    classes: tuple | None
-    n_outputs: int
-
-    def __post_init__(self):
-        if self.task == "classification":
-            classes = tuple(self.classes) if self.classes is not None else ()
-            all_int = all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes)
-            all_str = all(isinstance(c, str) for c in classes)
-            if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str):
-                raise ValueError(f"classes must be at least 2 distinct ints or strings, got {self.classes!r}")
-            classes = tuple(int(c) for c in classes) if all_int else classes
-            object.__setattr__(self, "classes", classes)
-            if self.n_outputs != len(classes):
-                raise ValueError(f"n_outputs must equal the number of classes ({len(classes)}), got {self.n_outputs}")
-        elif self.task == "regression":
-            if self.classes is not None:
-                raise ValueError("regression takes no classes")
-            if not isinstance(self.n_outputs, int) or isinstance(self.n_outputs, bool) or self.n_outputs < 1:
-                raise ValueError(f"n_outputs must be an int >= 1, got {self.n_outputs!r}")
-        else:
-            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
-
-    @classmethod
-    def classification(cls, classes) -> TargetSpec:
-        classes = tuple(classes)
-        return cls("classification", classes, len(classes))
-
-    @classmethod
-    def regression(cls, n_outputs: int = 1) -> TargetSpec:
-        return cls("regression", None, n_outputs)
 
 
 # ---------------------------------------------------------------- helpers
@@ -289,14 +179,6 @@ def _fast_ids(ids: list) -> bool:
         return False
     return max(map(len, ids)) <= MAX_ID_CHARS and "\x00" not in "".join(ids)
 
-
-def _row_message(id_value, key: str, value, ts=None) -> bytes:
-    msg = {"id": id_value, key: value}
-    if ts is not None:
-        msg["ts"] = ts
-    # orjson (3.13) returns its ~4 KB working buffer as the bytes object's memory: a copy holds
-    # only the message. Dead letters are held in bulk (100,000 early labels expiring at once: 410 MB)
-    return bytes(memoryview(orjson.dumps(msg)))
 
 
 def _batch_ts(obj: dict, b: int, raw: bytes):
@@ -407,7 +289,7 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
         if reason is None and row_id in first_row:
             reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
-            dead.append((BadInput(reason, f"row {i}: {why}"), _row_message(ids[i], "x", x[i], row_ts)))
+            dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "x", x[i], row_ts)))
             continue
         first_row[row_id] = i
         good_ids.append(row_id)
@@ -533,7 +415,7 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
         if reason is None and row_id in first_row:
             reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
-            dead.append((BadInput(reason, f"row {i}: {why}"), _row_message(ids[i], "y", y[i])))
+            dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "y", y[i])))
             continue
         first_row[row_id] = i
         good_ids.append(row_id)
@@ -568,106 +450,7 @@ def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
     return Y if np.isfinite(Y).all() else None
 
 
-# ---------------------------------------------------------------- output
-
-
-def encode_label(label, target: TargetSpec):
-    """The JSON-able y of one stored label: the class itself, a float (m = 1) or a list of floats."""
-    if target.task == "classification":
-        return target.classes[int(label)]
-    values = np.asarray(label, dtype=np.float64).reshape(-1).tolist()
-    return values[0] if len(values) == 1 else values
-
-
-def label_message(row_id: str, label, target: TargetSpec) -> bytes:
-    """A one-row label message ``{"id":..,"y":..}`` for a stored label (class index or values)."""
-    return _row_message(row_id, "y", encode_label(label, target))
-
-
-def feature_message(row_id: str, x: np.ndarray, ts: int = -1) -> bytes:
-    """A one-row feature message ``{"id":..,"x":..[,"ts":..]}`` for a stored row."""
-    return _row_message(row_id, "x", np.asarray(x, dtype=np.float64).tolist(), int(ts) if ts >= 0 else None)
-
-
-def encode_predictions(
-    ids: list[str],
-    y_hat: np.ndarray,
-    proba: np.ndarray | None,
-    *,
-    model_version: int,
-    ts_in: np.ndarray | None,
-    ts_out_ms: int,
-    mode: str,
-    classes: tuple | None,
-) -> list[bytes]:
-    """One JSON prediction per row (SPEC §5).
-
-    y_hat   : classification (``classes`` given): (b,) int class indices, emitted as the class
-              itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
-    proba   : (b, m) class probabilities (classification) or None
-    ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
-    Fields: id, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode.
-    Non-finite floats are written as null (orjson's rule).
-
-    The whole batch is serialised by a few orjson calls and split, then each row's message is
-    one bytes template fill: bytes equal to one orjson.dumps of a dict per row (tests/naive.py), ~3× faster.
-
-    >>> encode_predictions(["a"], np.array([1]), np.array([[0.25, 0.75]]), model_version=3,
-    ...                    ts_in=np.array([-1]), ts_out_ms=99, mode="forward", classes=("no", "yes"))
-    [b'{"id":"a","y_hat":"yes","proba":[0.25,0.75],"model_version":3,"ts":99,"mode":"forward"}']
-    """
-    b = len(ids)
-    if b == 0:
-        return []
-    id_json = _split_json_list(orjson.dumps(ids), b)
-    if id_json is None:  # an id with a comma in it: one call per id
-        id_json = [orjson.dumps(i) for i in ids]
-    head = b'{"id":%b,"y_hat":%b'
-    if classes is not None:
-        class_json = _class_json(classes)
-        y_json = [class_json[i] for i in np.asarray(y_hat).reshape(b).tolist()]
-    else:
-        values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
-        if values.shape[1] > 1:
-            head = b'{"id":%b,"y_hat":[%b]'
-        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
-    parts = [id_json, y_json]
-    if proba is not None:
-        head += b',"proba":[%b]'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
-    head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
-    tail = b',"mode":%b}' % orjson.dumps(mode)
-    event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
-    if event is None or (event < 0).all():
-        fill = head + tail.replace(b"%", b"%%")
-        return [fill % row for row in zip(*parts)]
-    with_event = head + b',"event_ts":%d' + tail.replace(b"%", b"%%")
-    without = head + tail.replace(b"%", b"%%")
-    events = event.tolist()
-    # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
-    if proba is None:
-        return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
-    return [with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)]
-
-
-def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
-    """The b elements of a JSON array of scalars, split at its commas (None if an element has one)."""
-    items = raw[1:-1].split(b",")
-    return items if len(items) == b else None
-
-
-def _rows_json(values: np.ndarray) -> list[bytes]:
-    """Each element of a (b,) float array as JSON, or each row of a (b, m) one without its brackets
-    (the message template has them), from one orjson call."""
-    raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
-    if values.ndim == 1:
-        return raw[1:-1].split(b",")
-    return raw[2:-2].split(b"],[")
-
-
-@lru_cache(maxsize=32)
-def _class_json(classes: tuple) -> list[bytes]:
-    return [orjson.dumps(c) for c in classes]
+# ---------------------------------------------------------------- dead letters
 
 
 def dead_letter_headers(bad: BadInput, source_topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

@@ -37,7 +37,7 @@ assumes ``now_ms`` and ``batch_seq`` do not go backwards (if the clock steps
 back, rows expire late, never early).
 
     >>> import numpy as np
-    >>> from iolstream.stream.codec import LabelRows, TargetSpec
+    >>> from iolstream.stream.rows import LabelRows, TargetSpec
     >>> buf = JoinBuffer(target=TargetSpec.classification((0, 1)), n_features=2, max_pending_rows=100,
     ...                  row_ttl_ms=None, row_ttl_batches=2, early_label_ttl_ms=60_000,
     ...                  max_early_labels=100, remember_done=1000)
@@ -50,15 +50,16 @@ back, rows expire late, never early).
     (['a'], [0], [1], 1)
 """
 
-from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from __future__ import annotations
 
 import numpy as np
 
-from iolstream.stream.codec import BadInput, FeatureRows, LabelRows, TargetSpec, feature_message, label_message
+from iolstream.stream.encoding import feature_message, label_message
+from iolstream.stream.joined import ExpireResult, JoinResult
 from iolstream.stream.recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprints
+from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.stores import EarlyLabels, PendingRows, id_array
 
 LABELLED, EXPIRED = 1, 2  # kinds of remembered ids
 
@@ -77,270 +78,13 @@ COUNTERS = (
 )
 
 
-def _id_array(ids) -> np.ndarray:
-    return np.array(list(ids), dtype=str) if ids else np.empty(0, dtype="U1")
-
-
-@dataclass
-class ExpireResult:
-    """Rows that left the buffer unlabelled, and early labels given up on.
-
-    ids       : list of e str, oldest first
-    X         : (e, k) float64 — the rows as added
-    batch_seq : (e,) int64 — the batch each row was observed in
-    rejected  : [(BadInput("unknown_id"), label message bytes)] — orphan early labels
-    orphan_sources : the source each of those labels was added with, in the same order
-    """
-
-    ids: list[str]
-    X: np.ndarray
-    batch_seq: np.ndarray
-    rejected: list[tuple[BadInput, bytes]] = field(default_factory=list)
-    orphan_sources: list = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass
-class JoinResult:
-    """Rows joined with their labels by one call, plus what the call rejected or evicted.
-
-    ids       : list of j str
-    X         : (j, k) float64
-    Y         : classification (j,) int64 class indices; regression (j, m) float64
-    batch_seq : (j,) int64 — the batch each joined row was observed in
-    rejected  : [(BadInput, bytes)] — duplicate_id rows, expired_id labels, unknown_id
-                early labels pushed out by capacity; bytes re-encode the row / label
-    evicted   : rows pushed out of a full buffer by this add_rows (empty for add_labels)
-    orphan_sources : the source each unknown_id label in ``rejected`` was added with, in order
-    """
-
-    ids: list[str]
-    X: np.ndarray
-    Y: np.ndarray
-    batch_seq: np.ndarray
-    rejected: list[tuple[BadInput, bytes]]
-    evicted: ExpireResult
-    orphan_sources: list = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-class ArrivalOrder:
-    """Slots of a store in arrival order, oldest first, beside a plain dict id -> slot.
-
-    The stores were OrderedDicts: a linked-list node and a second table per entry, and under a
-    steady churn (one in, one out) their tables were rebuilt at 3x the live entries: 515 bytes
-    per waiting label where ~250 were documented. Here: a ring of int32 slots, and per slot its
-    ring position (-1: not in the store). A slot taken out anywhere (joined) leaves a stale ring
-    entry that ``oldest`` skips; a full ring is compacted, and grown only while the live entries
-    fill more than 3/4 of it: at most ~2.7 ring entries (11 bytes) per live slot, plus 4 bytes a slot.
-
-        >>> order = ArrivalOrder()
-        >>> order.push_many(np.array([3, 0, 2]))
-        >>> order.drop(np.array([0])); order.oldest(), order.pop(), order.oldest(), len(order)
-        (3, 3, 2, 1)
-    """
-
-    def __init__(self):
-        self._ring = np.empty(16, dtype=np.int32)
-        self._at = np.full(16, -1, dtype=np.int32)  # per slot: its ring position, -1 when not in the store
-        self._head = self._tail = 0  # stale or live entries in [head, tail); all before head are gone
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def nbytes(self) -> int:
-        return self._ring.nbytes + self._at.nbytes
-
-    def _fit_slots(self, high: int) -> None:
-        if high > len(self._at):
-            at = np.full(max(high, 2 * len(self._at)), -1, dtype=np.int32)
-            at[: len(self._at)] = self._at
-            self._at = at
-
-    def _compact(self, extra: int) -> None:
-        """Live entries to the front, with room for ``extra`` more and at least a quarter free."""
-        pos = np.arange(self._head, self._tail, dtype=np.int32)
-        ring = self._ring[self._head : self._tail]
-        live = ring[self._at[ring] == pos]
-        size = len(self._ring)
-        while 4 * (len(live) + extra) > 3 * size:
-            size *= 2
-        if size != len(self._ring):
-            self._ring = np.empty(size, dtype=np.int32)
-        self._ring[: len(live)] = live
-        self._at[live] = np.arange(len(live), dtype=np.int32)
-        self._head, self._tail = 0, len(live)
-
-    def push(self, slot: int) -> None:
-        """One slot, the newest."""
-        if self._tail == len(self._ring):
-            self._compact(1)
-        if slot >= len(self._at):
-            self._fit_slots(slot + 1)
-        self._ring[self._tail] = slot
-        self._at[slot] = self._tail
-        self._tail += 1
-        self._n += 1
-
-    def push_many(self, slots: np.ndarray) -> None:
-        """(n,) int slots in arrival order, after every slot already in."""
-        n = len(slots)
-        if not n:
-            return
-        if self._tail + n > len(self._ring):
-            self._compact(n)
-        self._fit_slots(int(slots.max()) + 1)
-        self._ring[self._tail : self._tail + n] = slots
-        self._at[slots] = np.arange(self._tail, self._tail + n, dtype=np.int32)
-        self._tail += n
-        self._n += n
-
-    def drop(self, slots: np.ndarray) -> None:
-        """Take (n,) slots, each in the store, out wherever they are."""
-        self._at[slots] = -1
-        self._n -= len(slots)
-
-    def drop_one(self, slot: int) -> None:
-        self._at[slot] = -1
-        self._n -= 1
-
-    def oldest(self) -> int:
-        """The oldest slot in the store, -1 when empty (stale entries before it are passed for good)."""
-        ring, at, h, t = self._ring, self._at, self._head, self._tail
-        while h < t:
-            slot = int(ring[h])
-            if at[slot] == h:
-                break
-            h += 1
-        self._head = h
-        return slot if h < t else -1
-
-    def pop(self) -> int:
-        """Take the oldest slot out (the store is not empty)."""
-        slot = self.oldest()
-        self._at[slot] = -1
-        self._head += 1
-        self._n -= 1
-        return slot
-
-
-class EarlyLabels:
-    """Labels that came before their row, oldest first: a plain dict id -> slot, the slots' label,
-    arrival ms and message source in arrays and lists, their order in an ``ArrivalOrder``. Slots
-    are reused; the arrays grow to the most labels held at once (``max_early_labels`` + 1).
-    Per label: the id (49 bytes + its length as a str), its dict entry (~40–80 bytes), its slot
-    int (32), the label (8 · m), the ms (8), two list pointers (16) and the order (≤ 15).
-
-        >>> early = EarlyLabels(np.dtype(np.int64), ())
-        >>> early.add("a", 1, 10, "src@1"); early.add("b", 0, 11, None); "a" in early, len(early)
-        (True, 2)
-        >>> early.pop("a"), early.oldest(), early.pop_oldest(), len(early)
-        ((1, 'src@1'), ('b', 11), ('b', 0, 11, None), 0)
-    """
-
-    def __init__(self, y_dtype: np.dtype, y_tail: tuple):
-        self.index: dict[str, int] = {}
-        self._y = np.empty((16,) + y_tail, dtype=y_dtype)
-        self._ms = np.empty(16, dtype=np.int64)
-        self._ids: list = [None] * 16  # per slot: the id (the dict's key object), None when free
-        self._sources: list = [None] * 16  # per slot: the source of the message that brought it
-        self._free: list[int] = list(range(15, -1, -1))
-        self._order = ArrivalOrder()
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __contains__(self, row_id) -> bool:
-        return row_id in self.index
-
-    @property
-    def capacity(self) -> int:
-        """Slots allocated (they never shrink): the most labels held at once, rounded up."""
-        return len(self._ms)
-
-    def _grow(self) -> None:
-        old = len(self._ms)
-        size = 2 * old
-        y = np.empty((size,) + self._y.shape[1:], dtype=self._y.dtype)
-        y[:old] = self._y
-        ms = np.empty(size, dtype=np.int64)
-        ms[:old] = self._ms
-        self._y, self._ms = y, ms
-        self._ids.extend([None] * old)
-        self._sources.extend([None] * old)
-        self._free.extend(range(size - 1, old - 1, -1))
-
-    def add(self, row_id: str, y, now_ms: int, source) -> None:
-        """Hold a label (its id is not held)."""
-        if not self._free:
-            self._grow()
-        slot = self._free.pop()
-        self.index[row_id] = slot
-        self._y[slot] = y
-        self._ms[slot] = now_ms
-        self._ids[slot] = row_id
-        self._sources[slot] = source
-        self._order.push(slot)
-
-    def _take(self, slot: int):
-        y, source = self._y[slot].tolist(), self._sources[slot]
-        self._ids[slot] = self._sources[slot] = None
-        self._free.append(slot)
-        return y, source
-
-    def pop(self, row_id: str):
-        """(label, source) of a held id, taken out; None when not held."""
-        slot = self.index.pop(row_id, None)
-        if slot is None:
-            return None
-        self._order.drop_one(slot)
-        return self._take(slot)
-
-    def pop_many(self, ids: list[str]) -> np.ndarray:
-        """The labels of held ids (each held once), taken out: (n,) or (n, m) (their sources are dropped)."""
-        slots = [self.index.pop(row_id) for row_id in ids]
-        rows = np.array(slots, dtype=np.intp)
-        y = self._y[rows]
-        self._order.drop(rows)
-        ids_, sources = self._ids, self._sources
-        for slot in slots:
-            ids_[slot] = sources[slot] = None
-        self._free.extend(slots)
-        return y
-
-    def oldest(self) -> tuple[str, int] | None:
-        """(id, arrival ms) of the oldest label, None when empty."""
-        slot = self._order.oldest()
-        return None if slot < 0 else (self._ids[slot], int(self._ms[slot]))
-
-    def pop_oldest(self) -> tuple[str, object, int, object]:
-        """(id, label, arrival ms, source) of the oldest label, taken out (not empty)."""
-        slot = self._order.pop()
-        row_id, ms = self._ids[slot], int(self._ms[slot])
-        del self.index[row_id]
-        y, source = self._take(slot)
-        return row_id, y, ms, source
-
-    def items(self) -> list[tuple[str, object, int, object]]:
-        """(id, label, arrival ms, source) of every held label, oldest first (the dict keeps arrival order)."""
-        slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
-        sources = [self._sources[s] for s in slots.tolist()]
-        return list(zip(self.index, self._y[slots].tolist(), self._ms[slots].tolist(), sources))
-
 
 class JoinBuffer:
     """Pending feature rows waiting for labels, and early labels waiting for rows.
 
-    Pending rows: a plain dict id -> slot (insertion = arrival order) over growable preallocated
-    arrays X / batch_seq / added_ms, their ids per slot, and an ``ArrivalOrder`` for the
-    oldest-first scans. Early labels: ``EarlyLabels``, the same way. Remembered ids: a bounded
-    FIFO of fingerprints -> LABELLED | EXPIRED (``RecentIds``, fixed memory).
+    Pending rows: ``PendingRows`` (a dict id -> slot over preallocated arrays, in arrival order).
+    Early labels: ``EarlyLabels``, the same way. Remembered ids: a bounded FIFO of fingerprints ->
+    LABELLED | EXPIRED (``RecentIds``, fixed memory).
 
     The common cases (a batch of new ids; labels that all join) take bulk paths with no per-row
     Python; ``fast_paths = False`` forces the row-by-row paths, which give the same results.
@@ -381,19 +125,12 @@ class JoinBuffer:
         self.remember_done = int(remember_done)
 
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._pending: dict[str, int] = {}  # id -> slot, in arrival order
-        self._order = ArrivalOrder()  # the pending slots, oldest first
+        self._rows = PendingRows(self.n_features, self.max_pending_rows)
+        self._pending = self._rows.index  # id -> slot, in arrival order
         y_shape = (0,) if self.target.task == "classification" else (0, self.target.n_outputs)
         y_dtype = np.dtype(np.int64 if self.target.task == "classification" else np.float64)
         self._early = EarlyLabels(y_dtype, y_shape[1:])
         self._done = RecentIds(self.remember_done)
-        self._free: list[int] = []  # slots released by joined / expired rows
-        self._high = 0  # slots [0, _high) have been handed out at least once
-        capacity = min(self.max_pending_rows, 1024)
-        self._X = np.empty((capacity, self.n_features))
-        self._seq = np.empty(capacity, dtype=np.int64)
-        self._added_ms = np.empty(capacity, dtype=np.int64)
-        self._ids = np.empty(capacity, dtype=object)  # per slot: the pending row's id, None when free
         # shared read-only empty results: one-row messages return empty ones per message
         self._no_y = np.empty(y_shape, dtype=y_dtype)
         self._no_X = np.empty((0, self.n_features))
@@ -419,39 +156,12 @@ class JoinBuffer:
 
     def set_early_sources(self, pairs) -> None:
         """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are passed over."""
-        early = self._early
-        for row_id, source in pairs:
-            slot = early.index.get(row_id)
-            if slot is not None:
-                early._sources[slot] = source
+        self._early.set_sources(pairs)
 
     def __repr__(self) -> str:
         return f"JoinBuffer(pending={len(self)}, early={self.n_early}, remembered={len(self._done)})"
 
     # ----------------------------------------------------------- helpers
-    def _grow(self, needed: int) -> None:
-        capacity = len(self._seq)
-        if needed <= capacity:
-            return
-        capacity = max(needed, min(2 * capacity, self.max_pending_rows))
-        for name in ("_X", "_seq", "_added_ms", "_ids"):
-            old = getattr(self, name)
-            new = np.empty((capacity,) + old.shape[1:], dtype=old.dtype)
-            new[: len(old)] = old
-            setattr(self, name, new)
-
-    def _take_slots(self, n: int) -> list[int]:
-        """n free slots: released ones first, then fresh ones (the arrays grow to fit)."""
-        free = self._free
-        reuse = min(n, len(free))
-        slots = free[len(free) - reuse :]
-        del free[len(free) - reuse :]
-        if reuse < n:
-            slots.extend(range(self._high, self._high + n - reuse))
-            self._high += n - reuse
-            self._grow(self._high)
-        return slots
-
     def _unseen(self, ids: list[str]) -> bool:
         """No id is pending, remembered, or repeated (some may have early labels): checked in C loops."""
         return len(set(ids)) == len(ids) and self._pending.keys().isdisjoint(ids) and not self._done.remembers_any(ids)
@@ -471,20 +181,8 @@ class JoinBuffer:
         still in the arrival order (False: the caller popped them from it already)."""
         if not slots:
             return self._empty_rows(rejected, sources)
-        rows = np.array(slots, dtype=np.intp)
-        result = ExpireResult(ids, self._X[rows], self._seq[rows], rejected or [], sources or [])
-        if ordered:
-            self._order.drop(rows)
-        self._ids[rows] = None
-        self._free.extend(slots)
-        return result
-
-    def _add_pending(self, ids: list[str], slots: list[int]) -> None:
-        """Slots (already filled) of new pending rows, in arrival order."""
-        rows = np.array(slots, dtype=np.intp)
-        self._pending.update(zip(ids, slots))
-        self._ids[rows] = ids if len(ids) > 1 else ids[0]  # (a list of one str would not be taken as one object)
-        self._order.push_many(rows)
+        X, seq = self._rows.release(slots, ordered=ordered)
+        return ExpireResult(ids, X, seq, rejected or [], sources or [])
 
     def _duplicate_why(self, row_id: str, kind: int) -> str:
         """Why ``row_id`` (remembered as ``kind``, 0 if not) is a duplicate_id."""
@@ -535,7 +233,7 @@ class JoinBuffer:
             if not self._early or self._early.index.keys().isdisjoint(ids):
                 return self._add_new_rows(ids, X, batch_seq, now_ms)
             return self._add_rows_joining_early(ids, X, batch_seq, now_ms)
-        pending, early, free = self._pending, self._early, self._free
+        pending, early, store = self._pending, self._early, self._rows
         done = self._done.session(ids)
         new_rows, new_slots, join_rows, join_y, rejected = [], [], [], [], []
         for i, row_id in enumerate(ids):
@@ -549,29 +247,19 @@ class JoinBuffer:
                 join_y.append(held[0])
                 done.add(row_id, LABELLED)
                 continue
-            if free:
-                slot = free.pop()
-            else:
-                slot = self._high
-                self._high += 1
+            slot = store.take_one()
             pending[row_id] = slot
             new_rows.append(i)
             new_slots.append(slot)
         if new_slots:
-            self._grow(self._high)
-            self._X[new_slots] = X[new_rows]
-            self._seq[new_slots] = batch_seq
-            self._added_ms[new_slots] = now_ms
-            self._add_pending([ids[i] for i in new_rows], new_slots)
+            store.fill(new_slots, X[new_rows], batch_seq, now_ms)
+            store.add([ids[i] for i in new_rows], new_slots)
 
         done.commit()
         evicted = self._empty_rows()
         over = len(pending) - self.max_pending_rows
         if over > 0:
-            out_slots = [self._order.pop() for _ in range(over)]
-            out_ids = [str(row_id) for row_id in self._ids[out_slots].tolist()]
-            for row_id in out_ids:
-                del pending[row_id]
+            out_ids, out_slots = store.pop_oldest(over)
             self._done.remember(out_ids, EXPIRED)
             evicted = self._release(out_ids, out_slots, ordered=False)
             self.counters["rows_evicted"] += over
@@ -588,12 +276,9 @@ class JoinBuffer:
 
     def _add_new_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
         """add_rows when every id is new and the buffer has room: no per-row Python."""
-        slots = self._take_slots(len(ids))
-        rows = np.array(slots, dtype=np.intp)  # one conversion for the three scatters (a list is converted each time)
-        self._X[rows] = X
-        self._seq[rows] = batch_seq
-        self._added_ms[rows] = now_ms
-        self._add_pending(ids, slots)
+        slots = self._rows.take_slots(len(ids))
+        self._rows.fill(slots, X, batch_seq, now_ms)
+        self._rows.add(ids, slots)
         self.counters["rows_added"] += len(ids)
         empty = self._empty_rows()
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
@@ -704,19 +389,7 @@ class JoinBuffer:
     def expire(self, now_ms: int, batch_seq: int) -> ExpireResult:
         """Rows older than their ttl (returned, remembered as expired) and early labels older than
         ``early_label_ttl_ms`` (rejected as unknown_id)."""
-        pending, ttl_ms, ttl_batches = self._pending, self.row_ttl_ms, self.row_ttl_batches
-        out_ids, out_slots = [], []
-        while pending:
-            slot = self._order.oldest()
-            young_ms = ttl_ms is None or now_ms - int(self._added_ms[slot]) <= ttl_ms
-            young_batches = ttl_batches is None or batch_seq - int(self._seq[slot]) <= ttl_batches
-            if young_ms and young_batches:
-                break
-            self._order.pop()
-            row_id = self._ids[slot]
-            del pending[row_id]
-            out_ids.append(row_id)
-            out_slots.append(slot)
+        out_ids, out_slots = self._rows.expire(now_ms, batch_seq, self.row_ttl_ms, self.row_ttl_batches)
         self._done.remember(out_ids, EXPIRED)
         self.counters["rows_expired"] += len(out_ids)
 
@@ -740,22 +413,18 @@ class JoinBuffer:
         Remembered ids are stored as their fingerprints (``done_fingerprints``, (n, 2) int64, with
         ``done_fingerprint_version``); a state of an older version holds the ids (``done_ids``)
         instead, which ``from_state`` reads too."""
-        slots = np.fromiter(self._pending.values(), dtype=np.int64, count=len(self._pending))
         early = self._early.items()
         early_y = self._y_array([y for _, y, _, _ in early])
         done_fps, done_kinds = self._done.to_arrays()
         return {
-            "pending_ids": _id_array(self._pending),
-            "pending_X": self._X[slots],
-            "pending_batch_seq": self._seq[slots],
-            "pending_added_ms": self._added_ms[slots],
-            "early_ids": _id_array([row_id for row_id, _, _, _ in early]),
+            **self._rows.to_state(),
+            "early_ids": id_array([row_id for row_id, _, _, _ in early]),
             "early_Y": early_y,
             "early_added_ms": np.array([t for _, _, t, _ in early], dtype=np.int64),
             "done_fingerprints": done_fps,
             "done_fingerprint_version": np.array(FINGERPRINT_VERSION, dtype=np.int64),
             "done_kind": done_kinds,
-            "counter_names": _id_array(self.counters),
+            "counter_names": id_array(self.counters),
             "counter_values": np.fromiter(self.counters.values(), dtype=np.int64, count=len(self.counters)),
         }
 
@@ -764,17 +433,7 @@ class JoinBuffer:
         """A buffer equal to the one that wrote ``state`` (kwargs as for __init__). Limits that
         shrank since are enforced by the next add (evictions are returned and counted then)."""
         buf = cls(**kwargs)
-        ids = [str(s) for s in state["pending_ids"].tolist()]
-        X = np.asarray(state["pending_X"], dtype=np.float64)
-        n = len(ids)
-        seq, added = np.asarray(state["pending_batch_seq"]), np.asarray(state["pending_added_ms"])
-        if X.shape != (n, buf.n_features) or seq.shape != (n,) or added.shape != (n,):
-            raise ValueError(f"inconsistent pending rows in state: {n} ids, X {X.shape}, n_features {buf.n_features}")
-        buf._grow(n)
-        buf._X[:n], buf._seq[:n], buf._added_ms[:n] = X, seq, added
-        buf._high = n
-        if n:
-            buf._add_pending(ids, list(range(n)))
+        buf._rows.load(state)
 
         early_ids = [str(s) for s in state["early_ids"].tolist()]
         early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
@@ -804,107 +463,3 @@ class JoinBuffer:
         names = [str(s) for s in state["counter_names"].tolist()]
         buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))
         return buf
-
-
-class MicroBatcher:
-    """Feature rows waiting to form a batch: up to ``max_rows``, or whatever is there once
-    the oldest row has waited ``max_latency_ms``.
-
-    >>> import numpy as np
-    >>> mb = MicroBatcher(max_rows=3, max_latency_ms=50)
-    >>> mb.add(FeatureRows(["a", "b"], np.zeros((2, 1)), np.array([-1, -1])), now_ms=0)
-    >>> mb.due(10), mb.time_to_due(10), mb.due(50)
-    (False, 40, True)
-    >>> mb.take().ids, len(mb)
-    (['a', 'b'], 0)
-    """
-
-    def __init__(self, max_rows: int, max_latency_ms: int):
-        if max_rows < 1 or max_latency_ms < 0:
-            raise ValueError(f"need max_rows >= 1 and max_latency_ms >= 0, got {max_rows}, {max_latency_ms}")
-        self.max_rows = int(max_rows)
-        self.max_latency_ms = int(max_latency_ms)
-        self._chunks: deque[tuple[FeatureRows, int]] = deque()  # (rows, arrival ms), oldest first
-        self._n = 0
-        self._n_features = 0  # remembered for the shape of an empty state
-
-    def __len__(self) -> int:
-        return self._n
-
-    def add(self, rows: FeatureRows | None, now_ms: int) -> None:
-        if rows is None or len(rows) == 0:
-            return
-        self._chunks.append((rows, int(now_ms)))
-        self._n += len(rows)
-        self._n_features = rows.X.shape[1]
-
-    def due(self, now_ms: int) -> bool:
-        """Full, or the oldest row has waited at least max_latency_ms."""
-        return self._n >= self.max_rows or (self._n > 0 and now_ms - self._chunks[0][1] >= self.max_latency_ms)
-
-    def time_to_due(self, now_ms: int) -> int | None:
-        """Milliseconds until due (0 when due), None when empty: a poll timeout."""
-        if self._n == 0:
-            return None
-        if self._n >= self.max_rows:
-            return 0
-        return max(0, self._chunks[0][1] + self.max_latency_ms - int(now_ms))
-
-    def take(self) -> FeatureRows | None:
-        """The oldest rows, at most max_rows (whether due or not), or None when empty."""
-        if self._n == 0:
-            return None
-        if self._n <= self.max_rows:  # all of it (one-row messages: 256 chunks), without a loop per chunk
-            parts = [rows for rows, _ in self._chunks]
-            self._chunks.clear()
-        else:
-            parts, need = [], self.max_rows
-            while need and self._chunks:
-                rows, arrived = self._chunks[0]
-                n = len(rows.ids)
-                if n <= need:
-                    self._chunks.popleft()
-                    parts.append(rows)
-                    need -= n
-                else:
-                    parts.append(_slice(rows, 0, need))
-                    self._chunks[0] = (_slice(rows, need, n), arrived)
-                    need = 0
-        batch = parts[0] if len(parts) == 1 else _concat(parts)
-        self._n -= len(batch.ids)
-        return batch
-
-    def to_state(self) -> dict[str, np.ndarray]:
-        rows = _concat([r for r, _ in self._chunks]) if self._chunks else None
-        arrival = [t for r, t in self._chunks for _ in range(len(r))]
-        return {
-            "ids": _id_array(rows.ids if rows else []),
-            "X": rows.X if rows else np.empty((0, self._n_features)),
-            "ts": rows.ts if rows else np.empty(0, dtype=np.int64),
-            "arrival_ms": np.array(arrival, dtype=np.int64),
-        }
-
-    @classmethod
-    def from_state(cls, state, **kwargs) -> MicroBatcher:
-        mb = cls(**kwargs)
-        ids = [str(s) for s in state["ids"].tolist()]
-        X = np.ascontiguousarray(state["X"], dtype=np.float64)
-        ts, arrival = np.asarray(state["ts"], dtype=np.int64), np.asarray(state["arrival_ms"], dtype=np.int64)
-        if X.ndim != 2 or len(X) != len(ids) or ts.shape != (len(ids),) or arrival.shape != (len(ids),):
-            raise ValueError("inconsistent micro-batcher state")
-        mb._n_features = X.shape[1]
-        # one chunk per run of equal arrival times (batch boundaries depend only on row counts)
-        starts = [0] + [i for i in range(1, len(ids)) if arrival[i] != arrival[i - 1]] + [len(ids)]
-        for a, b in zip(starts[:-1], starts[1:]):
-            if b > a:
-                mb.add(FeatureRows(ids[a:b], X[a:b], ts[a:b].copy()), int(arrival[a]))
-        return mb
-
-
-def _slice(rows: FeatureRows, a: int, b: int) -> FeatureRows:
-    return FeatureRows(rows.ids[a:b], rows.X[a:b], rows.ts[a:b])
-
-
-def _concat(parts: list[FeatureRows]) -> FeatureRows:
-    ids = [row_id for p in parts for row_id in p.ids]
-    return FeatureRows(ids, np.concatenate([p.X for p in parts]), np.concatenate([p.ts for p in parts]))

@@ -60,11 +60,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.stream import codec
 from iolstream.core import state_io
-from iolstream.stream.codec import BadInput, FeatureRows, TargetSpec
+from iolstream.stream import codec, encoding
+from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
 from iolstream.stream.config import StreamConfig
-from iolstream.stream.joinbuffer import JoinBuffer, MicroBatcher
+from iolstream.stream.batcher import MicroBatcher
+from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.core.model import EdRVFL
 
 FEATURE_CACHE_BYTES = 256 * 2**20  # features of recent batches kept for their labels (bounded)
@@ -96,7 +97,7 @@ class StepOutput:
     _encoded: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     def add_predictions(self, ids: list[str], **encode_kwargs) -> None:
-        """One predicted batch, kept as arrays until ``predictions`` is read (see codec.encode_predictions)."""
+        """One predicted batch, kept as arrays until ``predictions`` is read (see encoding.encode_predictions)."""
         self._unencoded.append((ids, encode_kwargs))
         self.rows_predicted += len(ids)
 
@@ -105,7 +106,7 @@ class StepOutput:
         """(key = row id, JSON value) per predicted row, in order."""
         if self._unencoded:
             for ids, kwargs in self._unencoded:
-                self._encoded.extend(zip(ids, codec.encode_predictions(ids, **kwargs)))
+                self._encoded.extend(zip(ids, encoding.encode_predictions(ids, **kwargs)))
             self._unencoded = []
         return self._encoded
 
@@ -157,11 +158,7 @@ class StreamProcessor:
         self.n_candidates = len(model.learners)
         self._payload_width = mc.n_inputs + 3 + self.n_candidates * mc.n_layers * mc.m
         self.batcher = MicroBatcher(cfg.batch_rows, cfg.max_batch_latency_ms)
-        self.join = JoinBuffer(
-            target=self.target, n_features=self._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
-            row_ttl_batches=cfg.row_ttl_batches, early_label_ttl_ms=cfg.early_label_ttl_ms,
-            max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
-        )  # fmt: skip
+        self.join = JoinBuffer(**self._join_settings())
         self.held: list[FeatureRows] = []  # batches waiting for the warm-up scaler
         self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
         self.label_queue: list = []  # joined rows waiting to be folded in: (payload (j, w), Y, batch_seq)
@@ -213,7 +210,7 @@ class StreamProcessor:
         keep = [i for i, row_id in enumerate(rows.ids) if row_id not in self._queued_ids]
         rejected = [
             (BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-             codec.feature_message(row_id, rows.X[i], int(rows.ts[i])))
+             encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])))
             for i, row_id in enumerate(rows.ids) if row_id in self._queued_ids
         ]  # fmt: skip
         self.join.counters["rows_duplicate"] += len(rejected)
@@ -458,6 +455,15 @@ class StreamProcessor:
         return c
 
     # ------------------------------------------------------------- state
+    def _join_settings(self) -> dict:
+        """The JoinBuffer's keyword arguments: the target, the payload width and the stream's bounds."""
+        cfg = self.cfg
+        return dict(
+            target=self.target, n_features=self._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
+            row_ttl_batches=cfg.row_ttl_batches, early_label_ttl_ms=cfg.early_label_ttl_ms,
+            max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
+        )  # fmt: skip
+
     def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """(manifest, arrays) of everything consumed so far; the feature cache is not kept (recomputable)."""
         manifest, arrays = state_io.model_to_arrays(self.model)
@@ -501,7 +507,7 @@ class StreamProcessor:
         if len(held.get("ids", ())):
             rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
             bounds = np.concatenate([[0], np.cumsum(held.get("sizes", [len(rows)]))])
-            proc.held = [_slice(rows, a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+            proc.held = [rows.take(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
         proc.batcher = MicroBatcher.from_state(
             {k[len("batcher/") :]: v for k, v in arrays.items() if k.startswith("batcher/")},
             max_rows=cfg.batch_rows, max_latency_ms=cfg.max_batch_latency_ms,
@@ -510,11 +516,8 @@ class StreamProcessor:
         if "batcher/ids" in arrays:
             proc._queued_ids.update(str(i) for i in arrays["batcher/ids"].tolist())
         proc.join = JoinBuffer.from_state(
-            {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")},
-            target=proc.target, n_features=proc._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
-            row_ttl_batches=cfg.row_ttl_batches, early_label_ttl_ms=cfg.early_label_ttl_ms,
-            max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
-        )  # fmt: skip
+            {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")}, **proc._join_settings()
+        )
         proc.join.set_early_sources((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
         if "queue/payload" in arrays:
             proc.label_queue = [(arrays["queue/payload"], arrays["queue/y"], arrays["queue/seq"])]
@@ -546,10 +549,6 @@ def _payload_of_this_version(arrays: dict, version: int, layout, model: EdRVFL) 
 def _tuples(value):
     """JSON lists back to the tuples they were written from (sources are tuples or scalars)."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _slice(rows: FeatureRows, a: int, b: int) -> FeatureRows:
-    return FeatureRows(rows.ids[a:b], rows.X[a:b], rows.ts[a:b])
 
 
 def _concat_rows(rows: list[FeatureRows], k: int) -> dict[str, np.ndarray]:

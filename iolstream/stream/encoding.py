@@ -1,0 +1,125 @@
+"""Stored rows and labels -> one-row messages, predictions -> JSON (SPEC §5). No I/O, no Kafka types.
+
+The one-row messages (``{"id":..,"x":..}`` / ``{"id":..,"y":..}``) are what a refused row or label
+becomes as a dead letter: each decodes on its own (``codec.decode_features`` / ``decode_labels``)
+to the same problem.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import orjson
+
+from iolstream.stream.rows import TargetSpec
+
+
+def row_message(id_value, key: str, value, ts=None) -> bytes:
+    """``{"id": id_value, key: value[, "ts": ts]}`` as JSON bytes."""
+    msg = {"id": id_value, key: value}
+    if ts is not None:
+        msg["ts"] = ts
+    # orjson (3.13) returns its ~4 KB working buffer as the bytes object's memory: a copy holds
+    # only the message. Dead letters are held in bulk (100,000 early labels expiring at once: 410 MB)
+    return bytes(memoryview(orjson.dumps(msg)))
+
+
+def encode_label(label, target: TargetSpec):
+    """The JSON-able y of one stored label: the class itself, a float (m = 1) or a list of floats."""
+    if target.task == "classification":
+        return target.classes[int(label)]
+    values = np.asarray(label, dtype=np.float64).reshape(-1).tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def label_message(row_id: str, label, target: TargetSpec) -> bytes:
+    """A one-row label message ``{"id":..,"y":..}`` for a stored label (class index or values)."""
+    return row_message(row_id, "y", encode_label(label, target))
+
+
+def feature_message(row_id: str, x: np.ndarray, ts: int = -1) -> bytes:
+    """A one-row feature message ``{"id":..,"x":..[,"ts":..]}`` for a stored row."""
+    return row_message(row_id, "x", np.asarray(x, dtype=np.float64).tolist(), int(ts) if ts >= 0 else None)
+
+
+def encode_predictions(
+    ids: list[str],
+    y_hat: np.ndarray,
+    proba: np.ndarray | None,
+    *,
+    model_version: int,
+    ts_in: np.ndarray | None,
+    ts_out_ms: int,
+    mode: str,
+    classes: tuple | None,
+) -> list[bytes]:
+    """One JSON prediction per row (SPEC §5).
+
+    y_hat   : classification (``classes`` given): (b,) int class indices, emitted as the class
+              itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
+    proba   : (b, m) class probabilities (classification) or None
+    ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
+    Fields: id, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode.
+    Non-finite floats are written as null (orjson's rule).
+
+    The whole batch is serialised by a few orjson calls and split, then each row's message is
+    one bytes template fill: bytes equal to one orjson.dumps of a dict per row (tests/naive.py), ~3× faster.
+
+    >>> encode_predictions(["a"], np.array([1]), np.array([[0.25, 0.75]]), model_version=3,
+    ...                    ts_in=np.array([-1]), ts_out_ms=99, mode="forward", classes=("no", "yes"))
+    [b'{"id":"a","y_hat":"yes","proba":[0.25,0.75],"model_version":3,"ts":99,"mode":"forward"}']
+    """
+    b = len(ids)
+    if b == 0:
+        return []
+    id_json = _split_json_list(orjson.dumps(ids), b)
+    if id_json is None:  # an id with a comma in it: one call per id
+        id_json = [orjson.dumps(i) for i in ids]
+    head = b'{"id":%b,"y_hat":%b'
+    if classes is not None:
+        class_json = _class_json(classes)
+        y_json = [class_json[i] for i in np.asarray(y_hat).reshape(b).tolist()]
+    else:
+        values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
+        if values.shape[1] > 1:
+            head = b'{"id":%b,"y_hat":[%b]'
+        y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
+    parts = [id_json, y_json]
+    if proba is not None:
+        head += b',"proba":[%b]'
+        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
+    head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
+    tail = b',"mode":%b}' % orjson.dumps(mode)
+    event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
+    if event is None or (event < 0).all():
+        fill = head + tail.replace(b"%", b"%%")
+        return [fill % row for row in zip(*parts)]
+    with_event = head + b',"event_ts":%d' + tail.replace(b"%", b"%%")
+    without = head + tail.replace(b"%", b"%%")
+    events = event.tolist()
+    # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
+    if proba is None:
+        return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
+    return [with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)]
+
+
+def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
+    """The b elements of a JSON array of scalars, split at its commas (None if an element has one)."""
+    items = raw[1:-1].split(b",")
+    return items if len(items) == b else None
+
+
+def _rows_json(values: np.ndarray) -> list[bytes]:
+    """Each element of a (b,) float array as JSON, or each row of a (b, m) one without its brackets
+    (the message template has them), from one orjson call."""
+    raw = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)
+    if values.ndim == 1:
+        return raw[1:-1].split(b",")
+    return raw[2:-2].split(b"],[")
+
+
+@lru_cache(maxsize=32)
+def _class_json(classes: tuple) -> list[bytes]:
+    return [orjson.dumps(c) for c in classes]
+

@@ -1,0 +1,141 @@
+"""What the codec yields and refuses: validated rows, the target they are labelled for, and the
+reasons a message (or one row of it) is refused (SPEC §5). No I/O, no Kafka types.
+
+    >>> rows = FeatureRows(["a", "b", "c"], np.zeros((3, 2)), np.array([-1, 5, -1]))
+    >>> rows.take(1, 3).ids, FeatureRows.concat([rows.take(0, 1), rows.take(2, 3)]).ts.tolist()
+    (['b', 'c'], [-1, -1])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+REASONS: tuple[str, ...] = (
+    "malformed_json",  # not JSON (also: empty value, NaN/Infinity tokens, numbers overflowing a double)
+    "bad_schema",  # not an object, wrong types, ids/x lengths differ, empty batch
+    "missing_id",  # id absent, null or ""
+    "wrong_feature_count",
+    "non_finite",  # null (NaN as serialised by orjson/JS) in x or a regression y
+    "unknown_class",
+    "bad_label",  # wrong type/shape of y for the task
+    "oversize",  # value longer than max_bytes (checked before parsing)
+    "unknown_id",  # label whose feature row never came within the wait
+    "expired_id",  # label for a row that expired (or was evicted) before its label came
+    "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
+)
+
+MAX_DETAIL_CHARS = 500
+
+
+class BadInput(Exception):
+    """Why a message (or one row of it) was rejected.
+
+    reason : one of REASONS (stable: used in metrics and dead-letter headers)
+    detail : one line naming what was wrong, e.g. "row 3: expected 18 features, got 17"
+    """
+
+    def __init__(self, reason: str, detail: str):
+        if reason not in REASONS:
+            raise ValueError(f"unknown dead-letter reason {reason!r}; expected one of {REASONS}")
+        detail = " ".join(str(detail).split())  # one line
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = detail[: MAX_DETAIL_CHARS - 3] + "..."
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, BadInput):
+            return NotImplemented
+        return (self.reason, self.detail) == (other.reason, other.detail)
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.detail))
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureRows:
+    """Validated feature rows.
+
+    ids : list of b unique non-empty str
+    X   : ndarray of shape (b, k), float64, C-contiguous, all finite
+    ts  : ndarray of shape (b,), int64 — event time in ms, -1 where absent
+    """
+
+    ids: list[str]
+    X: np.ndarray
+    ts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, a: int, b: int) -> FeatureRows:
+        """Rows [a, b) (views of X and ts, not copies)."""
+        return FeatureRows(self.ids[a:b], self.X[a:b], self.ts[a:b])
+
+    @staticmethod
+    def concat(parts: list[FeatureRows]) -> FeatureRows:
+        """The rows of ``parts`` one after the other (copies)."""
+        ids = [row_id for p in parts for row_id in p.ids]
+        return FeatureRows(ids, np.concatenate([p.X for p in parts]), np.concatenate([p.ts for p in parts]))
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRows:
+    """Validated labels.
+
+    ids : list of b unique non-empty str
+    Y   : classification: ndarray of shape (b,), int64 — index into TargetSpec.classes;
+          regression: ndarray of shape (b, m), float64, all finite
+    """
+
+    ids: list[str]
+    Y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a label is: ``classification`` over declared ``classes`` (all int or all str, at
+    least 2, distinct; ``n_outputs == len(classes)``) or ``regression`` with ``n_outputs`` values."""
+
+    task: str
+    classes: tuple | None
+    n_outputs: int
+
+    def __post_init__(self):
+        if self.task == "classification":
+            classes = tuple(self.classes) if self.classes is not None else ()
+            all_int = all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes)
+            all_str = all(isinstance(c, str) for c in classes)
+            if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str):
+                raise ValueError(f"classes must be at least 2 distinct ints or strings, got {self.classes!r}")
+            classes = tuple(int(c) for c in classes) if all_int else classes
+            object.__setattr__(self, "classes", classes)
+            if self.n_outputs != len(classes):
+                raise ValueError(f"n_outputs must equal the number of classes ({len(classes)}), got {self.n_outputs}")
+        elif self.task == "regression":
+            if self.classes is not None:
+                raise ValueError("regression takes no classes")
+            if not isinstance(self.n_outputs, int) or isinstance(self.n_outputs, bool) or self.n_outputs < 1:
+                raise ValueError(f"n_outputs must be an int >= 1, got {self.n_outputs!r}")
+        else:
+            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
+
+    @classmethod
+    def classification(cls, classes) -> TargetSpec:
+        classes = tuple(classes)
+        return cls("classification", classes, len(classes))
+
+    @classmethod
+    def regression(cls, n_outputs: int = 1) -> TargetSpec:
+        return cls("regression", None, n_outputs)
+
+
