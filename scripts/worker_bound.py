@@ -121,7 +121,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=2, help="rounds of the three modes, alternating")
     p.add_argument("--bootstrap", default="127.0.0.1:19092")
     args = p.parse_args()
-    from iolstream.tools.bench import bench_core_step
+    from iolstream.tools.bench_core import bench_core_step
 
     learner = [bench_core_step("small", "float64", seconds=3.0).rows_per_second]
     rates = {mode: [] for mode in MODES}

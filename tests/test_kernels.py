@@ -272,8 +272,8 @@ def test_cholesky_helpers_equal_numpy():
     inv = linalg.inverse_from_cholesky(factor)
     assert inv.flags.f_contiguous and np.array_equal(inv, inv.T)
     np.testing.assert_allclose(inv, np.linalg.inv(spd), rtol=1e-10, atol=1e-13, err_msg=f"seed={seed}")
-    np.testing.assert_allclose(linalg.gemm(spd, rhs), spd @ rhs, rtol=1e-13)
-    np.testing.assert_allclose(linalg.gemm(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4)
+    np.testing.assert_allclose(linalg.product(spd, rhs), spd @ rhs, rtol=1e-13)
+    np.testing.assert_allclose(linalg.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4)
     with pytest.raises(linalg.NotPositiveDefinite):
         linalg.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
 

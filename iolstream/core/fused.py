@@ -22,7 +22,7 @@ import numba as nb
 import numpy as np
 
 from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower
-from iolstream.core.kernels import JIT, _activate
+from iolstream.core.kernels import JIT, activate
 
 JIT_PARALLEL = dict(JIT, parallel=True)
 ROW_ALIGN = 16  # row chunks start on multiples of 16 rows (whole cache lines of float32/float64)
@@ -67,7 +67,7 @@ def features_rows(x, weights_t, biases, code, bias_column, out, r0, r1, shift):
             for j in range(n_nodes):
                 bj = bias[j]
                 for i in range(r0, r1):
-                    d_t[j, i] = _activate(d_t[j, i] + bj, code)
+                    d_t[j, i] = activate(d_t[j, i] + bj, code)
 
 
 @nb.njit(**JIT)

@@ -1,7 +1,7 @@
 """Numba's on-disk cache of the kernels, stamped with every kernel file, not only the kernel's own.
 
 Numba keeps a compiled kernel until the file that defines it changes. A kernel that calls a
-function from another file (``fused`` calls ``kernels._activate`` and the ``blaslib`` wrappers;
+function from another file (``fused`` calls ``kernels.activate`` and the ``blaslib`` wrappers;
 all of them take their flags from ``kernels.JIT``) carries its own copy of that function, so an
 edit there left the cached kernel as it was: computing the old way, or crashing when an
 interface changed (Numba's documented limitation, "changes in other files are not detected").

@@ -32,7 +32,7 @@ JIT = dict(cache=True, nogil=True, fastmath=False)
 
 
 @nb.njit(**JIT)
-def _activate(v, code):
+def activate(v, code):
     if code == 0:  # relu
         return v if v > 0.0 else 0.0 * v
     if code == 1:  # sigmoid, stable on both tails

@@ -54,7 +54,7 @@ def check_half_life(half_life) -> float | None:
     return float(half_life)
 
 
-def _as_lams(lam, n_layers: int) -> list[float]:
+def as_lams(lam, n_layers: int) -> list[float]:
     lams = [float(lam)] * n_layers if np.isscalar(lam) else [float(v) for v in lam]
     if len(lams) != n_layers:
         raise ValueError(f"lam: expected a scalar or {n_layers} values (one per layer), got {len(lams)}")
@@ -138,7 +138,7 @@ class OnlineLearner:
     # ------------------------------------------------------------------ state
     def initial_state(self) -> LearnerState:
         """η_0 = (λI)⁻¹, β = 0 for every layer."""
-        lams = _as_lams(self.lam, self.n_layers)
+        lams = as_lams(self.lam, self.n_layers)
         arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward")
         return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
 
@@ -329,7 +329,7 @@ class OnlineLearner:
                 self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
             if ls.gram_labelled is not None:
                 linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.gemm(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
+            ls.rhs += linalg.product(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
 
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
         """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).

@@ -171,7 +171,7 @@ class LayerState:
         """β = A⁻¹ c with the cached factor (Theorem 1: β equals the offline expert)."""
         arrays, index = self._arrays, self._index
         if arrays.factor_inverse[index]:
-            arrays.beta[index].T[...] = linalg.gemm(self.factor, self.rhs)
+            arrays.beta[index].T[...] = linalg.product(self.factor, self.rhs)
         else:
             if arrays.factor_stale[index]:
                 self.refactor()

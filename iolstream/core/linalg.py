@@ -67,11 +67,11 @@ def inverse_from_cholesky(factor: np.ndarray) -> np.ndarray:
     return np.asfortranarray(symmetric(inv))
 
 
-def gemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False) -> np.ndarray:
+def product(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False) -> np.ndarray:
     """a · b (or aᵀ · b) through SciPy's BLAS (keeps one OpenBLAS pool busy, not two).
 
     Pass F-ordered operands: f2py copies a C-ordered one first. For Dᵀ·Y with Dᵀ held
-    C-ordered as ``d_t``, call ``gemm(d_t.T, y, trans_a=True)``: no copy of D.
+    C-ordered as ``d_t``, call ``product(d_t.T, y, trans_a=True)``: no copy of D.
     """
     if a.dtype == np.float32 and b.dtype == np.float32:
         return blas.sgemm(1.0, a, b, trans_a=int(trans_a))

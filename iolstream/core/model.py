@@ -98,9 +98,9 @@ class ModelConfig:
                 bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
         try:
             if self.lam != "auto":
-                learner._as_lams(self.lam, self.n_layers)
+                learner.as_lams(self.lam, self.n_layers)
         except ValueError as exc:
-            raise ValueError(f"model.{exc}") from None  # _as_lams' message starts with "lam:"
+            raise ValueError(f"model.{exc}") from None  # as_lams' message starts with "lam:"
         if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
             bad("seed", "an integer ≥ 0", self.seed)
         for key in ("bias_column", "track_regret"):
@@ -493,7 +493,7 @@ class EdRVFL:
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
         bound = bound_fn(
             st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
-            min(learner._as_lams(lam, self.config.n_layers)),
+            min(learner.as_lams(lam, self.config.n_layers)),
         )  # fmt: skip
         return RegretReport(losses, experts, losses - experts, bound)
 

@@ -51,7 +51,7 @@ class OSELM:
         self.config = config
         k, n_nodes = config.n_inputs, config.n_nodes
         lam = ModelConfig.lam if config.lam == "auto" else config.lam  # auto: OS-ELM takes the default λ
-        self.lam = max(learner_mod._as_lams(lam, config.n_layers))
+        self.lam = max(learner_mod.as_lams(lam, config.n_layers))
         self.scaler = Scaler(
             config.scaler, k, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )

@@ -39,7 +39,7 @@ import yaml
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from iolstream.tools.bench import bench_core_step
+from iolstream.tools.bench_core import bench_core_step
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
 BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite

@@ -341,15 +341,15 @@ class EvaluationResult:
                 "order", "prequential_first20", "prequential_last20",
             )
         }  # fmt: skip
-        out["curve"] = [[int(t), _finite(v)] for t, v in self.curve]
-        out["window_curve"] = [[int(r), _finite(v)] for r, v in self.window_curve]
+        out["curve"] = [[int(t), finite_or_none(v)] for t, v in self.curve]
+        out["window_curve"] = [[int(r), finite_or_none(v)] for r, v in self.window_curve]
         if per_batch:
-            out["batch_prequential"] = [_finite(v) for v in self.batch_prequential]
-            out["batch_loss"] = [_finite(v) for v in self.batch_loss]
-        return {k: _finite(v) if isinstance(v, float) else v for k, v in out.items()}
+            out["batch_prequential"] = [finite_or_none(v) for v in self.batch_prequential]
+            out["batch_loss"] = [finite_or_none(v) for v in self.batch_loss]
+        return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def _finite(v):
+def finite_or_none(v):
     if v is None:
         return None
     v = float(v)

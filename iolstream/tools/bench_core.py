@@ -1,0 +1,131 @@
+"""The core suite's measurement: one full -F step of a config, its minimal FLOPs per row and the GEMM
+rate NumPy reaches on the same shapes in the same run (``bench --suite core``; ``bench_kafka`` reuses it
+for the learner-only rate beside the end-to-end one).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from iolstream.core.model import EdRVFL, ModelConfig
+
+CONFIGS = {
+    # name: (k, m, N, L, b)
+    "small": (10, 10, 128, 4, 256),
+    "poker": (10, 10, 989, 5, 2200),
+}
+
+
+def minimal_flops_per_row(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True) -> dict:
+    """FLOPs per row of one -F step, the least the algorithm needs (issue #5's accounting).
+
+    Per layer: features 2·fan_in·N; Gram n² (symmetric rank-b update, b·n² per batch);
+    Cholesky n³/3 per batch; one β solve 2n²m per batch (two triangular solves: the β that
+    predicts the batch; the β after its labels is never used before the next batch's Gram
+    changes A, so it need not be solved); prediction 2nm; label fold-in DᵀY 2nm.
+    """
+    n = n_nodes + k + int(bias_column)
+    parts = {"features": 0.0, "gram": 0.0, "cholesky": 0.0, "solves": 0.0, "predict_and_fold": 0.0}
+    for layer in range(n_layers):
+        fan_in = k if layer == 0 else n_nodes + k
+        parts["features"] += 2.0 * fan_in * n_nodes
+        parts["gram"] += float(n * n)
+        parts["cholesky"] += n**3 / 3.0 / b
+        parts["solves"] += 2.0 * n * n * m / b
+        parts["predict_and_fold"] += 4.0 * n * m
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def gemm_rate(shape_mk_kn: list[tuple[int, int, int]], dtype, seconds: float = 0.6) -> float:
+    """GFLOP/s NumPy's matmul reaches on these (M, K, N) shapes: the better of one thread and
+    all cores (on a shared machine either can win), each shape weighted like the workload."""
+    import os
+
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    operands = [
+        (rng.standard_normal((m_, k_)).astype(dtype), rng.standard_normal((k_, n_)).astype(dtype))
+        for m_, k_, n_ in shape_mk_kn
+    ]
+    best = 0.0
+    for threads in sorted({1, os.cpu_count() or 1}):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            total_flops, total_time = 0.0, 0.0
+            for a, b in operands:
+                a @ b  # warm
+                reps, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds / len(operands):
+                    a @ b
+                    reps += 1
+                total_time += time.perf_counter() - t0
+                total_flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1] * reps
+        best = max(best, total_flops / total_time / 1e9)
+    return best
+
+
+@dataclass
+class CoreResult:
+    config: str
+    dtype: str
+    k: int
+    m: int
+    n_nodes: int
+    n_layers: int
+    batch: int
+    rows_per_second: float
+    minimal_flops_per_row: float
+    achieved_gflops: float
+    gemm_gflops: float
+    efficiency: float
+    seconds: float
+    flops_breakdown: dict
+
+
+def bench_core_step(name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto") -> CoreResult:
+    k, m, n_nodes, n_layers, b = CONFIGS[name]
+    cfg = ModelConfig(
+        n_inputs=k, n_outputs=m, n_nodes=n_nodes, n_layers=n_layers, scaler="none", dtype=dtype, solver=solver,
+        track_regret=False,
+    )  # fmt: skip
+    model = EdRVFL(cfg)
+    from iolstream.core import runtime
+
+    runtime.configure_for_model(model)
+    rows_s, elapsed = _time_steps(model, k, m, b, seconds)
+    flops = minimal_flops_per_row(k, m, n_nodes, n_layers, b)
+    shapes = [(b, k, n_nodes)] + [(b, n_nodes + k, n_nodes)] * (n_layers - 1)
+    gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
+    achieved = flops["total"] * rows_s / 1e9
+    return CoreResult(
+        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops
+    )
+
+
+def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[float, float]:
+    """rows/s of full -F steps (observe batch t+1, learn batch t), after warm-up steps that load
+    every kernel and let the model's StepTuner time each of its settings once."""
+    rng = np.random.default_rng(0)
+    pool = 8
+    xs = [rng.standard_normal((b, k)) for _ in range(pool)]
+    ys = [np.eye(m)[rng.integers(0, m, b)] for _ in range(pool)]
+    prev = model.observe(xs[0])
+    steps, t0 = 0, time.perf_counter()
+    tuner = model.thread_tuner
+    warm = 2 + (2 * len(tuner.settings) if tuner is not None else 0)
+    while True:
+        if steps == warm:
+            t0 = time.perf_counter()
+        i = steps + 1
+        pred = model.observe(xs[i % pool])  # -F: Gram in, then predict
+        model.learn(prev.features_t, ys[(i - 1) % pool], predicted=prev.layer_outputs)  # labels one batch late
+        prev = pred
+        steps += 1
+        if steps > warm + 2 and time.perf_counter() - t0 >= seconds:
+            break
+    elapsed = time.perf_counter() - t0
+    return (steps - warm) * b / elapsed, elapsed
