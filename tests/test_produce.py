@@ -14,7 +14,8 @@ from iolstream.tools import cli
 from iolstream.tools import produce
 from iolstream.tools.datasets import load
 from iolstream.tools.evaluate import Protocol, make_split
-from iolstream.tools.produce import PlanOptions, learning_curve, plan, plan_summary
+from iolstream.tools.follow import learning_curve
+from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary
 
 
 def rows(n: int, k: int = 3):
@@ -126,7 +127,7 @@ def test_send_keeps_the_rate_and_delays_labels_by_seconds(monkeypatch):
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
     X, y = rows(20)
     started = time.monotonic()
-    summary = produce.send(produce.iter_plan(X, y, PlanOptions()), producer_conf={}, features_topic="F",
+    summary = produce.send(iter_plan(X, y, PlanOptions()), producer_conf={}, features_topic="F",
                            labels_topic="L", rate=100.0, label_delay_seconds=0.3)  # fmt: skip
     assert summary["feature_rows"] == summary["label_rows"] == 20
     feature_at = {m["id"]: t for t, topic, m in FakeProducer.sent if topic == "F"}

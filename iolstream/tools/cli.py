@@ -16,9 +16,7 @@ print one line, ``iolstream <command>: error: <what is wrong>``, and exit with c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
-import math
 import os
 import sys
 
@@ -40,34 +38,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _number(kind, low: float, strict: bool, words: str):
-    """An argparse ``type`` accepting a finite ``kind`` ≥ low (> low when ``strict``)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
-        if not (math.isfinite(value) and (value > low if strict else value >= low)):
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = _number(int, 1, False, "a positive integer")
-non_negative_int = _number(int, 0, False, "an integer ≥ 0")
-positive_float = _number(float, 0.0, True, "a positive number")
-non_negative_float = _number(float, 0.0, False, "a number ≥ 0")
-
-
-def model_defaults() -> dict:
-    """ModelConfig's field defaults, the single source of the CLI's model defaults."""
-    from iolstream.core.model import ModelConfig
-
-    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
 
 
 def build_parser(command: str | None = None) -> ArgumentParser:

@@ -38,6 +38,7 @@ import numpy as np
 
 from iolstream.core import runtime
 from iolstream.tools.baselines import BASELINES, make_baseline
+from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.datasets import DATASETS, DataError, Dataset
 from iolstream.core.kernels import ACTIVATIONS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, EdRVFL, ModelConfig
@@ -519,7 +520,7 @@ def evaluate(
 
 def add_parser(subparsers):
     """``iolstream evaluate``: the protocol above, as a command."""
-    from iolstream.tools.cli import model_defaults, positive_float, positive_int
+    from iolstream.tools.common import model_defaults, positive_float, positive_int
 
     defaults = model_defaults()
     p = subparsers.add_parser(
@@ -610,7 +611,7 @@ def main(args) -> int:
 
     from iolstream.tools import datasets
     from iolstream.tools import drift
-    from iolstream.tools.cli import model_defaults
+    from iolstream.tools.common import model_defaults
     from iolstream.tools.progress import ProgressBar, Table
 
     defaults = model_defaults()
@@ -744,11 +745,7 @@ def _summary(results, stream) -> None:
 
 def plot_curves(results, path: str, *, title: str = "") -> None:
     """Test metric over rows seen (log x), one line per mode/baseline (the paper's Figs. 4, 6, 9)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
         ax.plot(r.curve_rows, [v for _, v in r.curve], marker="o", markersize=3, label=r.name)
@@ -758,22 +755,12 @@ def plot_curves(results, path: str, *, title: str = "") -> None:
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_windows(results, path: str, drift_rows: list[int], *, title: str = "") -> None:
     """The windowed prequential metric over rows (linear x), one line per learner, drift points as dashed lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in results:
         eff = r.config.get("effective")
@@ -786,13 +773,7 @@ def plot_windows(results, path: str, drift_rows: list[int], *, title: str = "") 
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------ arg helpers
@@ -811,7 +792,7 @@ def _auto_or(kind):
 def _batch(text: str) -> float:
     import argparse
 
-    from iolstream.tools.cli import positive_float
+    from iolstream.tools.common import positive_float
 
     value = positive_float(text)
     if value >= 1:

@@ -1,154 +1,32 @@
 """``iolstream produce``: replay a data set into the features and labels topics.
 
-The message plan is pure (``iter_plan``/``plan``) and testable without Kafka: features
-go out in order (row or batch messages); each label becomes due ``label_delay_rows``
-rows after its features (and, when sending, ``label_delay_seconds`` later still), and
-may be dropped (never sent), duplicated, or shuffled within a window (out of order).
-``send`` is the thin Kafka part: one idempotent producer, id as key, optional rate
-limit, event time ("ts", ms) stamped when a features message is sent.
+The message plan is pure and lives in ``plan`` (``iter_plan``/``plan``, re-exported here). ``send`` is
+the thin Kafka part: one idempotent producer, id as key, optional rate limit, event time ("ts", ms)
+stamped when a features message is sent. ``--follow`` reads the predictions back (``follow.Follower``).
 
-``Follower`` reads the predictions topic while a replay runs and joins every
-prediction with the label the replay knows (sent or not): the prequential metric of
-what the worker actually emitted, live, and as a learning curve (``plot_curve``).
-
-    >>> import numpy as np
-    >>> msgs = plan(np.arange(6.0).reshape(3, 2), ["a", "b", "a"], PlanOptions(label_delay_rows=1, with_ts=False))
-    >>> [(m.kind, m.encode()) for m in msgs][:4]  # doctest: +NORMALIZE_WHITESPACE
-    [('features', b'{"id":"r0","x":[0.0,1.0]}'), ('features', b'{"id":"r1","x":[2.0,3.0]}'),
-     ('labels', b'{"id":"r0","y":"a"}'), ('features', b'{"id":"r2","x":[4.0,5.0]}')]
+    >>> msgs = plan(np.arange(4.0).reshape(2, 2), ["a", "b"], PlanOptions(with_ts=False))
+    >>> plan_summary(msgs)["feature_rows"], msgs[0].encode()
+    (2, b'{"id":"r0","x":[0.0,1.0]}')
 """
+
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
+
+from iolstream.tools.follow import Follower, plot_curve
+from iolstream.tools.plan import Message, PlanOptions, iter_plan, plan, plan_summary, row_ids
+
+__all__ = ["PlanOptions", "iter_plan", "plan", "send", "create_topics", "resolve_target", "load_rows"]  # plan: re-exported
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    batch_rows: int = 1  # rows per message: 1 = row messages {"id", "x"}, more = batch messages {"ids", "x"}
-    label_delay_rows: int = 0  # a label is sent once this many later rows have been sent
-    label_delay_seconds: float = 0.0  # ... and this long after it became due (applied by ``send``)
-    missing_fraction: float = 0.0  # labels never sent
-    duplicate_fraction: float = 0.0  # labels sent twice
-    shuffle_window: int = 0  # labels shuffled within windows of this many (out of order)
-    with_ts: bool = True  # event time on features (the wall clock when sent)
-    id_prefix: str = "r"
-    seed: int = 0
-
-    def __post_init__(self):
-        for key in ("missing_fraction", "duplicate_fraction"):
-            value = getattr(self, key)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"--{key.replace('_', '-')}: must be in [0, 1), got {value}")
-        for key in ("batch_rows", "label_delay_rows", "shuffle_window"):
-            if getattr(self, key) < (1 if key == "batch_rows" else 0):
-                raise ValueError(f"--{key.replace('_', '-')}: out of range: {getattr(self, key)}")
-        if not (math.isfinite(self.label_delay_seconds) and self.label_delay_seconds >= 0):
-            raise ValueError(f"--label-delay-seconds: must be ≥ 0, got {self.label_delay_seconds}")
-        if not self.id_prefix:
-            raise ValueError("--id-prefix: must not be empty")
-
-
-@dataclass
-class Message:
-    kind: str  # "features" or "labels"
-    key: bytes
-    obj: dict  # the JSON object, without "ts" (stamped by ``encode``)
-    rows: int
-    due_row: int  # feature rows sent before this message (for rate-limited replays)
-    stamp: bool = False  # features with event time
-
-    def encode(self, now_ms: int | None = None) -> bytes:
-        """The message value; features get ``"ts": now_ms`` when stamped (one int for a batch)."""
-        if self.stamp and now_ms is not None:
-            return orjson.dumps({**self.obj, "ts": int(now_ms)})
-        return orjson.dumps(self.obj)
-
-
-def _label_value(y):
-    return y.item() if hasattr(y, "item") else y
-
-
-def row_ids(n: int, options: PlanOptions) -> list[str]:
-    return [f"{options.id_prefix}{i}" for i in range(n)]
-
-
-def iter_plan(X: np.ndarray, y, options: PlanOptions) -> Iterator[Message]:
-    """The exact sequence of messages a replay sends (features and labels interleaved), lazily."""
-    rng = np.random.default_rng(options.seed)
-    n = len(X)
-    ids = row_ids(n, options)
-    send = rng.random(n) >= options.missing_fraction
-    twice = rng.random(n) < options.duplicate_fraction
-    label_order = np.arange(n)
-    if options.shuffle_window > 1:
-        for start in range(0, n, options.shuffle_window):
-            rng.shuffle(label_order[start : start + options.shuffle_window])
-    label_queue = deque(label_order.tolist())
-    pending: deque[int] = deque()  # label rows due, in send order
-    repeats: list[int] = []  # duplicates go out with the next flush, never in the same message
-    b = options.batch_rows
-
-    def y_of(i: int):
-        v = y[i]
-        return _label_value(v) if np.ndim(v) == 0 else np.asarray(v, float).tolist()
-
-    def flush_labels(limit_row: int | None, sent_rows: int) -> Iterator[Message]:
-        # labels whose features went out at least label_delay_rows rows ago, in (shuffled) order
-        pending.extend(repeats)
-        repeats.clear()
-        while label_queue and (limit_row is None or label_queue[0] + options.label_delay_rows < limit_row):
-            i = label_queue.popleft()
-            if send[i]:
-                pending.append(i)
-                if twice[i]:
-                    repeats.append(i)
-        while pending:
-            chunk = [pending.popleft() for _ in range(min(b, len(pending)))]
-            if b == 1:
-                obj = {"id": ids[chunk[0]], "y": y_of(chunk[0])}
-            else:
-                obj = {"ids": [ids[i] for i in chunk], "y": [y_of(i) for i in chunk]}
-            yield Message("labels", ids[chunk[0]].encode(), obj, len(chunk), sent_rows)
-
-    for start in range(0, n, b):
-        stop = min(start + b, n)
-        if b == 1:
-            obj = {"id": ids[start], "x": np.asarray(X[start], dtype=np.float64).tolist()}
-        else:
-            obj = {"ids": ids[start:stop], "x": np.asarray(X[start:stop], dtype=np.float64).tolist()}
-        yield Message("features", ids[start].encode(), obj, stop - start, start, stamp=options.with_ts)
-        yield from flush_labels(stop, stop)
-    yield from flush_labels(None, n)
-    yield from flush_labels(None, n)  # the last repeats
-
-
-def plan(X: np.ndarray, y, options: PlanOptions) -> list[Message]:
-    """``iter_plan`` as a list."""
-    return list(iter_plan(X, y, options))
-
-
-def plan_summary(messages: Iterable[Message]) -> dict:
-    out = {"feature_messages": 0, "feature_rows": 0, "label_messages": 0, "label_rows": 0}
-    for m in messages:
-        if m.kind == "features":
-            out["feature_messages"] += 1
-            out["feature_rows"] += m.rows
-        else:
-            out["label_messages"] += 1
-            out["label_rows"] += m.rows
-    return out
 
 
 # ----------------------------------------------------------------------------- Kafka
@@ -238,176 +116,11 @@ def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, re
                                 configs=topics.topic_configs(limit, sized), timeout=timeout)  # fmt: skip
 
 
-class Follower:
-    """Reads the predictions topic (from its end when started) and joins each prediction of
-    this replay's ids with the true label: the prequential metric of what the worker emitted.
-
-    errors[i]: 1.0/0.0 for a right/wrong class (classification) or the squared error (regression)
-    of row i, NaN until its prediction came. ``duplicates`` counts predictions of an id seen before.
-    """
-
-    def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str):
-        self.consumer_conf = consumer_conf
-        self.topic = topic
-        self.index = {row_id: i for i, row_id in enumerate(ids)}
-        self.task = task
-        if task == "classification":
-            self.truth = [_label_value(v) for v in y]
-        else:
-            self.truth = np.asarray(y, dtype=np.float64).reshape(len(ids), -1)
-        self.errors = np.full(len(ids), np.nan)
-        self.seen = np.zeros(len(ids), dtype=bool)
-        self.arrival: list[int] = []  # row indices in the order their predictions came
-        self.received = 0
-        self.duplicates = 0
-        self.modes: set[str] = set()
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: Exception | None = None
-
-    def start(self, timeout: float = 30.0) -> Follower:
-        self._thread = threading.Thread(target=self._run, name="follow-predictions", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError(f"could not start reading {self.topic!r} within {timeout:.0f} s")
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-    def _run(self) -> None:
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-        consumer = Consumer({
-            "group.id": f"iolstream-produce-follow-{time.time_ns()}", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "fetch.wait.max.ms": 100, **self.consumer_conf,
-        })  # fmt: skip
-        try:
-            md = consumer.list_topics(self.topic, timeout=30)
-            t = md.topics.get(self.topic)
-            if t is None or t.error is not None:
-                raise RuntimeError(f"predictions topic {self.topic!r} not found: {t.error if t else 'no metadata'}")
-            parts = []
-            for p in sorted(t.partitions):
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
-                parts.append(TopicPartition(self.topic, p, high))
-            consumer.assign(parts)
-        except Exception as exc:  # reported by start()
-            self.error = exc
-            self._ready.set()
-            consumer.close()
-            return
-        self._ready.set()
-        try:
-            while not self._stop.is_set():
-                for msg in consumer.consume(num_messages=1000, timeout=0.2):
-                    if msg.error() is None:
-                        self._on_prediction(msg.value())
-                    elif msg.error().code() != KafkaError._PARTITION_EOF:
-                        pass  # transient: librdkafka retries by itself
-        finally:
-            consumer.close()
-
-    def _on_prediction(self, value: bytes) -> None:
-        try:
-            obj = orjson.loads(value)
-            i = self.index.get(obj.get("id"))
-        except (orjson.JSONDecodeError, AttributeError):
-            return
-        if i is None:
-            return  # another replay's row
-        self.received += 1
-        if self.seen[i]:
-            self.duplicates += 1
-            return
-        self.seen[i] = True
-        if "mode" in obj:
-            self.modes.add(obj["mode"])
-        if self.task == "classification":
-            self.errors[i] = float(obj.get("y_hat") == self.truth[i])
-        else:
-            y_hat = obj.get("y_hat")
-            y_hat = np.asarray([np.nan if y_hat is None else y_hat], dtype=np.float64).reshape(-1)
-            self.errors[i] = float(np.mean((y_hat - self.truth[i]) ** 2))
-        self.arrival.append(i)
-
-    @property
-    def predicted(self) -> int:
-        return len(self.arrival)
-
-    def metric(self) -> float:
-        """Prequential accuracy (classification) or RMSE (regression) over the rows predicted so far."""
-        errors = self.errors[self.arrival] if self.arrival else np.empty(0)
-        if not len(errors):
-            return math.nan
-        return float(errors.mean()) if self.task == "classification" else float(np.sqrt(errors.mean()))
-
-    def wait(self, rows: int, *, timeout: float, on_tick=None) -> bool:
-        """Until ``rows`` rows are predicted (True) or no new prediction came for ``timeout`` s."""
-        last, last_change = -1, time.monotonic()
-        while self.predicted < rows:
-            if self.predicted != last:
-                last, last_change = self.predicted, time.monotonic()
-            elif time.monotonic() - last_change > timeout:
-                return False
-            if on_tick is not None:
-                on_tick()
-            time.sleep(0.1)
-        return True
-
-
-def learning_curve(errors: np.ndarray, task: str, window: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cumulative prequential metric, metric over the last ``window`` rows), in stream order,
-    over the rows that have a prediction."""
-    e = errors[~np.isnan(errors)]
-    rows = np.arange(1, len(e) + 1)
-    csum = np.concatenate([[0.0], np.cumsum(e)])
-    cumulative = csum[1:] / rows
-    lo = np.maximum(rows - window, 0)
-    windowed = (csum[rows] - csum[lo]) / (rows - lo)
-    if task != "classification":
-        cumulative, windowed = np.sqrt(cumulative), np.sqrt(windowed)
-    return rows, cumulative, windowed
-
-
-def plot_curve(errors: np.ndarray, task: str, path: str, *, title: str = "", window: int = 200) -> None:
-    """The worker's prequential metric over rows (stream order), cumulative and windowed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows, cumulative, windowed = learning_curve(errors, task, window)
-    name = "accuracy" if task == "classification" else "RMSE"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(rows, windowed, lw=1, alpha=0.6, label=f"last {window} rows")
-    ax.plot(rows, cumulative, lw=2, label="cumulative")
-    ax.set_xlabel("rows (stream order)")
-    ax.set_ylabel(f"prequential {name}")
-    if task == "classification":
-        ax.set_ylim(0, 1.02)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right" if task == "classification" else "upper right")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-
-
 # --------------------------------------------------------------------------------- CLI
 
 
 def add_parser(subparsers):
-    from iolstream.tools.cli import non_negative_float, non_negative_int, positive_int
+    from iolstream.tools.common import non_negative_float, non_negative_int, positive_int
     from iolstream.tools.datasets import DATASETS
 
     p = subparsers.add_parser(

@@ -52,6 +52,7 @@ from threadpoolctl import threadpool_limits
 
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
+from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.evaluate import time_points
 from iolstream.core.learner import OnlineLearner
 
@@ -327,11 +328,7 @@ def _log_binned(values: np.ndarray, n_bins: int = 40):
 
 def plot(cfg: SimulationConfig, results, path: str) -> None:
     """Per stream: mean immediate regret over t (smoothed over log bins) and the cumulative regret curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(len(cfg.streams), 2, figsize=(11, 4 * len(cfg.streams)), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, name in enumerate(cfg.streams):
@@ -352,10 +349,4 @@ def plot(cfg: SimulationConfig, results, path: str) -> None:
         for ax in axes[row]:
             ax.grid(True, which="both", alpha=0.3)
         axes[row, 1].legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=110)

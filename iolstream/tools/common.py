@@ -1,0 +1,59 @@
+"""What the commands share: argparse number types, the model defaults, and writing a figure."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+
+def _number(kind, low: float, strict: bool, words: str):
+    """An argparse ``type`` accepting a finite ``kind`` ≥ low (> low when ``strict``)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 1, False, "a positive integer")
+non_negative_int = _number(int, 0, False, "an integer ≥ 0")
+positive_float = _number(float, 0.0, True, "a positive number")
+non_negative_float = _number(float, 0.0, False, "a number ≥ 0")
+
+
+def model_defaults() -> dict:
+    """ModelConfig's field defaults, the single source of the CLI's model defaults."""
+    from iolstream.core.model import ModelConfig
+
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (figures go to files; no display needed), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str, *, dpi: int = 120) -> None:
+    """Lay ``fig`` out, write it to ``path`` and close it; a path that cannot be written is a
+    ValueError naming ``--plot`` (the option every command takes the path from)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=dpi)
+    except OSError as exc:
+        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,139 @@
+"""The replay's message plan, pure and testable without Kafka: features go out in order (row or batch
+messages); each label becomes due ``label_delay_rows`` rows after its features (and, when sending,
+``label_delay_seconds`` later still), and may be dropped (never sent), duplicated, or shuffled within
+a window (out of order). ``produce.send`` sends a plan.
+
+    >>> import numpy as np
+    >>> msgs = plan(np.arange(6.0).reshape(3, 2), ["a", "b", "a"], PlanOptions(label_delay_rows=1, with_ts=False))
+    >>> [(m.kind, m.encode()) for m in msgs][:4]  # doctest: +NORMALIZE_WHITESPACE
+    [('features', b'{"id":"r0","x":[0.0,1.0]}'), ('features', b'{"id":"r1","x":[2.0,3.0]}'),
+     ('labels', b'{"id":"r0","y":"a"}'), ('features', b'{"id":"r2","x":[4.0,5.0]}')]
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    batch_rows: int = 1  # rows per message: 1 = row messages {"id", "x"}, more = batch messages {"ids", "x"}
+    label_delay_rows: int = 0  # a label is sent once this many later rows have been sent
+    label_delay_seconds: float = 0.0  # ... and this long after it became due (applied by ``send``)
+    missing_fraction: float = 0.0  # labels never sent
+    duplicate_fraction: float = 0.0  # labels sent twice
+    shuffle_window: int = 0  # labels shuffled within windows of this many (out of order)
+    with_ts: bool = True  # event time on features (the wall clock when sent)
+    id_prefix: str = "r"
+    seed: int = 0
+
+    def __post_init__(self):
+        for key in ("missing_fraction", "duplicate_fraction"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"--{key.replace('_', '-')}: must be in [0, 1), got {value}")
+        for key in ("batch_rows", "label_delay_rows", "shuffle_window"):
+            if getattr(self, key) < (1 if key == "batch_rows" else 0):
+                raise ValueError(f"--{key.replace('_', '-')}: out of range: {getattr(self, key)}")
+        if not (math.isfinite(self.label_delay_seconds) and self.label_delay_seconds >= 0):
+            raise ValueError(f"--label-delay-seconds: must be ≥ 0, got {self.label_delay_seconds}")
+        if not self.id_prefix:
+            raise ValueError("--id-prefix: must not be empty")
+
+
+@dataclass
+class Message:
+    kind: str  # "features" or "labels"
+    key: bytes
+    obj: dict  # the JSON object, without "ts" (stamped by ``encode``)
+    rows: int
+    due_row: int  # feature rows sent before this message (for rate-limited replays)
+    stamp: bool = False  # features with event time
+
+    def encode(self, now_ms: int | None = None) -> bytes:
+        """The message value; features get ``"ts": now_ms`` when stamped (one int for a batch)."""
+        if self.stamp and now_ms is not None:
+            return orjson.dumps({**self.obj, "ts": int(now_ms)})
+        return orjson.dumps(self.obj)
+
+
+def label_value(y):
+    """A label as JSON takes it: a numpy scalar as its Python value."""
+    return y.item() if hasattr(y, "item") else y
+
+
+def row_ids(n: int, options: PlanOptions) -> list[str]:
+    return [f"{options.id_prefix}{i}" for i in range(n)]
+
+
+def iter_plan(X: np.ndarray, y, options: PlanOptions) -> Iterator[Message]:
+    """The exact sequence of messages a replay sends (features and labels interleaved), lazily."""
+    rng = np.random.default_rng(options.seed)
+    n = len(X)
+    ids = row_ids(n, options)
+    send = rng.random(n) >= options.missing_fraction
+    twice = rng.random(n) < options.duplicate_fraction
+    label_order = np.arange(n)
+    if options.shuffle_window > 1:
+        for start in range(0, n, options.shuffle_window):
+            rng.shuffle(label_order[start : start + options.shuffle_window])
+    label_queue = deque(label_order.tolist())
+    pending: deque[int] = deque()  # label rows due, in send order
+    repeats: list[int] = []  # duplicates go out with the next flush, never in the same message
+    b = options.batch_rows
+
+    def y_of(i: int):
+        v = y[i]
+        return label_value(v) if np.ndim(v) == 0 else np.asarray(v, float).tolist()
+
+    def flush_labels(limit_row: int | None, sent_rows: int) -> Iterator[Message]:
+        # labels whose features went out at least label_delay_rows rows ago, in (shuffled) order
+        pending.extend(repeats)
+        repeats.clear()
+        while label_queue and (limit_row is None or label_queue[0] + options.label_delay_rows < limit_row):
+            i = label_queue.popleft()
+            if send[i]:
+                pending.append(i)
+                if twice[i]:
+                    repeats.append(i)
+        while pending:
+            chunk = [pending.popleft() for _ in range(min(b, len(pending)))]
+            if b == 1:
+                obj = {"id": ids[chunk[0]], "y": y_of(chunk[0])}
+            else:
+                obj = {"ids": [ids[i] for i in chunk], "y": [y_of(i) for i in chunk]}
+            yield Message("labels", ids[chunk[0]].encode(), obj, len(chunk), sent_rows)
+
+    for start in range(0, n, b):
+        stop = min(start + b, n)
+        if b == 1:
+            obj = {"id": ids[start], "x": np.asarray(X[start], dtype=np.float64).tolist()}
+        else:
+            obj = {"ids": ids[start:stop], "x": np.asarray(X[start:stop], dtype=np.float64).tolist()}
+        yield Message("features", ids[start].encode(), obj, stop - start, start, stamp=options.with_ts)
+        yield from flush_labels(stop, stop)
+    yield from flush_labels(None, n)
+    yield from flush_labels(None, n)  # the last repeats
+
+
+def plan(X: np.ndarray, y, options: PlanOptions) -> list[Message]:
+    """``iter_plan`` as a list."""
+    return list(iter_plan(X, y, options))
+
+
+def plan_summary(messages: Iterable[Message]) -> dict:
+    out = {"feature_messages": 0, "feature_rows": 0, "label_messages": 0, "label_rows": 0}
+    for m in messages:
+        if m.kind == "features":
+            out["feature_messages"] += 1
+            out["feature_rows"] += m.rows
+        else:
+            out["label_messages"] += 1
+            out["label_rows"] += m.rows
+    return out
