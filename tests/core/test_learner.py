@@ -7,7 +7,7 @@
 3. Order independence and invariants (Hypothesis): A β = c, P symmetric positive definite,
    ``forget`` undoes ``observe``, prediction is pure, inputs are never modified.
 4. Numerics on long streams: the float32 path and float64 Woodbury against the float64 closed
-   form (measured numbers in the docstrings; reproduce with ``.venv/bin/python tests/test_learner.py``).
+   form (measured numbers in the docstrings; reproduce with ``PYTHONPATH=tests .venv/bin/python tests/core/test_learner.py``).
 
 Seeds are fixed and printed in every assertion message.
 """
@@ -625,7 +625,7 @@ def test_float32_path_stays_close_to_float64_closed_form():
     k=10, m=10, N=128, L=4, b=256, λ=1, xavier, random N(0,1) rows, one-hot labels).
 
     Relative error of β against the float64 closed form on the same features, max over layers,
-    measured with ``.venv/bin/python tests/test_learner.py`` (about 20 s for the 5,000 batches):
+    measured with ``PYTHONPATH=tests .venv/bin/python tests/core/test_learner.py`` (about 20 s for the 5,000 batches):
 
         after 100 / 1,000 / 5,000 batches:  8.2e-6 / 4.7e-6 / 3.4e-6
 
@@ -655,7 +655,7 @@ def test_float64_woodbury_stays_close_to_closed_form():
     small config, b = 16 (-F: one Woodbury step per batch and layer), random N(0,1) rows.
 
     Relative error of β against the closed form A⁻¹c, max over layers, measured with
-    ``.venv/bin/python tests/test_learner.py``:
+    ``PYTHONPATH=tests .venv/bin/python tests/core/test_learner.py``:
 
         after 100 / 1,000 / 5,000 batches:  1.0e-13 / 3.7e-13 / 5.2e-13   (refactor_every=256)
         without any rebuild (refactor_every=10**9):   1.0e-13 / 4.4e-13 / 1.5e-12

@@ -8,7 +8,7 @@
    a shared clock, each fed half the batches, add up to the learner fed all of them.
 3. The regret with forgetting is the exact discounted regret against the discounted expert.
 4. Numerics: float32 against the float64 weighted closed form on a long stream (measured numbers in
-   the docstring; reproduce with ``.venv/bin/python tests/test_forgetting.py``).
+   the docstring; reproduce with ``PYTHONPATH=tests .venv/bin/python tests/core/test_forgetting.py``).
 
 Seeds are fixed and printed in every assertion message.
 """
@@ -368,7 +368,7 @@ FLOAT32_FORGETTING_MEASURED = {100: 8.0e-6, 1000: 5.4e-6, 5000: 5.7e-6}
 def test_float32_with_forgetting_stays_close_to_float64_weighted_closed_form():
     """float32 features, sums in float64 decayed every batch, against the float64 weighted closed form.
 
-    Relative error of β, max over layers, measured with ``.venv/bin/python tests/test_forgetting.py``:
+    Relative error of β, max over layers, measured with ``PYTHONPATH=tests .venv/bin/python tests/core/test_forgetting.py``:
     see FLOAT32_FORGETTING_MEASURED. With forgetting the error cannot grow with the stream: each
     batch's float32 rounding is scaled down by every later decay. This test runs 1,000 batches and
     asserts 10× the measured value.

@@ -22,7 +22,7 @@ from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.recent_ids import fingerprints
 from iolstream.stream.processor import StreamProcessor
 
-OLD_SNAPSHOT = Path(__file__).parent / "data" / "snapshot-before-fingerprints.iolsnap"
+OLD_SNAPSHOT = Path(__file__).parents[1] / "data" / "snapshot-before-fingerprints.iolsnap"
 
 CFG = StreamConfig(
     batch_rows=4, label_batch_rows=4, max_batch_latency_ms=10, max_label_latency_ms=10, max_pending_rows=50,
