@@ -125,7 +125,7 @@ def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]
 
 
 def _parse(value: bytes | None, max_bytes: int):
-    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks."""
+    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks (both "id" and "ids": bad_schema)."""
     raw = value if type(value) is bytes else bytes(value or b"")
     if not raw:
         return None, raw, _whole("malformed_json", "empty value (null or zero bytes)", raw)
@@ -137,7 +137,22 @@ def _parse(value: bytes | None, max_bytes: int):
         return None, raw, _whole("malformed_json", f"not valid JSON: {exc}", raw)
     if type(obj) is not dict:
         return None, raw, _whole("bad_schema", f"top level is {_json_type(obj)}, not an object", raw)
+    if "ids" in obj and "id" in obj:
+        return None, raw, _whole("bad_schema", "both 'id' and 'ids' given", raw)
     return obj, raw, None
+
+
+def _batch_columns(obj: dict, raw: bytes, key: str):
+    """(ids, values, None) or (None, None, dead letters): a batch's "ids" and ``key`` arrays, of one non-zero length."""
+    ids, values = obj["ids"], obj.get(key)
+    if type(ids) is not list or type(values) is not list:
+        which = "ids" if type(ids) is not list else key
+        return None, None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+    if len(ids) != len(values):
+        return None, None, _whole("bad_schema", f"'ids' has {len(ids)} entries but '{key}' has {len(values)}", raw)
+    if not ids:
+        return None, None, _whole("bad_schema", "empty batch", raw)
+    return ids, values, None
 
 
 def _check_id(v) -> tuple[str | None, str | None, str]:
@@ -228,8 +243,6 @@ def decode_features(
     if dead:
         return None, dead
     if "ids" in obj:
-        if "id" in obj:
-            return None, _whole("bad_schema", "both 'id' and 'ids' given", raw)
         return _decode_feature_batch(obj, raw, n_features)
     # one row: any problem rejects the raw message
     x = obj.get("x")
@@ -249,15 +262,10 @@ def decode_features(
 
 
 def _decode_feature_batch(obj: dict, raw: bytes, k: int):
-    ids, x = obj["ids"], obj.get("x")
-    if type(ids) is not list or type(x) is not list:
-        which = "ids" if type(ids) is not list else "x"
-        return None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+    ids, x, dead = _batch_columns(obj, raw, "x")
+    if dead:
+        return None, dead
     b = len(ids)
-    if b != len(x):
-        return None, _whole("bad_schema", f"'ids' has {b} entries but 'x' has {len(x)}", raw)
-    if b == 0:
-        return None, _whole("bad_schema", "empty batch", raw)
     if set(map(type, x)) != {list}:
         j = next(j for j, row in enumerate(x) if type(row) is not list)
         return None, _whole("bad_schema", f"x[{j}] is {_json_type(x[j])}: 'x' must be an array of arrays", raw)
@@ -377,8 +385,6 @@ def decode_labels(
     if dead:
         return None, dead
     if "ids" in obj:
-        if "id" in obj:
-            return None, _whole("bad_schema", "both 'id' and 'ids' given", raw)
         return _decode_label_batch(obj, raw, target)
     if "y" not in obj:
         return None, _whole("bad_schema", "'y' is missing", raw)
@@ -391,15 +397,10 @@ def decode_labels(
 
 
 def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
-    ids, y = obj["ids"], obj.get("y")
-    if type(ids) is not list or type(y) is not list:
-        which = "ids" if type(ids) is not list else "y"
-        return None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+    ids, y, dead = _batch_columns(obj, raw, "y")
+    if dead:
+        return None, dead
     b = len(ids)
-    if b != len(y):
-        return None, _whole("bad_schema", f"'ids' has {b} entries but 'y' has {len(y)}", raw)
-    if b == 0:
-        return None, _whole("bad_schema", "empty batch", raw)
 
     y_types = set(map(type, y))  # a flat y shows its bools here; a nested one needs the raw scan
     if _fast_ids(ids) and bool not in y_types and (list not in y_types or not _may_hold_bool(raw)):

@@ -35,6 +35,18 @@ def model_defaults() -> dict:
     return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
 
 
+def add_data_source(parser):
+    """The "data" argument group: ``--dataset NAME`` or ``--csv PATH`` with ``--target COLUMN``; returns the group."""
+    from iolstream.tools.datasets import DATASETS
+
+    src = parser.add_argument_group("data")
+    which = src.add_mutually_exclusive_group(required=True)
+    which.add_argument("--dataset", metavar="NAME", help=f"built-in stream: {', '.join(DATASETS)}")
+    which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
+    src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
+    return src
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (figures go to files; no display needed), imported on first use."""
     import matplotlib

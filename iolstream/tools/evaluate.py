@@ -39,7 +39,7 @@ import numpy as np
 from iolstream.core import runtime
 from iolstream.tools.baselines import BASELINES, make_baseline
 from iolstream.tools.common import pyplot, save_figure
-from iolstream.tools.datasets import DATASETS, DataError, Dataset
+from iolstream.tools.datasets import DataError, Dataset
 from iolstream.core.kernels import ACTIVATIONS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, EdRVFL, ModelConfig
 from iolstream.core.network import INITS
@@ -520,7 +520,7 @@ def evaluate(
 
 def add_parser(subparsers):
     """``iolstream evaluate``: the protocol above, as a command."""
-    from iolstream.tools.common import model_defaults, positive_float, positive_int
+    from iolstream.tools.common import add_data_source, model_defaults, positive_float, positive_int
 
     defaults = model_defaults()
     p = subparsers.add_parser(
@@ -532,11 +532,7 @@ def add_parser(subparsers):
             "metric at logarithmically spaced time points. Model defaults come from ModelConfig."
         ),
     )
-    src = p.add_argument_group("data")
-    which = src.add_mutually_exclusive_group(required=True)
-    which.add_argument("--dataset", metavar="NAME", help=f"built-in stream: {', '.join(DATASETS)}")
-    which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
-    src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
+    src = add_data_source(p)
     src.add_argument("--task", choices=("auto", "classification", "regression"), default="auto",
                      help="--csv only: classification or regression (default: auto)")  # fmt: skip
     src.add_argument("--classes", metavar="A,B,...",

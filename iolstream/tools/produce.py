@@ -120,8 +120,7 @@ def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, re
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import non_negative_float, non_negative_int, positive_int
-    from iolstream.tools.datasets import DATASETS
+    from iolstream.tools.common import add_data_source, non_negative_float, non_negative_int, positive_int
 
     p = subparsers.add_parser(
         "produce",
@@ -133,11 +132,7 @@ def add_parser(subparsers):
             "predictions meanwhile and report their prequential metric (and --plot its learning curve)."
         ),
     )
-    src = p.add_argument_group("data")
-    which = src.add_mutually_exclusive_group(required=True)
-    which.add_argument("--dataset", metavar="NAME", help=f"built-in stream: {', '.join(DATASETS)}")
-    which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
-    src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
+    src = add_data_source(p)
     src.add_argument("--rows", type=positive_int, metavar="N", help="send at most N rows (after --shuffle)")
     src.add_argument("--seed", type=int, default=0, help="--shuffle and the label faults (default: %(default)s)")
     src.add_argument("--shuffle", action="store_true",
