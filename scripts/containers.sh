@@ -207,6 +207,10 @@ do_build_locked() {
     build_once iolstream-prometheus "$key" build_dir "$REPO/docker/prometheus" "localhost/iolstream-prometheus:$key"
     PROMETHEUS="localhost/iolstream-prometheus:$key"
 
+    # layers no image uses any more (failed builds, the build stage's of earlier sources), after a day:
+    # the newer ones are the cache of the next build (the dependencies' layer, ~1 min of pip)
+    podman_ image prune -f --filter until=24h >/dev/null || true
+
     cat >"$STATE/images.env.tmp" <<EOF
 CONTAINERS_CONF=$STATE/containers.conf
 IOLSTREAM_IMAGE=$WORKER
