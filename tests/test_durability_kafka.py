@@ -38,6 +38,10 @@ from iolstream.kafka.config import config_from_dict
 from iolstream.core.model import EdRVFL
 from iolstream.stream.processor import StreamProcessor
 from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
+from iolstream.kafka.calls import ClientCalls
+from iolstream.kafka.offsets import OffsetBook
+from iolstream.kafka.output import Output
+from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -533,55 +537,62 @@ class FakeConsumer:
         self.seeks.append((tp.topic, tp.partition, tp.offset))
 
 
-def eos_worker(tmp_path, commit_errors=(), committed=None) -> Worker:
+def eos_transactions(tmp_path, commit_errors=()) -> Transactions:
+    """The exactly-once collaborators without a broker: Output over a FakeProducer, Transactions."""
     raw = base_config("127.0.0.1:1", {"features": "f", "labels": "l"}, tmp_path, "g", exactly_once=True)
-    worker = Worker(config_from_dict(raw, environ={}))
-    worker.producer = FakeProducer(commit_errors)
-    worker.consumer = FakeConsumer(committed or {})
-    worker.assigned = {("f", 0), ("l", 0)}
-    worker.positions = {("f", 0): 12, ("l", 0): 7}
-    worker.committed_floor = {("f", 0): 10, ("l", 0): 7}
-    return worker
+    cfg = config_from_dict(raw, environ={})
+    output = Output(cfg)
+    output.producer = FakeProducer(commit_errors)
+    return Transactions(cfg, output, ClientCalls(), new_producer=lambda: FakeProducer(), sleep=lambda s: None)
 
 
 def test_retriable_commit_error_is_retried_not_aborted(tmp_path):
-    worker = eos_worker(tmp_path, [KafkaError(KafkaError._TIMED_OUT, "slow coordinator", retriable=True)])
-    worker._commit_transaction()
-    assert worker.producer.calls == ["begin", ("offsets", [("f", 0, 12)]), "commit", "commit"]  # l@7 is not past its floor
-    assert not worker.tx_open and worker.committed_floor[("f", 0)] == 12
+    txn = eos_transactions(tmp_path, [KafkaError(KafkaError._TIMED_OUT, "slow coordinator", retriable=True)])
+    assert txn.commit([("f", 0, 12)], lambda: "group-metadata") is None
+    assert txn.output.producer.calls == ["begin", ("offsets", [("f", 0, 12)]), "commit", "commit"]
+    assert not txn.open
 
 
-def test_abortable_commit_error_aborts_and_rolls_the_model_back(tmp_path):
-    worker = eos_worker(tmp_path, [KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True)], committed={("f", 0): 10})
-    worker.processor.counters["rows_in"] = 99  # consumed since the snapshot (there is none: a fresh model)
-    worker._commit_transaction()
-    assert worker.producer.calls[-2:] == ["commit", "abort"] and not worker.tx_open
-    assert worker.processor.counters["rows_in"] == 0 and worker.positions == {}
-    assert sorted(worker.consumer.seeks) == [("f", 0, OFFSET_BEGINNING), ("l", 0, OFFSET_BEGINNING)]
-    assert worker.replay_until == {("f", 0): 10}  # what the group committed is replayed without emitting
+def test_abortable_commit_error_aborts_and_the_worker_rolls_the_model_back(tmp_path):
+    txn = eos_transactions(tmp_path, [KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True)])
+    assert txn.commit([("f", 0, 12)], lambda: "group-metadata") == "broken"
+    assert txn.output.producer.calls[-2:] == ["commit", "abort"] and not txn.open
     with pytest.raises(WorkerError, match="transactions in a row aborted"):
         for _ in range(3):
-            worker.producer.commit_errors.append(KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True))
-            worker.positions = {("f", 0): 12}
-            worker._commit_transaction()
+            txn.output.producer.commit_errors.append(KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True))
+            txn.commit([("f", 0, 12)], lambda: "group-metadata")
+    # the roll-back: the newest snapshot (none: a fresh model), every assigned partition sought to its position
+    raw = base_config("127.0.0.1:1", {"features": "f", "labels": "l"}, tmp_path, "g", exactly_once=True)
+    worker = Worker(config_from_dict(raw, environ={}))
+    worker.consumer = FakeConsumer({("f", 0): 10})
+    worker.book.assign(("f", 0), None)
+    worker.book.assign(("l", 0), None)
+    worker.book.positions.update({("f", 0): 12, ("l", 0): 7})
+    worker.processor.counters["rows_in"] = 99  # consumed since the snapshot
+    worker._rewind("a test")
+    assert worker.processor.counters["rows_in"] == 0 and worker.book.positions == {}
+    assert sorted(worker.consumer.seeks) == [("f", 0, OFFSET_BEGINNING), ("l", 0, OFFSET_BEGINNING)]
+    assert worker.book.replay_until == {("f", 0): 10}  # what the group committed is replayed without emitting
 
 
 @pytest.mark.parametrize("code", [KafkaError._FENCED, KafkaError.PRODUCER_FENCED])
 def test_fenced_producer_is_fatal(tmp_path, code):
-    worker = eos_worker(tmp_path, [KafkaError(code, "fenced by a newer instance", fatal=True)])
+    txn = eos_transactions(tmp_path, [KafkaError(code, "fenced by a newer instance", fatal=True)])
     with pytest.raises(WorkerError, match="producer fenced: another worker with transactional.id 'g-txn' has started"):
-        worker._commit_transaction()
-    assert "abort" not in worker.producer.calls
+        txn.commit([("f", 0, 12)], lambda: "group-metadata")
+    assert "abort" not in txn.output.producer.calls
 
 
-def test_start_offsets_come_from_the_state_and_replay_stops_at_the_committed_offset(tmp_path):
-    worker = eos_worker(tmp_path)
-    worker.positions = {("f", 0): 5}
-    committed = {("f", 0): 9, ("l", 0): 4}
-    assert worker._start_offset(("f", 0), committed) == 5
-    assert worker._start_offset(("l", 0), committed) == OFFSET_BEGINNING  # never read by this state
-    assert worker.replay_until == {("f", 0): 9, ("l", 0): 4} and worker.committed_floor == committed
-    worker.exactly_once = False  # at-least-once re-emits: no replay without emitting
-    worker.replay_until = {}
-    worker._start_offset(("f", 0), committed)
-    assert worker.replay_until == {}
+def test_start_offsets_come_from_the_state_and_replay_stops_at_the_committed_offset():
+    book = OffsetBook(exactly_once=True, positions={("f", 0): 5})
+    book.assign(("f", 0), 9)
+    book.assign(("l", 0), 4)
+    assert book.start(("f", 0)) == 5 and book.start(("l", 0)) is None  # never read by this state: its beginning
+    assert book.replay_until == {("f", 0): 9, ("l", 0): 4} and book.committed_floor == {("f", 0): 9, ("l", 0): 4}
+    assert book.to_commit() == []  # 5 is not past the floor 9: commits never go backwards
+    assert not book.processed(("f", 0), 7) and book.processed(("f", 0), 8) and book.to_commit() == []
+    book.processed(("f", 0), 9)
+    assert book.to_commit() == [("f", 0, 10)]
+    at_least_once = OffsetBook(exactly_once=False, positions={("f", 0): 5})
+    at_least_once.assign(("f", 0), 9)  # at-least-once re-emits: no replay without emitting
+    assert at_least_once.replay_until == {}

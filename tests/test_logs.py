@@ -81,7 +81,7 @@ def test_unknown_format_is_refused():
 
 
 def test_uncaught_exception_is_one_json_line():
-    code = "from iolstream import logs; logs.setup('INFO', 'json'); raise RuntimeError('boom')"
+    code = "from iolstream.ops import logs; logs.setup('INFO', 'json'); raise RuntimeError('boom')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 1
     (line,) = r.stderr.splitlines()
@@ -94,7 +94,7 @@ def test_worker_status_and_batch_events(capture, tmp_path):
     cfg = config_from_dict({"model": MODEL, "snapshot": {"dir": str(tmp_path)}, "metrics": {"port": 0}}, environ={})
     worker = Worker(cfg)  # no Kafka until run()
     sent = []
-    worker.producer = types.SimpleNamespace(produce=lambda topic, value, key=None, **kw: sent.append(topic), poll=lambda t: 0)
+    worker.output.producer = types.SimpleNamespace(produce=lambda topic, value, key=None, **kw: sent.append(topic), poll=lambda t: 0)
     proc = worker.processor
     X = np.random.default_rng(0).normal(size=(3, 4))
     proc.on_features(orjson.dumps({"ids": ["a", "b", "c"], "x": X.tolist()}), ("f", 0, 0), now_ms=0)

@@ -26,7 +26,8 @@ from iolstream.kafka.config import config_from_dict
 from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.processor import StreamProcessor
-from iolstream.kafka.worker import Checkpoint, Worker
+from iolstream.kafka.checkpoints import Checkpoint
+from iolstream.kafka.worker import Worker
 
 SEED = 20240611
 MODEL = {"n_inputs": 4, "classes": [0, 1, 2], "n_nodes": 16, "n_layers": 2, "scaler": "none", "seed": 1}
@@ -72,8 +73,8 @@ def fake_worker(processor=None, **attrs):
     """What Metrics reads of a Worker, without Kafka."""
     w = types.SimpleNamespace(
         processor=processor or StreamProcessor(EdRVFL(ModelConfig(**MODEL)), StreamConfig(batch_rows=8)),
-        checkpoint=Checkpoint(), last_tick=time.monotonic(), stop_event=threading.Event(),
-        consumer=object(), assigned={("f", 0)}, replay_until={}, broker_unreachable_seconds=lambda: None,
+        checkpoint=Checkpoint(), last_tick=time.monotonic(), stopping=False, connected=True, partitions=1,
+        replay_pending=False, broker_unreachable_seconds=None,
     )  # fmt: skip
     vars(w).update(attrs)
     return w
@@ -144,16 +145,16 @@ def test_health_and_readiness_endpoints():
         assert get(port, "/healthz") == (503, "starting\n")
         assert get(port, "/readyz") == (503, "starting\n")
         assert get(port, "/nothing")[0] == 404
-        w = fake_worker(consumer=None, assigned=set())
+        w = fake_worker(connected=False, partitions=0)
         metrics.attach(w)
         assert get(port, "/healthz") == (200, "ok\n")
         assert get(port, "/readyz") == (503, "not connected\n")
-        w.consumer = object()
+        w.connected = True
         assert get(port, "/readyz") == (503, "no partitions assigned\n")
-        w.assigned = {("features", 0)}
-        w.replay_until = {("features", 0): 17}
+        w.partitions = 1
+        w.replay_pending = True
         assert get(port, "/readyz")[0] == 503
-        w.replay_until = {}
+        w.replay_pending = False
         assert get(port, "/readyz") == (200, "ready\n")
         assert value(scrape(port), "iolstream_ready") == 1.0
 
@@ -165,16 +166,16 @@ def test_health_and_readiness_endpoints():
         assert get(port, "/readyz") == (200, "ready\n")
         metrics.on_stats("{not json")  # a bad statistics payload changes nothing and raises nothing
         assert get(port, "/readyz")[0] == 200
-        w.broker_unreachable_seconds = lambda: 12.4  # the worker's own view (error callbacks, probes)
+        w.broker_unreachable_seconds = 12.4  # the worker's own view (error callbacks, probes)
         assert get(port, "/readyz") == (503, "broker unreachable for 12 s\n")
         assert get(port, "/healthz")[0] == 200  # waiting for the broker is not a dead loop
-        w.broker_unreachable_seconds = lambda: None
+        w.broker_unreachable_seconds = None
 
         w.last_tick -= 30.0  # the loop stopped ticking (poll timeout 100 ms: limit 10 s)
         status, body = get(port, "/healthz")
         assert status == 503 and body.startswith("loop stalled for 3")
         w.last_tick = time.monotonic()
-        w.stop_event.set()
+        w.stopping = True
         assert get(port, "/readyz") == (503, "stopping\n")
         assert get(port, "/healthz")[0] == 200
     finally:

@@ -132,16 +132,16 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
     send(kafka_bootstrap, names, parts[1])
     run.wait(lambda w: w.processor.counters["predictions_out"] >= 2 * N_ROWS // 3 and sum(w.processor.dead_letters.values()) == 3,
              90, "the first two parts and three dead letters")  # fmt: skip
-    assert run.worker.dead_letter_limit.counts == {"truncated": 2, "dropped": 0}
+    assert run.worker.output.dead_letter_limit.counts == {"truncated": 2, "dropped": 0}
 
     # the dead-letter topic's limit lowered under the worker's feet: not even the headers fit any more
     set_topic_limit(kafka_admin, dead, 200)
     produce_json(kafka_bootstrap, features, [b"{bad 1", b"{bad 2", b"{bad 3"])
     send(kafka_bootstrap, names, parts[2])
-    run.wait(lambda w: w.processor.counters["predictions_out"] >= N_ROWS and w.dead_letter_limit.counts["dropped"] >= 3,
+    run.wait(lambda w: w.processor.counters["predictions_out"] >= N_ROWS and w.output.dead_letter_limit.counts["dropped"] >= 3,
              90, "every row, and the last three dead letters dropped")  # fmt: skip
     assert run.stop() == EXIT_OK
-    assert run.worker.dead_letter_limit.topic_bytes == 200
+    assert run.worker.output.dead_letter_limit.topic_bytes == 200
 
     assert_same_model(run.worker.processor.model, reference_model(cfg, messages))
     got = consume_all(kafka_bootstrap, predictions, timeout=10)  # to the end (read_committed: the last stable offset)
@@ -227,7 +227,7 @@ def test_start_up_check_of_the_output_topics_limits(kafka_bootstrap, kafka_topic
     worker = Worker(cfg(tiny))
     assert worker.run() == EXIT_FATAL  # the WorkerError ends the run at start
     with pytest.raises(WorkerError, match="max.message.bytes=4096"):
-        worker._check_dead_letter_limits()
+        worker.output.read_limits()
 
 
 @pytest.mark.kafka

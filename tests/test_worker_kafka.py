@@ -30,6 +30,9 @@ from iolstream.kafka.config import config_from_dict
 from iolstream.tools.datasets import load
 from iolstream.tools.evaluate import Protocol, evaluate
 from iolstream.core.model import EdRVFL
+from iolstream.kafka.calls import ClientCalls
+from iolstream.kafka.output import Output
+from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_OK, Worker
 
 pytestmark = pytest.mark.kafka
@@ -91,7 +94,7 @@ class WorkerThread:
     def wait_assigned(self, partitions: int = 2, timeout: float = 30.0) -> None:
         """Until the group gave the worker its partitions (then it reads new input as it comes)."""
         deadline = time.monotonic() + timeout
-        while len(self.worker.assigned) < partitions:
+        while self.worker.partitions < partitions:
             assert time.monotonic() < deadline, "the worker got no partitions"
             assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code})"
             time.sleep(0.05)
@@ -277,39 +280,24 @@ class RefusingProducer:
         self.calls.append("abort")
 
 
-class IdleConsumer:
-    def consumer_group_metadata(self):
-        return "group"
-
-    def committed(self, tps, timeout):
-        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]
-
-    def seek(self, tp):
-        pass
-
-    def resume(self, tps):
-        pass
-
-
 def test_exactly_once_a_refused_produce_aborts_the_transaction_never_commits_it(tmp_path):
     """An output of the open transaction failed (e.g. too large), so librdkafka refuses the next
-    produce: the cycle's commit must abort the transaction and roll the model back, not commit a
-    transaction that misses an output. At-least-once, a refused produce stays fatal."""
+    produce: the cycle's commit must abort the transaction (the worker then rolls the model back), not
+    commit a transaction that misses an output. At-least-once, a refused produce stays fatal."""
     topics = ["f", "l", "p", "d"]
     cfg = config_from_dict(worker_raw("127.0.0.1:1", topics, tmp_path, durability={"exactly_once": True}), environ={})
-    worker = Worker(cfg)
-    worker.producer, worker.consumer = RefusingProducer(), IdleConsumer()
-    worker.assigned, worker.positions = {("f", 0)}, {("f", 0): 3}
-    worker.processor.counters["rows_in"] = 7
-    worker._produce("p", b"1", key="r1")
-    worker._produce("p", b"2", key="r2")  # not tried: the transaction is lost already
-    worker._commit_transaction()
-    assert worker.producer.calls == ["begin", "produce", "abort"]
-    assert worker.tx_failed is None and not worker.tx_open
-    assert worker.positions == {} and worker.processor.counters["rows_in"] == 0  # rolled back (no snapshot: fresh)
-    worker.exactly_once = False
+    output = Output(cfg)
+    output.producer = RefusingProducer()
+    txn = Transactions(cfg, output, ClientCalls(), new_producer=RefusingProducer, sleep=lambda s: None)
+    output.produce("p", b"1", key="r1")
+    output.produce("p", b"2", key="r2")  # not tried: the transaction is lost already
+    assert txn.commit([("f", 0, 3)], lambda: "group") is not None  # the caller rolls the model back
+    assert output.producer.calls == ["begin", "produce", "abort"]
+    assert txn.failed is None and not txn.open
+    plain = Output(cfg)  # at-least-once: no transaction
+    plain.producer = RefusingProducer()
     with pytest.raises(KafkaException):
-        worker._produce("p", b"3", key="r3")
+        plain.produce("p", b"3", key="r3")
 
 
 def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, kafka_topics, tmp_path):
@@ -520,7 +508,7 @@ def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap
         thread.start()
         time.sleep(3 * idle)  # the range assignor gives partition 0 of both topics to one member
         assert thread.is_alive(), "the worker stopped as idle although it never had a partition"
-        assert not waiter.assigned and len(holder.worker.assigned) == 2
+        assert not waiter.partitions and holder.worker.partitions == 2
         assert holder.stop() == EXIT_OK  # its partitions go to the waiter, which then has nothing to read
     thread.join(60)
     assert not thread.is_alive() and result["code"] == EXIT_OK
@@ -539,17 +527,20 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
     produced a moment ago is fresh by its timestamps and was worked through on one core before."""
     from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-    from iolstream.kafka import worker as worker_module
+    from iolstream.kafka.assignment import Assignment
+    from iolstream.kafka.offsets import OffsetBook
+    from iolstream.stream.align import Aligner
 
-    w = Worker.__new__(Worker)  # the decision alone: no clients
-    w.cfg = config_from_dict(worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
-                             environ={})  # fmt: skip
-    w.assigned = {("f", 0), ("l", 0)}
-    w.rows_per_message = rows_per_message
-    w._lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
+    cfg = config_from_dict(worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
+                           environ={})  # fmt: skip
+    book = OffsetBook(exactly_once=False)
+    book.assign(("f", 0), None)
+    book.assign(("l", 0), None)
+    a = Assignment(cfg, book, Aligner(100, 100, 2**20), ClientCalls(), before_revoke=lambda: None, stopping=lambda: False)
+    a.lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
 
     class Msg:
         def timestamp(self):
-            return TIMESTAMP_CREATE_TIME, worker_module.now_ms() - age_ms
+            return TIMESTAMP_CREATE_TIME, int(time.time() * 1000) - age_ms
 
-    assert w._catching_up(Msg()) is behind
+    assert a.catching_up(Msg(), rows_per_message) is behind

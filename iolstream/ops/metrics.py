@@ -8,6 +8,12 @@ One small HTTP server (a daemon thread) answers:
 - ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
   broker is reachable and no stop was requested; else 503 and the reason.
 
+What it reads of the worker (the view it is given, ``kafka.worker.Worker`` implements it; ops never
+imports kafka): ``processor`` (the StreamProcessor: its model and counters), ``checkpoint`` (the last
+durable one: ``written_at``, ``snapshot_seconds``, ``snapshot_bytes``), ``last_tick`` (monotonic time of
+the loop's last tick), ``stopping``, ``connected``, ``partitions`` (how many are assigned),
+``replay_pending`` (exactly-once replay not over) and ``broker_unreachable_seconds`` (None: reachable).
+
 Threads: the worker thread writes, HTTP threads read. Everything a scrape reads is either
 a prometheus-client object (locked), or a dict/array the worker thread *replaces* (never
 mutates) under ``_lock``, so a scrape never sees the learner's live state half-updated.
@@ -400,15 +406,15 @@ class Metrics:
         w = self.worker
         if w is None:
             return False, "starting"
-        if w.stop_event.is_set():
+        if w.stopping:
             return False, "stopping"
-        if w.consumer is None:
+        if not w.connected:
             return False, "not connected"
-        if not w.assigned:
+        if not w.partitions:
             return False, "no partitions assigned"
-        if w.replay_until:
+        if w.replay_pending:
             return False, "replaying input a committed transaction already covered"
-        down = w.broker_unreachable_seconds()
+        down = w.broker_unreachable_seconds
         if down is not None:
             return False, f"broker unreachable for {down:.0f} s"
         if self.broker_up is False:

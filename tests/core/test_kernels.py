@@ -292,12 +292,12 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
 
     assert isinstance(fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator))
     package = tmp_path / "copy" / "iolstream"
-    shutil.copytree(kernel_cache.HERE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(kernel_cache.HERE.parent, package, ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(PYTHONPATH=str(package.parent), NUMBA_DEBUG_CACHE="1")
     if cache_dir:
         env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
-    code = "import numpy as np\nfrom iolstream import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
+    code = "import numpy as np\nfrom iolstream.core import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
 
     def run() -> str:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
@@ -307,10 +307,10 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
 
     assert run() == "data saved"
     assert run() == "data loaded"
-    with open(package / "codec.py", "a") as f:
+    with open(package / "stream" / "codec.py", "a") as f:
         f.write("\n# an edit outside the kernels\n")
     assert run() == "data loaded"
-    with open(package / "blaslib.py", "a") as f:
+    with open(package / "core" / "blaslib.py", "a") as f:
         f.write("\n# an edit of another kernel file\n")
     assert run() == "data saved"
     assert run() == "data loaded"

@@ -523,7 +523,7 @@ def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_pa
 
     code = (
         "import os, sys\n"
-        "from iolstream import cli, worker\n"
+        "from iolstream.tools import cli\nfrom iolstream.kafka import worker\n"
         "class Stop(Exception): pass\n"
         "def stop(*a, **k):\n"
         "    import numba.np.ufunc.parallel as p\n"
@@ -550,7 +550,7 @@ def test_freezing_the_start_up_objects_collects_garbage_first_and_still_collects
 
     code = (
         "import gc, weakref\n"
-        "from iolstream import runtime\n"
+        "from iolstream.ops import process\n"
         "class Node: pass\n"
         "def cycle():\n"
         "    a, b = Node(), Node(); a.b, b.a = b, a\n"
@@ -575,7 +575,7 @@ def test_the_run_command_freezes_the_start_up_objects_once_the_kernels_are_loade
 
     code = (
         "import gc, sys\n"
-        "from iolstream import cli, worker\n"
+        "from iolstream.tools import cli\nfrom iolstream.kafka import worker\n"
         "class Stop(Exception): pass\n"
         "opened = []\n"
         "def fake_open(self):\n"

@@ -1,0 +1,151 @@
+"""Checkpoints: the state and the input positions it covers, written to the snapshot store.
+
+A checkpoint is due every ``snapshot.every_batches`` batches or ``snapshot.every_seconds``, and after a
+(re)start soon (``snapshot.first_after_seconds``; exactly-once as soon as the replay is over), so that
+a crash loop makes progress. Writing one: 1. wait for the producer's deliveries (a periodic checkpoint
+``FLUSH_SECONDS``, then it is postponed, the loop going on; a final one up to the call timeout)
+2. write the snapshot (the processor's state and the positions) atomically. Nothing is written if an
+output could not be delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from iolstream.core import runtime
+from iolstream.core.model import EdRVFL
+from iolstream.core.state_io import StateFormatError
+from iolstream.kafka.calls import CallTimedOut, ClientCalls
+from iolstream.kafka.clients import CALL_GRACE
+from iolstream.kafka.config import WorkerConfig
+from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.offsets import fmt
+from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
+from iolstream.stream.processor import StreamProcessor
+
+log = logging.getLogger("iolstream.worker")
+
+FLUSH_SECONDS = 1.0  # a periodic checkpoint waits this long for deliveries, then tries again later
+
+
+@dataclass
+class Checkpoint:
+    """Bookkeeping of the last durable checkpoint."""
+
+    batches_at: int = 0
+    time: float = field(default_factory=time.monotonic)
+    offsets: dict = field(default_factory=dict)
+    snapshot_seconds: float = 0.0
+    snapshot_bytes: int = 0
+    written_at: float = 0.0
+
+
+class Checkpointer:
+    def __init__(self, cfg: WorkerConfig, calls: ClientCalls, *, metrics=None):
+        self.cfg = cfg
+        self.calls = calls
+        self.metrics = metrics
+        self.store = SnapshotStore(cfg.snapshot.dir, cfg.snapshot.keep)
+        self.last = Checkpoint()
+        self.first_due: float | None = None  # after a start: the early checkpoint (snapshot.first_after_seconds)
+
+    def started(self) -> None:
+        """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
+        first = self.cfg.snapshot.first_after_seconds
+        self.first_due = None if first is None else time.monotonic() + first
+
+    def load(self) -> tuple[StreamProcessor, dict]:
+        """The newest valid snapshot's processor and positions (a fresh processor and none if there is none)."""
+        try:
+            snap = self.store.load_latest()
+        except SnapshotError as exc:  # another format version: never skipped silently
+            raise WorkerError(f"cannot load the snapshots in {self.store.dir}: {exc}") from None
+        if snap is None:
+            log.info("no snapshot in %s: starting a fresh model", self.store.dir)
+            self.last = Checkpoint()
+            proc = StreamProcessor(EdRVFL(self.cfg.model), self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+        else:
+            proc, positions = self._restore(snap)
+        runtime.configure_for_model(proc.model)  # BLAS threads (MEASUREMENTS.md trap)
+        return proc, ({} if snap is None else positions)
+
+    def _restore(self, snap) -> tuple[StreamProcessor, dict]:
+        saved = snap.manifest["config"]
+        wanted = self.cfg.model.to_dict()
+        diff = [k for k in wanted if _jsonish(wanted[k]) != saved.get(k)]
+        if diff:
+            raise WorkerError(
+                f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
+                "restore that config, or move the snapshot directory away to start a fresh model"
+            )
+        try:
+            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+        except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
+            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
+        positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
+        self.last = Checkpoint(
+            proc.counters["batches"], time.monotonic(), dict(positions), snapshot_bytes=snap.size_bytes,
+            written_at=snap.manifest.get("written_at_ms", 0) / 1000.0,  # the snapshot's age counts from its write
+        )  # fmt: skip
+        log.info(
+            "loaded snapshot %s (%d bytes, %.3f s): %d rows in, %d labelled, offsets %s",
+            snap.path.name, snap.size_bytes, snap.seconds, proc.counters["rows_in"], proc.counters["rows_learned"],
+            fmt(positions), extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
+        )  # fmt: skip
+        return proc, positions
+
+    def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
+        cp, snap = self.last, self.cfg.snapshot
+        batches = processor.counters["batches"] - cp.batches_at
+        if positions == cp.offsets and batches == 0:
+            return False
+        if batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds:
+            return True
+        # after a (re)start, soon: exactly-once as soon as the replay is over, at-least-once a moment after
+        # input is processed, so that a crash loop makes progress instead of replaying from further back
+        return self.first_due is not None and not replaying and (exactly_once or time.monotonic() >= self.first_due)
+
+    def write(self, processor: StreamProcessor, positions: dict, producer, delivery_errors: Callable[[], int], *,
+              wait: float | None = None) -> bool:  # fmt: skip
+        """Steps 1 and 2 (module docstring); ``wait``: how long to wait for deliveries (None: FLUSH_SECONDS,
+        postponing if they are not done). Returns whether the snapshot was written."""
+        final = wait is not None
+        wait = FLUSH_SECONDS if wait is None else wait
+        try:
+            remaining = self.calls.call("producer.flush", lambda: producer.flush(wait), wait, grace=CALL_GRACE)
+        except CallTimedOut as exc:
+            log.error("checkpoint skipped, nothing committed: %s", exc)
+            return False
+        if delivery_errors() or (remaining and final):
+            log.error("checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
+                      remaining, delivery_errors())  # fmt: skip
+            return False
+        if remaining:
+            log.warning("checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"})
+            return False
+        manifest, arrays = processor.to_state()
+        manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(positions.items())]
+        manifest["worker"] = {"exactly_once": self.cfg.durability.exactly_once, "group_id": self.cfg.kafka.group_id}
+        try:
+            snap = self.store.write(manifest, arrays)
+        except OSError as exc:
+            raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
+        self.last = Checkpoint(processor.counters["batches"], time.monotonic(), dict(positions), snap.seconds,
+                               snap.size_bytes, time.time())  # fmt: skip
+        self.first_due = None
+        if self.metrics is not None:
+            self.metrics.on_snapshot(snap)
+        log.info("snapshot %s: %.1f MB in %.3f s, offsets %s", snap.path.name, snap.size_bytes / 1e6, snap.seconds,
+                 fmt(positions), extra={"event": "snapshot", "bytes": snap.size_bytes, "seconds": round(snap.seconds, 4)})  # fmt: skip
+        if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
+            log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
+        return True
+
+
+def _jsonish(value):
+    if isinstance(value, tuple):
+        return [_jsonish(v) for v in value]
+    return value

@@ -1,0 +1,113 @@
+"""The offset book: where each partition stands, in plain ``(topic, partition)`` keys and int offsets.
+
+- ``positions``: the next offset to read of every partition the state has consumed (in snapshots);
+- ``committed_floor``: the group's committed offset per assigned partition; commits never go below it;
+- ``replay_until``: exactly-once, input a committed transaction already covered: processed into the
+  model again without emitting;
+- ``ends`` / ``eof``: each assigned partition's end when it was assigned, and where its last
+  end-of-partition event came (``iolstream run --stop-at-end``).
+
+    >>> book = OffsetBook(exactly_once=True)
+    >>> book.assign(("f", 0), committed=9)  # never consumed by this state: from its beginning, replaying to 9
+    >>> book.replay_until, book.start(("f", 0))
+    ({('f', 0): 9}, None)
+    >>> book.processed(("f", 0), 8)  # the last replayed offset: the replay of ("f", 0) is over
+    True
+    >>> book.to_commit()  # 9 is not past the committed floor
+    []
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("iolstream.worker")
+
+Key = tuple[str, int]
+
+
+class OffsetBook:
+    def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None):
+        self.exactly_once = exactly_once
+        self.positions: dict[Key, int] = dict(positions or {})
+        self.committed_floor: dict[Key, int] = {}
+        self.replay_until: dict[Key, int] = {}
+        self.assigned: set[Key] = set()
+        self.ends: dict[Key, int] = {}
+        self.eof: dict[Key, int] = {}
+
+    def reset(self, positions: dict[Key, int]) -> None:
+        """The positions of a state just loaded (a roll-back)."""
+        self.positions = dict(positions)
+
+    def start(self, key: Key) -> int | None:
+        """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this state)."""
+        return self.positions.get(key)
+
+    def assign(self, key: Key, committed: int | None, end: int | None = None) -> None:
+        """``key`` assigned, the group having committed ``committed`` for it (None: nothing). Below that, a
+        commit never goes, and (exactly-once) input is replayed without emitting: a committed transaction
+        emitted its outputs already."""
+        start = self.positions.get(key)
+        self.assigned.add(key)
+        self.eof.pop(key, None)
+        if end is not None:
+            self.ends[key] = end
+        if committed is None:
+            self.committed_floor.pop(key, None)
+        else:
+            self.committed_floor[key] = committed
+            if start is None:
+                log.warning("%s[%d]: no snapshot covers it; reading from its beginning although the group "
+                            "committed offset %d", key[0], key[1], committed)  # fmt: skip
+        if self.exactly_once and committed is not None and committed > (start or 0):
+            self.replay_until[key] = committed
+        else:
+            self.replay_until.pop(key, None)
+
+    def forget(self, key: Key) -> None:
+        """``key`` revoked or lost (its position stays: it is the state's)."""
+        self.assigned.discard(key)
+        for book in (self.ends, self.eof, self.replay_until, self.committed_floor):
+            book.pop(key, None)
+
+    def replaying(self, key: Key, offset: int) -> bool:
+        until = self.replay_until.get(key)
+        return until is not None and offset < until
+
+    def processed(self, key: Key, offset: int) -> bool:
+        """``offset`` of ``key`` is in the state now; True when that ended the partition's replay."""
+        self.positions[key] = offset + 1
+        until = self.replay_until.get(key)
+        if until is not None and offset + 1 >= until:
+            del self.replay_until[key]
+            log.info("%s[%d]: replayed up to the committed offset %d", key[0], key[1], offset + 1)
+            return True
+        return False
+
+    def to_commit(self) -> list[tuple[str, int, int]]:
+        """The positions of the assigned partitions past the group's committed offset: a commit never
+        moves an offset backwards (a partition being replayed is left out)."""
+        return [(t, p, o) for (t, p), o in sorted(self.positions.items())
+                if (t, p) in self.assigned and o > self.committed_floor.get((t, p), -1)]  # fmt: skip
+
+    def committed(self, offsets) -> None:
+        """``(topic, partition, offset)`` committed: the new floor."""
+        for t, p, o in offsets:
+            self.committed_floor[(t, p)] = o
+
+    def at_end(self, queued) -> bool:
+        """Every assigned partition has reached the end it had when assigned, and none has messages
+        ``queued(key)`` unprocessed. Past transaction markers a position stays below the end: the
+        end-of-partition event's offset counts then."""
+        if not self.assigned:
+            return False
+        for key in self.assigned:
+            end = self.ends.get(key)
+            if end is None or max(self.positions.get(key, -1), self.eof.get(key, -1)) < end or queued(key):
+                return False
+        return True
+
+
+def fmt(offsets: dict) -> str:
+    return ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))

@@ -1,0 +1,163 @@
+"""The producing side of the worker: predictions and dead letters out, delivery failures counted.
+
+Dead letters are sized before they are produced: one larger than the dead-letter limit (the smaller of
+the producer's ``message.max.bytes`` and the dead-letter topic's ``max.message.bytes``, read at start,
+``topics.DeadLetterLimit``) goes as an excerpt; one the broker refuses anyway is counted in
+``iolstream_dead_letters_dropped_total``, logged once per reason and skipped (exactly-once: its
+transaction aborts and the replay cuts it to the new limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError, KafkaException
+
+from iolstream.kafka import topics
+from iolstream.kafka.clients import client_conf
+from iolstream.kafka.config import WorkerConfig
+from iolstream.kafka.errors import WorkerError
+from iolstream.ops.faults import crash_point
+from iolstream.stream import codec
+from iolstream.stream.processor import DeadLetter, StepOutput
+
+log = logging.getLogger("iolstream.worker")
+
+
+class Output:
+    """Produces through ``producer`` (replaced by ``Transactions`` when it must be).
+
+    ``begin()``: exactly-once, called before each produce: opens the cycle's transaction, and says False
+    when the open transaction is lost already (nothing more is produced into it); ``refused(err)``:
+    exactly-once, a produce the client refused (the transaction is lost). ``waiting(what, seconds)``
+    ticks the loop while the local queue is full."""
+
+    def __init__(self, cfg: WorkerConfig, *, metrics=None, waiting: Callable[[str, float], None] = lambda *_: None,
+                 begin: Callable[[], bool] | None = None, refused: Callable[[KafkaError], None] | None = None):  # fmt: skip
+        self.cfg = cfg
+        self.metrics = metrics
+        self.waiting = waiting
+        self.begin = begin
+        self.refused = refused
+        self.producer = None
+        self.delivery_errors = 0
+        # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
+        self.dead_letter_limit = topics.DeadLetterLimit(topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters)
+
+    def read_limits(self) -> None:
+        """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the producer's
+        limits (``topics.start_limit``); WorkerError naming the keys when they contradict, warnings logged."""
+        try:
+            self.dead_letter_limit, warnings = topics.start_limit(self.cfg, client_conf(self.cfg))
+        except ValueError as exc:
+            raise WorkerError(str(exc)) from None
+        for warning in warnings:
+            log.warning("%s", warning)
+
+    def on_delivery(self, err, msg) -> None:
+        """The producer's delivery callback (failures only: ``delivery.report.only.error``)."""
+        if err is not None:
+            self.delivery_errors += 1
+            if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):  # not a transaction abort's
+                log.error("delivery to %s failed: %s", msg.topic(), err)
+
+    def produce(self, topic: str, value: bytes, key=None, headers=None, on_delivery=None) -> None:
+        if self.begin is not None and not self.begin():
+            return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
+        extra = {} if on_delivery is None else {"on_delivery": on_delivery}  # default: the config's (on_delivery)
+        waited = None
+        while True:
+            try:
+                self.producer.produce(topic, value, key=key, headers=headers, **extra)
+                return
+            except BufferError:  # local queue full (e.g. the broker is unreachable): let librdkafka drain it
+                waited = waited or time.monotonic()
+                self.producer.poll(0.05)
+                self.waiting("room in the producer's queue", time.monotonic() - waited)
+            except KafkaException as exc:
+                # exactly-once: an earlier output of this transaction failed (e.g. too large), which
+                # left it in an error state; at-least-once: a refused produce is fatal as ever
+                if self.refused is None or exc.args[0].code() != KafkaError._STATE:
+                    raise
+                log.warning("produce refused, the transaction has failed: %s", exc.args[0])
+                self.refused(exc.args[0])
+                return
+
+    def emit(self, out: StepOutput) -> None:
+        """Produce a step's predictions (encoded here, on first access) and dead letters."""
+        topic, predictions = self.cfg.topics.predictions, out.predictions
+        done = 0
+        if self.begin is None:  # the common path: one C call per row, no per-row Python frame
+            produce = self.producer.produce
+            try:
+                for key, value in predictions:
+                    produce(topic, value, key)  # a str key is encoded (UTF-8) by the client
+                    done += 1
+            except BufferError:  # the local queue is full: the rest goes through produce(), which waits
+                pass
+        for key, value in predictions[done:]:
+            self.produce(topic, value, key=key)
+        self.emit_dead(out.dead_letters, count=False)
+        if out.rows_predicted:
+            crash_point("after_produce")
+
+    def emit_dead(self, dead: list[DeadLetter], *, count: bool = True) -> None:
+        """Produce dead letters: as they are when they fit the dead-letter limit, else as excerpts (sized before
+        producing: a record the broker refuses would fail an exactly-once transaction); one whose headers alone
+        do not fit is counted, logged once per reason and skipped."""
+        limit = self.dead_letter_limit
+        if limit.refresh_due:
+            limit.refresh()
+        for d in dead:
+            src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
+            headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
+            fitted = limit.fit(d.value if d.value is not None else b"", headers)
+            if fitted is None:
+                self._dropped(d.bad.reason, f"its headers alone exceed the dead-letter limit of {limit.limit} bytes")
+                continue
+            value, headers = fitted
+            if d.value is not None and len(value) < len(d.value):
+                self._truncated(d, len(value))
+            try:
+                self.produce(self.cfg.topics.dead_letters, value, headers=headers, on_delivery=self._dead_delivery(d.bad.reason))
+            except KafkaException as exc:  # refused before it was queued (over message.max.bytes): nothing sent
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise
+                self._dropped(d.bad.reason, f"refused by the producer: {exc.args[0].str()}")
+        if count and dead and self.metrics is not None:
+            self.metrics.on_dead_letters(dead)
+
+    def _dead_delivery(self, reason: str):
+        """The delivery callback of one dead letter (called on failures only): one the broker refused as too
+        large (the topic's limit was lowered since the start) makes the worker read the limit again; at-least-once
+        it is counted as dropped and skipped, exactly-once its transaction aborts and the replay cuts it to the
+        new limit. Other failures go to ``on_delivery``."""
+
+        def delivered(err, msg) -> None:
+            if err is None or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                self.on_delivery(err, msg)
+                return
+            self.dead_letter_limit.refused()
+            if self.begin is not None:
+                self.on_delivery(err, msg)
+            else:
+                self._dropped(reason, f"refused by the broker: {err.str()}")
+
+        return delivered
+
+    def _truncated(self, d: DeadLetter, kept: int) -> None:
+        if self.dead_letter_limit.note("truncated", d.bad.reason):
+            log.warning("a %d-byte %s dead letter goes to %s as an excerpt of its first %d bytes (%s); further "
+                        "excerpts of this reason are counted, not logged", len(d.value), d.bad.reason,
+                        self.cfg.topics.dead_letters, kept, self.dead_letter_limit.source)  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.dead_letters_truncated.labels(d.bad.reason).inc()
+
+    def _dropped(self, reason: str, why: str) -> None:
+        if self.dead_letter_limit.note("dropped", reason):
+            log.error("a %s dead letter could not be written to %s (%s): skipped; further ones are counted in "
+                      "iolstream_dead_letters_dropped_total, not logged", reason, self.cfg.topics.dead_letters, why)  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.dead_letters_dropped.labels(reason).inc()
