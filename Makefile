@@ -24,11 +24,11 @@ test: $(STAMP)
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
 
-# The compose stack in podman (tests/test_container_stack.py, also part of `make test`, where it is
+# The compose stack in podman (tests/containers/test_container_stack.py, also part of `make test`, where it is
 # skipped with the reason if podman cannot be had): installs podman as root if missing, builds the
 # images or reuses them (scripts/containers.sh), runs broker, worker, producer and Prometheus.
 container-test: $(STAMP)
-	IOLSTREAM_CONTAINER_TEST=require $(PY) -m pytest -q -m container tests/test_container_stack.py $(PYTEST_ARGS)
+	IOLSTREAM_CONTAINER_TEST=require $(PY) -m pytest -q -m container tests/containers/test_container_stack.py $(PYTEST_ARGS)
 
 # Unit tests only (no broker).
 test-fast: $(STAMP)

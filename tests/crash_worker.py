@@ -1,4 +1,4 @@
-"""One worker process for the durability tests (tests/test_durability_kafka.py).
+"""One worker process for the durability tests (tests/kafka/test_durability_kafka.py).
 
     python tests/crash_worker.py CONFIG.yaml [--idle-stop-seconds S] [--max-seconds S] [--stop-at-end]
 

@@ -44,7 +44,7 @@ from iolstream.kafka.output import Output
 from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CRASH_WORKER = REPO / "tests" / "crash_worker.py"
 N_ROWS = 50_000
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261125"))

@@ -41,7 +41,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SCRIPT = REPO / "scripts" / "containers.sh"
 ROWS, MORE_ROWS, BAD_MESSAGES = 3000, 1000, 3

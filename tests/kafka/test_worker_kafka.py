@@ -37,7 +37,7 @@ from iolstream.kafka.worker import EXIT_OK, Worker
 
 pytestmark = pytest.mark.kafka
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SEGMENT_CLASSES = ["brickface", "cement", "foliage", "grass", "path", "sky", "window"]
 
 

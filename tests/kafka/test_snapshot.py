@@ -1,7 +1,7 @@
 """The snapshot store (SPEC §6): format, checksum, atomic write, retention, fallback, inspect.
 
 No broker needed: the worker's use of snapshots is tested on a real broker in
-tests/test_durability_kafka.py.
+tests/kafka/test_durability_kafka.py.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from iolstream.stream import recent_ids
 from iolstream.tools.cli import build_parser
 from iolstream.kafka.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 WORKERS = ("worker-forward", "worker-ridge")
