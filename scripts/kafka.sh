@@ -206,7 +206,7 @@ format_storage() {
     cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
     log "formatting storage in $DATA_DIR (cluster id $cluster_id)"
     if ! out="$("$JAVA" -Xmx256m -cp "$LIB_DIR/*" -Dlog4j2.configurationFile="$LOG4J" \
-            kafka.tools.StorageTool format --config "$PROPS" --cluster-id "$cluster_id" 2>&1)"; then
+            kafka.tools.StorageTool format --config "$PROPS" --cluster-id="$cluster_id" 2>&1)"; then
         echo "$out" >&2
         die "kafka-storage format failed"
     fi

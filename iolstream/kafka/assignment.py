@@ -14,13 +14,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
 
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import OffsetBook, fmt
+from iolstream.ops.faults import crash_point, fault_point
 from iolstream.stream.align import Aligner
 
 log = logging.getLogger("iolstream.worker")
@@ -172,3 +173,34 @@ class Assignment:
             if (end := self.end_offset(key)) is not None:
                 self.book.ends[key] = end
         return self.book.at_end(lambda key: key in self.aligner.partitions and bool(self.aligner.partitions[key].queue))
+
+    def seek_back(self) -> None:
+        """After a roll-back (the book holds the snapshot's positions): every assigned partition sought to its
+        position again, the group's committed offsets read anew (what they cover is replayed without emitting)."""
+        assigned = sorted(self.book.assigned)
+        committed = self.committed(assigned)
+        for key in assigned:
+            self.book.assign(key, committed.get(key), self.book.ends.get(key))
+            start = self.book.start(key)
+            try:
+                self.consumer.seek(TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start))
+            except KafkaException as exc:  # e.g. lost in a rebalance meanwhile: its next assignment seeks it
+                log.warning("%s[%d]: cannot seek it back: %s", key[0], key[1], exc)
+
+    def commit(self) -> None:
+        """At-least-once: commit the positions (the snapshot just written covers them, and never more); a
+        failure is logged, and the next checkpoint commits again."""
+        if not (offsets := self.book.to_commit()):
+            return
+        crash_point("before_commit")
+        tps = [TopicPartition(t, p, o) for t, p, o in offsets]
+        try:
+            if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))
+            result = self.consumer_call("consumer.commit", lambda: self.consumer.commit(offsets=tps, asynchronous=False)) or []
+            if failed := [tp for tp in result if tp.error is not None]:
+                raise KafkaException(failed[0].error)
+        except (KafkaException, CallTimedOut) as exc:
+            log.warning("offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc)
+            return
+        self.book.committed(offsets)

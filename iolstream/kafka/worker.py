@@ -33,7 +33,7 @@ import os
 import time
 
 from confluent_kafka import (
-    OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
+    TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
 )  # fmt: skip
 
 from iolstream.kafka import clients
@@ -47,7 +47,7 @@ from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
 from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
-from iolstream.ops.faults import CRASH_ENV, crash_point, fault_point
+from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.kafka.stopping import Stopping
 from iolstream.ops.lifecycle import EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.process import freeze_startup_objects
@@ -373,15 +373,7 @@ class Worker:
         self.book.reset(positions)
         self.replaying = False
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the snapshot's positions
-        assigned = sorted(self.book.assigned)
-        committed = self.assignment.committed(assigned)
-        for key in assigned:
-            self.book.assign(key, committed.get(key), self.book.ends.get(key))
-            start = self.book.start(key)
-            try:
-                self.consumer.seek(TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start))
-            except KafkaException as exc:  # e.g. lost in a rebalance meanwhile: its next assignment seeks it
-                log.warning("%s[%d]: cannot seek it back: %s", key[0], key[1], exc)
+        self.assignment.seek_back()
         log.info("rolled back to offsets %s; replay without emitting until %s (%s)", fmt(self.book.positions) or "-",
                  fmt(self.book.replay_until) or "-", why)  # fmt: skip
 
@@ -398,25 +390,8 @@ class Worker:
                                       lambda: self.output.delivery_errors, wait=wait):  # fmt: skip
             return False
         if not self.exactly_once:
-            self._commit_offsets()
+            self.assignment.commit()
         return True
-
-    def _commit_offsets(self) -> None:
-        """At-least-once: commit the offsets the snapshot just written covers (and never more)."""
-        if not (offsets := self.book.to_commit()):
-            return
-        crash_point("before_commit")
-        tps = [TopicPartition(t, p, o) for t, p, o in offsets]
-        try:
-            if self.crash_points and fault_point("fail_commit"):  # test-only: a failing commit
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))
-            result = self.assignment.consumer_call("consumer.commit", lambda: self.consumer.commit(offsets=tps, asynchronous=False)) or []
-            if failed := [tp for tp in result if tp.error is not None]:
-                raise KafkaException(failed[0].error)
-        except (KafkaException, CallTimedOut) as exc:
-            log.warning("offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc)
-            return
-        self.book.committed(offsets)
 
     # ------------------------------------------------------------ errors, waiting
     def _on_error(self, err: KafkaError, source: str = "producer") -> None:

@@ -146,8 +146,9 @@ class WorkerRig:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
         return proc, log_path
 
-    def run(self, crash: str | None = None, idle: float = 2.0, timeout: float = 60.0) -> tuple[int, str]:
-        proc, log_path = self.start(crash, idle)
+    def run(self, crash: str | None = None, timeout: float = 60.0) -> tuple[int, str]:
+        """One process over the (pre-produced) input, to its end (--stop-at-end) or its crash point."""
+        proc, log_path = self.start(crash, idle=600, extra_args=["--stop-at-end"])
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -154,7 +154,7 @@ def test_crash_in_the_middle_of_a_write_leaves_the_previous_snapshots(tmp_path):
     store = SnapshotStore(tmp_path, keep=3)
     store.write({"i": 0}, {"x": np.zeros(10_000)})
     code = (
-        "import numpy as np; from iolstream.snapshot import SnapshotStore; "
+        "import numpy as np; from iolstream.kafka.snapshots import SnapshotStore; "
         f"SnapshotStore({str(tmp_path)!r}, keep=3).write({{'i': 1}}, {{'x': np.ones(10_000)}})"
     )
     env = {**os.environ, faults.CRASH_ENV: "in_snapshot:1"}
@@ -167,7 +167,7 @@ def test_crash_in_the_middle_of_a_write_leaves_the_previous_snapshots(tmp_path):
 
 def test_fault_points_fire_at_the_chosen_hit(monkeypatch):
     monkeypatch.setenv(faults.CRASH_ENV, "a:3,b:1")
-    monkeypatch.setattr(snapshot, "_hits", {})
+    monkeypatch.setattr(faults, "_hits", {})
     assert [faults.fault_point("a") for _ in range(4)] == [False, False, True, False]
     assert faults.fault_point("b") and not faults.fault_point("c")
     monkeypatch.delenv(faults.CRASH_ENV)
