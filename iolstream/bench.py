@@ -5,6 +5,10 @@ Suites:
   for the "small" and the paper's "poker" configs, float64 and float32: rows/s, the
   algorithm's minimal FLOPs per row, the GEMM rate NumPy reaches on the same shapes
   and dtype in this run, and ``efficiency`` = achieved minimal-FLOP rate ÷ GEMM rate.
+  Each config also runs with ``lam: auto`` (3 λ candidates sharing one Gram: one Cholesky
+  and solve per λ), ``forgetting: auto`` (3 half-lives, their own sums) and both (9
+  candidates, 3 sets of sums), with ``cost_vs_fixed`` = fixed rows/s ÷ these rows/s, same run
+  (their minimal FLOPs and efficiency are the fixed model's accounting).
 - ``poker``: the paper's largest run (Table 13 configuration) on generated poker hands.
 - ``kafka``: end to end through the local broker (see ``bench_kafka``).
 
@@ -21,6 +25,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .model import EdRVFL, ModelConfig
+
+# setting name -> ModelConfig overrides (``--settings``)
+SETTINGS = {
+    "fixed": {},
+    "lam-auto": {"lam": "auto"},
+    "forgetting-auto": {"forgetting": "auto"},
+    "auto": {"lam": "auto", "forgetting": "auto"},
+}
 
 CONFIGS = {
     # name: (k, m, N, L, b)
@@ -94,13 +106,19 @@ class CoreResult:
     efficiency: float
     seconds: float
     flops_breakdown: dict
+    setting: str = "fixed"
+    candidates: int = 1
+    cost_vs_fixed: float | None = None  # fixed rows/s ÷ these rows/s, same config and dtype, same run
 
 
-def bench_core_step(name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto") -> CoreResult:
+def bench_core_step(
+    name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto", setting: str = "fixed", gemm: float | None = None
+) -> CoreResult:
+    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
     cfg = ModelConfig(
         n_inputs=k, n_outputs=m, n_nodes=n_nodes, n_layers=n_layers, scaler="none", dtype=dtype, solver=solver,
-        track_regret=False,
+        track_regret=False, **SETTINGS[setting],
     )  # fmt: skip
     model = EdRVFL(cfg)
     from . import runtime
@@ -108,12 +126,14 @@ def bench_core_step(name: str, dtype: str, *, seconds: float = 5.0, solver: str 
     runtime.configure_for_model(model)
     rows_s, elapsed = _time_steps(model, k, m, b, seconds)
     flops = minimal_flops_per_row(k, m, n_nodes, n_layers, b)
-    shapes = [(b, k, n_nodes)] + [(b, n_nodes + k, n_nodes)] * (n_layers - 1)
-    gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
+    if gemm is None:
+        shapes = [(b, k, n_nodes)] + [(b, n_nodes + k, n_nodes)] * (n_layers - 1)
+        gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
     achieved = flops["total"] * rows_s / 1e9
     return CoreResult(
-        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops
-    )
+        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops,
+        setting, len(model.learners),
+    )  # fmt: skip
 
 
 def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[float, float]:
@@ -132,7 +152,8 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
             t0 = time.perf_counter()
         i = steps + 1
         pred = model.observe(xs[i % pool])  # -F: Gram in, then predict
-        model.learn(prev.features_t, ys[(i - 1) % pool], predicted=prev.layer_outputs)  # labels one batch late
+        # labels one batch late; each candidate (auto) judged on its own prediction, rows at their stamps
+        model.learn(prev.features_t, ys[(i - 1) % pool], predicted=prev.predicted, observed_at=prev.clock)
         prev = pred
         steps += 1
         if steps > warm + 2 and time.perf_counter() - t0 >= seconds:
@@ -143,17 +164,24 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
 
 def run_core(args) -> list[dict]:
     results = []
+    settings = ["fixed"] + [s for s in args.settings if s != "fixed"]  # fixed first: the others' yardstick
     for name in args.configs:
         for dtype in args.dtypes:
-            r = bench_core_step(name, dtype, seconds=args.seconds)
-            results.append(asdict(r))
-            if not args.json:
-                print(
-                    f"{name:6s} {dtype:8s} b={r.batch:5d}  {r.rows_per_second:10.0f} rows/s  "
-                    f"{r.minimal_flops_per_row / 1e6:7.2f} MFLOP/row  {r.achieved_gflops:6.1f} GFLOP/s  "
-                    f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}",
-                    flush=True,
-                )
+            fixed = gemm = None
+            for setting in settings:
+                r = bench_core_step(name, dtype, seconds=args.seconds, setting=setting, gemm=gemm)
+                gemm = r.gemm_gflops
+                if setting == "fixed":
+                    fixed = r.rows_per_second
+                r.cost_vs_fixed = fixed / r.rows_per_second
+                results.append(asdict(r))
+                if not args.json:
+                    print(
+                        f"{name:6s} {dtype:8s} {setting:15s} b={r.batch:5d}  {r.rows_per_second:10.0f} rows/s  "
+                        f"{r.minimal_flops_per_row / 1e6:7.2f} MFLOP/row  {r.achieved_gflops:6.1f} GFLOP/s  "
+                        f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}  cost vs fixed {r.cost_vs_fixed:5.2f}x",
+                        flush=True,
+                    )
     return results
 
 
@@ -215,6 +243,8 @@ def add_parser(subparsers):
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="poker suite")
     p.add_argument("--seconds", type=float, default=5.0, help="core suite: seconds per measurement")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                   help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)")  # fmt: skip
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")
     p.add_argument("--batch-fraction", type=float, default=0.0027, help="poker suite: b as a fraction of the training rows")

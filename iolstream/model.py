@@ -34,6 +34,7 @@ DTYPES = ("float64", "float32")
 
 # ``lam: auto`` / ``forgetting: auto``: the candidates, all on the same random features, every one
 # learning every row; the one with the lowest recent prequential loss predicts (``CandidateSelector``).
+# λ candidates of one half-life share its sums (learner.SharedGramLearner: one Gram, a Cholesky per λ).
 LAM_CANDIDATES = (0.05, 0.5, 5.0)
 HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
 SELECTION_HALF_LIFE = 2048.0  # rows: the recent loss is an average with weights halving every 2,048 rows
@@ -307,13 +308,18 @@ class EdRVFL:
             config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )
         self.candidates = config.candidates
-        self.learners = [
-            learner.OnlineLearner(
+        # λ candidates share their half-life's sums (the first of each half-life makes every update, the
+        # others copy them and solve with their own λ): one Gram, one Cholesky per λ; half-lives differ in sums.
+        self.learners, primaries = [], {}
+        for lam, half_life in self.candidates:
+            if half_life in primaries:
+                self.learners.append(learner.SharedGramLearner(primaries[half_life], lam))
+                continue
+            primaries[half_life] = ln = learner.OnlineLearner(
                 self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,
                 refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
-            )
-            for lam, half_life in self.candidates
-        ]  # fmt: skip
+            )  # fmt: skip
+            self.learners.append(ln)
         default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
         self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
@@ -410,16 +416,20 @@ class EdRVFL:
         if tuner is not None:
             setting, started = tuner.choose(), time.perf_counter()
             self.learner.parallel = setting.parallel
-        features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
         candidate_outputs = None
-        if len(self.learners) > 1:  # the same features for every candidate
-            candidate_outputs = np.empty((len(self.learners), *outputs.shape))
-            for j, other in enumerate(self.learners):
-                if j == self.selector.chosen:
-                    candidate_outputs[j] = outputs
-                else:
-                    other.parallel = self.learner.parallel
-                    candidate_outputs[j] = other.observe_and_predict(features_t)
+        if len(self.learners) == 1:
+            features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
+        else:  # the same features for every candidate; each primary before the λ candidates sharing its sums
+            parallel = self.learner.parallel
+            first = self.learners[0]
+            first.parallel = parallel
+            features_t, first_outputs = first.observe_rows(self.network, self._scaled(x))
+            candidate_outputs = np.empty((len(self.learners), *first_outputs.shape))
+            candidate_outputs[0] = first_outputs
+            for j, other in enumerate(self.learners[1:], start=1):
+                other.parallel = parallel
+                candidate_outputs[j] = other.observe_and_predict(features_t)
+            outputs = candidate_outputs[self.selector.chosen]
         proba, index, value = self.combine(outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])

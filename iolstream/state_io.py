@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 
+from .learner import SharedGramLearner
 from .learner_state import LayerState
 from .model import EdRVFL, ModelConfig
 
@@ -154,6 +155,9 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
                 raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
             for j, (ln, part) in enumerate(zip(model.learners, saved)):
                 _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
+            for ln in model.learners:  # λ candidates: their saved sums are their primary's, as restored
+                if isinstance(ln, SharedGramLearner):
+                    ln.mark_synced()
             sel = manifest["selection"]
             model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
             model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))

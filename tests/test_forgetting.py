@@ -468,3 +468,34 @@ def test_auto_survives_a_state_round_trip():
 def test_auto_spelling_is_checked(key, value):
     with pytest.raises(ValueError, match=key):
         ModelConfig(n_inputs=3, **{key: value})
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
+    """lam auto: one learner per half-life makes the updates (Gram, labels, decay); the other λ hold its
+    sums with their own λ on the diagonal (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
+    from iolstream import fused
+    from iolstream.learner import SharedGramLearner
+
+    seed_ = 34
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((1200, 4))
+    y = (x[:, 0] * x[:, 1] > 0).astype(int)
+    model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", lam="auto",
+                               forgetting="auto", mode=mode, seed=seed_))  # fmt: skip
+    shared = [ln for ln in model.learners if isinstance(ln, SharedGramLearner)]
+    assert len(shared) == 6 and {id(ln.primary) for ln in shared} == {id(ln) for ln in model.learners[::3]}
+    calls = []
+    for name in ("observe_serial", "observe_parallel", "forward_serial", "forward_parallel", "learn_serial", "learn_parallel"):
+        kernel = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+    _stream_auto(model, x, y)
+    batches = len(range(0, 1200, 100))
+    assert len(calls) == (3 * batches + 3 * (batches - 1) if mode == "forward" else 3 * (batches - 1)), f"{calls}, seed={seed_}"
+    for ln in shared:
+        for a, p in zip(ln.state.layers, ln.primary.state.layers):
+            np.testing.assert_array_equal(a.rhs, p.rhs)
+            shift = (a.lam - p.lam) * np.eye(model.network.n_columns)
+            np.testing.assert_allclose(a.gram - p.gram, shift, atol=1e-9 * np.abs(p.gram).max())
+        assert ln.state.clock == ln.primary.state.clock == 1200
+    assert len(set(model.selector.loss.tolist())) == 9  # each judged on its own predictions
