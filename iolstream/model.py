@@ -37,7 +37,11 @@ DTYPES = ("float64", "float32")
 # λ candidates of one half-life share its sums (learner.SharedGramLearner: one Gram, a Cholesky per λ).
 LAM_CANDIDATES = (0.05, 0.5, 5.0)
 HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
-SELECTION_HALF_LIFE = 2048.0  # rows: the recent loss is an average with weights halving every 2,048 rows
+# rows: the recent loss weighs rows halving every 512 rows. The prequential past was scored by β fitted on
+# fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
+# candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
+SELECTION_HALF_LIFE = 512.0
+SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
 
 
 @dataclass(frozen=True)
@@ -220,28 +224,46 @@ class TargetScaler:
 class CandidateSelector:
     """Which of K candidate learners predicts: the lowest recent prequential loss.
 
-    Each candidate's loss on a labelled batch is ½‖D_l β_l − Y‖² (mean over layers, summed over
-    rows) with the β that predicted the batch *before* its labels entered (test-then-train). The
-    recent loss is Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the
-    same rows, so the weighted sums compare directly). Ties, and the start, go to ``start``.
+    Each candidate's loss on a labelled batch is the loss of what it would have emitted, the ensemble
+    of its layers with the β that predicted the batch *before* its labels entered (test-then-train),
+    in the metric the stream is scored by: classification, the rows it got wrong (0/1 loss); regression,
+    the squared error summed over rows and outputs. Not the layers' ½‖D_l β_l − Y‖²: on one-hot
+    targets that favours the smoothest candidate, not the most accurate one (hyperplane stream: the
+    h = 2048 candidates had the larger squared loss and the higher accuracy). The recent loss is
+    Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the same rows, so the
+    weighted sums compare directly).
 
-    loss : (K,) float64 — the weighted loss sums; chosen : index of the candidate in force
+    The one in force (``start`` at first: the fixed defaults) gives way only to a candidate whose recent
+    loss is lower by more than ``z`` standard deviations of the paired difference, Σ wᵢ²(ℓ_cᵢ − ℓ_jᵢ)²
+    (for 0/1 losses, McNemar's test on the rows where the two disagree), and then to the lowest such
+    loss. Without it, a few rows (iris: 4 per batch) made the selector follow noise; after a drift the
+    gap grows with every batch and is significant within a few hundred rows.
+
+    loss : (K,) float64 — the weighted loss sums; pair : (K, K) — Σ wᵢ² (ℓ_jᵢ − ℓ_kᵢ)²;
+    chosen : index of the candidate in force
     """
 
-    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE):
+    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE, z: float = SELECTION_Z):
         self.loss = np.zeros(n_candidates)
+        self.pair = np.zeros((n_candidates, n_candidates))
         self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
         self.chosen = start
         self.half_life = half_life
+        self.z = z
 
-    def record(self, batch_losses: np.ndarray, b: int) -> None:
-        """batch_losses: (K,) each candidate's loss summed over the b rows of one labelled batch."""
+    def record(self, row_losses: np.ndarray) -> None:
+        """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
+        row_losses = np.asarray(row_losses, dtype=np.float64)
+        b = row_losses.shape[1]
         decay = float(np.exp2(-b / self.half_life))
-        self.loss = decay * self.loss + batch_losses
+        self.loss = decay * self.loss + row_losses.sum(axis=1)
+        diff = row_losses[:, None, :] - row_losses[None, :, :]
+        self.pair = decay * decay * self.pair + np.einsum("jkb,jkb->jk", diff, diff)
         self.rows = decay * self.rows + b
-        best = int(np.argmin(self.loss))
-        if self.loss[best] < self.loss[self.chosen]:
-            self.chosen = best
+        gap = self.loss[self.chosen] - self.loss  # > 0: lower recent loss than the one in force
+        better = gap > self.z * np.sqrt(self.pair[self.chosen])
+        if better.any():
+            self.chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
 
     def recent(self) -> np.ndarray:
         """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
@@ -335,7 +357,8 @@ class EdRVFL:
 
     @property
     def effective(self) -> dict:
-        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row."""
+        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row (error rate,
+        or squared error, of its ensemble: see CandidateSelector)."""
         lam, half_life = self.candidates[self.selector.chosen]
         out = {"lam": lam, "forgetting": half_life}
         if len(self.learners) > 1:
@@ -455,13 +478,13 @@ class EdRVFL:
         if predicted is None or np.ndim(predicted) != 4:
             predicted = [ln.layer_outputs(features_t) for ln in self.learners]
         chosen = self.selector.chosen
-        batch_losses = np.empty(len(self.learners))
+        row_losses = np.empty((len(self.learners), features_t.shape[2]))
         for j, ln in enumerate(self.learners):
             losses = ln.learn(features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at)
-            batch_losses[j] = losses.mean()
+            row_losses[j] = self._selection_loss(predicted[j], targets)
             if j == chosen:
                 result = losses
-        self.selector.record(batch_losses, features_t.shape[2])
+        self.selector.record(row_losses)
         return result
 
     def forget(self, features_t, observed_at=None) -> None:
@@ -469,6 +492,14 @@ class EdRVFL:
         the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
         for ln in self.learners:
             ln.forget(features_t, observed_at)
+
+    def _selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
+        row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        _, index, value = self.combine(np.asarray(layer_outputs))
+        if index is not None:
+            return (index != targets.argmax(axis=1)).astype(np.float64)
+        return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""

@@ -71,7 +71,10 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
         manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
         sel = model.selector
-        manifest["selection"] = {"chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows}
+        manifest["selection"] = {
+            "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
+            "pair": [[float(v) for v in row] for row in sel.pair],
+        }  # fmt: skip
     return manifest, arrays
 
 
@@ -161,6 +164,7 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             sel = manifest["selection"]
             model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
             model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
+            model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model

@@ -457,6 +457,7 @@ def test_auto_survives_a_state_round_trip():
     buf.seek(0)
     restored = load_model(buf)
     assert restored.selector.chosen == model.selector.chosen and np.array_equal(restored.selector.loss, model.selector.loss)
+    assert np.array_equal(restored.selector.pair, model.selector.pair)
     for m in (model, restored):
         _stream_auto(m, x[2000:], y[2000:])
     assert restored.effective == model.effective, f"seed={seed_}"
@@ -498,4 +499,21 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
             shift = (a.lam - p.lam) * np.eye(model.network.n_columns)
             np.testing.assert_allclose(a.gram - p.gram, shift, atol=1e-9 * np.abs(p.gram).max())
         assert ln.state.clock == ln.primary.state.clock == 1200
-    assert len(set(model.selector.loss.tolist())) == 9  # each judged on its own predictions
+
+
+def test_selector_switches_only_on_a_significant_gap():
+    """McNemar on 0/1 losses: 3 rows better out of 3 disagreements is noise (z = 3/√3 < 2), the one in force
+    stays; 30 better out of 30 is not; the lowest significant loss wins; the decay halves every half-life."""
+    from iolstream.model import CandidateSelector
+
+    sel = CandidateSelector(3, start=0, half_life=512.0)
+    losses = np.zeros((3, 40))
+    losses[0, :3] = 1.0  # candidate 0 (in force) wrong on 3 rows the others get right
+    sel.record(losses)
+    assert sel.chosen == 0 and sel.pair[0, 1] == sel.pair[0, 2] == 3.0
+    losses[0, :30] = 1.0
+    losses[1, 30:35] = 1.0  # candidate 1 wrong on 5 others: 2 stays the best
+    sel.record(losses)
+    assert sel.chosen == 2, sel.loss
+    assert sel.rows == pytest.approx(40 * np.exp2(-40 / 512) + 40)
+    np.testing.assert_allclose(sel.recent(), sel.loss / sel.rows)
