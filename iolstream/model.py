@@ -98,7 +98,7 @@ class ModelConfig:
             try:
                 object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
             except (TypeError, ValueError):
-                bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
+                bad("lam", "a number > 0, a list of one number > 0 per layer, or auto (chosen online)", self.lam)
         try:
             if self.lam != "auto":
                 learner._as_lams(self.lam, self.n_layers)
@@ -113,11 +113,12 @@ class ModelConfig:
             bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
-        try:
-            if self.forgetting != "auto":
+        if self.forgetting != "auto":
+            try:
                 learner.check_half_life(self.forgetting)
-        except ValueError as exc:
-            raise ValueError(f"model.{exc}") from None
+            except ValueError:
+                bad("forgetting", "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
+                    self.forgetting)  # fmt: skip
         if self.forgetting is not None and self.solver == "woodbury":
             bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
         if self.target_scaler not in TARGET_SCALERS:
