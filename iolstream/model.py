@@ -249,6 +249,7 @@ class CandidateSelector:
         self.pair = np.zeros((n_candidates, n_candidates))
         self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
         self.chosen = start
+        self.switches = 0  # times another candidate took over
         self.half_life = half_life
         self.z = z
 
@@ -265,6 +266,7 @@ class CandidateSelector:
         better = gap > self.z * np.sqrt(self.pair[self.chosen])
         if better.any():
             self.chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
+            self.switches += 1
 
     def recent(self) -> np.ndarray:
         """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
@@ -357,6 +359,14 @@ class EdRVFL:
         return self.learners[self.selector.chosen]
 
     @property
+    def version(self) -> int:
+        """Bumped at every change of the β in force: the learner's version; with ``auto``, the sum of every
+        candidate's plus the selector's switches (never goes back when another candidate takes over)."""
+        if len(self.learners) == 1:
+            return self.learner.state.version
+        return sum(ln.state.version for ln in self.learners) + self.selector.switches
+
+    @property
     def effective(self) -> dict:
         """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row (error rate,
         or squared error, of its ensemble: see CandidateSelector)."""
@@ -424,7 +434,7 @@ class EdRVFL:
         features_t = self.features(x) if features_t is None else features_t
         outputs = self.learner.layer_outputs(features_t)
         proba, index, value = self.combine(outputs)
-        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
+        return Prediction(features_t, outputs, proba, index, value, self.version, self.learner.state.clock)
 
     def predict(self, x) -> np.ndarray:
         """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
@@ -458,7 +468,7 @@ class EdRVFL:
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
         st = self.learner.state
-        return Prediction(features_t, outputs, proba, index, value, st.version, st.clock, candidate_outputs)
+        return Prediction(features_t, outputs, proba, index, value, self.version, st.clock, candidate_outputs)
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);

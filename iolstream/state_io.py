@@ -73,7 +73,7 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         sel = model.selector
         manifest["selection"] = {
             "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
-            "pair": [[float(v) for v in row] for row in sel.pair],
+            "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches,
         }  # fmt: skip
     return manifest, arrays
 
@@ -165,6 +165,7 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
             model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
             model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
+            model.selector.switches = int(sel["switches"])
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model

@@ -517,3 +517,21 @@ def test_selector_switches_only_on_a_significant_gap():
     assert sel.chosen == 2, sel.loss
     assert sel.rows == pytest.approx(40 * np.exp2(-40 / 512) + 40)
     np.testing.assert_allclose(sel.recent(), sel.loss / sel.rows)
+
+
+def test_auto_model_version_never_goes_back_when_the_candidate_changes():
+    seed_ = 35
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((6000, 3))
+    y = _flip(x, 2000)
+    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto",
+                               forgetting="auto", seed=seed_))  # fmt: skip
+    versions, prev = [], None
+    for start in range(0, len(x), 100):
+        pred = model.observe(x[start : start + 100])
+        versions.append(pred.version)
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
+        prev = (pred, model.encode_labels(y[start : start + 100]))
+    assert model.selector.switches >= 1, f"seed={seed_}"
+    assert np.all(np.diff(versions) > 0), f"seed={seed_}: {versions}"
