@@ -244,7 +244,8 @@ def add_parser(subparsers):
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="poker suite")
     p.add_argument("--seconds", type=float, default=5.0, help="core suite: seconds per measurement")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
-                   help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)")  # fmt: skip
+                   help="core suite: fixed λ and half-life, and the auto settings measured against it "
+                        "(default: all)")  # fmt: skip
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")
     p.add_argument("--batch-fraction", type=float, default=0.0027, help="poker suite: b as a fraction of the training rows")
