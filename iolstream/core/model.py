@@ -36,9 +36,14 @@ DTYPES = ("float64", "float32")
 
 # ``lam: auto`` / ``forgetting: auto``: the candidates, all on the same random features, every one
 # learning every row; the one with the lowest recent prequential loss predicts (``CandidateSelector``).
+# λ candidates of one half-life share its sums (learner.SharedGramLearner: one Gram, a Cholesky per λ).
 LAM_CANDIDATES = (0.05, 0.5, 5.0)
 HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
-SELECTION_HALF_LIFE = 2048.0  # rows: the recent loss is an average with weights halving every 2,048 rows
+# rows: the recent loss weighs rows halving every 512 rows. The prequential past was scored by β fitted on
+# fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
+# candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
+SELECTION_HALF_LIFE = 512.0
+SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ class ModelConfig:
             try:
                 object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
             except (TypeError, ValueError):
-                bad("lam", "a number > 0 or a list of one number > 0 per layer", self.lam)
+                bad("lam", "a number > 0, a list of one number > 0 per layer, or auto (chosen online)", self.lam)
         try:
             if self.lam != "auto":
                 learner.as_lams(self.lam, self.n_layers)
@@ -110,11 +115,12 @@ class ModelConfig:
             bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
-        try:
-            if self.forgetting != "auto":
+        if self.forgetting != "auto":
+            try:
                 learner.check_half_life(self.forgetting)
-        except ValueError as exc:
-            raise ValueError(f"model.{exc}") from None
+            except ValueError:
+                bad("forgetting", "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
+                    self.forgetting)  # fmt: skip
         if self.forgetting is not None and self.solver == "woodbury":
             bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
         if self.target_scaler not in TARGET_SCALERS:
@@ -221,28 +227,48 @@ class TargetScaler:
 class CandidateSelector:
     """Which of K candidate learners predicts: the lowest recent prequential loss.
 
-    Each candidate's loss on a labelled batch is ½‖D_l β_l − Y‖² (mean over layers, summed over
-    rows) with the β that predicted the batch *before* its labels entered (test-then-train). The
-    recent loss is Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the
-    same rows, so the weighted sums compare directly). Ties, and the start, go to ``start``.
+    Each candidate's loss on a labelled batch is the loss of what it would have emitted, the ensemble
+    of its layers with the β that predicted the batch *before* its labels entered (test-then-train),
+    in the metric the stream is scored by: classification, the rows it got wrong (0/1 loss); regression,
+    the squared error summed over rows and outputs. Not the layers' ½‖D_l β_l − Y‖²: on one-hot
+    targets that favours the smoothest candidate, not the most accurate one (hyperplane stream: the
+    h = 2048 candidates had the larger squared loss and the higher accuracy). The recent loss is
+    Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the same rows, so the
+    weighted sums compare directly).
 
-    loss : (K,) float64 — the weighted loss sums; chosen : index of the candidate in force
+    The one in force (``start`` at first: the fixed defaults) gives way only to a candidate whose recent
+    loss is lower by more than ``z`` standard deviations of the paired difference, Σ wᵢ²(ℓ_cᵢ − ℓ_jᵢ)²
+    (for 0/1 losses, McNemar's test on the rows where the two disagree), and then to the lowest such
+    loss. Without it, a few rows (iris: 4 per batch) made the selector follow noise; after a drift the
+    gap grows with every batch and is significant within a few hundred rows.
+
+    loss : (K,) float64 — the weighted loss sums; pair : (K, K) — Σ wᵢ² (ℓ_jᵢ − ℓ_kᵢ)²;
+    chosen : index of the candidate in force
     """
 
-    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE):
+    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE, z: float = SELECTION_Z):
         self.loss = np.zeros(n_candidates)
+        self.pair = np.zeros((n_candidates, n_candidates))
         self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
         self.chosen = start
+        self.switches = 0  # times another candidate took over
         self.half_life = half_life
+        self.z = z
 
-    def record(self, batch_losses: np.ndarray, b: int) -> None:
-        """batch_losses: (K,) each candidate's loss summed over the b rows of one labelled batch."""
+    def record(self, row_losses: np.ndarray) -> None:
+        """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
+        row_losses = np.asarray(row_losses, dtype=np.float64)
+        b = row_losses.shape[1]
         decay = float(np.exp2(-b / self.half_life))
-        self.loss = decay * self.loss + batch_losses
+        self.loss = decay * self.loss + row_losses.sum(axis=1)
+        diff = row_losses[:, None, :] - row_losses[None, :, :]
+        self.pair = decay * decay * self.pair + np.einsum("jkb,jkb->jk", diff, diff)
         self.rows = decay * self.rows + b
-        best = int(np.argmin(self.loss))
-        if self.loss[best] < self.loss[self.chosen]:
-            self.chosen = best
+        gap = self.loss[self.chosen] - self.loss  # > 0: lower recent loss than the one in force
+        better = gap > self.z * np.sqrt(self.pair[self.chosen])
+        if better.any():
+            self.chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
+            self.switches += 1
 
     def recent(self) -> np.ndarray:
         """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
@@ -309,13 +335,18 @@ class EdRVFL:
             config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )
         self.candidates = config.candidates
-        self.learners = [
-            learner.OnlineLearner(
+        # λ candidates share their half-life's sums (the first of each half-life makes every update, the
+        # others copy them and solve with their own λ): one Gram, one Cholesky per λ; half-lives differ in sums.
+        self.learners, primaries = [], {}
+        for lam, half_life in self.candidates:
+            if half_life in primaries:
+                self.learners.append(learner.SharedGramLearner(primaries[half_life], lam))
+                continue
+            primaries[half_life] = ln = learner.OnlineLearner(
                 self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,
                 refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
-            )
-            for lam, half_life in self.candidates
-        ]  # fmt: skip
+            )  # fmt: skip
+            self.learners.append(ln)
         default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
         self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
@@ -330,8 +361,17 @@ class EdRVFL:
         return self.learners[self.selector.chosen]
 
     @property
+    def version(self) -> int:
+        """Bumped at every change of the β in force: the learner's version; with ``auto``, the sum of every
+        candidate's plus the selector's switches (never goes back when another candidate takes over)."""
+        if len(self.learners) == 1:
+            return self.learner.state.version
+        return sum(ln.state.version for ln in self.learners) + self.selector.switches
+
+    @property
     def effective(self) -> dict:
-        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row."""
+        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row (error rate,
+        or squared error, of its ensemble: see CandidateSelector)."""
         lam, half_life = self.candidates[self.selector.chosen]
         out = {"lam": lam, "forgetting": half_life}
         if len(self.learners) > 1:
@@ -396,7 +436,7 @@ class EdRVFL:
         features_t = self.features(x) if features_t is None else features_t
         outputs = self.learner.layer_outputs(features_t)
         proba, index, value = self.combine(outputs)
-        return Prediction(features_t, outputs, proba, index, value, self.learner.state.version, self.learner.state.clock)
+        return Prediction(features_t, outputs, proba, index, value, self.version, self.learner.state.clock)
 
     def predict(self, x) -> np.ndarray:
         """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
@@ -412,21 +452,25 @@ class EdRVFL:
         if tuner is not None:
             setting, started = tuner.choose(), time.perf_counter()
             self.learner.parallel = setting.parallel
-        features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
         candidate_outputs = None
-        if len(self.learners) > 1:  # the same features for every candidate
-            candidate_outputs = np.empty((len(self.learners), *outputs.shape))
-            for j, other in enumerate(self.learners):
-                if j == self.selector.chosen:
-                    candidate_outputs[j] = outputs
-                else:
-                    other.parallel = self.learner.parallel
-                    candidate_outputs[j] = other.observe_and_predict(features_t)
+        if len(self.learners) == 1:
+            features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
+        else:  # the same features for every candidate; each primary before the λ candidates sharing its sums
+            parallel = self.learner.parallel
+            first = self.learners[0]
+            first.parallel = parallel
+            features_t, first_outputs = first.observe_rows(self.network, self._scaled(x))
+            candidate_outputs = np.empty((len(self.learners), *first_outputs.shape))
+            candidate_outputs[0] = first_outputs
+            for j, other in enumerate(self.learners[1:], start=1):
+                other.parallel = parallel
+                candidate_outputs[j] = other.observe_and_predict(features_t)
+            outputs = candidate_outputs[self.selector.chosen]
         proba, index, value = self.combine(outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
         st = self.learner.state
-        return Prediction(features_t, outputs, proba, index, value, st.version, st.clock, candidate_outputs)
+        return Prediction(features_t, outputs, proba, index, value, self.version, st.clock, candidate_outputs)
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
@@ -447,13 +491,13 @@ class EdRVFL:
         if predicted is None or np.ndim(predicted) != 4:
             predicted = [ln.layer_outputs(features_t) for ln in self.learners]
         chosen = self.selector.chosen
-        batch_losses = np.empty(len(self.learners))
+        row_losses = np.empty((len(self.learners), features_t.shape[2]))
         for j, ln in enumerate(self.learners):
             losses = ln.learn(features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at)
-            batch_losses[j] = losses.mean()
+            row_losses[j] = self._selection_loss(predicted[j], targets)
             if j == chosen:
                 result = losses
-        self.selector.record(batch_losses, features_t.shape[2])
+        self.selector.record(row_losses)
         return result
 
     def forget(self, features_t, observed_at=None) -> None:
@@ -461,6 +505,14 @@ class EdRVFL:
         the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
         for ln in self.learners:
             ln.forget(features_t, observed_at)
+
+    def _selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
+        row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        _, index, value = self.combine(np.asarray(layer_outputs))
+        if index is not None:
+            return (index != targets.argmax(axis=1)).astype(np.float64)
+        return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""

@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 
+from iolstream.core.learner import SharedGramLearner
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
 
@@ -70,7 +71,10 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
         manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
         sel = model.selector
-        manifest["selection"] = {"chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows}
+        manifest["selection"] = {
+            "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
+            "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches,
+        }  # fmt: skip
     return manifest, arrays
 
 
@@ -154,9 +158,14 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
                 raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
             for j, (ln, part) in enumerate(zip(model.learners, saved)):
                 _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
+            for ln in model.learners:  # λ candidates: their saved sums are their primary's, as restored
+                if isinstance(ln, SharedGramLearner):
+                    ln.mark_synced()
             sel = manifest["selection"]
             model.selector.chosen, model.selector.rows = int(sel["chosen"]), float(sel["rows"])
             model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
+            model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
+            model.selector.switches = int(sel["switches"])
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model

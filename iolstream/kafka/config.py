@@ -192,6 +192,15 @@ def _build_model(raw) -> ModelConfig:
             raw[key] = tuple(raw[key])
     if isinstance(raw.get("lam"), list):
         raw["lam"] = tuple(raw["lam"])
+    for key in ("lam", "forgetting"):  # "auto" in any case; numbers YAML 1.1 leaves as strings (1e4)
+        if isinstance(raw.get(key), str):
+            text = raw[key].strip().lower()
+            try:
+                raw[key] = "auto" if text == "auto" else float(text)
+            except ValueError:
+                pass  # ModelConfig names the key and the bad value
+    if raw.get("forgetting") is False:  # YAML reads off / no / false as False: never forget, like null
+        raw["forgetting"] = None
     try:
         return ModelConfig(**raw)
     except (TypeError, ValueError) as exc:

@@ -382,7 +382,7 @@ class StreamProcessor:
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
-        c["model_version"] = self.model.learner.state.version
+        c["model_version"] = self.model.version
         return c
 
     # ------------------------------------------------------------- state

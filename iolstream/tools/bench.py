@@ -7,6 +7,9 @@ Suites:
   and dtype in this run, and ``efficiency`` = achieved minimal-FLOP rate ÷ GEMM rate.
 - ``poker``: the paper's largest run (Table 13 configuration) on generated poker hands.
 - ``kafka``: end to end through the local broker (see ``bench_kafka``).
+  The core suite also runs each config with ``lam: auto`` (3 λ candidates sharing one Gram: one
+  Cholesky and solve per λ), ``forgetting: auto`` (3 half-lives, their own sums) and both (9
+  candidates, 3 sets of sums), with ``cost_vs_fixed`` = fixed rows/s ÷ these rows/s, same run.
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
 
 Machines here are shared and noisy: compare ratios within one run, not seconds across runs.
@@ -22,22 +25,29 @@ from dataclasses import asdict
 import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.tools.bench_core import CONFIGS, bench_core_step
+from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step
 
 
 def run_core(args) -> list[dict]:
     results = []
+    settings = ["fixed"] + [s for s in args.settings if s != "fixed"]  # fixed first: the others' yardstick
     for name in args.configs:
         for dtype in args.dtypes:
-            r = bench_core_step(name, dtype, seconds=args.seconds)
-            results.append(asdict(r))
-            if not args.json:
-                print(
-                    f"{name:6s} {dtype:8s} b={r.batch:5d}  {r.rows_per_second:10.0f} rows/s  "
-                    f"{r.minimal_flops_per_row / 1e6:7.2f} MFLOP/row  {r.achieved_gflops:6.1f} GFLOP/s  "
-                    f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}",
-                    flush=True,
-                )
+            fixed = gemm = None
+            for setting in settings:
+                r = bench_core_step(name, dtype, seconds=args.seconds, setting=setting, gemm=gemm)
+                gemm = r.gemm_gflops
+                if setting == "fixed":
+                    fixed = r.rows_per_second
+                r.cost_vs_fixed = fixed / r.rows_per_second
+                results.append(asdict(r))
+                if not args.json:
+                    print(
+                        f"{name:6s} {dtype:8s} {setting:15s} b={r.batch:5d}  {r.rows_per_second:10.0f} rows/s  "
+                        f"{r.minimal_flops_per_row / 1e6:7.2f} MFLOP/row  {r.achieved_gflops:6.1f} GFLOP/s  "
+                        f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}  cost vs fixed {r.cost_vs_fixed:5.2f}x",
+                        flush=True,
+                    )
     return results
 
 
@@ -99,6 +109,8 @@ def add_parser(subparsers):
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="poker suite")
     p.add_argument("--seconds", type=float, default=5.0, help="core suite: seconds per measurement")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                   help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)")
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")
     p.add_argument("--batch-fraction", type=float, default=0.0027, help="poker suite: b as a fraction of the training rows")

@@ -12,6 +12,14 @@ import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
 
+# setting name -> ModelConfig overrides (``--settings``)
+SETTINGS = {
+    "fixed": {},
+    "lam-auto": {"lam": "auto"},
+    "forgetting-auto": {"forgetting": "auto"},
+    "auto": {"lam": "auto", "forgetting": "auto"},
+}
+
 CONFIGS = {
     # name: (k, m, N, L, b)
     "small": (10, 10, 128, 4, 256),
@@ -84,13 +92,19 @@ class CoreResult:
     efficiency: float
     seconds: float
     flops_breakdown: dict
+    setting: str = "fixed"
+    candidates: int = 1
+    cost_vs_fixed: float | None = None  # fixed rows/s ÷ these rows/s, same config and dtype, same run
 
 
-def bench_core_step(name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto") -> CoreResult:
+def bench_core_step(
+    name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto", setting: str = "fixed", gemm: float | None = None
+) -> CoreResult:
+    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
     cfg = ModelConfig(
         n_inputs=k, n_outputs=m, n_nodes=n_nodes, n_layers=n_layers, scaler="none", dtype=dtype, solver=solver,
-        track_regret=False,
+        track_regret=False, **SETTINGS[setting],
     )  # fmt: skip
     model = EdRVFL(cfg)
     from iolstream.core import runtime
@@ -98,12 +112,14 @@ def bench_core_step(name: str, dtype: str, *, seconds: float = 5.0, solver: str 
     runtime.configure_for_model(model)
     rows_s, elapsed = _time_steps(model, k, m, b, seconds)
     flops = minimal_flops_per_row(k, m, n_nodes, n_layers, b)
-    shapes = [(b, k, n_nodes)] + [(b, n_nodes + k, n_nodes)] * (n_layers - 1)
-    gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
+    if gemm is None:
+        shapes = [(b, k, n_nodes)] + [(b, n_nodes + k, n_nodes)] * (n_layers - 1)
+        gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
     achieved = flops["total"] * rows_s / 1e9
     return CoreResult(
-        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops
-    )
+        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops,
+        setting, len(model.learners),
+    )  # fmt: skip
 
 
 def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[float, float]:
@@ -122,7 +138,8 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
             t0 = time.perf_counter()
         i = steps + 1
         pred = model.observe(xs[i % pool])  # -F: Gram in, then predict
-        model.learn(prev.features_t, ys[(i - 1) % pool], predicted=prev.layer_outputs)  # labels one batch late
+        # labels one batch late; each candidate (auto) judged on its own prediction, rows at their stamps
+        model.learn(prev.features_t, ys[(i - 1) % pool], predicted=prev.predicted, observed_at=prev.clock)
         prev = pred
         steps += 1
         if steps > warm + 2 and time.perf_counter() - t0 >= seconds:

@@ -457,6 +457,7 @@ def test_auto_survives_a_state_round_trip():
     buf.seek(0)
     restored = load_model(buf)
     assert restored.selector.chosen == model.selector.chosen and np.array_equal(restored.selector.loss, model.selector.loss)
+    assert np.array_equal(restored.selector.pair, model.selector.pair)
     for m in (model, restored):
         _stream_auto(m, x[2000:], y[2000:])
     assert restored.effective == model.effective, f"seed={seed_}"
@@ -468,3 +469,69 @@ def test_auto_survives_a_state_round_trip():
 def test_auto_spelling_is_checked(key, value):
     with pytest.raises(ValueError, match=key):
         ModelConfig(n_inputs=3, **{key: value})
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
+    """lam auto: one learner per half-life makes the updates (Gram, labels, decay); the other λ hold its
+    sums with their own λ on the diagonal (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
+    from iolstream.core import fused
+    from iolstream.core.learner import SharedGramLearner
+
+    seed_ = 34
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((1200, 4))
+    y = (x[:, 0] * x[:, 1] > 0).astype(int)
+    model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", lam="auto",
+                               forgetting="auto", mode=mode, seed=seed_))  # fmt: skip
+    shared = [ln for ln in model.learners if isinstance(ln, SharedGramLearner)]
+    assert len(shared) == 6 and {id(ln.primary) for ln in shared} == {id(ln) for ln in model.learners[::3]}
+    calls = []
+    for name in ("observe_serial", "observe_parallel", "forward_serial", "forward_parallel", "learn_serial", "learn_parallel"):
+        kernel = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+    _stream_auto(model, x, y)
+    batches = len(range(0, 1200, 100))
+    assert len(calls) == (3 * batches + 3 * (batches - 1) if mode == "forward" else 3 * (batches - 1)), f"{calls}, seed={seed_}"
+    for ln in shared:
+        for a, p in zip(ln.state.layers, ln.primary.state.layers):
+            np.testing.assert_array_equal(a.rhs, p.rhs)
+            shift = (a.lam - p.lam) * np.eye(model.network.n_columns)
+            np.testing.assert_allclose(a.gram - p.gram, shift, atol=1e-9 * np.abs(p.gram).max())
+        assert ln.state.clock == ln.primary.state.clock == 1200
+
+
+def test_selector_switches_only_on_a_significant_gap():
+    """McNemar on 0/1 losses: 3 rows better out of 3 disagreements is noise (z = 3/√3 < 2), the one in force
+    stays; 30 better out of 30 is not; the lowest significant loss wins; the decay halves every half-life."""
+    from iolstream.core.model import CandidateSelector
+
+    sel = CandidateSelector(3, start=0, half_life=512.0)
+    losses = np.zeros((3, 40))
+    losses[0, :3] = 1.0  # candidate 0 (in force) wrong on 3 rows the others get right
+    sel.record(losses)
+    assert sel.chosen == 0 and sel.pair[0, 1] == sel.pair[0, 2] == 3.0
+    losses[0, :30] = 1.0
+    losses[1, 30:35] = 1.0  # candidate 1 wrong on 5 others: 2 stays the best
+    sel.record(losses)
+    assert sel.chosen == 2, sel.loss
+    assert sel.rows == pytest.approx(40 * np.exp2(-40 / 512) + 40)
+    np.testing.assert_allclose(sel.recent(), sel.loss / sel.rows)
+
+
+def test_auto_model_version_never_goes_back_when_the_candidate_changes():
+    seed_ = 35
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((6000, 3))
+    y = _flip(x, 2000)
+    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto",
+                               forgetting="auto", seed=seed_))  # fmt: skip
+    versions, prev = [], None
+    for start in range(0, len(x), 100):
+        pred = model.observe(x[start : start + 100])
+        versions.append(pred.version)
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
+        prev = (pred, model.encode_labels(y[start : start + 100]))
+    assert model.selector.switches >= 1, f"seed={seed_}"
+    assert np.all(np.diff(versions) > 0), f"seed={seed_}: {versions}"

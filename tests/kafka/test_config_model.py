@@ -1,0 +1,51 @@
+"""The worker's model section: forgetting and lam auto load from YAML and from IOLSTREAM_MODEL__* variables,
+and bad values are refused naming the key (no broker needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from iolstream.kafka.config import ConfigError, config_from_dict, load_config
+
+BASE = {"model": {"n_inputs": 3, "classes": ["a", "b"]}}
+
+
+@pytest.mark.parametrize(
+    "env,lam,forgetting,candidates",
+    [
+        ({"IOLSTREAM_MODEL__FORGETTING": "auto"}, 0.5, "auto", 3),
+        ({"IOLSTREAM_MODEL__FORGETTING": "AUTO", "IOLSTREAM_MODEL__LAM": "auto"}, "auto", "auto", 9),
+        ({"IOLSTREAM_MODEL__FORGETTING": "2048", "IOLSTREAM_MODEL__LAM": "Auto"}, "auto", 2048, 3),
+        ({"IOLSTREAM_MODEL__FORGETTING": "1e4"}, 0.5, 1e4, 1),
+        ({"IOLSTREAM_MODEL__FORGETTING": "null"}, 0.5, None, 1),
+        ({"IOLSTREAM_MODEL__FORGETTING": "off"}, 0.5, None, 1),
+        ({}, 0.5, None, 1),
+    ],
+)
+def test_forgetting_and_lam_from_the_environment(env, lam, forgetting, candidates):
+    model = config_from_dict(BASE, env).model
+    assert (model.lam, model.forgetting, len(model.candidates)) == (lam, forgetting, candidates)
+
+
+def test_forgetting_and_lam_from_yaml(tmp_path):
+    path = tmp_path / "worker.yaml"
+    path.write_text("model:\n  n_inputs: 4\n  n_outputs: 1\n  lam: auto\n  forgetting: 16384\n")
+    model = load_config(path, environ={}).model
+    assert (model.lam, model.forgetting, model.task) == ("auto", 16384, "regression")
+    overridden = load_config(path, environ={"IOLSTREAM_MODEL__FORGETTING": "auto"}).model
+    assert overridden.forgetting == "auto" and len(overridden.candidates) == 9
+
+
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"IOLSTREAM_MODEL__FORGETTING": "-3"}, r"model\.forgetting: must be null \(never forget\), auto"),
+        ({"IOLSTREAM_MODEL__FORGETTING": "yes"}, r"model\.forgetting: .* got True"),
+        ({"IOLSTREAM_MODEL__FORGETTING": "automatic"}, r"model\.forgetting: .* got 'automatic'"),
+        ({"IOLSTREAM_MODEL__LAM": "automatic"}, r"model\.lam: must be .* or auto"),
+        ({"IOLSTREAM_MODEL__FORGETTING": "auto", "IOLSTREAM_MODEL__SOLVER": "woodbury"}, r"model\.solver"),
+    ],
+)
+def test_bad_values_name_the_key(env, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(BASE, env)
