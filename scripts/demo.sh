@@ -4,7 +4,7 @@
 #   1. starts the local Kafka broker (scripts/kafka.sh) unless one is running on $KAFKA_PORT;
 #   2. runs the worker (`iolstream run -c config/worker.yaml`) in the background, on topics,
 #      a consumer group and a snapshot dir of its own (IOLSTREAM_* overrides, see config.py);
-#   3. replays the `segment` stream with `iolstream produce` (shuffled, labels 50 rows late, a few
+#   3. replays the `segment` stream (or $DATASET) with `iolstream produce` (shuffled, labels 50 rows late, a few
 #      out of order, duplicated or never sent), creating the topics, and follows the predictions:
 #      live rows and prequential accuracy of -F;
 #   4. writes the learning curve of the worker's predictions (joined with the true labels);
@@ -13,12 +13,15 @@
 #
 # Environment: KAFKA_PORT (default 19092), DEMO_RATE rows/s (default 100), DEMO_PLOT (default
 # demo-learning-curve.png), DEMO_DIR for the worker's log and snapshots (default .iolstream/demo),
-# KEEP_TOPICS=1 to keep the demo topics, IOLSTREAM (the CLI, default .venv/bin/iolstream).
+# KEEP_TOPICS=1 to keep the demo topics, IOLSTREAM (the CLI, default .venv/bin/iolstream),
+# DATASET (default segment): a drifting stream (hyperplane, sea, agrawal, rbf-drift, friedman-drift) is
+# replayed in its own order, 20,000 rows, and the worker runs with model.lam and model.forgetting auto.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PORT="${KAFKA_PORT:-19092}"
 RATE="${DEMO_RATE:-100}"
+DATASET="${DATASET:-segment}"
 OUT="${DEMO_DIR:-.iolstream/demo}"
 PLOT="${DEMO_PLOT:-demo-learning-curve.png}"
 IOLSTREAM="${IOLSTREAM:-.venv/bin/iolstream}"
@@ -38,6 +41,23 @@ export IOLSTREAM_TOPICS__PREDICTIONS="$RUN.predictions"
 export IOLSTREAM_TOPICS__DEAD_LETTERS="$RUN.dead-letters"
 export IOLSTREAM_SNAPSHOT__DIR="$OUT/snapshots"
 export IOLSTREAM_METRICS__PORT=0
+ORDER=(--shuffle)
+case "$DATASET" in
+    segment) ;;
+    hyperplane|sea|agrawal|rbf-drift|friedman-drift)
+        # the model's shape from the stream's; forgetting and λ chosen online
+        read -r K CLASSES < <("$PYTHON" -c "
+from iolstream.tools.datasets import load
+d = load('$DATASET', rows=10)
+print(d.X.shape[1], list(d.classes) if d.task == 'classification' else 'none')")
+        export IOLSTREAM_MODEL__N_INPUTS="$K" IOLSTREAM_MODEL__FORGETTING=auto IOLSTREAM_MODEL__LAM=auto
+        if [ "$CLASSES" = none ]; then export IOLSTREAM_MODEL__CLASSES=null IOLSTREAM_MODEL__N_OUTPUTS=1
+        else export IOLSTREAM_MODEL__CLASSES="$CLASSES"; fi
+        ORDER=(--rows 20000)
+        RATE="${DEMO_RATE:-1000}"
+        ;;
+    *) echo "demo: DATASET=$DATASET: use segment, hyperplane, sea, agrawal, rbf-drift or friedman-drift" >&2; exit 2 ;;
+esac
 export IOLSTREAM_LOGGING__STATUS_EVERY_SECONDS=5
 
 say() { printf '\n== %s\n' "$*"; }
@@ -86,8 +106,8 @@ say "worker: $IOLSTREAM run -c config/worker.yaml   (topics $RUN.*, log $OUT/wor
 WORKER_PID=$!
 echo "pid $WORKER_PID"
 
-say "producer: segment at $RATE rows/s; labels 50 rows late, shuffled within 20 rows, 3 % sent twice, 2 % never"
-"$IOLSTREAM" produce -c config/worker.yaml --create-topics --dataset segment --shuffle --seed 0 --rate "$RATE" \
+say "producer: $DATASET at $RATE rows/s; labels 50 rows late, shuffled within 20 rows, 3 % sent twice, 2 % never"
+"$IOLSTREAM" produce -c config/worker.yaml --create-topics --dataset "$DATASET" "${ORDER[@]}" --seed 0 --rate "$RATE" \
     --label-delay-rows 50 --shuffle-window 20 --duplicate-fraction 0.03 --missing-fraction 0.02 \
     --follow --plot "$PLOT"
 

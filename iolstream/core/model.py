@@ -50,13 +50,13 @@ SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 stan
 class ModelConfig:
     """Hyperparameters, stored exactly as given and validated at construction.
 
-    Defaults were chosen from measurements over the shipped data sets (README, "Defaults").
+    Defaults were chosen from measurements over the shipped data sets (docs/benchmarks.md, "Why these defaults").
     """
 
     n_inputs: int
     classes: tuple | None = None  # classification: the declared class list; None: regression
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 512  # defaults: the most robust setting of scripts/sweep_defaults.py (README, "Defaults")
+    n_nodes: int = 512  # defaults: the most robust setting of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
     n_layers: int = 2
     lam: float | tuple = 0.5
     activation: str = "relu"

@@ -462,8 +462,10 @@ class Worker:
         metric = "acc" if self.cfg.model.task == "classification" else "rmse"
         down = self.broker_unreachable_seconds
         s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
-        tail = ("" if down is None else f" broker unreachable for {down:.0f} s") + ("" if waiting_for is None else
-                                                                                    f" waiting for {waiting_for}")  # fmt: skip
+        eff = self.processor.model.effective
+        tail = "" if eff["forgetting"] is None and "candidates" not in eff else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
+        tail += ("" if down is None else f" broker unreachable for {down:.0f} s") + ("" if waiting_for is None else
+                                                                                     f" waiting for {waiting_for}")  # fmt: skip
         log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
                  "version=%d%s", s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"],
                  metric, s["metric"], s["metric_window"], s["model_version"], tail, extra={"event": "status", "status": s})  # fmt: skip

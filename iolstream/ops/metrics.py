@@ -50,6 +50,9 @@ immediate_loss                         gauge       mode: SPEC §3 L_t of the las
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
 cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (SPEC §3)
+effective_lambda                       gauge       the λ in force (model.lam; auto: the chosen candidate's)
+effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
+candidate_recent_loss                  gauge       lam, half_life: auto, each candidate's recent loss per row
 snapshot_age_seconds                   gauge       since the newest durable snapshot
 snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
 consumer_lag                           gauge       topic, partition: last stable offset − position
@@ -223,6 +226,16 @@ class _WorkerCollector:
         yield gauge("cumulative_regret", "Cumulative regret vs the offline expert, mean over layers (SPEC §3)",
                     v["regret"], mode=mode)  # fmt: skip
         yield gauge("regret_bound", "Theorem 4 (-R) / 5 (-F) bound on the cumulative regret", v["regret_bound"], mode=mode)
+        eff = v["effective"]  # the λ and half-life in force (model.lam / model.forgetting: auto picks them)
+        yield gauge("effective_lambda", "The ridge λ in force", eff["lam"])
+        yield gauge("effective_half_life_rows", "The forgetting half-life in force, in rows (NaN: no forgetting)",
+                    float("nan") if eff["forgetting"] is None else eff["forgetting"])  # fmt: skip
+        loss = GaugeMetricFamily(PREFIX + "candidate_recent_loss", "auto: each candidate's recent loss per row",
+                                 labels=["lam", "half_life"])  # fmt: skip
+        for c in eff.get("candidates", []):
+            loss.add_metric([f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}"],
+                            _finite(c["recent_loss"]))  # fmt: skip
+        yield loss
         written = v["snapshot_written_at"]
         yield gauge("snapshot_age_seconds", "Seconds since the newest durable snapshot",
                     time.time() - written if written else float("nan"))  # fmt: skip
@@ -375,6 +388,7 @@ class Metrics:
             "immediate_loss": float(proc.last_losses.mean()) if len(proc.last_losses) and proc.last_label_rows else float("nan"),
             "label_batch_rows": proc.last_label_rows,
             "cumulative_loss": self._regret[0], "regret": self._regret[1], "regret_bound": self._regret[2],
+            "effective": proc.model.effective,
             "snapshot_written_at": cp.written_at, "snapshot_seconds": cp.snapshot_seconds, "snapshot_bytes": cp.snapshot_bytes,
         }  # fmt: skip
         with self._lock:

@@ -65,7 +65,8 @@ def preload(config: ModelConfig, *, parallel: bool = True) -> float:
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     small = {"n_nodes": 8, "warmup_rows": 8} if config.scaler == "warmup" else {"n_nodes": 8}
-    solvers = ("woodbury", "cholesky") if config.solver == "auto" else (config.solver,)
+    # with forgetting, "auto" always takes Gram + Cholesky (A is rescaled every batch: no rank-b update)
+    solvers = ("woodbury", "cholesky") if config.solver == "auto" and config.forgetting is None else (config.solver,)
     for solver in solvers:
         tiny = dataclasses.replace(config, solver=solver, **small)
         for par in (False, True) if parallel else (False,):

@@ -10,7 +10,7 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
    the first prediction of the second batch to the last prediction, read from the Kafka
    timestamps of the prediction messages (the worker's produce times), so process start,
    group join and the first fetch are not in it (``bench --suite core`` and the startup
-   numbers in the README cover those). Its peak RSS is the OS's high-water mark (VmHWM);
+   numbers in docs/benchmarks.md cover those). Its peak RSS is the OS's high-water mark (VmHWM);
 4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on
    the same topics (counted from its first message);
 5. ``latency``: the worker process running, a producer paced at half the worker's measured

@@ -13,7 +13,7 @@ Each flood runs in a fresh process twice: once for the RSS (``/proc/self/statm``
 After 100k, 300k and 600k messages (the store is at its bound from the first mark on) it reports
 the growth over the process before the flood, divided by the items waiting: bytes per waiting
 item. For rows the feature cache (``stream.FEATURE_CACHE_BYTES``, its own bound and its own row
-of the README's memory table) is taken out of the traced figure. ``drained``: the same after the
+of the memory table in docs/operations.md) is taken out of the traced figure. ``drained``: the same after the
 store emptied (ttl), what the process keeps of the flood.
 
 Ids are ``label-<i>`` / ``row-<i>`` (7–12 characters); an id costs 49 bytes + its length as a str.

@@ -72,8 +72,7 @@ class Follower:
                 raise RuntimeError(f"predictions topic {self.topic!r} not found: {t.error if t else 'no metadata'}")
             parts = []
             for p in sorted(t.partitions):
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
-                parts.append(TopicPartition(self.topic, p, high))
+                parts.append(TopicPartition(self.topic, p, _end(consumer, TopicPartition(self.topic, p))))
             consumer.assign(parts)
         except Exception as exc:  # reported by start()
             self.error = exc
@@ -169,3 +168,18 @@ def plot_curve(errors: np.ndarray, task: str, path: str, *, title: str = "", win
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right" if task == "classification" else "upper right")
     save_figure(fig, path)
+
+
+def _end(consumer, tp, seconds: float = 30.0) -> int:
+    """The partition's end offset, asked again while the broker says it is not ready (a topic just created
+    has no leader for a moment: NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=seconds)[1]
+        except KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
