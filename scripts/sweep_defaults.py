@@ -64,7 +64,7 @@ def load_done(path: str) -> dict:
 
 def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
     from iolstream.tools.datasets import load
-    from iolstream.tools.evaluate import Protocol, evaluate
+    from iolstream.tools.protocol import Protocol, evaluate
 
     done = load_done(path)
     data = {name: load(name) for name in datasets}

@@ -27,23 +27,15 @@ from iolstream.core import kernels
 from iolstream.core import learner
 from iolstream.core import regret
 from iolstream.core.network import INITS, RandomNetwork
-from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady
+from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector
+from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
+from iolstream.core.shared_gram import SharedGramLearner
 
 TASKS = ("classification", "regression")
 TARGET_SCALERS = ("warmup", "fixed", "none")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
 
-# ``lam: auto`` / ``forgetting: auto``: the candidates, all on the same random features, every one
-# learning every row; the one with the lowest recent prequential loss predicts (``CandidateSelector``).
-# λ candidates of one half-life share its sums (learner.SharedGramLearner: one Gram, a Cholesky per λ).
-LAM_CANDIDATES = (0.05, 0.5, 5.0)
-HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
-# rows: the recent loss weighs rows halving every 512 rows. The prequential past was scored by β fitted on
-# fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
-# candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
-SELECTION_HALF_LIFE = 512.0
-SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
 
 
 @dataclass(frozen=True)
@@ -181,100 +173,6 @@ class ModelConfig:
         return [(lam, h) for h in half_lives for lam in lams]
 
 
-class TargetScaler:
-    """Regression targets z-scored as the inputs are (SPEC §4): mean and deviation of the first
-    ``warmup_rows`` labels, then frozen, so that the ridge prior and -F's shrinkage pull toward the
-    mean and not toward 0. The layers learn (y − μ)/σ; ``inverse`` maps their ensemble back.
-
-    Until frozen, labelled batches are held (their Grams, under -F, are already in A) and enter, scaled,
-    the moment the warmup_rows-th label arrives; held batches are part of the saved state.
-    mean, std : (m,) float64; frozen : bool; held : [(features_t, Y, gram_in, predicted, observed_at)]
-    """
-
-    def __init__(self, m: int, warmup_rows: int, active: bool):
-        self.mean, self.std = np.zeros(m), np.ones(m)
-        self.warmup_rows = warmup_rows
-        self.frozen = not active
-        self.held: list[tuple] = []
-
-    def transform(self, targets: np.ndarray) -> np.ndarray:
-        return (targets - self.mean) / self.std
-
-    def inverse(self, values: np.ndarray) -> np.ndarray:
-        return values * self.std + self.mean
-
-    def hold(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
-        """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
-        returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
-        copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
-        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted), copy(observed_at)))
-        if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
-            y = np.concatenate([h[1] for h in self.held])
-            std = y.std(axis=0, ddof=1)
-            self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
-            self.frozen = True
-        if predicted is None or np.ndim(predicted) != 3:
-            return np.full(features_t.shape[0], np.nan)
-        return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
-
-    def release(self) -> list[tuple]:
-        """The held batches with their targets scaled, once frozen (and forgets them)."""
-        out = [(f, self.transform(y), g, p, o) for f, y, g, p, o in self.held]
-        self.held = []
-        return out
-
-
-class CandidateSelector:
-    """Which of K candidate learners predicts: the lowest recent prequential loss.
-
-    Each candidate's loss on a labelled batch is the loss of what it would have emitted, the ensemble
-    of its layers with the β that predicted the batch *before* its labels entered (test-then-train),
-    in the metric the stream is scored by: classification, the rows it got wrong (0/1 loss); regression,
-    the squared error summed over rows and outputs. Not the layers' ½‖D_l β_l − Y‖²: on one-hot
-    targets that favours the smoothest candidate, not the most accurate one (hyperplane stream: the
-    h = 2048 candidates had the larger squared loss and the higher accuracy). The recent loss is
-    Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the same rows, so the
-    weighted sums compare directly).
-
-    The one in force (``start`` at first: the fixed defaults) gives way only to a candidate whose recent
-    loss is lower by more than ``z`` standard deviations of the paired difference, Σ wᵢ²(ℓ_cᵢ − ℓ_jᵢ)²
-    (for 0/1 losses, McNemar's test on the rows where the two disagree), and then to the lowest such
-    loss. Without it, a few rows (iris: 4 per batch) made the selector follow noise; after a drift the
-    gap grows with every batch and is significant within a few hundred rows.
-
-    loss : (K,) float64 — the weighted loss sums; pair : (K, K) — Σ wᵢ² (ℓ_jᵢ − ℓ_kᵢ)²;
-    chosen : index of the candidate in force
-    """
-
-    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE, z: float = SELECTION_Z):
-        self.loss = np.zeros(n_candidates)
-        self.pair = np.zeros((n_candidates, n_candidates))
-        self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
-        self.chosen = start
-        self.switches = 0  # times another candidate took over
-        self.half_life = half_life
-        self.z = z
-
-    def record(self, row_losses: np.ndarray) -> None:
-        """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
-        row_losses = np.asarray(row_losses, dtype=np.float64)
-        b = row_losses.shape[1]
-        decay = float(np.exp2(-b / self.half_life))
-        self.loss = decay * self.loss + row_losses.sum(axis=1)
-        diff = row_losses[:, None, :] - row_losses[None, :, :]
-        self.pair = decay * decay * self.pair + np.einsum("jkb,jkb->jk", diff, diff)
-        self.rows = decay * self.rows + b
-        gap = self.loss[self.chosen] - self.loss  # > 0: lower recent loss than the one in force
-        better = gap > self.z * np.sqrt(self.pair[self.chosen])
-        if better.any():
-            self.chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
-            self.switches += 1
-
-    def recent(self) -> np.ndarray:
-        """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
-        return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
-
-
 @dataclass
 class Prediction:
     """What ``observe``/``predict_batch`` return for a batch of b rows.
@@ -340,7 +238,7 @@ class EdRVFL:
         self.learners, primaries = [], {}
         for lam, half_life in self.candidates:
             if half_life in primaries:
-                self.learners.append(learner.SharedGramLearner(primaries[half_life], lam))
+                self.learners.append(SharedGramLearner(primaries[half_life], lam))
                 continue
             primaries[half_life] = ln = learner.OnlineLearner(
                 self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,

@@ -119,3 +119,46 @@ class Scaler:
         self.mean = np.array(state["mean"], dtype=float)
         self.scale = np.array(state["scale"], dtype=float)
         self.frozen = bool(state["frozen"])
+
+
+class TargetScaler:
+    """Regression targets z-scored as the inputs are (SPEC §4): mean and deviation of the first
+    ``warmup_rows`` labels, then frozen, so that the ridge prior and -F's shrinkage pull toward the
+    mean and not toward 0. The layers learn (y − μ)/σ; ``inverse`` maps their ensemble back.
+
+    Until frozen, labelled batches are held (their Grams, under -F, are already in A) and enter, scaled,
+    the moment the warmup_rows-th label arrives; held batches are part of the saved state.
+    mean, std : (m,) float64; frozen : bool; held : [(features_t, Y, gram_in, predicted, observed_at)]
+    """
+
+    def __init__(self, m: int, warmup_rows: int, active: bool):
+        self.mean, self.std = np.zeros(m), np.ones(m)
+        self.warmup_rows = warmup_rows
+        self.frozen = not active
+        self.held: list[tuple] = []
+
+    def transform(self, targets: np.ndarray) -> np.ndarray:
+        return (targets - self.mean) / self.std
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        return values * self.std + self.mean
+
+    def hold(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
+        returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
+        copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
+        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted), copy(observed_at)))
+        if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
+            y = np.concatenate([h[1] for h in self.held])
+            std = y.std(axis=0, ddof=1)
+            self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
+            self.frozen = True
+        if predicted is None or np.ndim(predicted) != 3:
+            return np.full(features_t.shape[0], np.nan)
+        return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
+
+    def release(self) -> list[tuple]:
+        """The held batches with their targets scaled, once frozen (and forgets them)."""
+        out = [(f, self.transform(y), g, p, o) for f, y, g, p, o in self.held]
+        self.held = []
+        return out

@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from iolstream.core.learner import SharedGramLearner
+from iolstream.core.shared_gram import SharedGramLearner
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
 

@@ -10,7 +10,7 @@ that need them.
 Names (see ``DATASETS``): ``segment`` (river), ``iris``, ``wine``, ``digits``,
 ``breast_cancer`` (scikit-learn), ``poker`` (UCI Poker Hand, generated) and
 ``friedman`` (scikit-learn ``make_friedman1``). Any CSV file with a header row
-loads through :func:`load_csv`.
+loads through ``tools.csvdata.load_csv``.
 
 Examples
 --------
@@ -25,16 +25,16 @@ Examples
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import math
 import os
 
 import numpy as np
 
 from iolstream.tools import drift
+from iolstream.tools.csvdata import parse_csv
+from iolstream.tools.data import DataError, Dataset, check_count, classification, head
 
-__all__ = ["DATASETS", "DataError", "Dataset", "load", "load_csv", "make_poker", "poker_hand_labels"]
+__all__ = ["DATASETS", "DataError", "Dataset", "load", "make_poker", "poker_hand_labels"]
 
 DATASETS: dict[str, str] = {
     "segment": "river ImageSegments (UCI Statlog image segmentation): 2310 rows, 18 features, 7 classes",
@@ -51,66 +51,6 @@ POKER_N_ROWS = 1_025_010  # UCI poker-hand-training-true (25,010) + poker-hand-t
 FRIEDMAN_N_ROWS = 20_000
 POKER_FEATURES = tuple(f"{kind}{i}" for i in range(1, 6) for kind in ("S", "C"))  # S1, C1, ..., S5, C5
 POKER_CLASSES = tuple(range(10))
-CSV_MAX_CLASSES = 50  # task="auto": an integer target with more distinct values is regression
-
-_TASKS = ("classification", "regression")
-
-
-class DataError(ValueError):
-    """A data set cannot be loaded; the one-line message names the file, column and row."""
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: comparing numpy fields with == is ambiguous
-class Dataset:
-    """A data set held in memory, rows in stream order.
-
-    Attributes
-    ----------
-    name : str
-        Built-in name (see ``DATASETS``) or the CSV file name.
-    X : ndarray of shape (n_rows, n_features)
-        float64, C-contiguous.
-    y : ndarray of shape (n_rows,) or (n_rows, n_outputs)
-        Class labels (ints or strings) for classification; float64 targets for
-        regression, 2-D for multi-output regression.
-    task : {"classification", "regression"}
-    classes : tuple or None
-        Declared classes, sorted, as python ints or strs; every label in ``y``
-        is one of them, but a rare class may be absent from a short sample.
-        None for regression.
-    feature_names : tuple of str of length n_features
-    description : str
-        One line: source and shape.
-    """
-
-    name: str
-    X: np.ndarray
-    y: np.ndarray
-    task: str
-    classes: tuple | None
-    feature_names: tuple[str, ...]
-    description: str
-
-    def __post_init__(self) -> None:
-        if self.task not in _TASKS:
-            raise DataError(f"{self.name}: task must be one of {_TASKS}, got {self.task!r}")
-        if self.X.ndim != 2 or self.X.dtype != np.float64 or not self.X.flags.c_contiguous:
-            raise DataError(f"{self.name}: X must be a C-contiguous 2-D float64 array")
-        if self.y.ndim not in (1, 2) or len(self.y) != len(self.X):
-            raise DataError(f"{self.name}: y has shape {self.y.shape}, X has {self.X.shape[0]} rows")
-        if len(self.feature_names) != self.X.shape[1]:
-            raise DataError(f"{self.name}: {len(self.feature_names)} feature names for {self.X.shape[1]} columns")
-        if (self.classes is None) != (self.task == "regression"):
-            raise DataError(f"{self.name}: classes must be given for classification and only then")
-
-    @property
-    def n_rows(self) -> int:
-        return self.X.shape[0]
-
-    @property
-    def n_features(self) -> int:
-        return self.X.shape[1]
-
 
 # --------------------------------------------------------------------------- load
 
@@ -152,8 +92,8 @@ def load(
     """
     if name not in DATASETS:
         raise DataError(f"unknown data set {name!r}; valid names: {', '.join(DATASETS)}")
-    rows = _check_count("rows", rows)
-    n_rows = _check_count("n_rows", n_rows)
+    rows = check_count("rows", rows)
+    n_rows = check_count("n_rows", n_rows)
     if name == "poker":
         caps = [c for c in (rows, n_rows) if c is not None]
         return make_poker(min(caps) if caps else POKER_N_ROWS, seed=seed, sort_cards=sort_cards)
@@ -167,7 +107,7 @@ def load(
         ds = _load_segment()
     else:
         ds = _load_sklearn(name)
-    return _head(ds, rows)
+    return head(ds, rows)
 
 
 def _load_drift(name: str, n_rows: int, seed: int) -> Dataset:
@@ -178,44 +118,6 @@ def _load_drift(name: str, n_rows: int, seed: int) -> Dataset:
     return Dataset(name=name, X=X, y=y, task="classification", classes=classes, feature_names=names, description=DATASETS[name])
 
 
-def _check_count(what: str, value: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise DataError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _head(ds: Dataset, rows: int | None) -> Dataset:
-    """The first ``rows`` rows of ``ds`` (all of it if rows is None or larger)."""
-    if rows is None or rows >= ds.n_rows:
-        return ds
-    return Dataset(
-        name=ds.name,
-        X=np.ascontiguousarray(ds.X[:rows]),
-        y=ds.y[:rows].copy(),
-        task=ds.task,
-        classes=ds.classes,
-        feature_names=ds.feature_names,
-        description=f"{ds.description}; first {rows} rows",
-    )
-
-
-def _classification(name: str, X, y, feature_names, source: str) -> Dataset:
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    y = np.asarray(y)
-    classes = tuple(np.unique(y).tolist())
-    return Dataset(
-        name=name,
-        X=X,
-        y=y,
-        task="classification",
-        classes=classes,
-        feature_names=tuple(feature_names),
-        description=f"{source}: {X.shape[0]} rows, {X.shape[1]} features, {len(classes)} classes",
-    )
-
-
 def _load_sklearn(name: str) -> Dataset:
     try:
         from sklearn import datasets as skd
@@ -223,7 +125,7 @@ def _load_sklearn(name: str) -> Dataset:
         raise DataError(f"data set {name!r} needs scikit-learn: pip install 'iolstream[data]'") from exc
     bunch = getattr(skd, f"load_{name}")()
     y = bunch.target.astype(np.int64)
-    return _classification(name, bunch.data, y, bunch.feature_names, f"scikit-learn {name}")
+    return classification(name, bunch.data, y, bunch.feature_names, f"scikit-learn {name}")
 
 
 def _load_segment() -> Dataset:
@@ -242,7 +144,7 @@ def _load_segment() -> Dataset:
     else:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-    ds = _parse_csv(io.StringIO(text), "category", task="classification", rows=None, label=os.path.basename(path))
+    ds = parse_csv(io.StringIO(text), "category", task="classification", rows=None, label=os.path.basename(path))
     description = f"river ImageSegments: {ds.n_rows} rows, {ds.n_features} features, {len(ds.classes)} classes"
     return dataclasses.replace(ds, name="segment", description=description)
 
@@ -292,7 +194,7 @@ def make_poker(n_rows: int = POKER_N_ROWS, *, seed: int = 0, sort_cards: bool = 
         ``X`` of shape (n_rows, 10), ``y`` of shape (n_rows,) with int64
         labels 0-9, ``classes`` = (0, ..., 9) even if a rare class is absent.
     """
-    n_rows = _check_count("n_rows", n_rows)
+    n_rows = check_count("n_rows", n_rows)
     rng = np.random.default_rng(seed)
     # Card code k in 0..51, rank-major: rank = k // 4 + 1, suit = k % 4 + 1, so
     # sorting codes sorts by (rank, suit). Draw i picks the j-th of the 52 - i
@@ -387,157 +289,3 @@ def _hand_labels(suits: np.ndarray, ranks: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- CSV
-
-
-def load_csv(path, target: str, *, task: str = "auto", rows: int | None = None) -> Dataset:
-    """Load a CSV file with a header row; every column but ``target`` is a feature.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-    target : str
-        Name of the target column.
-    task : {"auto", "classification", "regression"}, default "auto"
-        "auto" picks classification if the target is non-numeric, or
-        integer-valued with at most 50 distinct values; regression otherwise.
-    rows : int, optional
-        Read only the first ``rows`` data rows.
-
-    Returns
-    -------
-    Dataset
-        ``X`` of shape (n_rows, n_columns - 1). For classification ``y`` holds
-        int64 labels if every target is an integer, else the target strings
-        (whitespace stripped); regression ``y`` is float64 of shape (n_rows,).
-
-    Raises
-    ------
-    DataError
-        Unreadable or empty file, no data rows, duplicate column names, a
-        missing target column (the message lists the columns), a row with the
-        wrong number of cells, a non-numeric, empty, NaN or infinite feature
-        cell, an empty target cell or a non-numeric regression target. Row
-        numbers in messages count data rows from 1 (the header is line 1).
-    """
-    if task not in ("auto", *_TASKS):
-        raise DataError(f"task must be 'auto', 'classification' or 'regression', got {task!r}")
-    rows = _check_count("rows", rows)
-    label = os.fspath(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            return _parse_csv(fh, target, task=task, rows=rows, label=label)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{label}: cannot read: {exc}") from exc
-
-
-def _parse_csv(fh, target: str, *, task: str, rows: int | None, label: str) -> Dataset:
-    reader = csv.reader(fh)
-    header = next((line for line in reader if line), None)  # skip leading blank lines
-    if header is None:
-        raise DataError(f"{label}: empty file, a header row is required")
-    header = [name.strip() for name in header]
-    if len(set(header)) != len(header):
-        dup = next(name for name in header if header.count(name) > 1)
-        raise DataError(f"{label}: column {dup!r} appears twice in the header")
-    if target not in header:
-        if all(_is_number(name) for name in header):
-            raise DataError(f"{label}: the first line looks like data, a header row is required")
-        raise DataError(f"{label}: no target column {target!r}; columns: {', '.join(header)}")
-    t = header.index(target)
-    feature_names = tuple(name for i, name in enumerate(header) if i != t)
-
-    features: list[list[str]] = []
-    targets: list[str] = []
-    for line in reader:
-        if not line:  # blank line
-            continue
-        if len(line) != len(header):
-            where = f"row {len(targets) + 1} (line {reader.line_num})"
-            raise DataError(f"{label}: {where} has {len(line)} cells, header has {len(header)}")
-        targets.append(line[t].strip())
-        del line[t]
-        features.append(line)
-        if rows is not None and len(targets) == rows:
-            break
-    if not targets:
-        raise DataError(f"{label}: no data rows after the header")
-
-    X = _parse_features(features, feature_names, label)
-    y, task = _parse_target(targets, target, task, label)
-    n, k = X.shape
-    if task == "classification":
-        return _classification(os.path.basename(label), X, y, feature_names, f"CSV {label}, target {target!r}")
-    return Dataset(
-        name=os.path.basename(label),
-        X=X,
-        y=y,
-        task="regression",
-        classes=None,
-        feature_names=feature_names,
-        description=f"CSV {label}, target {target!r}: {n} rows, {k} features, regression",
-    )
-
-
-def _parse_features(cells: list[list[str]], names: tuple[str, ...], label: str) -> np.ndarray:
-    """Strings (n, k) -> float64 (n, k); any bad cell raises a DataError naming its column and row."""
-    if not names:
-        return np.empty((len(cells), 0), dtype=np.float64)
-    try:  # fast path: numpy parses the whole block at once
-        X = np.array(cells, dtype=np.str_).astype(np.float64)
-        bad = not np.isfinite(X).all()
-    except ValueError:
-        bad = True
-    if not bad:
-        return X
-    X = np.empty((len(cells), len(names)), dtype=np.float64)
-    for i, row in enumerate(cells, start=1):  # slow path, to name the first bad cell
-        for j, (name, cell) in enumerate(zip(names, row)):
-            value = cell.strip()
-            if not value:
-                raise DataError(f"{label}: column {name!r}, row {i}: empty cell")
-            try:
-                number = float(value)
-            except ValueError:
-                raise DataError(f"{label}: column {name!r}, row {i}: non-numeric value {value!r}") from None
-            if not math.isfinite(number):
-                raise DataError(f"{label}: column {name!r}, row {i}: non-finite value {value!r}")
-            X[i - 1, j] = number
-    return X  # numpy and float() disagreed on some cell; float() is the reference
-
-
-def _parse_target(values: list[str], name: str, task: str, label: str) -> tuple[np.ndarray, str]:
-    """Target strings -> (y, task), resolving task="auto"."""
-    numbers = []
-    for i, value in enumerate(values, start=1):
-        if not value:
-            raise DataError(f"{label}: target column {name!r}, row {i}: empty cell")
-        number = _to_float(value)
-        if number is not None and not math.isfinite(number):
-            raise DataError(f"{label}: target column {name!r}, row {i}: non-finite value {value!r}")
-        if number is None:
-            if task == "regression":
-                raise DataError(f"{label}: target column {name!r}, row {i}: non-numeric value {value!r}")
-            numbers = None
-            break
-        numbers.append(number)
-    if numbers is None:  # some label is not a number: string classes
-        return np.array(values), "classification"
-    y = np.array(numbers, dtype=np.float64)
-    integer = bool(np.all(y == np.round(y))) and bool(np.all(np.abs(y) < 2**53))
-    if task == "auto":
-        few = integer and np.unique(y).size <= CSV_MAX_CLASSES
-        task = "classification" if few else "regression"
-    if task == "regression":
-        return y, task
-    return (y.astype(np.int64) if integer else np.array(values)), task
-
-
-def _to_float(value: str) -> float | None:
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _is_number(value: str) -> bool:
-    return _to_float(value.strip()) is not None

@@ -212,13 +212,14 @@ def resolve_target(args) -> KafkaTarget:
 def load_rows(args):
     """(X, y, task, description) of the data set, shuffled and capped as asked."""
     from iolstream.tools import datasets
+    from iolstream.tools.csvdata import load_csv
 
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
     if args.csv is None and args.target:
         raise ValueError("--target applies only to --csv")
     if args.csv is not None:
-        ds = datasets.load_csv(args.csv, args.target)
+        ds = load_csv(args.csv, args.target)
     elif args.dataset not in datasets.DATASETS:
         raise datasets.DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
     elif args.dataset == "poker":

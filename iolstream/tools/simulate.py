@@ -53,7 +53,7 @@ from threadpoolctl import threadpool_limits
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
 from iolstream.tools.common import pyplot, save_figure
-from iolstream.tools.evaluate import time_points
+from iolstream.tools.protocol import time_points
 from iolstream.core.learner import OnlineLearner
 
 STREAMS = ("single", "batch")

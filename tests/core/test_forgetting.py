@@ -476,7 +476,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     """lam auto: one learner per half-life makes the updates (Gram, labels, decay); the other λ hold its
     sums with their own λ on the diagonal (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
     from iolstream.core import fused
-    from iolstream.core.learner import SharedGramLearner
+    from iolstream.core.shared_gram import SharedGramLearner
 
     seed_ = 34
     rng = np.random.default_rng(seed_)
@@ -504,7 +504,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
 def test_selector_switches_only_on_a_significant_gap():
     """McNemar on 0/1 losses: 3 rows better out of 3 disagreements is noise (z = 3/√3 < 2), the one in force
     stays; 30 better out of 30 is not; the lowest significant loss wins; the decay halves every half-life."""
-    from iolstream.core.model import CandidateSelector
+    from iolstream.core.candidates import CandidateSelector
 
     sel = CandidateSelector(3, start=0, half_life=512.0)
     losses = np.zeros((3, 40))

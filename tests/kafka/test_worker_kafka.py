@@ -28,7 +28,7 @@ from iolstream.tools import cli
 from iolstream.tools import produce
 from iolstream.kafka.config import config_from_dict
 from iolstream.tools.datasets import load
-from iolstream.tools.evaluate import Protocol, evaluate
+from iolstream.tools.protocol import Protocol, evaluate
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.calls import ClientCalls
 from iolstream.kafka.output import Output

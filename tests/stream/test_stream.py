@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from iolstream.stream.config import StreamConfig
-from iolstream.tools.evaluate import EdRVFLLearner, Protocol, Split, run
+from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.snapshots import SnapshotStore
 from iolstream.stream.processor import StreamProcessor
@@ -166,7 +166,7 @@ def test_processor_equals_evaluate_protocol_bitwise(mode):
 
     learner = EdRVFLLearner(cfg)
     split = Split("synthetic", "classification", CLASSES, tuple("x" * K), X, y, X[:3], y[:3])
-    result = run(learner, split, Protocol(batch=b, label_delay=1, curve_points=1))
+    result = run_protocol(learner, split, Protocol(batch=b, label_delay=1, curve_points=1))
     assert [k for k, _ in rec.predictions] == ids_of(range(len(X)))
     y_hat = np.array([CLASSES.index(orjson.loads(v)["y_hat"]) for _, v in rec.predictions])
     per_batch = [(y_hat[s : s + b] == y[s : s + b]).mean() for s in range(0, len(X), b)]

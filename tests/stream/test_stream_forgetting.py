@@ -23,7 +23,7 @@ from test_stream import (
 )  # fmt: skip
 
 from iolstream.core import model as model_mod
-from iolstream.tools.evaluate import EdRVFLLearner, Protocol, Split, run
+from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 from iolstream.core.model import EdRVFL
 from iolstream.stream.processor import StreamProcessor
 
@@ -178,7 +178,7 @@ def test_auto_with_late_labels_is_evaluates_protocol_bitwise(delay, short_half_l
 
     learner = EdRVFLLearner(cfg)
     split = Split("synthetic", "classification", CLASSES, tuple("x" * K), X, y, X[:3], y[:3])
-    result = run(learner, split, Protocol(batch=b, label_delay=delay, curve_points=1))
+    result = run_protocol(learner, split, Protocol(batch=b, label_delay=delay, curve_points=1))
     y_hat = np.array([CLASSES.index(orjson.loads(v)["y_hat"]) for _, v in rec.predictions])
     per_batch = [(y_hat[s : s + b] == y[s : s + b]).mean() for s in range(0, len(X), b)]
     assert np.array_equal(per_batch, result.batch_prequential), "the per-batch prequential accuracy differs"

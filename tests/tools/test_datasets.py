@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.tools.datasets import DATASETS, DataError, Dataset, load, load_csv, make_poker, poker_hand_labels
+from iolstream.tools.csvdata import load_csv
+from iolstream.tools.datasets import DATASETS, DataError, Dataset, load, make_poker, poker_hand_labels
 
 # name -> (n_rows, n_features, n_classes or None for regression), poker at a small size
 SHAPES = {

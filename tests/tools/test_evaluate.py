@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from iolstream.tools.datasets import DataError, Dataset, load
-from iolstream.tools.evaluate import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run, time_points
+from iolstream.tools.protocol import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run_protocol, time_points
 
 SMALL = {"n_nodes": 32, "n_layers": 2}
 JSON_KEYS = {
@@ -145,7 +145,7 @@ def test_unknown_class_is_a_data_error():
 def test_warmup_scaler_sees_only_training_rows():
     split = make_split(toy(), Protocol(seed=0))
     learner = EdRVFLLearner(model_config(split, "forward", {**SMALL, "warmup_rows": 50}))
-    run(learner, split, Protocol(batch=10, curve_points=1))
+    run_protocol(learner, split, Protocol(batch=10, curve_points=1))
     assert np.allclose(learner.model.scaler.mean, split.x_train[:50].mean(axis=0))
 
 

@@ -13,7 +13,7 @@ import yaml
 from iolstream.tools import cli
 from iolstream.tools import produce
 from iolstream.tools.datasets import load
-from iolstream.tools.evaluate import Protocol, make_split
+from iolstream.tools.protocol import Protocol, make_split
 from iolstream.tools.follow import learning_curve
 from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary
 

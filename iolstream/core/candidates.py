@@ -1,0 +1,70 @@
+"""``lam: auto`` / ``forgetting: auto``: the candidate settings and the selector that puts one in force.
+
+The candidates all use the same random features and learn every row; the one whose recent prequential
+loss is lowest predicts (``CandidateSelector``). λ candidates of one half-life share its sums
+(``core.shared_gram.SharedGramLearner``: one Gram, a Cholesky per λ).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+LAM_CANDIDATES = (0.05, 0.5, 5.0)
+HALF_LIFE_CANDIDATES = (None, 16384.0, 2048.0)  # rows; None: no forgetting
+# rows: the recent loss weighs rows halving every 512 rows. The prequential past was scored by β fitted on
+# fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
+# candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
+SELECTION_HALF_LIFE = 512.0
+SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
+
+
+class CandidateSelector:
+    """Which of K candidate learners predicts: the lowest recent prequential loss.
+
+    Each candidate's loss on a labelled batch is the loss of what it would have emitted, the ensemble
+    of its layers with the β that predicted the batch *before* its labels entered (test-then-train),
+    in the metric the stream is scored by: classification, the rows it got wrong (0/1 loss); regression,
+    the squared error summed over rows and outputs. Not the layers' ½‖D_l β_l − Y‖²: on one-hot
+    targets that favours the smoothest candidate, not the most accurate one (hyperplane stream: the
+    h = 2048 candidates had the larger squared loss and the higher accuracy). The recent loss is
+    Σ wᵢ lossᵢ with weights halving every ``half_life`` rows (all candidates see the same rows, so the
+    weighted sums compare directly).
+
+    The one in force (``start`` at first: the fixed defaults) gives way only to a candidate whose recent
+    loss is lower by more than ``z`` standard deviations of the paired difference, Σ wᵢ²(ℓ_cᵢ − ℓ_jᵢ)²
+    (for 0/1 losses, McNemar's test on the rows where the two disagree), and then to the lowest such
+    loss. Without it, a few rows (iris: 4 per batch) made the selector follow noise; after a drift the
+    gap grows with every batch and is significant within a few hundred rows.
+
+    loss : (K,) float64 — the weighted loss sums; pair : (K, K) — Σ wᵢ² (ℓ_jᵢ − ℓ_kᵢ)²;
+    chosen : index of the candidate in force
+    """
+
+    def __init__(self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE, z: float = SELECTION_Z):
+        self.loss = np.zeros(n_candidates)
+        self.pair = np.zeros((n_candidates, n_candidates))
+        self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
+        self.chosen = start
+        self.switches = 0  # times another candidate took over
+        self.half_life = half_life
+        self.z = z
+
+    def record(self, row_losses: np.ndarray) -> None:
+        """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
+        row_losses = np.asarray(row_losses, dtype=np.float64)
+        b = row_losses.shape[1]
+        decay = float(np.exp2(-b / self.half_life))
+        self.loss = decay * self.loss + row_losses.sum(axis=1)
+        diff = row_losses[:, None, :] - row_losses[None, :, :]
+        self.pair = decay * decay * self.pair + np.einsum("jkb,jkb->jk", diff, diff)
+        self.rows = decay * self.rows + b
+        gap = self.loss[self.chosen] - self.loss  # > 0: lower recent loss than the one in force
+        better = gap > self.z * np.sqrt(self.pair[self.chosen])
+        if better.any():
+            self.chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
+            self.switches += 1
+
+    def recent(self) -> np.ndarray:
+        """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
+        return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
