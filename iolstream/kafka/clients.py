@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from iolstream.kafka import topics
+from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 
@@ -57,6 +59,23 @@ def consumer_conf(cfg: WorkerConfig, *, stop_at_end: bool = False, stats_cb=None
         conf.setdefault("statistics.interval.ms", 5000)
         conf["stats_cb"] = stats_cb
     return conf
+
+
+def new_producer(cfg: WorkerConfig, calls: ClientCalls, *, error_cb, on_delivery) -> Producer:
+    """A producer; exactly-once, its transactions initialised (which fences any older instance with our
+    transactional.id and aborts the transaction it left open): WorkerError if that fails."""
+    producer = Producer(producer_conf(cfg, error_cb=error_cb, on_delivery=on_delivery))
+    if not cfg.durability.exactly_once:
+        return producer
+    timeout = cfg.kafka.call_timeout_seconds
+    try:
+        calls.call("producer.init_transactions", lambda: producer.init_transactions(timeout), timeout, grace=CALL_GRACE)
+    except (KafkaException, CallTimedOut) as exc:
+        raise WorkerError(
+            f"init_transactions for transactional.id {cfg.transactional_id!r} failed: {exc} "
+            "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
+        ) from None
+    return producer
 
 
 def producer_conf(cfg: WorkerConfig, *, error_cb, on_delivery) -> dict:

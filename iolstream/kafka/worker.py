@@ -40,7 +40,7 @@ from iolstream.kafka import clients
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
-from iolstream.kafka.clients import CALL_GRACE, check_timing, ensure_topics
+from iolstream.kafka.clients import check_timing, ensure_topics
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.health import BrokerHealth
@@ -50,6 +50,7 @@ from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.kafka.stopping import Stopping
 from iolstream.ops.lifecycle import EXIT_FATAL, EXIT_OK, LoopWatchdog
+from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
 from iolstream.stream import warm
 from iolstream.stream.align import Aligner
@@ -142,20 +143,7 @@ class Worker:
         return consumer
 
     def _new_producer(self) -> Producer:
-        """A producer; exactly-once, its transactions initialised (which fences any older instance with our
-        transactional.id and aborts the transaction it left open)."""
-        producer = Producer(clients.producer_conf(self.cfg, error_cb=self._on_error, on_delivery=self.output.on_delivery))
-        if not self.exactly_once:
-            return producer
-        try:
-            self.calls.call("producer.init_transactions", lambda: producer.init_transactions(self.call_timeout),
-                            self.call_timeout, grace=CALL_GRACE)  # fmt: skip
-        except (KafkaException, CallTimedOut) as exc:
-            raise WorkerError(
-                f"init_transactions for transactional.id {self.cfg.transactional_id!r} failed: {exc} "
-                "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
-            ) from None
-        return producer
+        return clients.new_producer(self.cfg, self.calls, error_cb=self._on_error, on_delivery=self.output.on_delivery)
 
     def _replace_consumer(self, err: KafkaError) -> None:
         """The consumer failed fatally (e.g. after an outage longer than the session timeout, the broker fenced
@@ -458,14 +446,4 @@ class Worker:
         self.last_status = time.monotonic()
         if self.metrics is not None:
             self.metrics.refresh(self)
-        s = self.processor.status()
-        metric = "acc" if self.cfg.model.task == "classification" else "rmse"
-        down = self.broker_unreachable_seconds
-        s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
-        eff = self.processor.model.effective
-        tail = "" if eff["forgetting"] is None and "candidates" not in eff else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
-        tail += ("" if down is None else f" broker unreachable for {down:.0f} s") + ("" if waiting_for is None else
-                                                                                     f" waiting for {waiting_for}")  # fmt: skip
-        log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
-                 "version=%d%s", s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"],
-                 metric, s["metric"], s["metric_window"], s["model_version"], tail, extra={"event": "status", "status": s})  # fmt: skip
+        log_status_line(log, self.processor, self.broker_unreachable_seconds, waiting_for)

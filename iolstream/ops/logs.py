@@ -174,3 +174,21 @@ def _log_uncaught(exc_type, exc, tb) -> None:
         return
     logging.getLogger("iolstream").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb),
                                             extra={"event": "crash"})  # fmt: skip
+
+
+def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: float | None = None,
+                    waiting_for: str | None = None) -> None:  # fmt: skip
+    """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
+    prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
+    how long the broker has been unreachable, and what the loop waits for."""
+    s = processor.status()
+    metric = "acc" if processor.model.config.task == "classification" else "rmse"
+    down = broker_unreachable_seconds
+    s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
+    eff = processor.model.effective
+    tail = "" if eff["forgetting"] is None and "candidates" not in eff else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
+    tail += "" if down is None else f" broker unreachable for {down:.0f} s"
+    tail += "" if waiting_for is None else f" waiting for {waiting_for}"
+    log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
+             "version=%d%s", s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"],
+             metric, s["metric"], s["metric_window"], s["model_version"], tail, extra={"event": "status", "status": s})  # fmt: skip
