@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from iolstream.core import runtime
 from iolstream.core.model import EdRVFL
+from iolstream.core import state_io
 from iolstream.core.state_io import StateFormatError
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
@@ -73,9 +74,12 @@ class Checkpointer:
         return proc, ({} if snap is None else positions)
 
     def _restore(self, snap) -> tuple[StreamProcessor, dict]:
-        saved = snap.manifest["config"]
+        try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
+            saved = state_io.saved_config(snap.manifest).to_dict()
+        except StateFormatError as exc:
+            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         wanted = self.cfg.model.to_dict()
-        diff = [k for k in wanted if _jsonish(wanted[k]) != saved.get(k)]
+        diff = [k for k in wanted if _jsonish(wanted[k]) != _jsonish(saved.get(k))]
         if diff:
             raise WorkerError(
                 f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "

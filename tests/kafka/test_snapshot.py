@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from iolstream.stream.config import StreamConfig
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore, SnapshotVersionError, decode, encode
 from iolstream.stream.processor import StreamProcessor
+from iolstream.kafka.errors import WorkerError
 
 SEED = 7
 
@@ -243,3 +245,24 @@ def test_inspect_json_and_errors(snap_dir, capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "emptydir").mkdir()
     assert cli.main(["snapshot", "inspect", str(tmp_path / "emptydir")]) == 1
+
+
+def test_a_worker_loads_a_snapshot_of_the_previous_version(tmp_path):
+    """A version-1 snapshot (no forgetting, no target scaling in its config) restores in a worker whose
+    config is the one it was made with: the comparison reads the saved config as this build spells it."""
+    import shutil
+
+    from iolstream.kafka.config import config_from_dict
+    from iolstream.kafka.worker import Worker
+
+    old = Path(__file__).parents[1] / "data" / "snapshot-before-fingerprints.iolsnap"
+    (tmp_path / "snapshots").mkdir()
+    shutil.copy(old, tmp_path / "snapshots" / "snap-000000000001.iolsnap")
+    raw = {"model": {"n_inputs": 3, "classes": ["a", "b", "c"], "n_nodes": 8, "n_layers": 2, "scaler": "none", "seed": 3},
+           "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "snapshot": {"dir": str(tmp_path / "snapshots")},
+           "metrics": {"port": 0}}  # fmt: skip
+    worker = Worker(config_from_dict(raw, environ={}))
+    assert worker.processor.counters["rows_in"] == 48 and worker.checkpoint.snapshot_bytes == old.stat().st_size
+    raw["model"]["forgetting"] = 1000.0  # a different model: refused, naming the key
+    with pytest.raises(WorkerError, match="model.forgetting"):
+        Worker(config_from_dict(raw, environ={}))
