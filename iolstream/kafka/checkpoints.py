@@ -86,7 +86,8 @@ class Checkpointer:
                 "restore that config, or move the snapshot directory away to start a fresh model"
             )
         try:
-            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream,
+                                              window_rows=self.cfg.metrics.window_rows)  # fmt: skip
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
@@ -143,7 +144,8 @@ class Checkpointer:
         if self.metrics is not None:
             self.metrics.on_snapshot(snap)
         log.info("snapshot %s: %.1f MB in %.3f s, offsets %s", snap.path.name, snap.size_bytes / 1e6, snap.seconds,
-                 fmt(positions), extra={"event": "snapshot", "bytes": snap.size_bytes, "seconds": round(snap.seconds, 4)})  # fmt: skip
+                 fmt(positions), extra={"event": "snapshot", "bytes": snap.size_bytes,
+                                        "seconds": round(snap.seconds, 4)})  # fmt: skip
         if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
             log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         return True

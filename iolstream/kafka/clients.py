@@ -124,7 +124,8 @@ def check_timing(cfg: WorkerConfig) -> list[str]:
     if poll_ms < need_ms:
         raise WorkerError(
             f"kafka.consumer.max.poll.interval.ms: {poll_ms} is below the {need_ms:.0f} ms one checkpoint may take "
-            f"(flush and commit up to kafka.call_timeout_seconds + {CALL_GRACE:.0f} = {call_s + CALL_GRACE:.0f} s each, a snapshot of up to "
+            f"(flush and commit up to kafka.call_timeout_seconds + {CALL_GRACE:.0f} = {call_s + CALL_GRACE:.0f} s each, "
+            "a snapshot of up to "
             f"{estimated_snapshot_bytes(cfg) / 1e6:.0f} MB ≈ {snapshot_s:.1f} s)"
         )
     warnings = []

@@ -36,7 +36,7 @@ class KafkaConfig:
     consumer: dict = field(default_factory=dict)  # extra consumer settings
     producer: dict = field(default_factory=dict)  # extra producer settings
     poll_timeout_ms: int = 100
-    call_timeout_seconds: float = 30.0  # one blocking client call (flush, commit, a transaction step); 5 s more and it is abandoned
+    call_timeout_seconds: float = 30.0  # one blocking client call (flush, commit, a transaction step); abandoned 5 s past it
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,8 @@ class Worker:
         # consumed, not yet processed messages, released in timestamp order across partitions (catch-up)
         self.aligner = Aligner(sc.align_max_wait_ms, sc.align_max_queued_messages, sc.align_max_queued_bytes)
         self.assignment = Assignment(cfg, self.book, self.aligner, self.calls,
-                                     before_revoke=lambda: self._flush_and_checkpoint(final=True), stopping=self.stop_event.is_set)
+                                     before_revoke=lambda: self._flush_and_checkpoint(final=True),
+                                     stopping=self.stop_event.is_set)  # fmt: skip
 
     @property
     def consumer(self) -> Consumer | None:
@@ -121,7 +122,8 @@ class Worker:
     # ------------------------------------------------------------ clients
     def _open(self) -> None:
         tuner = self.processor.model.thread_tuner
-        seconds = warm.preload(self.processor.model.config, parallel=tuner is not None and any(s.parallel for s in tuner.settings))
+        parallel = tuner is not None and any(s.parallel for s in tuner.settings)
+        seconds = warm.preload(self.processor.model.config, parallel=parallel)
         log.info("kernels loaded in %.2f s", seconds)  # before the first message, not in the middle of the stream
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)

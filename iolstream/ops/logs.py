@@ -191,4 +191,5 @@ def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: 
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
              "version=%d%s", s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"],
-             metric, s["metric"], s["metric_window"], s["model_version"], tail, extra={"event": "status", "status": s})  # fmt: skip
+             metric, s["metric"], s["metric_window"], s["model_version"], tail,
+             extra={"event": "status", "status": s})  # fmt: skip
