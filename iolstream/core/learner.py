@@ -121,7 +121,8 @@ class OnlineLearner:
             raise ValueError(f"refactor_every must be ≥ 1, got {refactor_every}")
         half_life = check_half_life(half_life)
         if half_life is not None and solver == "woodbury":
-            raise ValueError("solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): use 'auto' or 'cholesky'")
+            raise ValueError("solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): "
+                             "use 'auto' or 'cholesky'")
         self.n_columns = n_columns
         self.n_outputs = n_outputs
         self.n_layers = n_layers

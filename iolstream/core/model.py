@@ -48,7 +48,7 @@ class ModelConfig:
     n_inputs: int
     classes: tuple | None = None  # classification: the declared class list; None: regression
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 512  # defaults: the most robust setting of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
+    n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
     n_layers: int = 2
     lam: float | tuple = 0.5
     activation: str = "relu"
@@ -125,7 +125,8 @@ class ModelConfig:
                 except (TypeError, ValueError):
                     arr = np.empty(0)
                 if arr.shape != (self.n_outputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
-                    bad(key, f"a list of {self.n_outputs} finite numbers{' > 0' if low == 0.0 else ''} with target_scaler 'fixed'", value)
+                    positive = " > 0" if low == 0.0 else ""
+                    bad(key, f"a list of {self.n_outputs} finite numbers{positive} with target_scaler 'fixed'", value)
                 object.__setattr__(self, key, tuple(float(v) for v in arr))
         if self.mode not in learner.MODES:
             bad("mode", f"one of {learner.MODES}", self.mode)
@@ -248,7 +249,8 @@ class EdRVFL:
         default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
         self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
-        self.targets = TargetScaler(config.m, config.warmup_rows, config.task == "regression" and config.target_scaler == "warmup")
+        scale_targets = config.task == "regression" and config.target_scaler == "warmup"
+        self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing

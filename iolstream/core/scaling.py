@@ -147,7 +147,8 @@ class TargetScaler:
         """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
         returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
         copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
-        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted), copy(observed_at)))
+        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted),
+                          copy(observed_at)))  # fmt: skip
         if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
             y = np.concatenate([h[1] for h in self.held])
             std = y.std(axis=0, ddof=1)

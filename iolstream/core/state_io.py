@@ -69,7 +69,9 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     if len(model.learners) == 1:
         manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
-        manifest["candidates"] = [_learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)]
+        manifest["candidates"] = [
+            _learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)
+        ]
         sel = model.selector
         manifest["selection"] = {
             "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,

@@ -261,11 +261,12 @@ class Metrics:
         self.predictions = Counter(PREFIX + "predictions", "Predictions produced", registry=self.registry)
         self.rows_replayed = Counter(PREFIX + "rows_replayed", "Rows predicted during replay and not emitted "
                                      "(a committed transaction already covered them)", registry=self.registry)  # fmt: skip
-        self.dead_letters = Counter(PREFIX + "dead_letters", "Dead letters produced, by reason", ["reason"], registry=self.registry)
+        by_reason = {"labelnames": ["reason"], "registry": self.registry}
+        self.dead_letters = Counter(PREFIX + "dead_letters", "Dead letters produced, by reason", **by_reason)
         self.dead_letters_truncated = Counter(PREFIX + "dead_letters_truncated", "Dead letters written as an excerpt "
-                                              "(too large as they were), by reason", ["reason"], registry=self.registry)  # fmt: skip
+                                              "(too large as they were), by reason", **by_reason)  # fmt: skip
         self.dead_letters_dropped = Counter(PREFIX + "dead_letters_dropped", "Dead letters not written (the limits "
-                                            "refused even an excerpt), by reason", ["reason"], registry=self.registry)  # fmt: skip
+                                            "refused even an excerpt), by reason", **by_reason)  # fmt: skip
         for reason in codec.REASONS:
             self.dead_letters.labels(reason)
             self.dead_letters_truncated.labels(reason)

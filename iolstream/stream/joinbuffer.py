@@ -325,7 +325,8 @@ class JoinBuffer:
             raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
         pending, early = self._pending, self._early
         ids = labels.ids
-        if self.fast_paths and (ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)):  # all pending, once each
+        all_pending_once = ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)
+        if self.fast_paths and all_pending_once:
             slots = list(map(pending.pop, ids))
             self._done.remember(ids, LABELLED)
             joined = self._release(list(ids), slots)

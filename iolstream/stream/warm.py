@@ -53,7 +53,8 @@ def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -
     proc.step(now_ms=40, force=True)
     y = label(2)
     proc.on_labels(orjson.dumps({"ids": ["r40", "r50"], "y": y}), None, now_ms=40)  # one pending, one not: row by row
-    proc.on_features(orjson.dumps({"ids": ["r1", "r99"], "x": rng.normal(size=(2, k)).tolist()}), None, now_ms=40)  # a duplicate row
+    duplicate = orjson.dumps({"ids": ["r1", "r99"], "x": rng.normal(size=(2, k)).tolist()})  # r1: a duplicate row
+    proc.on_features(duplicate, None, now_ms=40)
     proc.step(now_ms=40, force=True)
     if config.track_regret:
         proc.model.regret()

@@ -97,7 +97,8 @@ def run_poker(args) -> dict:
         "suite": "poker", "rows": int(len(data.y)), "train_rows": int(len(train)), "test_rows": int(n_test),
         "batch": b, "dtype": args.dtype, "seconds": seconds, "minutes": seconds / 60.0,
         "rows_per_second": len(train) / seconds, "prequential_accuracy": correct / len(train),
-        "test_accuracy": test_acc, "paper": {"minutes": 4.91, "test_accuracy_forward": 0.9352, "hardware": "64-core CPU + 4 GPUs"},
+        "test_accuracy": test_acc,
+        "paper": {"minutes": 4.91, "test_accuracy_forward": 0.9352, "hardware": "64-core CPU + 4 GPUs"},
     }  # fmt: skip
 
 

@@ -204,7 +204,8 @@ def main(args) -> int:
     if not args.quiet:
         _summary(results, table_stream)
     if args.plot and protocol.order == "stream":
-        plot_windows(results, args.plot, drift.drift_points(dataset.name, len(split.x_train)) if dataset.name in drift.STREAMS else [],
+        drifts = drift.drift_points(dataset.name, len(split.x_train)) if dataset.name in drift.STREAMS else []
+        plot_windows(results, args.plot, drifts,
                      title=f"{dataset.name}: prequential {metric} per window, stream order")  # fmt: skip
     elif args.plot:
         plot_curves(results, args.plot, title=f"{dataset.name}: test {metric} over the stream")

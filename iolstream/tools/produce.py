@@ -167,7 +167,8 @@ def add_parser(subparsers):
 
     out = p.add_argument_group("follow the worker")
     out.add_argument("--follow", action="store_true",
-                     help="read the predictions meanwhile: live prequential metric; wait until every row is predicted")  # fmt: skip
+                     help="read the predictions meanwhile: live prequential metric; "
+                          "wait until every row is predicted")  # fmt: skip
     out.add_argument("--follow-timeout", type=non_negative_float, default=30.0, metavar="S",
                      help="stop waiting after S seconds without a new prediction (default: %(default)s)")  # fmt: skip
     out.add_argument("--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions")

@@ -40,7 +40,9 @@ from iolstream.core import runtime
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.tools.baselines import make_baseline
 from iolstream.tools.datasets import DataError, Dataset
-from iolstream.tools.results import CurvePoint, EvaluationResult, error_sums, metric_from, score  # noqa: F401 (score: public here)
+from iolstream.tools.results import (  # noqa: F401 (score: public here too)
+    CurvePoint, EvaluationResult, error_sums, metric_from, score,
+)  # fmt: skip
 
 
 MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
