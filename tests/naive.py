@@ -151,3 +151,16 @@ def encode_predictions(ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mo
         msg["mode"] = mode
         out.append(orjson.dumps(msg))
     return out
+
+
+def label_messages(arriving, feats, ys, observed, rng):
+    """The labels that arrive at one step of a delayed stream, shuffled and split into 1–3 messages:
+    yields (picked [(batch, row)], features_t (L, n, k) of those rows, their Y, gram_in: their batch observed)."""
+    rng.shuffle(arriving)
+    for chunk in np.array_split(np.arange(len(arriving)), int(rng.integers(1, 4))):
+        if chunk.size == 0:
+            continue
+        picked = [arriving[j] for j in chunk]
+        f = np.ascontiguousarray(np.stack([feats[t][:, :, i] for t, i in picked], axis=2))
+        y = np.stack([ys[t][i] for t, i in picked])
+        yield picked, f, y, np.array([bool(observed[t]) for t, _ in picked])

@@ -21,6 +21,7 @@ import time
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
+from naive import label_messages
 from test_learner import K, M, N_COLUMNS, N_LAYERS, N_NODES, SMALL, assert_close, layer_rows, make_batches, snapshot
 from threadpoolctl import threadpool_limits
 
@@ -88,15 +89,7 @@ def run_delayed_stream(seed_, mode, solver, half_life, check, *, layout="contigu
                 entered.append((feats[s], np.full(sizes[s], stamps[s], dtype=np.float64)))
             step += 1
             check(learner, entered, labelled, step)
-        arriving = due.get(s, [])
-        rng.shuffle(arriving)
-        for chunk in np.array_split(np.arange(len(arriving)), int(rng.integers(1, 4))):
-            if chunk.size == 0:
-                continue
-            picked = [arriving[j] for j in chunk]
-            f = np.ascontiguousarray(np.stack([feats[t][:, :, i] for t, i in picked], axis=2))
-            y = np.stack([ys[t][i] for t, i in picked])
-            gram_in = np.array([bool(observed[t]) for t, _ in picked])
+        for picked, f, y, gram_in in label_messages(due.get(s, []), feats, ys, observed, rng):
             at = np.array([stamps[t] for t, _ in picked], dtype=np.float64)
             learner.learn(hand(f), y, gram_in=gram_in, observed_at=at.astype(np.int64))
             labelled.append((f, y, at))

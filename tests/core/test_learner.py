@@ -210,15 +210,7 @@ def run_delayed_stream(seed_: int, mode: str, solver: str, check=None, n_batches
             step += 1
             if check:
                 check(learner, entered, labelled, step)
-        arriving = due.get(s, [])
-        rng.shuffle(arriving)
-        for chunk in np.array_split(np.arange(len(arriving)), int(rng.integers(1, 4))):
-            if chunk.size == 0:
-                continue
-            picked = [arriving[j] for j in chunk]
-            f = np.ascontiguousarray(np.stack([feats[t][:, :, i] for t, i in picked], axis=2))
-            y = np.stack([ys[t][i] for t, i in picked])
-            gram_in = np.array([bool(observed[t]) for t, _ in picked])
+        for picked, f, y, gram_in in naive.label_messages(due.get(s, []), feats, ys, observed, rng):
             learner.learn(f, y, gram_in=gram_in)
             labelled.append((f, y))
             new = ~gram_in if mode == "forward" else np.ones(len(picked), dtype=bool)
