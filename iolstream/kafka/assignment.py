@@ -50,6 +50,11 @@ class Assignment:
         self.consumer = None
         self.cooperative = False  # partition.assignment.strategy cooperative-sticky: incremental (un)assign
         self.in_rebalance = False  # inside on_assign / on_revoke / on_lost (see consumer_call)
+        # group learning: commits carry this member's id as metadata, so that an assignment tells another
+        # member's committed offset (its sums hold the input below it) from this member's own
+        self.member = cfg.member_id if cfg.group.enabled else None
+        self.committed_by: dict[tuple[str, int], str] = {}
+        self.revokes = 0  # partitions revoked or lost so far (the loop drops what it released of them)
 
     def consumer_call(self, name: str, fn, timeout: float | None = None):
         """A blocking consumer call: on the helper thread with a deadline (``calls``), except inside a rebalance
@@ -67,6 +72,7 @@ class Assignment:
         for attempt in range(5):
             try:
                 got = self.consumer_call("consumer.committed", lambda: self.consumer.committed(tps, timeout=self.call_timeout))
+                self.committed_by.update({(tp.topic, tp.partition): tp.metadata or "" for tp in got if tp.offset >= 0})
                 return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
             except CallTimedOut as exc:
                 raise WorkerError(f"cannot read the group's committed offsets: {exc}") from None
@@ -108,13 +114,18 @@ class Assignment:
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            self.book.assign(key, committed.get(key), self.end_offset(key))
+            self.book.assign(key, committed.get(key), self.end_offset(key), by_other=self.by_other(key))
             start = self.book.start(key)
             tp.offset = OFFSET_BEGINNING if start is None else start
             self.aligner.assign(key, priority=0 if tp.topic == self.cfg.topics.features else 1)  # ties: features first
         (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
         log.info("assigned %s; replay without emitting until %s", fmt({(p.topic, p.partition): p.offset for p in partitions}),
                  fmt(self.book.replay_until) or "-", extra={"event": "assigned"})  # fmt: skip
+
+    def by_other(self, key: tuple[str, int]) -> bool:
+        """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
+        by = self.committed_by.get(key, "")
+        return self.member is not None and by not in ("", self.member)
 
     def _revoke(self, consumer, partitions) -> None:
         """Partitions taken away: checkpoint first (at-least-once commits their offsets, exactly-once committed
@@ -135,6 +146,7 @@ class Assignment:
         """Partitions going away: their queued messages are dropped (not processed, so not covered by the
         positions, from which they are read again) and paused ones resumed (librdkafka keeps a partition
         paused across a reassignment)."""
+        self.revokes += 1
         self.resume(self.aligner.revoke(keys))
         for key in keys:
             self.book.forget(key)
@@ -180,7 +192,7 @@ class Assignment:
         assigned = sorted(self.book.assigned)
         committed = self.committed(assigned)
         for key in assigned:
-            self.book.assign(key, committed.get(key), self.book.ends.get(key))
+            self.book.assign(key, committed.get(key), self.book.ends.get(key), by_other=self.by_other(key))
             start = self.book.start(key)
             try:
                 self.consumer.seek(TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start))
@@ -193,7 +205,7 @@ class Assignment:
         if not (offsets := self.book.to_commit()):
             return
         crash_point("before_commit")
-        tps = [TopicPartition(t, p, o) for t, p, o in offsets]
+        tps = [TopicPartition(t, p, o, metadata=self.member) for t, p, o in offsets]
         try:
             if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))

@@ -49,9 +49,11 @@ class Checkpointer:
         self.cfg = cfg
         self.calls = calls
         self.metrics = metrics
-        self.store = SnapshotStore(cfg.snapshot.dir, cfg.snapshot.keep)
+        self.store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
         self.last = Checkpoint()
         self.first_due: float | None = None  # after a start: the early checkpoint (snapshot.first_after_seconds)
+        self.group = None  # group learning (kafka.group.GroupSync): its state goes into every snapshot
+        self.loaded_group: tuple[dict, dict] | None = None  # the group state of the snapshot ``load`` read
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
@@ -64,6 +66,9 @@ class Checkpointer:
             snap = self.store.load_latest()
         except SnapshotError as exc:  # another format version: never skipped silently
             raise WorkerError(f"cannot load the snapshots in {self.store.dir}: {exc}") from None
+        self.loaded_group = None
+        if snap is not None and "group" in snap.manifest:
+            self.loaded_group = (snap.manifest["group"], {k: v for k, v in snap.arrays.items() if k.startswith("group/")})
         if snap is None:
             log.info("no snapshot in %s: starting a fresh model", self.store.dir)
             self.last = Checkpoint()
@@ -134,6 +139,9 @@ class Checkpointer:
         manifest, arrays = processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(positions.items())]
         manifest["worker"] = {"exactly_once": self.cfg.durability.exactly_once, "group_id": self.cfg.kafka.group_id}
+        if self.group is not None:
+            manifest["group"], group_arrays = self.group.to_state()
+            arrays.update(group_arrays)
         try:
             snap = self.store.write(manifest, arrays)
         except OSError as exc:

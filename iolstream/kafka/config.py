@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class TopicsConfig:
     labels: str = "iol.labels"
     predictions: str = "iol.predictions"
     dead_letters: str = "iol.dead-letters"
+    model_deltas: str = "iol.model-deltas"  # group learning: the members' sums (one partition, compacted)
     create: bool = True
     partitions: int = 1
     replication_factor: int = 1
@@ -65,6 +67,16 @@ class DurabilityConfig:
     transactional_id: str | None = None  # default: "<group_id>-worker"
     shutdown_grace_seconds: float = 25.0
     watchdog_seconds: float | None = None  # exit 5 when the loop has not ticked this long (null: from the client timeouts)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """Group learning (docs/scaling.md): the members of the consumer group share one model."""
+
+    enabled: bool = False
+    member_id: str | None = None  # unique in the group and the same after a restart (default: the host name)
+    sync_every_ms: int = 1000  # a member publishes its sums this often (and before every checkpoint)
+    chunk_bytes: int = 900000  # larger records go as chunks of this many bytes (Kafka's default limit is 1 MiB)
 
 
 @dataclass(frozen=True)
@@ -89,12 +101,27 @@ class WorkerConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     durability: DurabilityConfig = field(default_factory=DurabilityConfig)
+    group: GroupConfig = field(default_factory=GroupConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
+    def member_id(self) -> str:
+        """This worker's id in group learning (``group.member_id``, else the host name)."""
+        return self.group.member_id or socket.gethostname()
+
+    @property
     def transactional_id(self) -> str:
-        return self.durability.transactional_id or f"{self.kafka.group_id}-worker"
+        """``durability.transactional_id``, else "<group_id>-worker" (group learning: "<group_id>-<member_id>",
+        one per member: members sharing one would fence each other)."""
+        if self.durability.transactional_id:
+            return self.durability.transactional_id
+        return f"{self.kafka.group_id}-{self.member_id}" if self.group.enabled else f"{self.kafka.group_id}-worker"
+
+    @property
+    def snapshot_dir(self) -> str:
+        """Where this worker's snapshots go: ``snapshot.dir``, with group learning its ``<member_id>`` below it."""
+        return os.path.join(self.snapshot.dir, self.member_id) if self.group.enabled else self.snapshot.dir
 
 
 _SECTIONS = {
@@ -103,6 +130,7 @@ _SECTIONS = {
     "stream": StreamConfig,
     "snapshot": SnapshotConfig,
     "durability": DurabilityConfig,
+    "group": GroupConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
 }
@@ -120,6 +148,9 @@ _RULES = {
     "snapshot.first_after_seconds": (lambda v: v is None or v >= 0, "null or a number ≥ 0"),
     "durability.shutdown_grace_seconds": (lambda v: v > 0, "a number > 0"),
     "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
+    "group.sync_every_ms": _POSITIVE,
+    "group.chunk_bytes": (lambda v: v >= 1024, "an integer ≥ 1024"),
+    "group.member_id": (lambda v: v is None or (0 < len(v) <= 200 and "/" not in v), "null or a name without '/' (≤ 200 chars)"),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a port number 0–65535 (0 disables)"),
     "metrics.window_rows": _POSITIVE,
     "logging.level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "one of DEBUG, INFO, WARNING, ERROR"),
@@ -239,7 +270,27 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
     if len(set(names)) != 4:
         raise ConfigError(f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}")
+    if cfg.group.enabled:
+        _check_group(cfg, names)
     return _with_size_limits(cfg)
+
+
+def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
+    """What group learning needs of the rest of the config (ConfigError naming the key)."""
+    from iolstream.core import contribution
+
+    if cfg.topics.model_deltas in names:
+        raise ConfigError(f"topics.model_deltas: must differ from the other topics, got {cfg.topics.model_deltas!r}")
+    try:
+        contribution.check_mergeable(cfg.model)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.stream.forget_expired:
+        raise ConfigError("stream.forget_expired: not with group learning (rows handed over at a rebalance wait on "
+                          "several members, and each would take the same Gram out); set it to false")  # fmt: skip
+    if cfg.model.task == "regression" and cfg.model.target_scaler == "warmup":
+        raise ConfigError("model.target_scaler: group learning needs the same target scaling on every member; "
+                          "use fixed (with target_mean, target_std) or none")  # fmt: skip
 
 
 def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:

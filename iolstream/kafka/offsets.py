@@ -27,8 +27,9 @@ Key = tuple[str, int]
 
 
 class OffsetBook:
-    def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None):
+    def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None, group: bool = False):
         self.exactly_once = exactly_once
+        self.group = group  # group learning: what another member committed is in the group's sums (``assign``)
         self.positions: dict[Key, int] = dict(positions or {})
         self.committed_floor: dict[Key, int] = {}
         self.replay_until: dict[Key, int] = {}
@@ -44,11 +45,15 @@ class OffsetBook:
         """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this state)."""
         return self.positions.get(key)
 
-    def assign(self, key: Key, committed: int | None, end: int | None = None) -> None:
+    def assign(self, key: Key, committed: int | None, end: int | None = None, *, by_other: bool = False) -> None:
         """``key`` assigned, the group having committed ``committed`` for it (None: nothing). Below that, a
         commit never goes, and (exactly-once) input is replayed without emitting: a committed transaction
-        emitted its outputs already."""
+        emitted its outputs already. Group learning, ``by_other`` (another member committed it): that member's
+        sums hold the input up to ``committed``, so this state goes on from there, never re-learning it."""
         start = self.positions.get(key)
+        if self.group and by_other and committed is not None and (start is None or committed > start):
+            log.info("%s[%d]: another member learned it up to %d: going on from there", key[0], key[1], committed)
+            self.positions[key] = start = committed
         self.assigned.add(key)
         self.eof.pop(key, None)
         if end is not None:

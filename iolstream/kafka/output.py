@@ -63,10 +63,12 @@ class Output:
             if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):  # not a transaction abort's
                 log.error("delivery to %s failed: %s", msg.topic(), err)
 
-    def produce(self, topic: str, value: bytes, key=None, headers=None, on_delivery=None) -> None:
+    def produce(self, topic: str, value: bytes, key=None, headers=None, on_delivery=None, partition: int | None = None) -> None:
         if self.begin is not None and not self.begin():
             return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
         extra = {} if on_delivery is None else {"on_delivery": on_delivery}  # default: the config's (on_delivery)
+        if partition is not None:
+            extra["partition"] = partition
         waited = None
         while True:
             try:

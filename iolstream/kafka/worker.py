@@ -43,6 +43,7 @@ from iolstream.kafka.checkpoints import Checkpointer
 from iolstream.kafka.clients import check_timing, ensure_topics
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.group import GroupSync
 from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
@@ -92,8 +93,12 @@ class Worker:
             log.warning("%s", warning)
         self.checkpoints = Checkpointer(cfg, self.calls, metrics=metrics)
         self.processor, positions = self.checkpoints.load()
-        self.book = OffsetBook(exactly_once=self.exactly_once, positions=positions)
+        self.book = OffsetBook(exactly_once=self.exactly_once, positions=positions, group=cfg.group.enabled)
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
+        self.group = GroupSync(cfg, self.output) if cfg.group.enabled else None  # group learning (kafka.group)
+        if self.group is not None:
+            self.group.attach(self.processor, self.checkpoints.loaded_group)
+            self.checkpoints.group = self.group
         self.txn = (Transactions(cfg, self.output, self.calls, self._new_producer, metrics=metrics, sleep=self._sleep_ticking,
                                  deadline=lambda: self.stopper.deadline) if self.exactly_once else None)  # fmt: skip
         sc = cfg.stream
@@ -118,6 +123,7 @@ class Worker:
     partitions = property(lambda self: len(self.book.assigned))
     replay_pending = property(lambda self: bool(self.book.replay_until))
     broker_unreachable_seconds = property(lambda self: self.health.unreachable_seconds())
+    group_status = property(lambda self: None if self.group is None else self.group.status())
 
     # ------------------------------------------------------------ clients
     def _open(self) -> None:
@@ -130,6 +136,11 @@ class Worker:
             if created:
                 log.info("created topics %s", created)
         self.output.read_limits()
+        if self.group is not None:  # the group's sums (and, with no snapshot, this member's own) before any input
+            self.group.open()
+            self.group.catch_up(self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0))
+            if self.group.adopted_positions is not None:
+                self.book.reset(self.group.adopted_positions)
         self.consumer = self._new_consumer()
         self.output.producer = self._new_producer()
 
@@ -229,12 +240,15 @@ class Worker:
         if tuner is not None and msgs:  # throughput mode only when behind (see runtime.StepTuner.explore)
             tuner.explore = self.assignment.catching_up(msgs[-1], self.rows_per_message)
         ready = self.aligner.release(time.monotonic() * 1000, self.assignment.lag, want)
+        revokes = self.assignment.revokes
         while len(ready) < want and self.aligner.blocked:  # one waits for a partition behind: take what else is fetched
             self._flow_control()
             if not (msgs := self.consumer.consume(num_messages=want, timeout=0)):
                 break
             consumed += self._queue(msgs)
             ready += self.aligner.release(time.monotonic() * 1000, self.assignment.lag, want - len(ready))
+        if self.assignment.revokes != revokes:  # a rebalance in that consume: released messages of partitions gone
+            ready = [(key, msg) for key, msg in ready if key in self.book.assigned]  # are another member's now
         self._flow_control()
         now = now_ms()
         rows_before = proc.counters["rows_in"] + proc.counters["labels_in"]
@@ -267,6 +281,10 @@ class Worker:
         self._step(now, force=self.exactly_once and bool(ready))
         if self.replaying and not replay_until:  # replay over: what the processor holds now is new input
             self.replaying = False
+        if self.group is not None:
+            self.group.poll()
+            if not replay_until:  # mid-replay the sums are behind what this member published before
+                self.group.publish(positions)
         if self.txn is not None:
             self._commit_transaction()
         self.output.producer.poll(0)
@@ -307,6 +325,8 @@ class Worker:
                 else:
                     self._on_error(err, source="consumer")
                 continue
+            if (msg.topic(), msg.partition()) not in self.book.assigned:  # fetched before a revoke in this very call:
+                continue  # the partition is another member's now (it reads the message from the committed offset)
             consumed += 1
             kind, ts = msg.timestamp()
             self.aligner.add((msg.topic(), msg.partition()), msg.offset(), ts if kind != TIMESTAMP_NOT_AVAILABLE else None,
@@ -360,6 +380,8 @@ class Worker:
         if self.metrics is not None:
             self.metrics.transactions_aborted.inc()
         self.processor, positions = self.checkpoints.load()
+        if self.group is not None:
+            self.group.attach(self.processor, self.checkpoints.loaded_group)
         self.book.reset(positions)
         self.replaying = False
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the snapshot's positions
@@ -373,6 +395,10 @@ class Worker:
         snapshot's offsets. ``final`` (revoke, shutdown): wait up to the call timeout for deliveries."""
         if force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
+        if self.group is not None and not self.book.replay_until:  # the sums go with the offsets they cover
+            self.group.publish(self.book.positions, force=True)
+            if final:  # partitions go: so do the rows waiting for their labels (stream.handover)
+                self.group.hand_over()
         if self.txn is not None and self.txn.open:
             self._commit_transaction()
         wait = self.stopper.timeout(self.call_timeout) if final else None
@@ -434,6 +460,8 @@ class Worker:
         return ok
 
     def _close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         if self.txn is not None:
             self.txn.close(self.stopper.timeout(5.0))
         if self.consumer is not None:
@@ -448,4 +476,5 @@ class Worker:
         self.last_status = time.monotonic()
         if self.metrics is not None:
             self.metrics.refresh(self)
-        log_status_line(log, self.processor, self.broker_unreachable_seconds, waiting_for)
+        group = None if self.group is None else self.group.status()
+        log_status_line(log, self.processor, self.broker_unreachable_seconds, waiting_for, group=group)

@@ -177,7 +177,7 @@ def _log_uncaught(exc_type, exc, tb) -> None:
 
 
 def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: float | None = None,
-                    waiting_for: str | None = None) -> None:  # fmt: skip
+                    waiting_for: str | None = None, *, group: dict | None = None) -> None:  # fmt: skip
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
     prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
     how long the broker has been unreachable, and what the loop waits for."""
@@ -187,6 +187,9 @@ def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: 
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
     eff = processor.model.effective
     tail = "" if eff["forgetting"] is None and "candidates" not in eff else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
+    if group is not None:  # group learning: its size and how far the sums applied here are behind
+        s["group"] = group
+        tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "

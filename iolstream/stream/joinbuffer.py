@@ -194,6 +194,16 @@ class JoinBuffer:
             return f"id {row_id!r} already expired unlabelled"
         return f"id {row_id!r} is repeated within the batch"
 
+    def unseen(self, ids: list[str]) -> list[int]:
+        """Indices of ``ids`` neither pending nor remembered here, first occurrences only (group handover)."""
+        kinds = self._done.kinds(self._done.fingerprints_of(ids)) if len(self._done) else np.zeros(len(ids))
+        seen, out = set(self._pending), []
+        for i, (row_id, kind) in enumerate(zip(ids, kinds.tolist())):
+            if row_id not in seen and not kind:
+                seen.add(row_id)
+                out.append(i)
+        return out
+
     # ------------------------------------------------------------- rows
     def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
         """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""

@@ -91,6 +91,7 @@ class StreamProcessor:
         self.batcher = MicroBatcher(cfg.batch_rows, cfg.max_batch_latency_ms)
         self.join = JoinBuffer(**self._join_settings())
         self.held: list[FeatureRows] = []  # batches waiting for the warm-up scaler
+        self.propose_scaling = None  # group learning: gets the warm-up rows; the group freezes the scaler (stream.group)
         self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
         self.label_queue: list = []  # joined rows waiting to be folded in: (payload (j, w), Y, batch_seq)
         self.label_queue_rows = 0
@@ -158,7 +159,7 @@ class StreamProcessor:
             return dead
         self.counters["labels_in"] += len(labels.ids)
         result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids, source=source)  # held early: kept with its source
-        self._queue_joined(result, now_ms)
+        self.queue_joined(result, now_ms)
         mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
         if mine:
             single = len(labels.ids) == 1 and not rejected
@@ -190,6 +191,8 @@ class StreamProcessor:
         snapshot, end of a transaction) — but never freezes a warm-up scaler early."""
         out = StepOutput()
         t0 = time.perf_counter()
+        if self.held and self.model.ready:  # frozen from outside (group learning): the held batches go first
+            self._release_held(now_ms, out)
         self._fold_if_due(now_ms, out, force=False)  # labels that came since the last batch, before the next one
         while len(self.batcher) and (force or self.batcher.due(now_ms)):
             rows = self.batcher.take()
@@ -223,6 +226,8 @@ class StreamProcessor:
         if self.held_rows < scaler.warmup_rows:
             return
         head = np.concatenate([rows.X for rows in self.held])[: scaler.warmup_rows]
+        if self.propose_scaling is not None:
+            return self.propose_scaling(head)
         scaler.partial_fit(head[scaler.count :])  # count > 0 only in a state saved by an older version
         scaler.freeze()
 
@@ -259,11 +264,11 @@ class StreamProcessor:
         payload[:, k + 3 :] = outputs.transpose(2, 0, 1, 3).reshape(b, -1)
         self._cache_put(self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value)
         result = self.join.add_rows(list(rows.ids), payload, self.batch_seq, now_ms)
-        self._queue_joined(result, now_ms)
+        self.queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
         self._settle_unlabelled(result.evicted)
 
-    def _queue_joined(self, result, now_ms: int) -> None:
+    def queue_joined(self, result, now_ms: int) -> None:
         if len(result.ids) == 0:
             return
         self.label_queue.append((result.X, result.Y, np.asarray(result.batch_seq, dtype=np.int64)))

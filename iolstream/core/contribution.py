@@ -1,0 +1,127 @@
+"""A model's learned sums as one flat set of arrays, to be added to another model's (group learning).
+
+Every output layer's state is a pair of sums, A_l = λ_l I + Σ DᵀD and c_l = Σ DᵀY (SPEC §2), so the
+states of models that share their random features (same config, same seed) add up: what two models
+learned from disjoint rows is what one model learns from all of them. ``sums(model)`` reads the data
+part of every learner that makes its own updates (the λ candidates of ``lam: auto`` share their
+primary's sums), without the prior λI; ``add(model, delta)`` adds such a set into a model; both are
+arrays in, arrays out (no I/O).
+
+Keys, per primary learner p (its index in ``model.learners``), L layers of n columns, m outputs,
+T = n(n+1)/2 entries of a symmetric n×n matrix (upper triangle, row by row):
+
+    p<p>.gram      (L, T)  A_l − λ_l I
+    p<p>.rhs       (L, m, n)  c_lᵀ
+    p<p>.labelled  (L, T)  A_r − λ_l I (-F with regret tracking only)
+    p<p>.loss      (L,)    Σ_t L_{l,t}
+    p<p>.counts    (5,)    rows observed, labelled, forgotten, label batches, Σ‖Y‖² (added)
+    p<p>.maxes     (3,)    largest label batch, D_m, Y_m (their maximum is taken, not their sum)
+
+Forgetting is not supported here: a decayed sum depends on the clock it was decayed to, and the
+members of a group do not share one (``check_mergeable``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iolstream.core.shared_gram import SharedGramLearner
+
+COUNTS = ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "sum_y2")
+MAXES = ("max_label_batch", "d_max", "y_max")
+_INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch"}
+
+
+def check_mergeable(config) -> None:
+    """ValueError naming the key when models of ``config`` cannot add their sums (forgetting)."""
+    if config.forgetting is not None:
+        raise ValueError(
+            "model.forgetting: group learning adds the members' sums, and decayed sums only add on a clock every "
+            "member shares (rows seen differ per member); set model.forgetting: null with group learning"
+        )
+
+
+def primaries(model) -> list:
+    """The learners that make their own updates (the others copy a primary's sums)."""
+    return [ln for ln in model.learners if not isinstance(ln, SharedGramLearner)]
+
+
+def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n)
+
+
+def sums(model) -> dict[str, np.ndarray]:
+    """The model's data sums (module docstring), fresh arrays."""
+    out = {}
+    for p, ln in enumerate(primaries(model)):
+        st, a = ln.state, ln.state.arrays
+        rows, cols = _upper(a.gram.shape[1])
+        lams = np.array([ls.lam for ls in st.layers])
+        # gram[l] is C-ordered with A_l = gram[l].T: A's authoritative lower triangle is gram[l]'s upper one
+        gram = a.gram[:, rows, cols]
+        gram[:, rows == cols] -= lams[:, None]
+        out[f"p{p}.gram"] = gram
+        out[f"p{p}.rhs"] = a.rhs.copy()
+        if len(a.gram_labelled):
+            labelled = a.gram_labelled[:, rows, cols]
+            labelled[:, rows == cols] -= lams[:, None]
+            out[f"p{p}.labelled"] = labelled
+        out[f"p{p}.loss"] = a.loss_sum.copy()
+        out[f"p{p}.counts"] = np.array([float(getattr(st, k)) for k in COUNTS])
+        out[f"p{p}.maxes"] = np.array([float(getattr(st, k)) for k in MAXES])
+    return out
+
+
+def layout(model) -> dict[str, tuple]:
+    """Every key of ``sums(model)`` and its shape (to check a received set against)."""
+    return {key: value.shape for key, value in sums(model).items()}
+
+
+def difference(new: dict, old: dict | None) -> dict[str, np.ndarray]:
+    """new − old key by key (old None: new itself); maxes are taken from ``new``."""
+    if old is None:
+        return {k: v.copy() for k, v in new.items()}
+    return {k: (v.copy() if k.endswith(".maxes") else v - old[k]) for k, v in new.items()}
+
+
+def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
+    """Add ``sign`` × ``delta`` (keys as ``sums``) into every primary learner's sums; maxes become the larger
+    ones. Factors and β become stale (solved when next read), the learners' versions move on."""
+    for p, ln in enumerate(primaries(model)):
+        st, a = ln.state, ln.state.arrays
+        n = a.gram.shape[1]
+        rows, cols = _upper(n)
+        off = rows != cols
+        for name, stack in (("gram", a.gram), ("labelled", a.gram_labelled)):
+            tri = delta.get(f"p{p}.{name}")
+            if tri is None or not len(stack):
+                continue
+            stack[:, rows, cols] += sign * tri
+            stack[:, cols[off], rows[off]] += sign * tri[:, off]  # both triangles: whichever a kernel reads
+        a.rhs += sign * delta[f"p{p}.rhs"]
+        a.loss_sum += sign * delta[f"p{p}.loss"]
+        for key, value in zip(COUNTS, delta[f"p{p}.counts"].tolist()):
+            total = getattr(st, key) + sign * value
+            setattr(st, key, int(round(total)) if key in _INTEGER else total)
+        for key, value in zip(MAXES, delta[f"p{p}.maxes"].tolist()):
+            setattr(st, key, max(getattr(st, key), int(value) if key in _INTEGER else value))
+        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
+        a.woodbury_steps[:] = 0
+        st.version += 1
+    for ln in model.learners:  # the λ candidates copy their primary's new sums now (a snapshot saves them as they are)
+        if isinstance(ln, SharedGramLearner):
+            ln.sync()
+
+
+def check_layout(model, received: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first key whose presence or shape differs from this model's sums."""
+    wanted = layout(model)
+    for key, shape in wanted.items():
+        if key not in received:
+            raise ValueError(f"sums: key {key!r} missing")
+        if tuple(received[key].shape) != tuple(shape):
+            raise ValueError(f"sums: {key} has shape {tuple(received[key].shape)}, this model's is {tuple(shape)}")
+    extra = sorted(set(received) - set(wanted))
+    if extra:
+        raise ValueError(f"sums: unexpected key {extra[0]!r}")

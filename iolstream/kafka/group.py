@@ -1,0 +1,286 @@
+"""Group learning over Kafka: the members of one consumer group share their sums (docs/scaling.md).
+
+The bookkeeping is ``stream.group.GroupState``; this module moves its records through the
+``topics.model_deltas`` topic (one partition, compacted, created at start):
+
+- **publish** every ``group.sync_every_ms``, and before every checkpoint (so at a revoke and at shutdown):
+  this member's own cumulative sums as one record, tagged (member, sequence), with the input positions
+  it covers; produced with the worker's producer, so under exactly-once in the transaction that holds
+  the input offsets. A record larger than ``group.chunk_bytes`` goes as chunks (keys
+  ``<member>/sums/<i>``), reassembled by (member, sequence) and checked (size, SHA-256 of the whole);
+- **read** every cycle, with its own consumer (``read_committed``, assigned the topic's partitions,
+  outside the input group): other members' newest sums replace their older ones in the model; this
+  member's own records tell it its last sequence after a restart;
+- **start**: read the log to its end first; a member with no snapshot takes its own newest record back
+  (sums and the input positions they cover), so that a restart without a snapshot neither drops nor
+  repeats what it contributed (the labels of rows that were pending then are lost);
+- **scaling**: a member's warm-up rows give a proposal (key ``<member>/scaling``); the first in the
+  log is the group's scaler, on every member.
+
+Record value: a ``kafka.snapshots`` blob (manifest + arrays, checksummed) cut into chunks; headers
+``iolstream.kind`` (sums | scaling), ``iolstream.member``, ``iolstream.seq``, ``iolstream.chunk``
+("i/n"), ``iolstream.size`` (bytes of the whole blob).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import numpy as np
+import orjson
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from iolstream.kafka import snapshots, topics
+from iolstream.kafka.clients import client_conf
+from iolstream.kafka.errors import WorkerError
+from iolstream.stream import handover
+from iolstream.stream.group import GroupState
+
+log = logging.getLogger("iolstream.group")
+
+HEADROOM = 4096  # above group.chunk_bytes for the record's key, headers and framing
+
+
+def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
+    """The model-deltas topic: compacted (the newest record per key is the group's state), records up to a chunk."""
+    return {
+        "cleanup.policy": "compact",
+        "max.message.bytes": str(max(topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
+        "segment.ms": "600000",  # compaction works on closed segments: close one every 10 minutes
+        "min.cleanable.dirty.ratio": "0.1",
+    }
+
+
+def _header(headers, name: str) -> str | None:
+    for key, value in headers or ():
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else value
+    return None
+
+
+class GroupSync:
+    """The group side of one worker. ``attach`` binds it to the processor the worker holds (after a load or a
+    roll-back); ``open`` makes the consumer; then ``catch_up`` once, ``poll`` every cycle, ``publish`` when due."""
+
+    def __init__(self, cfg, output):
+        self.cfg = cfg
+        self.gc = cfg.group
+        self.member = cfg.member_id
+        self.topic = cfg.topics.model_deltas
+        self.output = output
+        self.state: GroupState | None = None
+        self.consumer: Consumer | None = None
+        self.positions: dict[int, int] = {}  # deltas partition -> next offset to read (in snapshots)
+        self.chunks: dict[tuple[str, int, str], dict[int, bytes]] = {}  # (member, seq, kind) -> chunks
+        self.caught_up = False
+        self.restored = False  # a snapshot was loaded: no adoption of this member's own record
+        self.adopted_positions: dict | None = None  # input positions of an adopted own record
+        self.last_publish_ms = 0
+        self.bytes_out = self.bytes_in = 0
+        self.partitions: set[int] = set()
+        self.eof: set[int] = set()
+        self.model_digest = digest(cfg.model.to_dict())
+
+    # ------------------------------------------------------------ state
+    def attach(self, processor, saved: tuple[dict, dict] | None) -> None:
+        """Bind to ``processor``'s model, with the group state of the snapshot it came from (None: fresh)."""
+        self.state = GroupState(self.member, processor.model)
+        self.processor = processor
+        processor.propose_scaling = self.state.propose_scaling
+        self.restored = saved is not None
+        if saved is not None:
+            manifest, arrays = saved
+            self.state.load_state(manifest, arrays, _now_ms())
+            self.positions = {int(p): int(o) for p, o in manifest.get("positions", [])}
+        else:
+            self.positions = {}
+        self.chunks.clear()
+        if self.consumer is not None:
+            self._seek()
+
+    def to_state(self) -> tuple[dict, dict]:
+        manifest, arrays = self.state.to_state()
+        manifest["positions"] = sorted([p, o] for p, o in self.positions.items())
+        return manifest, arrays
+
+    # ------------------------------------------------------------ the consumer
+    def open(self) -> None:
+        if self.cfg.topics.create:
+            admin = AdminClient(client_conf(self.cfg))
+            created = topics.create_topics(admin, [self.topic], partitions=1, replication_factor=self.cfg.topics.replication_factor,
+                                           configs={self.topic: delta_topic_config(self.gc.chunk_bytes)})  # fmt: skip
+            if created:
+                log.info("created the model-deltas topic %s", self.topic)
+        conf = {
+            **client_conf(self.cfg), "group.id": f"{self.cfg.kafka.group_id}.deltas.{self.member}",
+            "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
+            "fetch.max.bytes": max(52428800, self.gc.chunk_bytes + HEADROOM),
+            "receive.message.max.bytes": max(100000000, self.gc.chunk_bytes + HEADROOM + 512),
+        }  # fmt: skip
+        self.consumer = Consumer(conf)
+        self._seek()
+
+    def _seek(self) -> None:
+        meta = self.consumer.list_topics(self.topic, timeout=self.cfg.kafka.call_timeout_seconds).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise WorkerError(f"topics.model_deltas: topic {self.topic!r} cannot be read ({meta and meta.error})")
+        self.consumer.assign([TopicPartition(self.topic, p, self.positions.get(p, OFFSET_BEGINNING)) for p in meta.partitions])
+        self.partitions = set(meta.partitions)
+        self.caught_up = False
+        self.eof = set()
+
+    def catch_up(self, timeout: float, tick=lambda: None) -> None:
+        """Read the log to its end (every partition's end-of-partition event) before the input is consumed."""
+        until = time.monotonic() + timeout
+        while not self.caught_up and time.monotonic() < until:
+            self.poll(max_messages=500, timeout=0.2)
+            tick()
+        if not self.caught_up:
+            log.warning("the model-deltas topic %s was not read to its end within %.0f s: going on (this member "
+                        "publishes once it is)", self.topic, timeout)  # fmt: skip
+
+    def poll(self, max_messages: int = 200, timeout: float = 0.0) -> int:
+        """Apply what the deltas consumer has fetched; returns how many records were complete."""
+        done = 0
+        for msg in self.consumer.consume(num_messages=max_messages, timeout=timeout):
+            if (err := msg.error()) is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self.eof.add(msg.partition())
+                    self.caught_up = self.caught_up or self.eof >= self.partitions
+                elif err.fatal():
+                    raise WorkerError(f"model-deltas consumer: {err.str()}")
+                else:
+                    log.warning("model-deltas consumer: %s", err)
+                continue
+            self.positions[msg.partition()] = msg.offset() + 1
+            self.eof.discard(msg.partition())
+            self.bytes_in += len(msg.value() or b"")
+            done += self._take(msg)
+        return done
+
+    def _take(self, msg) -> int:
+        headers = msg.headers()
+        kind, member = _header(headers, "iolstream.kind"), _header(headers, "iolstream.member")
+        try:
+            seq = int(_header(headers, "iolstream.seq") or 0)
+            index, count = (int(v) for v in (_header(headers, "iolstream.chunk") or "0/1").split("/"))
+            size = int(_header(headers, "iolstream.size") or len(msg.value() or b""))
+        except ValueError:
+            log.warning("model-deltas %d@%d: unreadable headers, skipped", msg.partition(), msg.offset())
+            return 0
+        if kind not in ("sums", "scaling", "rows") or member is None:
+            log.warning("model-deltas %d@%d: not an iolstream record (kind %r), skipped", msg.partition(), msg.offset(), kind)
+            return 0
+        parts = self.chunks.setdefault((member, seq, kind), {})
+        parts[index] = msg.value() or b""
+        if len(parts) < count:
+            return 0
+        del self.chunks[(member, seq, kind)]
+        for key in [k for k in self.chunks if k[0] == member and k[2] == kind and k[1] < seq]:
+            del self.chunks[key]  # an older record of it that will not complete (compacted, or cut by a crash)
+        blob = b"".join(parts[i] for i in range(count))
+        if len(blob) != size:
+            log.warning("model-deltas: record %s#%d is %d bytes, its header says %d: skipped", member, seq, len(blob), size)
+            return 0
+        try:
+            manifest, arrays = snapshots.decode(blob)
+        except snapshots.SnapshotError as exc:
+            log.warning("model-deltas: record %s#%d cannot be read (%s): skipped", member, seq, exc)
+            return 0
+        if manifest.get("model") != self.model_digest:
+            raise WorkerError(f"model-deltas: member {member!r} publishes sums of another model config; every member of "
+                              f"group {self.cfg.kafka.group_id!r} must run the same model section")  # fmt: skip
+        if kind == "scaling":
+            if self.state.agree_scaling(member, arrays):
+                log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})
+            return 1
+        if kind == "rows":
+            if member != self.member:
+                ids = [str(i) for i in arrays["ids"].tolist()]
+                added = handover.adopt_rows(self.processor, ids, arrays["payload"], _now_ms())
+                log.info("%d rows waiting for labels handed over by member %s (%d new here)", len(ids), member, added,
+                         extra={"event": "group_handover"})  # fmt: skip
+            return 1
+        adopt = not self.restored and not self.caught_up
+        what = self.state.apply(member, seq, arrays, published_ms=int(manifest["published_ms"]), now_ms=_now_ms(),
+                                adopt_own=adopt)  # fmt: skip
+        if what == "adopted":
+            self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
+            log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
+                     extra={"event": "group_adopted"})  # fmt: skip
+        return 1
+
+    # ------------------------------------------------------------ publishing
+    def due(self, now_ms: int) -> bool:
+        return now_ms - self.last_publish_ms >= self.gc.sync_every_ms
+
+    def publish(self, positions: dict, *, force: bool = False) -> bool:
+        """Produce this member's own sums if due (or ``force``) and changed, and a scaling proposal if one waits;
+        never before the log was read to its end (the sequence would be unknown). Returns whether produced."""
+        now = _now_ms()
+        if not self.caught_up or (not force and not self.due(now)):
+            return False
+        st = self.state
+        if st.proposal is not None and not st.proposed:
+            self._produce("scaling", 0, {"published_ms": now}, st.proposal)
+            st.proposed = True
+        if not st.changed():
+            self.last_publish_ms = now
+            return False
+        seq, sums = st.next_record()
+        manifest = {"published_ms": now, "positions": [[t, p, o] for (t, p), o in sorted(positions.items())]}
+        self._produce("sums", seq, manifest, sums)
+        st.published(seq)
+        self.last_publish_ms = now
+        return True
+
+    def hand_over(self) -> None:
+        """Before partitions go (a revoke, a shutdown): the rows waiting for labels, for whoever gets their labels."""
+        if not self.caught_up:
+            return
+        ids, payload = handover.pending_rows(self.processor)
+        if ids:
+            self.state.handovers += 1
+            self._produce("rows", self.state.handovers, {"published_ms": _now_ms()},
+                          {"ids": np.array(ids, dtype=str), "payload": payload})  # fmt: skip
+            log.info("handed over %d rows waiting for labels", len(ids), extra={"event": "group_handover"})
+
+    def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict) -> None:
+        manifest = {**manifest, "kind": kind, "member": self.member, "seq": seq, "model": self.model_digest}
+        blob = snapshots.encode(manifest, arrays)
+        step = self.gc.chunk_bytes
+        count = max(1, -(-len(blob) // step))
+        for index in range(count):
+            headers = [("iolstream.kind", kind.encode()), ("iolstream.member", self.member.encode()),
+                       ("iolstream.seq", str(seq).encode()), ("iolstream.chunk", f"{index}/{count}".encode()),
+                       ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
+            key = f"{self.member}/{kind}" + (f"/{index}" if kind != "scaling" else "")
+            self.output.produce(self.topic, blob[index * step : (index + 1) * step], key=key.encode(), headers=headers,
+                                partition=0)  # fmt: skip
+        self.bytes_out += len(blob)
+
+    def status(self) -> dict:
+        out = self.state.status(_now_ms())
+        out.update({"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "caught_up": self.caught_up})
+        return out
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            consumer, self.consumer = self.consumer, None
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError):
+                pass
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def digest(config_dict: dict) -> str:
+    """A short digest of a model config (members must run the same model)."""
+    return hashlib.sha256(orjson.dumps(config_dict, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -1,0 +1,198 @@
+"""Group learning, the bookkeeping (no Kafka): one model over a consumer group (docs/scaling.md).
+
+Each member learns from its own partitions, so its model's sums are W = λI + own + Σ others. It
+publishes its *own cumulative* sums (``core.contribution``: everything it has learned itself, not the
+increments since its last message), tagged (member, sequence), and applies every other member's
+newest one: the member's previous sums out, the new ones in. Why cumulative rather than increments:
+
+- idempotent and order-free: a record older than the one applied, or the same one twice, is skipped by
+  its sequence; a lost or aborted record costs latency, never a count (the next one carries it);
+- a member that restarts from an older snapshot re-learns what came after it (replay) and its next
+  record replaces what the others hold, so nothing is counted twice after a crash, in either mode;
+- a joiner needs no separate full state: the newest record of every member is the group's state, and
+  a compacted topic (key = member and chunk) keeps exactly those.
+
+The price is memory: every member keeps every other's newest sums (to take them out again), K copies
+of L·n(n+1)/2 + L·n·m floats (docs/scaling.md). ``others_sum`` is kept beside them so that a member's
+own sums are W − λI − others_sum.
+
+The warm-up scaler must be the same on every member (the same x must give the same D): a member whose
+warm-up rows are in proposes its scaling, and the first proposal in the log is the group's
+(``agree_scaling``). Until then its batches are held, as in a single worker's warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from iolstream.core import contribution
+from iolstream.core.scaling import Scaler
+
+
+@dataclass
+class MemberSums:
+    """The newest sums applied from one other member."""
+
+    seq: int
+    sums: dict[str, np.ndarray]
+    published_ms: int  # when the member published them (its clock)
+    applied_ms: int  # when they were applied here
+    rows: int  # rows whose Gram that member has entered (its p0.counts[0]), for the metrics
+    rate: float | None = None  # its rows per ms between its last two records (None: one record so far)
+
+
+class GroupState:
+    """One member's view of the group: its own sequence, every other member's newest sums, the scaling.
+
+    member : str — this member's id (stable across restarts: it keys the sequence and the compacted records)
+    model  : the EdRVFL whose sums are shared (``bind`` after a restore or a roll-back)
+    """
+
+    def __init__(self, member: str, model):
+        contribution.check_mergeable(model.config)
+        self.member = member
+        self.model = model
+        self.own_seq = 0  # the last sequence this member published (or found of itself in the log)
+        self.published_version: int | None = None  # model version at the last publish (None: nothing yet)
+        self.members: dict[str, MemberSums] = {}
+        self.others_sum: dict[str, np.ndarray] | None = None
+        self.scaling_from: str | None = None  # the member whose warm-up scaling the group uses
+        self.proposal: dict[str, np.ndarray] | None = None  # this member's, waiting to be published
+        self.proposed = False
+        self.handovers = 0  # sequence of this member's handed-over rows records
+        self.counters = {"published": 0, "applied": 0, "skipped": 0, "adopted": 0}
+
+    def bind(self, model) -> None:
+        self.model = model
+
+    # ------------------------------------------------------------ own sums
+    def own(self) -> dict[str, np.ndarray]:
+        """This member's own cumulative sums: W − λI − Σ others."""
+        total = contribution.sums(self.model)
+        if self.others_sum is None:
+            return total
+        return contribution.difference(total, self.others_sum)
+
+    def changed(self) -> bool:
+        """Whether the model learned something since the last publish."""
+        return self.published_version != self.model.version
+
+    def next_record(self) -> tuple[int, dict[str, np.ndarray]]:
+        """(sequence, own sums) of the next record; call ``published`` once it is handed to the producer."""
+        return self.own_seq + 1, self.own()
+
+    def published(self, seq: int) -> None:
+        self.own_seq = seq
+        self.published_version = self.model.version
+        self.counters["published"] += 1
+
+    # ------------------------------------------------------------ others
+    def apply(self, member: str, seq: int, sums: dict[str, np.ndarray], *, published_ms: int, now_ms: int,
+              adopt_own: bool = False) -> str:  # fmt: skip
+        """A record read from the log. Returns what was done: "applied" (another member's newer sums replaced its
+        older ones here), "stale" (not newer than the one applied: skipped), "own" (this member's: its sequence
+        is noted), "adopted" (``adopt_own``, a member starting with no state: its own newest sums become its
+        own again, so that a restart without a snapshot does not take back what it contributed)."""
+        if member == self.member:
+            if seq <= self.own_seq:
+                return "stale"
+            self.own_seq = seq
+            if adopt_own:
+                contribution.check_layout(self.model, sums)
+                contribution.add(self.model, sums)
+                self.published_version = self.model.version
+                self.counters["adopted"] += 1
+                return "adopted"
+            return "own"
+        old = self.members.get(member)
+        if old is not None and seq <= old.seq:
+            self.counters["skipped"] += 1
+            return "stale"
+        contribution.check_layout(self.model, sums)
+        delta = contribution.difference(sums, None if old is None else old.sums)
+        unchanged = self.published_version == self.model.version  # nothing of its own learned since the last publish
+        contribution.add(self.model, delta)
+        if unchanged:
+            self.published_version = self.model.version
+        self.others_sum = delta if self.others_sum is None else _plus(self.others_sum, delta)
+        rows = int(sums["p0.counts"][0])  # rows whose Gram that member entered
+        rate = None if old is None or published_ms <= old.published_ms else (rows - old.rows) / (published_ms - old.published_ms)
+        self.members[member] = MemberSums(seq, {k: v.copy() for k, v in sums.items()}, published_ms, now_ms, rows, rate)
+        self.counters["applied"] += 1
+        return "applied"
+
+    # ------------------------------------------------------------ scaling
+    def propose_scaling(self, head: np.ndarray) -> None:
+        """The processor's warm-up hook (``StreamProcessor.propose_scaling``): ``head`` holds the first W rows
+        this member saw; their scaling is proposed to the group once (``proposal``), never frozen here."""
+        if self.proposal is not None or self.proposed or self.model.scaler.frozen:
+            return
+        scaler = self.model.scaler
+        mine = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows)
+        mine.partial_fit(head)
+        self.proposal = mine.to_state()
+
+    def agree_scaling(self, member: str, state: dict[str, np.ndarray]) -> bool:
+        """The first proposal in the log is the group's: freeze the model's scaler to it (later ones are ignored,
+        and so is any once the scaler is frozen). Returns whether it was taken."""
+        scaler = self.model.scaler
+        if scaler.frozen:
+            return False
+        scaler.load_state(state)
+        if not scaler.frozen or scaler.mean.shape != (scaler.n_features,):
+            raise ValueError(f"scaling record of {member!r}: not a frozen scaler of {scaler.n_features} features")
+        self.scaling_from = member
+        self.proposal = None
+        return True
+
+    # ------------------------------------------------------------ status, state
+    def status(self, now_ms: int) -> dict:
+        """Group size; how far this state is behind the group: per other member, the age of its newest sums
+        applied here (ms) and the rows it has likely learned since (its recent rate × that age, an estimate)."""
+        lag_ms = {m: max(0, now_ms - s.published_ms) for m, s in self.members.items()}
+        lag_rows = {m: (0 if s.rate is None else int(s.rate * lag_ms[m])) for m, s in self.members.items()}
+        return {
+            "members": 1 + len(self.members),
+            "member_rows": {m: s.rows for m, s in self.members.items()},
+            "lag_ms": lag_ms,
+            "lag_rows": lag_rows,
+            "own_seq": self.own_seq,
+            **self.counters,
+        }
+
+    def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
+        manifest = {
+            "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
+            "members": {m: [s.seq, s.published_ms, s.rows] for m, s in self.members.items()},
+            "counters": dict(self.counters),
+        }  # fmt: skip
+        arrays = {}
+        for index, (m, s) in enumerate(sorted(self.members.items())):
+            manifest["members"][m].append(index)
+            arrays.update({f"group/{index}/{k}": v for k, v in s.sums.items()})
+        if self.others_sum is not None:
+            arrays.update({f"group/others/{k}": v for k, v in self.others_sum.items()})
+        return manifest, arrays
+
+    def load_state(self, manifest: dict, arrays: dict[str, np.ndarray], now_ms: int) -> None:
+        if manifest["member"] != self.member:
+            raise ValueError(f"the snapshot is member {manifest['member']!r}'s, this worker is {self.member!r} (group.member_id)")
+        self.own_seq = int(manifest["own_seq"])
+        self.scaling_from = manifest.get("scaling_from")
+        self.proposed = bool(manifest.get("proposed", False))
+        self.counters.update(manifest.get("counters", {}))
+        self.members = {}
+        for m, (seq, published_ms, rows, index) in manifest["members"].items():
+            prefix = f"group/{index}/"
+            sums = {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
+            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows))
+        others = {k[len("group/others/") :]: np.array(v) for k, v in arrays.items() if k.startswith("group/others/")}
+        self.others_sum = others or None
+        self.published_version = None  # published again after a restart: the log may hold an older record of it
+
+
+def _plus(a: dict, b: dict) -> dict:
+    return {k: (np.maximum(v, b[k]) if k.endswith(".maxes") else v + b[k]) for k, v in a.items()}

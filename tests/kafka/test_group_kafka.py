@@ -1,0 +1,217 @@
+"""Group learning on a real broker (issue 15): worker processes in one consumer group share one model.
+
+Three members (``iolstream run`` processes, tests/crash_worker.py) read 6-partition features and labels
+topics (one-row messages keyed by id, labels 300 rows late, shuffled in windows of 50, 2 % never sent,
+2 % twice). After quiescence every member's A, c, β and A_r must equal one uninterrupted single-worker
+pass over the same messages (rtol 1e-9 of their scale), with the scaling the group agreed on; under
+exactly-once a read_committed reader sees one prediction per row. The chaos run kills one member with
+SIGKILL mid-stream and restarts it, stops another for good (a rebalance hands its partitions over), and
+ends with the same state: nothing counted twice or lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+from kafka_util import consume_all, unique_group
+
+from iolstream.core.model import EdRVFL
+from iolstream.kafka import snapshots
+from iolstream.kafka.config import config_from_dict
+from iolstream.stream.processor import StreamProcessor
+from iolstream.tools import produce
+
+REPO = Path(__file__).resolve().parents[2]
+CRASH_WORKER = REPO / "tests" / "crash_worker.py"
+N_ROWS = 6000
+PARTITIONS = 6
+MODEL_ARRAYS = re.compile(r"model/layer\d+/(gram|rhs|beta|gram_labelled)$")
+
+
+def make_stream(seed: int = 7):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(N_ROWS, 6))
+    y = (x @ rng.normal(size=(6, 3)) + 0.3 * rng.normal(size=(N_ROWS, 3))).argmax(axis=1)
+    options = produce.PlanOptions(batch_rows=1, label_delay_rows=300, missing_fraction=0.02, duplicate_fraction=0.02,
+                                  shuffle_window=50, seed=seed)  # fmt: skip
+    return produce.plan(x, y, options)
+
+
+def group_config(bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool) -> dict:
+    return {
+        "model": {"n_inputs": 6, "classes": [0, 1, 2], "n_nodes": 24, "n_layers": 2, "warmup_rows": 128},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
+                  "consumer": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 500}},  # fmt: skip
+        "topics": {**topics, "create": True, "partitions": PARTITIONS},
+        "stream": {"batch_rows": 64, "row_ttl_ms": None, "early_label_ttl_ms": 3_600_000},
+        "snapshot": {"dir": str(snap_dir), "every_batches": 20, "every_seconds": 1.0, "keep": 3},
+        "durability": {"exactly_once": exactly_once},
+        "group": {"enabled": True, "sync_every_ms": 200, "chunk_bytes": 4096},  # small chunks: several per record
+        "metrics": {"port": 0},
+        "logging": {"status_every_seconds": 2},
+    }
+
+
+class Member:
+    """One member's successive processes (same member id, same snapshot directory)."""
+
+    def __init__(self, tmp_path: Path, config_path: Path, member: str):
+        self.tmp, self.config_path, self.member = tmp_path, config_path, member
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+
+    def start(self) -> None:
+        self.runs += 1
+        self.log = self.tmp / f"{self.member}-run{self.runs}.log"
+        env = {**os.environ, "IOLSTREAM_GROUP__MEMBER_ID": self.member}
+        cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", "600"]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"{self.member} did not stop within {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def newest(self, snap_dir: Path) -> snapshots.Snapshot:
+        snap = snapshots.SnapshotStore(snap_dir / self.member, keep=3).load_latest()
+        assert snap is not None, f"{self.member}: no snapshot"
+        return snap
+
+
+def reference_state(raw_cfg: dict, messages, scaler_mean, scaler_std) -> dict:
+    """One uninterrupted single-worker pass (no Kafka), with the scaling the group agreed on."""
+    raw = {**raw_cfg, "model": {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": list(scaler_mean),
+                                "scaler_std": list(scaler_std)}, "group": {"enabled": False}}  # fmt: skip
+    cfg = config_from_dict(raw, environ={})
+    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream)
+    for i, m in enumerate(messages):
+        (proc.on_features if m.kind == "features" else proc.on_labels)(m.encode(), (m.kind, 0, i), 0)
+        proc.step(0)
+    proc.step(0, force=True)
+    return proc.to_state()
+
+
+def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context: str) -> None:
+    snaps = [m.newest(snap_dir) for m in members]
+    mean, scale = snaps[0].arrays["model/scaler/mean"], snaps[0].arrays["model/scaler/scale"]
+    for snap in snaps[1:]:  # one scaling for the whole group
+        np.testing.assert_array_equal(snap.arrays["model/scaler/mean"], mean, err_msg=context)
+    ref_manifest, ref = reference_state(raw_cfg, messages, mean, scale)
+    for member, snap in zip(members, snaps):
+        why = f"{context}: member {member.member} ({snap.path})"
+        compared = 0
+        for name, want in ref.items():
+            if MODEL_ARRAYS.match(name):
+                np.testing.assert_allclose(snap.arrays[name], want, rtol=1e-9, atol=1e-9 * np.abs(want).max(),
+                                           err_msg=f"{name}: {why}")  # fmt: skip
+                compared += 1
+        assert compared >= 6, why
+        for key in ("rows_observed", "rows_labelled"):
+            assert snap.manifest["counters"][key] == ref_manifest["counters"][key], f"{key}: {why}"
+        assert snap.manifest["group"]["member"] == member.member
+
+
+def wait_quiet(members, bootstrap: str, predictions: str, n_rows: int, timeout: float = 120.0) -> None:
+    """Until every row has a prediction (read_uncommitted: whatever was produced), then three syncs more."""
+    deadline = time.monotonic() + timeout
+    seen: set = set()
+    while time.monotonic() < deadline:
+        for m in members:
+            assert m.proc.poll() is None, f"{m.member} exited {m.proc.returncode}:\n{m.log.read_text()[-3000:]}"
+        got = consume_all(bootstrap, predictions, timeout=2, isolation_level="read_committed")
+        seen = {orjson.loads(v)["id"] for _, v, _, _, _ in got}
+        if len(seen) >= n_rows:
+            time.sleep(3.0)  # queued labels fold in (max_label_latency_ms), the last sums go round (sync_every_ms)
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"only {len(seen)} of {n_rows} rows predicted within {timeout} s")
+
+
+def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str) -> None:
+    got = consume_all(bootstrap, topic, expected=len(ids), timeout=15, isolation_level="read_committed")
+    counts = Counter(orjson.loads(v)["id"] for _, v, _, _, _ in got)
+    dupes = [i for i, n in counts.items() if n > 1]
+    missing = set(ids) - set(counts)
+    assert not dupes and not missing, f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+
+
+@pytest.fixture
+def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
+    def make(exactly_once: bool):
+        names = kafka_topics("features", "labels", partitions=PARTITIONS)
+        extra = kafka_topics("predictions", "dead", "deltas")  # the deltas topic is made by the first member (create)
+        topics = {"features": names[0], "labels": names[1], "predictions": extra[0], "dead_letters": extra[1],
+                  "model_deltas": extra[2] + "-group"}  # fmt: skip
+        snap_dir = tmp_path / "snapshots"
+        raw = group_config(kafka_bootstrap, topics, snap_dir, unique_group("grp"), exactly_once=exactly_once)
+        path = tmp_path / "worker.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return raw, path, snap_dir, topics
+
+    return make
+
+
+def send(bootstrap: str, topics: dict, messages, rate: float | None = None):
+    return produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=topics["features"],
+                        labels_topic=topics["labels"], rate=rate)  # fmt: skip
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once):
+    raw, path, snap_dir, topics = group_rig(exactly_once)
+    messages = make_stream()
+    ids = [m.obj["id"] for m in messages if m.kind == "features"]
+    members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
+    for m in members:
+        m.start()
+    send(kafka_bootstrap, topics, messages)
+    wait_quiet(members, kafka_bootstrap, topics["predictions"], len(ids))
+    for m in members:
+        assert m.stop() == 0, m.log.read_text()[-3000:]
+    logs = [m.log.read_text() for m in members]
+    assert sum("the group's warm-up scaling is member" in log for log in logs) == 3
+    assert all(re.search(r"group=3 members", log) for log in logs), "the status line shows the group size"
+    assert_group_state(members, snap_dir, raw, messages, f"3 members, exactly_once={exactly_once}")
+    if exactly_once:
+        assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
+
+
+@pytest.mark.kafka
+def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap, tmp_path):
+    raw, path, snap_dir, topics = group_rig(True)
+    messages = make_stream(seed=11)
+    ids = [m.obj["id"] for m in messages if m.kind == "features"]
+    members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
+    for m in members:
+        m.start()
+    sender = threading.Thread(target=send, args=(kafka_bootstrap, topics, messages, 600.0))  # ~10 s of input
+    sender.start()
+    time.sleep(4.0)
+    assert members[1].stop(signal.SIGKILL) == -signal.SIGKILL  # mid-stream, no goodbye
+    time.sleep(1.0)
+    members[1].start()  # static membership: its partitions wait for it (session timeout 10 s)
+    time.sleep(2.0)
+    assert members[2].stop() == 0, members[2].log.read_text()[-3000:]  # for good: a rebalance hands its partitions over
+    sender.join()
+    survivors = members[:2]
+    wait_quiet(survivors, kafka_bootstrap, topics["predictions"], len(ids), timeout=180)
+    for m in survivors:
+        assert m.stop() == 0, m.log.read_text()[-3000:]
+    assert_group_state(survivors, snap_dir, raw, messages, "kill -9, restart, leave")
+    assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "kill -9, restart, leave")

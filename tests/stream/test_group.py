@@ -1,0 +1,183 @@
+"""Group learning's bookkeeping without Kafka (stream.group, core.contribution): members that exchange their
+cumulative sums hold the model of one learner that saw every row, and the closed-form solution."""
+
+import numpy as np
+import pytest
+
+from iolstream.core import contribution
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.stream.group import GroupState
+
+CLASSES = (0, 1, 2)
+
+
+def _config(**kw):
+    base = dict(n_inputs=5, classes=CLASSES, n_nodes=24, n_layers=2, scaler="none", seed=3)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _data(rows=1200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 5))
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
+    return x, y
+
+
+def _feed(model, x, y, batch):
+    """-F with labels one batch late; returns the last batch's Prediction still unlabelled (folded at the end)."""
+    pending = None
+    for start in range(0, len(x), batch):
+        pred = model.observe(x[start : start + batch])
+        if pending is not None:
+            p, ys = pending
+            model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted)
+        pending = (pred, y[start : start + batch])
+    p, ys = pending
+    model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted)
+
+
+def _exchange(states, rounds_ms):
+    """Every member publishes its own sums; every other applies them (all orders of arrival are fine)."""
+    records = []
+    for st in states:
+        seq, sums = st.next_record()
+        st.published(seq)
+        records.append((st.member, seq, sums))
+    for st in states:
+        for member, seq, sums in reversed(records):
+            st.apply(member, seq, sums, published_ms=rounds_ms, now_ms=rounds_ms)
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge"])
+@pytest.mark.parametrize("lam", [0.5, "auto"])
+def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
+    x, y = _data()
+    cfg = _config(mode=mode, lam=lam)
+    single = EdRVFL(cfg)
+    _feed(single, x, y, batch=50)
+    members = [EdRVFL(cfg) for _ in range(3)]
+    states = [GroupState(f"m{i}", m) for i, m in enumerate(members)]
+    for round_ in range(4):  # four syncs, each member learning its share of rows in between
+        for i, m in enumerate(members):
+            part = np.arange(len(x))[i::3]
+            chunk = part[round_ * len(part) // 4 : (round_ + 1) * len(part) // 4]
+            _feed(m, x[chunk], y[chunk], batch=40)
+        _exchange(states, 1000 * round_)
+    want = contribution.sums(single)
+    for m in members:
+        got = contribution.sums(m)
+        for key in want:
+            if key.endswith((".maxes", ".loss")):  # the prequential history differs: other β predicted the rows
+                continue
+            keep = [0, 1, 2, 4] if key.endswith(".counts") else slice(None)  # not label_batches: a count of fold-ins
+            np.testing.assert_allclose(got[key][keep], want[key][keep], rtol=1e-9, atol=1e-9, err_msg=key)
+        # and the closed form: β = A⁻¹c for every layer, A = λI + Σ DᵀD over all rows
+        d_t = m.features(x)
+        for ls, layer_d in zip(m.learner.state.layers, d_t):
+            a = ls.lam * np.eye(layer_d.shape[0]) + layer_d @ layer_d.T
+            c = layer_d @ m.encode_labels(y)
+            np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)
+        np.testing.assert_array_equal(m.predict(x), single.predict(x))
+
+
+def test_a_record_applied_twice_or_out_of_order_counts_once():
+    x, y = _data(600)
+    cfg = _config()
+    a, b = EdRVFL(cfg), EdRVFL(cfg)
+    sa, sb = GroupState("a", a), GroupState("b", b)
+    _feed(a, x[:300], y[:300], 30)
+    seq1, sums1 = sa.next_record()
+    sa.published(seq1)
+    _feed(a, x[300:], y[300:], 30)
+    seq2, sums2 = sa.next_record()
+    sa.published(seq2)
+    assert sb.apply("a", seq2, sums2, published_ms=2, now_ms=2) == "applied"
+    assert sb.apply("a", seq1, sums1, published_ms=1, now_ms=3) == "stale"  # older: skipped
+    assert sb.apply("a", seq2, sums2, published_ms=2, now_ms=3) == "stale"  # the same again: skipped
+    for key, want in contribution.sums(a).items():
+        np.testing.assert_allclose(contribution.sums(b)[key], want, rtol=1e-12, atol=1e-12, err_msg=key)
+    assert sb.own()["p0.counts"][0] == 0  # b learned nothing itself
+    assert sb.status(5)["members"] == 2
+
+
+def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them():
+    x, y = _data(900)
+    cfg = _config()
+    a, b = EdRVFL(cfg), EdRVFL(cfg)
+    sa, sb = GroupState("a", a), GroupState("b", b)
+    _feed(a, x[:300], y[:300], 30)
+    seq, sums = sa.next_record()
+    sa.published(seq)
+    old_manifest, old_arrays = sa.to_state()  # "snapshot" at seq 1
+    _feed(a, x[300:600], y[300:600], 30)
+    seq, sums = sa.next_record()
+    sa.published(seq)
+    sb.apply("a", seq, sums, published_ms=2, now_ms=2)  # b holds a's rows 0..600
+    # a crashes and restarts from its snapshot (rows 0..300), re-learns 300..600 (the replay) and goes on
+    a2 = EdRVFL(cfg)
+    _feed(a2, x[:300], y[:300], 30)
+    sa2 = GroupState("a", a2)
+    sa2.load_state(old_manifest, old_arrays, 3)
+    assert sa2.apply("a", 2, sums, published_ms=2, now_ms=3) == "own"  # its own newest record, read back from the log
+    _feed(a2, x[300:900], y[300:900], 30)
+    seq, sums = sa2.next_record()
+    assert seq == 3
+    sa2.published(seq)
+    sb.apply("a", seq, sums, published_ms=4, now_ms=4)
+    single = EdRVFL(cfg)
+    _feed(single, x[:300], y[:300], 30)
+    _feed(single, x[300:900], y[300:900], 30)
+    for key, want in contribution.sums(single).items():
+        if not key.endswith((".maxes", ".loss", ".counts")):
+            np.testing.assert_allclose(contribution.sums(b)[key], want, rtol=1e-9, atol=1e-9, err_msg=key)
+
+
+def test_snapshot_round_trip_keeps_the_others_sums():
+    x, y = _data(400)
+    cfg = _config()
+    a, b = EdRVFL(cfg), EdRVFL(cfg)
+    sa, sb = GroupState("a", a), GroupState("b", b)
+    _feed(a, x[:200], y[:200], 20)
+    _feed(b, x[200:], y[200:], 20)
+    _exchange([sa, sb], 1)
+    manifest, arrays = sb.to_state()
+    restored = GroupState("b", b)
+    restored.load_state(manifest, arrays, 2)
+    assert restored.members["a"].seq == 1 and restored.own_seq == 1
+    for key, want in sb.own().items():
+        np.testing.assert_allclose(restored.own()[key], want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="member 'b'"):
+        GroupState("c", b).load_state(manifest, arrays, 2)
+
+
+def test_scaling_first_proposal_wins_and_held_rows_wait_for_it():
+    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.processor import StreamProcessor
+
+    cfg = _config(scaler="warmup", warmup_rows=20)
+    model = EdRVFL(cfg)
+    state = GroupState("a", model)
+    proc = StreamProcessor(model, StreamConfig(batch_rows=10, max_batch_latency_ms=10))
+    proc.propose_scaling = state.propose_scaling
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        rows = [{"id": f"r{i}-{j}", "x": rng.standard_normal(5).tolist()} for j in range(10)]
+        for r in rows:
+            import orjson
+
+            proc.on_features(orjson.dumps(r), "src", now_ms=0)
+        assert proc.step(now_ms=0).rows_predicted == 0  # held: the group has not agreed on a scaling
+    assert state.proposal is not None and not model.scaler.frozen
+    other = {"count": np.array(20), "sum": np.zeros(5), "sumsq_dev": np.full(5, 19.0), "mean": np.ones(5),
+             "scale": np.full(5, 2.0), "frozen": np.array(True)}
+    assert state.agree_scaling("b", other)  # another member's proposal came first in the log
+    assert not state.agree_scaling("a", state.proposal or other)  # later ones are ignored
+    assert state.proposal is None and state.scaling_from == "b"
+    np.testing.assert_array_equal(model.scaler.mean, np.ones(5))
+    assert proc.step(now_ms=100).rows_predicted == 30  # the held batches go out
+
+
+def test_forgetting_is_refused_with_the_key():
+    with pytest.raises(ValueError, match="model.forgetting"):
+        GroupState("a", EdRVFL(_config(forgetting=1000.0)))
