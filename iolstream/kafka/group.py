@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 
 import numpy as np
 import orjson
@@ -81,6 +82,7 @@ class GroupSync:
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
+        self.records: Counter = Counter()  # (kind, "out" | "in") -> records this process produced / took
         self.partitions: set[int] = set()
         self.eof: set[int] = set()
         self.model_digest = digest(cfg.model.to_dict())
@@ -180,6 +182,7 @@ class GroupSync:
         if len(parts) < count:
             return 0
         del self.chunks[(member, seq, kind)]
+        self.records[(kind, "in")] += 1
         for key in [k for k in self.chunks if k[0] == member and k[2] == kind and k[1] < seq]:
             del self.chunks[key]  # an older record of it that will not complete (compacted, or cut by a crash)
         blob = b"".join(parts[i] for i in range(count))
@@ -262,10 +265,12 @@ class GroupSync:
             self.output.produce(self.topic, blob[index * step : (index + 1) * step], key=key.encode(), headers=headers,
                                 partition=0)  # fmt: skip
         self.bytes_out += len(blob)
+        self.records[(kind, "out")] += 1
 
     def status(self) -> dict:
         out = self.state.status(_now_ms())
-        out.update({"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "caught_up": self.caught_up})
+        out.update({"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "caught_up": self.caught_up,
+                    "records": {f"{kind}/{direction}": n for (kind, direction), n in self.records.items()}})
         return out
 
     def close(self) -> None:

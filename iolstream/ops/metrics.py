@@ -12,7 +12,8 @@ What it reads of the worker (the view it is given, ``kafka.worker.Worker`` imple
 imports kafka): ``processor`` (the StreamProcessor: its model and counters), ``checkpoint`` (the last
 durable one: ``written_at``, ``snapshot_seconds``, ``snapshot_bytes``), ``last_tick`` (monotonic time of
 the loop's last tick), ``stopping``, ``connected``, ``partitions`` (how many are assigned),
-``replay_pending`` (exactly-once replay not over) and ``broker_unreachable_seconds`` (None: reachable).
+``replay_pending`` (exactly-once replay not over), ``broker_unreachable_seconds`` (None: reachable) and
+``group_status`` (group learning; None: off; its families are in ``ops.group_metrics``).
 
 Threads: the worker thread writes, HTTP threads read. Everything a scrape reads is either
 a prometheus-client object (locked), or a dict/array the worker thread *replaces* (never
@@ -77,6 +78,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from iolstream.ops.group_metrics import group_families
 from iolstream.stream import codec
 
 log = logging.getLogger("iolstream.metrics")
@@ -246,6 +248,7 @@ class _WorkerCollector:
         for (topic, part), value in sorted(lag.items()):
             lag_family.add_metric([topic, str(part)], value)
         yield lag_family
+        yield from group_families(v.get("group"))
 
 
 def _finite(v) -> float:
@@ -391,6 +394,7 @@ class Metrics:
             "cumulative_loss": self._regret[0], "regret": self._regret[1], "regret_bound": self._regret[2],
             "effective": proc.model.effective,
             "snapshot_written_at": cp.written_at, "snapshot_seconds": cp.snapshot_seconds, "snapshot_bytes": cp.snapshot_bytes,
+            "group": getattr(worker, "group_status", None),  # group learning (ops.group_metrics)
         }  # fmt: skip
         with self._lock:
             self._view, self._totals = view, totals

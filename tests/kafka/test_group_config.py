@@ -1,0 +1,52 @@
+"""Group learning's configuration and offset rules (no broker)."""
+
+import pytest
+
+from iolstream.kafka.config import ConfigError, config_from_dict
+from iolstream.kafka.offsets import OffsetBook
+
+BASE = {"model": {"n_inputs": 3, "classes": [0, 1]}, "group": {"enabled": True, "member_id": "w1"}}
+
+
+def _cfg(**sections):
+    raw = {**BASE, **{k: {**BASE.get(k, {}), **v} for k, v in sections.items()}}
+    return config_from_dict(raw, environ={})
+
+
+def test_member_id_gives_the_transactional_id_and_the_snapshot_directory():
+    cfg = _cfg(kafka={"group_id": "g"}, snapshot={"dir": "snaps"})
+    assert cfg.transactional_id == "g-w1"
+    assert cfg.snapshot_dir == "snaps/w1"
+    off = config_from_dict({"model": BASE["model"], "kafka": {"group_id": "g"}}, environ={})
+    assert off.transactional_id == "g-worker" and off.snapshot_dir == "snapshots"
+
+
+def test_env_overrides_the_member_id():
+    cfg = config_from_dict(BASE, environ={"IOLSTREAM_GROUP__MEMBER_ID": "w7"})
+    assert cfg.member_id == "w7"
+
+
+@pytest.mark.parametrize(("sections", "key"), [
+    ({"model": {"forgetting": 1000}}, "model.forgetting"),
+    ({"stream": {"forget_expired": True}}, "stream.forget_expired"),
+    ({"model": {"classes": None, "n_outputs": 1}}, "model.target_scaler"),
+    ({"group": {"member_id": "a/b"}}, "group.member_id"),
+    ({"group": {"sync_every_ms": 0}}, "group.sync_every_ms"),
+    ({"topics": {"model_deltas": "iol.labels"}}, "topics.model_deltas"),
+])  # fmt: skip
+def test_what_group_learning_cannot_take_is_named(sections, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _cfg(**sections)
+
+
+def test_a_partition_another_member_learned_starts_at_its_committed_offset():
+    book = OffsetBook(exactly_once=True, positions={("f", 0): 5}, group=True)
+    book.assign(("f", 0), committed=40, by_other=True)  # another member learned 5..40: not again here
+    assert book.start(("f", 0)) == 40 and not book.replay_until
+    book.assign(("f", 1), committed=30, by_other=True)  # never consumed here
+    assert book.start(("f", 1)) == 30
+    book.assign(("f", 2), committed=30, by_other=False)  # this member's own commit: replayed from the beginning
+    assert book.start(("f", 2)) is None and book.replay_until[("f", 2)] == 30
+    single = OffsetBook(exactly_once=True, positions={("f", 0): 5})
+    single.assign(("f", 0), committed=40, by_other=True)  # without group learning nothing changes
+    assert single.start(("f", 0)) == 5 and single.replay_until[("f", 0)] == 40
