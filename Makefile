@@ -35,7 +35,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not kafka and not container" $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	DATASET=$(DATASET) bash scripts/demo.sh
+	DATASET=$(DATASET) WORKERS=$(WORKERS) bash scripts/demo.sh
 
 kafka-start:
 	bash scripts/kafka.sh start

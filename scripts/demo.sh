@@ -11,6 +11,13 @@
 #   5. stops the worker with SIGTERM (it must exit 0), deletes the demo topics, and stops the
 #      broker only if it started it.
 #
+# WORKERS=N (default 1) runs N workers in one consumer group with group learning (docs/scaling.md): topics
+# of DEMO_PARTITIONS partitions (default 4), member ids demo-1 ... demo-N (IOLSTREAM_GROUP__MEMBER_ID), one
+# log each ($DEMO_DIR/worker-<i>.log) and a metrics port each (free ports, printed); once the replay is
+# over it shows every member's status line and group metrics (group size, predictions), then stops them
+# all (each must exit 0). A drifting DATASET then runs without forgetting (group learning refuses it),
+# and friedman-drift with model.target_scaler none.
+#
 # Environment: KAFKA_PORT (default 19092), DEMO_RATE rows/s (default 100), DEMO_PLOT (default
 # demo-learning-curve.png), DEMO_DIR for the worker's log and snapshots (default .iolstream/demo),
 # KEEP_TOPICS=1 to keep the demo topics, IOLSTREAM (the CLI, default .venv/bin/iolstream),
@@ -22,6 +29,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PORT="${KAFKA_PORT:-19092}"
 RATE="${DEMO_RATE:-100}"
 DATASET="${DATASET:-segment}"
+WORKERS="${WORKERS:-1}"
+PARTITIONS="${DEMO_PARTITIONS:-4}"
 OUT="${DEMO_DIR:-.iolstream/demo}"
 PLOT="${DEMO_PLOT:-demo-learning-curve.png}"
 IOLSTREAM="${IOLSTREAM:-.venv/bin/iolstream}"
@@ -29,6 +38,8 @@ PYTHON="$(dirname "$IOLSTREAM")/python"
 RUN="demo-$(date +%Y%m%d-%H%M%S)-$$"
 
 [ -x "$IOLSTREAM" ] || { echo "demo: $IOLSTREAM not found; run 'make install' first" >&2; exit 1; }
+[[ "$WORKERS" =~ ^[1-9][0-9]?$ ]] || { echo "demo: WORKERS=$WORKERS: expected a number of workers from 1 to 99" >&2; exit 2; }
+[[ "$PARTITIONS" =~ ^[1-9][0-9]*$ ]] || { echo "demo: DEMO_PARTITIONS=$PARTITIONS: expected a positive integer" >&2; exit 2; }
 mkdir -p "$OUT"
 rm -rf "$OUT/snapshots"
 
@@ -55,21 +66,39 @@ print(d.X.shape[1], list(d.classes) if d.task == 'classification' else 'none')")
         else export IOLSTREAM_MODEL__CLASSES="$CLASSES"; fi
         ORDER=(--rows 20000)
         RATE="${DEMO_RATE:-1000}"
+        if [ "$WORKERS" -gt 1 ]; then  # group learning adds the members' sums: no decay (config.py, _check_group)
+            export IOLSTREAM_MODEL__FORGETTING=null
+            [ "$CLASSES" != none ] || export IOLSTREAM_MODEL__TARGET_SCALER=none
+        fi
         ;;
     *) echo "demo: DATASET=$DATASET: use segment, hyperplane, sea, agrawal, rbf-drift or friedman-drift" >&2; exit 2 ;;
 esac
 export IOLSTREAM_LOGGING__STATUS_EVERY_SECONDS=5
+if [ "$WORKERS" -gt 1 ]; then  # one model over the consumer group: rows and labels keyed by id (produce does)
+    export IOLSTREAM_GROUP__ENABLED=true IOLSTREAM_TOPICS__PARTITIONS="$PARTITIONS"
+    export IOLSTREAM_TOPICS__MODEL_DELTAS="$RUN.model-deltas"
+    read -r -a PORTS < <("$PYTHON" -c "
+import socket
+socks = [socket.socket() for _ in range($WORKERS)]
+for s in socks:
+    s.bind(('127.0.0.1', 0))
+print(*[s.getsockname()[1] for s in socks])")
+fi
 
 say() { printf '\n== %s\n' "$*"; }
 
 STARTED_BROKER=0
 WORKER_PID=""
+WORKER_PIDS=()
 cleanup() {
     local status=$?
-    if [ -n "$WORKER_PID" ] && kill -0 "$WORKER_PID" 2>/dev/null; then
-        kill -TERM "$WORKER_PID" 2>/dev/null || true
-        wait "$WORKER_PID" 2>/dev/null || true
-    fi
+    local pid
+    for pid in $WORKER_PID "${WORKER_PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
     if [ "${KEEP_TOPICS:-0}" != 1 ] && bash scripts/kafka.sh status >/dev/null 2>&1; then
         "$PYTHON" - "$RUN" "127.0.0.1:$PORT" <<'EOF' || true
 import sys
@@ -101,15 +130,66 @@ else
     STARTED_BROKER=1
 fi
 
-say "worker: $IOLSTREAM run -c config/worker.yaml   (topics $RUN.*, log $OUT/worker.log)"
-"$IOLSTREAM" run -c config/worker.yaml >"$OUT/worker.log" 2>&1 &
-WORKER_PID=$!
-echo "pid $WORKER_PID"
+if [ "$WORKERS" = 1 ]; then
+    say "worker: $IOLSTREAM run -c config/worker.yaml   (topics $RUN.*, log $OUT/worker.log)"
+    "$IOLSTREAM" run -c config/worker.yaml >"$OUT/worker.log" 2>&1 &
+    WORKER_PID=$!
+    echo "pid $WORKER_PID"
+else
+    say "$WORKERS workers, one model (group learning): $IOLSTREAM run -c config/worker.yaml   ($PARTITIONS partitions)"
+    for i in $(seq 1 "$WORKERS"); do
+        IOLSTREAM_GROUP__MEMBER_ID="demo-$i" IOLSTREAM_METRICS__PORT="${PORTS[$((i - 1))]}" IOLSTREAM_METRICS__HOST=127.0.0.1 \
+            "$IOLSTREAM" run -c config/worker.yaml >"$OUT/worker-$i.log" 2>&1 &
+        WORKER_PIDS+=($!)
+        echo "member demo-$i: pid $!, metrics http://127.0.0.1:${PORTS[$((i - 1))]}/metrics, log $OUT/worker-$i.log"
+    done
+fi
 
 say "producer: $DATASET at $RATE rows/s; labels 50 rows late, shuffled within 20 rows, 3 % sent twice, 2 % never"
 "$IOLSTREAM" produce -c config/worker.yaml --create-topics --dataset "$DATASET" "${ORDER[@]}" --seed 0 --rate "$RATE" \
     --label-delay-rows 50 --shuffle-window 20 --duplicate-fraction 0.03 --missing-fraction 0.02 \
     --follow --plot "$PLOT"
+
+if [ "$WORKERS" -gt 1 ]; then
+    sleep "$IOLSTREAM_LOGGING__STATUS_EVERY_SECONDS"  # a status line after the last rows, the others' sums applied
+    say "the group: each member's last status line and metrics"
+    for i in $(seq 1 "$WORKERS"); do
+        grep -E "rows_in=" "$OUT/worker-$i.log" | tail -n 1 | sed "s/^/demo-$i: /"
+        "$PYTHON" - "${PORTS[$((i - 1))]}" "demo-$i" <<'EOF' || true
+import sys
+import urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+port, member = sys.argv[1:]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+wanted = ("iolstream_predictions_total", "iolstream_rows_learned_total", "iolstream_model_version")
+for fam in text_string_to_metric_families(text):
+    for s in fam.samples:
+        if s.name in wanted or s.name.startswith("iolstream_group_"):
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            print(f"{member}:   {s.name}{'{' + labels + '}' if labels else ''} {s.value:g}")
+EOF
+    done
+    say "stopping the $WORKERS workers (SIGTERM)"
+    kill -TERM "${WORKER_PIDS[@]}"
+    failed=0
+    for i in $(seq 1 "$WORKERS"); do
+        set +e
+        wait "${WORKER_PIDS[$((i - 1))]}"
+        code=$?
+        set -e
+        grep -E "rows_in=" "$OUT/worker-$i.log" | tail -n 1 | sed "s/^/demo-$i: /"
+        if [ "$code" != 0 ]; then
+            echo "demo: member demo-$i exited with $code (log: $OUT/worker-$i.log)" >&2
+            failed=1
+        else
+            echo "demo-$i exited 0; final snapshot in $OUT/snapshots/demo-$i"
+        fi
+    done
+    WORKER_PIDS=()
+    [ "$failed" = 0 ] || exit 1
+    say "done: learning curve in $PLOT"
+    exit 0
+fi
 
 say "stopping the worker (SIGTERM)"
 kill -TERM "$WORKER_PID"
