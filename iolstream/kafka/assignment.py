@@ -205,7 +205,8 @@ class Assignment:
         if not (offsets := self.book.to_commit()):
             return
         crash_point("before_commit")
-        tps = [TopicPartition(t, p, o, metadata=self.member) for t, p, o in offsets]
+        meta = {} if self.member is None else {"metadata": self.member}
+        tps = [TopicPartition(t, p, o, **meta) for t, p, o in offsets]
         try:
             if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))

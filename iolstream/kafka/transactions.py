@@ -77,8 +77,9 @@ class Transactions:
                 raise KafkaException(KafkaError(KafkaError._STATE, f"a produce failed: {self.failed.str()}",
                                                 txn_requires_abort=True))  # fmt: skip
             if offsets:
-                member = self.cfg.member_id if self.cfg.group.enabled else None  # group learning: who committed (assignment)
-                tps, group = [TopicPartition(t, p, o, metadata=member) for t, p, o in offsets], group_metadata()
+                # group learning: the offsets name the member that committed them (assignment.Assignment.by_other)
+                meta = {"metadata": self.cfg.member_id} if self.cfg.group.enabled else {}
+                tps, group = [TopicPartition(t, p, o, **meta) for t, p, o in offsets], group_metadata()
                 self._call("send_offsets_to_transaction", lambda t: producer.send_offsets_to_transaction(tps, group, t))
             if fault_point("abort_txn"):  # test-only: an abortable failure
                 raise KafkaException(KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True))
