@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -41,7 +42,7 @@ from iolstream.kafka.config import load_config
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
-WORKERS = ("worker-forward", "worker-ridge")
+WORKERS = ("worker-forward-1", "worker-forward-2", "worker-ridge")
 
 
 # ------------------------------------------------------------------- file parsing
@@ -171,8 +172,14 @@ def test_compose_services_and_worker_configs():
         assert cfg.logging.format == "json"
         assert any(m.endswith(":/var/lib/iolstream") for m in svc["volumes"])  # the image's VOLUME
         assert {p.split(":")[-1] for p in svc["ports"]} == {str(cfg.metrics.port)}
-    f, r = cfgs["worker-forward"], cfgs["worker-ridge"]
+    f, f2, r = cfgs["worker-forward-1"], cfgs["worker-forward-2"], cfgs["worker-ridge"]
     assert (f.model.mode, r.model.mode) == ("forward", "ridge")
+    # -F: two members of one group sharing one model (group learning), each with its own member id, hence
+    # its own snapshot dir and transactional id, and its own volume; -R: one worker, no group learning
+    assert f.group.enabled and f2.group.enabled and not r.group.enabled
+    assert dataclasses.replace(f, group=f2.group) == f2  # the same config otherwise
+    assert f.member_id != f2.member_id and f.transactional_id != f2.transactional_id
+    assert c["services"]["worker-forward-1"]["volumes"] != c["services"]["worker-forward-2"]["volumes"]
     assert f.model.to_dict() | {"mode": None} == r.model.to_dict() | {"mode": None}  # the same network otherwise
     assert (f.topics.features, f.topics.labels) == (r.topics.features, r.topics.labels) == (base.topics.features, base.topics.labels)
     for key in ("predictions", "dead_letters"):
@@ -184,6 +191,9 @@ def test_compose_services_and_worker_configs():
     assert args.command == "produce" and image_copies()[args.config] == DOCKER / "worker.yaml"
     assert load_config(DOCKER / "worker.yaml", environ=producer["environment"]).kafka.bootstrap_servers == "kafka:9092"
     assert args.dataset == "poker" and base.model.n_inputs == 10 and base.model.classes == tuple(range(10))
+    # group learning needs a row and its label in the same partition: one-row messages keyed by id, several partitions
+    assert args.batch_rows == 1
+    assert load_config(DOCKER / "worker.yaml", environ=producer["environment"]).topics.partitions >= 2
 
 
 def test_prometheus_and_grafana_provisioning():
@@ -321,13 +331,15 @@ def container_argv(argv: list[str]) -> list[str]:
 @pytest.mark.kafka
 def test_entrypoint_serves_the_dashboard_metrics(kafka_bootstrap, kafka_topics, numba_cache, tmp_path):
     features, labels, predictions, dead = kafka_topics("features", "labels", "predictions", "dead")
+    (deltas,) = kafka_topics("deltas", config={"cleanup.policy": "compact"})  # group learning: this test's own
     port = free_port()
     kafka_env = {
         "IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "IOLSTREAM_KAFKA__GROUP_ID": unique_group("image"),
         "IOLSTREAM_TOPICS__FEATURES": features, "IOLSTREAM_TOPICS__LABELS": labels,
         "IOLSTREAM_TOPICS__PREDICTIONS": predictions, "IOLSTREAM_TOPICS__DEAD_LETTERS": dead,
+        "IOLSTREAM_TOPICS__MODEL_DELTAS": deltas,
     }  # fmt: skip
-    env = container_env("worker-forward", tmp_path, {
+    env = container_env("worker-forward-1", tmp_path, {
         **kafka_env, "IOLSTREAM_METRICS__PORT": str(port), "NUMBA_CACHE_DIR": str(numba_cache), "NUMBA_DEBUG_CACHE": "1",
     })  # fmt: skip
     argv = container_argv(exec_form("ENTRYPOINT") + exec_form("CMD"))
