@@ -1,0 +1,58 @@
+"""The in-process group simulation (tools.group_sim): members that exchange their sums end with the single
+worker's sums; independent members do not; rows go to members by their id's hash."""
+
+import numpy as np
+import pytest
+
+from iolstream.core import contribution
+from iolstream.core.model import ModelConfig
+from iolstream.tools.group_sim import final_sums_gap, owners, quality_table, simulate_group
+
+
+def _stream(rows=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 5))
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
+    return x, y
+
+
+CFG = ModelConfig(n_inputs=5, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", track_regret=False, seed=3)
+
+
+@pytest.mark.parametrize("members", [2, 3])
+def test_the_group_ends_with_the_single_workers_sums(members):
+    x, y = _stream()
+    single = simulate_group(x, y, CFG, members=1, batch_rows=40)
+    group = simulate_group(x, y, CFG, members=members, batch_rows=40, sync_rows=120)
+    assert group.records_applied >= members * (members - 1)  # at least the last exchange went round
+    assert sum(group.member_rows) == len(x) and min(group.member_rows) > 0
+    assert final_sums_gap(group, single) < 1e-12
+    for m in group.models:  # and so the same predictions as the single worker
+        np.testing.assert_array_equal(m.predict(x[:200]), single.models[0].predict(x[:200]))
+    alone = simulate_group(x, y, CFG, members=members, batch_rows=40, exchange=False)
+    assert alone.records_applied == 0
+    assert final_sums_gap(alone, single) > 0.1  # each member holds only its own share
+    counts = [int(contribution.sums(m)["p0.counts"][0]) for m in alone.models]
+    assert counts == alone.member_rows
+
+
+def test_rows_go_to_members_by_id_hash():
+    got = owners(3000, 3, partitions=6)
+    assert set(np.unique(got)) == {0, 1, 2}
+    np.testing.assert_array_equal(got, owners(3000, 3, partitions=6))  # stable
+    shares = np.bincount(got) / 3000
+    assert np.all(np.abs(shares - 1 / 3) < 0.05)
+    with pytest.raises(ValueError, match="partitions"):
+        owners(10, 3, partitions=2)
+    with pytest.raises(ValueError, match="sync_rows"):
+        simulate_group(*_stream(100), CFG, members=2, batch_rows=10)
+
+
+def test_quality_table_reports_the_gap_to_the_single_worker():
+    x, y = _stream(900)
+    table = quality_table(x, y, CFG, batch_rows=30, sync_rows=60, member_counts=(2,))
+    kinds = [(r["kind"], r["members"]) for r in table["runs"]]
+    assert kinds == [("group", 2), ("independent", 2)]
+    for r in table["runs"]:
+        assert r["gap"] == pytest.approx(table["single"]["accuracy"] - r["accuracy"])
+    assert table["runs"][0]["final_sums_gap"] < 1e-12
