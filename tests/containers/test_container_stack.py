@@ -7,15 +7,16 @@ services with podman on a network of their own, as compose would (service names 
 environment, commands, volumes and health checks taken from docker/compose.yaml; published
 ports on 127.0.0.1 only, picked free, so the test broker at 19092 is never touched), and checks:
 
-- the broker's and the worker's health checks turn healthy (``podman healthcheck run``);
-- the worker starts without compiling a kernel (NUMBA_DEBUG_CACHE: loaded, never saved) and
-  predicts within seconds of its start: rows are produced first, start -> first prediction timed;
-- every produced row gets a prediction; bad messages become dead letters;
-- snapshots land in the worker's named volume, owned by the image's non-root user;
-- Prometheus (Debian's package, docker/prometheus/prometheus.yml) scrapes the worker and every
+- the broker's and the -F workers' health checks turn healthy (``podman healthcheck run``);
+- the two -F workers (one consumer group, group learning) start without compiling a kernel
+  (NUMBA_DEBUG_CACHE: loaded, never saved) and predict within seconds of their start: rows are
+  produced first, start -> first prediction timed; each reports a group of two members;
+- every produced row gets one prediction, from one member or the other; bad messages become dead letters;
+- snapshots land in each worker's own named volume, owned by the image's non-root user;
+- Prometheus (Debian's package, docker/prometheus/prometheus.yml) scrapes both workers and every
   PromQL expression of the Grafana dashboard returns data;
-- ``podman stop`` (SIGTERM) ends the worker with exit code 0; started again, it loads its
-  snapshot and predicts the rows sent meanwhile.
+- ``podman stop`` (SIGTERM) ends each worker with exit code 0; started again, they load their
+  snapshots and predict the rows sent meanwhile.
 
 Runs where podman can be had (installed with apt as root if missing); skipped with the reason
 otherwise. IOLSTREAM_CONTAINER_TEST=require (``make container-test``) turns that skip into a
@@ -45,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 SCRIPT = REPO / "scripts" / "containers.sh"
 ROWS, MORE_ROWS, BAD_MESSAGES = 3000, 1000, 3
+MEMBERS = ("worker-forward-1", "worker-forward-2")  # the -F group: one model learned by two workers
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3600)]
 
@@ -273,18 +275,36 @@ def test_compose_stack_in_podman(built, capsys):
         assert r.returncode == 0, r.stdout + r.stderr
 
         t = time.monotonic()
-        worker = stack.start("worker-forward", {"NUMBA_DEBUG_CACHE": "1"})
-        port = stack.ports[("worker-forward", 9108)]
+        workers = [stack.start(name, {"NUMBA_DEBUG_CACHE": "1"}) for name in MEMBERS]
+        ports = [stack.ports[(name, 9108)] for name in MEMBERS]
 
-        def predicted() -> float:
-            return stack.running(worker) and scrape(port).get("iolstream_predictions_total", 0)
+        def logs() -> str:
+            return "\n".join(f"--- {w}\n{stack.logs(w)[-2000:]}" for w in workers)
 
-        wait_for("a first prediction", predicted, 120, 0.1, lambda: stack.logs(worker)[-3000:])
+        def per_member(name: str) -> list[float]:
+            return [scrape(port).get(name, 0) for port in ports]
+
+        def predicted() -> float:  # by the group: each row goes to the member holding its partition
+            return all(stack.running(w) for w in workers) and sum(per_member("iolstream_predictions_total"))
+
+        def group_sizes() -> list[int]:
+            """Each member's group size, from its newest status line (0: none yet)."""
+            sizes = []
+            for w in workers:
+                records = [json.loads(line) for line in stack.logs(w).splitlines() if line.startswith("{")]
+                status = [r.get("status") or {} for r in records if r.get("event") == "status"]
+                sizes.append((status[-1].get("group") or {}).get("members", 0) if status else 0)
+            return sizes
+
+        wait_for("a first prediction", predicted, 120, 0.1, logs)
         timings["start_to_first_prediction"] = time.monotonic() - t
-        wait_for("worker healthy", lambda: stack.healthy(worker), 60, 0.5, lambda: stack.logs(worker)[-3000:])
+        wait_for("workers healthy", lambda: all(stack.healthy(w) for w in workers), 60, 0.5, logs)
         timings["start_to_healthy"] = time.monotonic() - t
-        wait_for(f"{ROWS} rows predicted", lambda: predicted() == ROWS, 120, 0.5, lambda: f"predicted {predicted()}")
+        wait_for(f"{ROWS} rows predicted", lambda: predicted() == ROWS, 120, 0.5,
+                 lambda: f"predicted {per_member('iolstream_predictions_total')}")  # fmt: skip
         timings["start_to_all_predicted"] = time.monotonic() - t
+        assert all(per_member("iolstream_predictions_total")), "a member predicted nothing: the partitions were not shared"
+        wait_for("each member in a group of 2", lambda: group_sizes() == [2, 2], 60, 1, lambda: f"sizes {group_sizes()}")
 
         prometheus = stack.start("prometheus")
         prom = f"http://127.0.0.1:{stack.ports[('prometheus', 9090)]}"
@@ -295,7 +315,7 @@ def test_compose_stack_in_podman(built, capsys):
             return json.loads(body)["data"]["result"] if status == 200 else []
 
         t = time.monotonic()
-        wait_for("prometheus scrapes the worker", lambda: query('up{job="iolstream",variant="F"} == 1'), 120, 1,
+        wait_for("prometheus scrapes both -F workers", lambda: len(query('up{job="iolstream",variant="F"} == 1')) == 2, 120, 1,
                  lambda: http_get(f"{prom}/api/v1/targets")[1][:3000])  # fmt: skip
         # bad messages on the features topic once Prometheus scrapes the worker: dead letters, and the
         # dashboard's dead-letter panel (a rate > 0) gets data
@@ -310,10 +330,11 @@ def test_compose_stack_in_podman(built, capsys):
                    check=False)  # fmt: skip
         assert r.returncode == 0, r.stderr
         malformed = 'iolstream_dead_letters_total{reason="malformed_json"}'
-        wait_for("dead letters counted", lambda: scrape(port).get(malformed) == BAD_MESSAGES, 60, 0.5,
-                 lambda: str({k: v for k, v in scrape(port).items() if "dead" in k}))  # fmt: skip
+        wait_for("dead letters counted", lambda: sum(per_member(malformed)) == BAD_MESSAGES, 60, 0.5,
+                 lambda: str([{k: v for k, v in scrape(p).items() if "dead" in k} for p in ports]))  # fmt: skip
 
-        assert query('iolstream_predictions_total{variant="F"}')[0]["value"][1] == str(ROWS)
+        wait_for("prometheus has every prediction", lambda: query('sum(iolstream_predictions_total{variant="F"})'), 60, 1)
+        assert query('sum(iolstream_predictions_total{variant="F"})')[0]["value"][1] == str(ROWS)
         dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "iolstream.json").read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
         # Grafana's $__rate_interval is at least four scrape intervals (5 s here); 1m spans the whole stream
@@ -322,50 +343,61 @@ def test_compose_stack_in_podman(built, capsys):
                  lambda: f"empty: {[e for e in exprs if not query(e)]}")  # fmt: skip
         timings["prometheus_all_panels"] = time.monotonic() - t
 
-        # SIGTERM: a clean stop (exit 0), the final snapshot in the named volume, owned by the image's user
+        # SIGTERM: a clean stop (exit 0), the final snapshot in the member's own named volume (under its member id),
+        # owned by the image's user
         t = time.monotonic()
-        stack.podman("stop", worker, timeout=120)
+        for worker in workers:
+            stack.podman("stop", worker, timeout=120)
         timings["stop"] = time.monotonic() - t
-        assert stack.state(worker)["ExitCode"] == 0, stack.logs(worker)[-3000:]
-        user = stack.podman("image", "inspect", "--format", "{{.Config.User}}", stack.image("worker-forward")).stdout.strip()
+        user = stack.podman("image", "inspect", "--format", "{{.Config.User}}", stack.image(MEMBERS[0])).stdout.strip()
         uid = int(user.split(":")[0])
         assert uid != 0
-        (volume,) = [v for v in stack.volumes if v.endswith("-forward-state")]
-        mountpoint = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout.strip())
-        snapshots = [p for p in (mountpoint / "snapshots").rglob("*") if p.is_file()]
-        assert snapshots, f"no snapshot in the volume {volume} ({mountpoint})"
-        assert {p.stat().st_uid for p in snapshots} == {uid}, {p.name: p.stat().st_uid for p in snapshots}
+        before = {}
+        for name, worker in zip(MEMBERS, workers):
+            assert stack.state(worker)["ExitCode"] == 0, stack.logs(worker)[-3000:]
+            member = stack.environment(name)["IOLSTREAM_GROUP__MEMBER_ID"]
+            (volume,) = [v for v in stack.volumes if v.endswith(f"-{name.removeprefix('worker-')}-state")]
+            mountpoint = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout.strip())
+            snapshots = [p for p in (mountpoint / "snapshots" / member).rglob("*") if p.is_file()]
+            assert snapshots, f"no snapshot of {member} in the volume {volume} ({mountpoint})"
+            assert {p.stat().st_uid for p in snapshots} == {uid}, {p.name: p.stat().st_uid for p in snapshots}
 
-        log = stack.logs(worker)
-        records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-        events = [r.get("event") for r in records]
-        assert "stopped" in events and "snapshot" in events, sorted(set(map(str, events)))
-        loaded_lines = [re.fullmatch(r"kernels loaded in ([\d.]+) s", r.get("message", "")) for r in records]
-        kernels = [float(m.group(1)) for m in loaded_lines if m]
-        assert kernels, "no 'kernels loaded' line in the worker's log"
-        timings["kernels_loaded_in_container"] = kernels[0]
-        assert "data loaded" in log, "the worker did not load its kernels from the image's cache"
-        assert "data saved" not in log, "the worker compiled kernels that the image's warm-up did not"
+            log = stack.logs(worker)
+            before[worker] = len(log.splitlines())
+            records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+            events = [r.get("event") for r in records]
+            assert "stopped" in events and "snapshot" in events, sorted(set(map(str, events)))
+            loaded_lines = [re.fullmatch(r"kernels loaded in ([\d.]+) s", r.get("message", "")) for r in records]
+            kernels = [float(m.group(1)) for m in loaded_lines if m]
+            assert kernels, f"no 'kernels loaded' line in {worker}'s log"
+            timings.setdefault("kernels_loaded_in_container", kernels[0])
+            assert "data loaded" in log, f"{worker} did not load its kernels from the image's cache"
+            assert "data saved" not in log, f"{worker} compiled kernels that the image's warm-up did not"
 
-        # started again: it loads its snapshot and predicts what was sent while it was down
+        # started again: they load their snapshots and predict what was sent while they were down
         r = stack.run_once("producer", producer_command(MORE_ROWS, "b"))
         assert r.returncode == 0, r.stdout + r.stderr
-        before = len(log.splitlines())
         t = time.monotonic()
-        stack.podman("start", worker)
+        for worker in workers:
+            stack.podman("start", worker)
         wait_for(f"{MORE_ROWS} more rows predicted after the restart", lambda: predicted() == MORE_ROWS, 120, 0.2,
-                 lambda: f"predicted {predicted()}; {stack.logs(worker)[-3000:]}")  # fmt: skip
+                 lambda: f"predicted {per_member('iolstream_predictions_total')}; {logs()}")  # fmt: skip
         timings["restart_to_all_predicted"] = time.monotonic() - t
-        wait_for("worker healthy after the restart", lambda: stack.healthy(worker), 60, 0.5)
-        after = stack.logs(worker).splitlines()[before:]
-        restarted = [json.loads(line) for line in after if line.startswith("{")]
-        loaded = [r for r in restarted if r.get("event") == "snapshot_loaded"]
-        assert loaded, f"no snapshot_loaded event after the restart: {after[-40:]}"
-        assert not any("data saved" in line for line in after)
-        # the final snapshot of the first run holds every row it accepted
-        assert re.search(rf"\b{ROWS} rows in\b", loaded[0]["message"]), loaded[0]["message"]
-        stack.podman("stop", worker, timeout=120)
-        assert stack.state(worker)["ExitCode"] == 0
+        wait_for("workers healthy after the restart", lambda: all(stack.healthy(w) for w in workers), 60, 0.5)
+        rows_in = 0
+        for worker in workers:
+            after = stack.logs(worker).splitlines()[before[worker]:]
+            restarted = [json.loads(line) for line in after if line.startswith("{")]
+            loaded = [r for r in restarted if r.get("event") == "snapshot_loaded"]
+            assert loaded, f"no snapshot_loaded event after {worker}'s restart: {after[-40:]}"
+            assert not any("data saved" in line for line in after)
+            rows_in += int(re.search(r"\b(\d+) rows in\b", loaded[0]["message"]).group(1))
+        # the final snapshots of the first run hold, between them, every row the group accepted
+        assert rows_in == ROWS
+        for worker in workers:
+            stack.podman("stop", worker, timeout=120)
+        for worker in workers:
+            assert stack.state(worker)["ExitCode"] == 0, stack.logs(worker)[-3000:]
         timings["stack_run"] = time.monotonic() - t_run
         assert stack.state(prometheus)["Running"]
     finally:
