@@ -10,6 +10,8 @@ Suites:
   The core suite also runs each config with ``lam: auto`` (3 λ candidates sharing one Gram: one
   Cholesky and solve per λ), ``forgetting: auto`` (3 half-lives, their own sums) and both (9
   candidates, 3 sets of sums), with ``cost_vs_fixed`` = fixed rows/s ÷ these rows/s, same run.
+- ``group``: 1 worker against a group of workers sharing one model, the per-sync costs and the group's
+  quality against one worker (see ``bench_group``).
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
 
 Machines here are shared and noisy: compare ratios within one run, not seconds across runs.
@@ -104,7 +106,7 @@ def run_poker(args) -> dict:
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="throughput benchmarks with same-run baselines")
-    p.add_argument("--suite", choices=("core", "poker", "kafka", "memory"), default="core")
+    p.add_argument("--suite", choices=("core", "poker", "kafka", "memory", "group"), default="core")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
@@ -120,6 +122,14 @@ def add_parser(subparsers):
     p.add_argument("--bootstrap", default=None, help="kafka suite: broker (default: the local one)")
     p.add_argument("--kafka-scale", type=float, default=1.0, help="kafka suite: scale every row count (e.g. 0.1 for a quick run)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="kafka suite: skip the 100k vs 1M rows RSS runs")
+    p.add_argument("--group-rows", type=int, default=60_000, help="group suite: rows pre-produced (times --kafka-scale)")
+    p.add_argument("--partitions", type=int, default=4, help="group suite: partitions of the input topics")
+    p.add_argument("--group-workers", type=int, default=2, help="group suite: workers in the group (against 1)")
+    p.add_argument("--no-group-quality", dest="group_quality", action="store_false", help="group suite: skip the quality table")
+    p.add_argument("--group-poker-rows", type=int, default=0,
+                   help="group suite: also the quality table on this many poker rows (1000000: ~30 min on 2 cores)")
+    p.add_argument("--group-sync-rows", type=int, default=10_000,
+                   help="group suite: poker quality, a member syncs every S rows of its own")
     p.add_argument("--memory-messages", type=int, default=600_000, help="memory suite: messages a flood")
     p.set_defaults(func=run)
     return p
@@ -133,6 +143,10 @@ def run(args) -> int:
         out = {"suite": "core", "blas": runtime.blas_info(), "results": run_core(args)}
     elif args.suite == "poker":
         out = run_poker(args)
+    elif args.suite == "group":
+        from iolstream.tools.bench_group import run_group
+
+        out = run_group(args)
     elif args.suite == "memory":
         from iolstream.tools.bench_memory import run_memory
 
