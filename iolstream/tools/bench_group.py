@@ -270,6 +270,28 @@ def _row_cost(cfg: ModelConfig, X, y, seconds: float = 3.0) -> float:
     return (time.perf_counter() - tic) / rows
 
 
+def projection(cost: dict, members=(4, 16, 64), sync_seconds: float = 1.0) -> list[dict]:
+    """What K members of config ``cost`` (a ``sync_costs`` entry) can do, each on the cores one worker has, syncing
+    every ``sync_seconds``: per interval a member publishes once (own sums, encode, produce), decodes and merges
+    K−1 records and re-solves once (the upper bound); the rest of the interval goes to rows at ``row_us`` each.
+    The deltas partition takes K records per interval and hands each to K−1 readers; every member holds K
+    copies of the sums (the others' newest and its model's)."""
+    publish = (cost["build_own_sums_ms"] + cost["encode_ms"] + cost.get("produce_ms", 0.0)) / 1e3
+    merge = (cost["decode_ms"] + cost["apply_ms"]) / 1e3
+    out = []
+    for k in members:
+        busy = publish + (k - 1) * merge + cost["resolve_ms"] / 1e3
+        share = max(0.0, 1.0 - busy / sync_seconds)
+        per_member = share / (cost["row_us"] / 1e6)
+        out.append({"members": k, "sync_share": min(busy / sync_seconds, 1.0), "rows_per_second_per_member": per_member,
+                    "rows_per_second_total": k * per_member, "vs_one_worker": k * share,
+                    "deltas_in_mb_per_s": k * cost["record_bytes"] / sync_seconds / 1e6,
+                    "deltas_out_mb_per_s": k * (k - 1) * cost["record_bytes"] / sync_seconds / 1e6,
+                    "memory_mb_per_member": k * cost["record_bytes"] / 1e6,
+                    "members_where_merging_fills_the_interval": 1 + (sync_seconds - publish - cost["resolve_ms"] / 1e3) / merge})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- quality
 
 
@@ -277,13 +299,16 @@ def quality(poker_rows: int, sync_rows: int) -> dict:
     from iolstream.tools.datasets import load
 
     out = {}
-    sets = [("segment", load("segment"), 64, 64)]
+    segment = load("segment")
+    # segment (2,310 rows): every member syncs after each of its batches, which hold 64 rows of its own
+    # ("same_batch") or 64 // K ("split_batch": a batch spans as many stream rows as the single worker's)
+    sets = [("segment_same_batch", segment, 64, 64, False), ("segment_split_batch", segment, 64, None, True)]
     if poker_rows:
-        sets.append(("poker", load("poker", rows=poker_rows, seed=0), BATCH, sync_rows))
-    for name, d, batch, sync in sets:
+        sets.append(("poker", load("poker", rows=poker_rows, seed=0), BATCH, sync_rows, False))
+    for name, d, batch, sync, split in sets:
         cfg = ModelConfig(n_inputs=d.X.shape[1], classes=d.classes, track_regret=False)
-        out[name] = {"rows": len(d.y), "batch_rows": batch, "sync_rows": sync,
-                     **quality_table(d.X, d.y, cfg, batch_rows=batch, sync_rows=sync)}  # fmt: skip
+        out[name] = {"rows": len(d.y), "batch_rows": batch, "sync_rows": sync, "split_batch": split,
+                     **quality_table(d.X, d.y, cfg, batch_rows=batch, sync_rows=sync, split_batch=split)}  # fmt: skip
     return out
 
 
@@ -300,6 +325,7 @@ def run_group(args) -> dict:
         rows = max(int(args.group_rows * scale), 8 * BATCH)
         out["throughput"] = run_throughput(bootstrap, rows, args.partitions, args.group_workers, workdir, created)
         out["sync_costs"] = [sync_costs(name, bootstrap, created) for name in SYNC_CONFIGS]
+        out["projection"] = {c["config"]: projection(c) for c in out["sync_costs"]}
         if args.group_quality:
             out["quality"] = quality(args.group_poker_rows, args.group_sync_rows)
     finally:
@@ -321,4 +347,4 @@ def _delete_topics(bootstrap: str, names: list[str]) -> None:
                 print(f"warning: could not delete bench topic {name}: {exc.args[0].str()}", file=sys.stderr)
 
 
-__all__ = ["quality", "run_group", "run_throughput", "sync_costs"]
+__all__ = ["projection", "quality", "run_group", "run_throughput", "sync_costs"]

@@ -208,19 +208,26 @@ def final_sums_gap(result: GroupSimResult, single: GroupSimResult) -> float:
 
 
 def quality_table(
-    x: np.ndarray, y: np.ndarray, config: ModelConfig, *, batch_rows: int, sync_rows: int, member_counts=(2, 3),
-    on_result=None,
+    x: np.ndarray, y: np.ndarray, config: ModelConfig, *, batch_rows: int, sync_rows: int | None, member_counts=(2, 3),
+    split_batch: bool = False, on_result=None,
 ) -> dict:  # fmt: skip
     """The single worker, then for every K in ``member_counts`` the group (syncing every ``sync_rows`` own rows)
     and the independent members, on the same stream. Returns {"single": summary, "runs": [summary + gaps]}, where
-    ``gap`` = the single worker's accuracy − this run's (positive: behind it); ``on_result(summary)`` after each."""
+    ``gap`` = the single worker's accuracy − this run's (positive: behind it); ``on_result(summary)`` after each.
+
+    ``split_batch``: a member cuts batches of batch_rows // K rows of its own (and, with ``sync_rows`` None,
+    syncs after every batch), so that a batch spans as many stream rows as the single worker's and the labels
+    are as late in stream rows; otherwise every member cuts ``batch_rows`` rows of its own, K times as many
+    stream rows: its labels arrive K times later in the stream."""
     single = simulate_group(x, y, config, members=1, batch_rows=batch_rows)
     out = {"single": single.summary(), "runs": []}
     if on_result is not None:
         on_result(out["single"])
     for k in member_counts:
+        member_batch = max(1, batch_rows // k) if split_batch else batch_rows
+        sync = member_batch if sync_rows is None else sync_rows
         for exchange in (True, False):
-            r = simulate_group(x, y, config, members=k, batch_rows=batch_rows, sync_rows=sync_rows, exchange=exchange)
+            r = simulate_group(x, y, config, members=k, batch_rows=member_batch, sync_rows=sync, exchange=exchange)
             summary = r.summary()
             summary["gap"] = single.accuracy - r.accuracy
             summary["kind"] = "group" if exchange else "independent"

@@ -56,3 +56,11 @@ def test_quality_table_reports_the_gap_to_the_single_worker():
     for r in table["runs"]:
         assert r["gap"] == pytest.approx(table["single"]["accuracy"] - r["accuracy"])
     assert table["runs"][0]["final_sums_gap"] < 1e-12
+
+
+def test_split_batch_cuts_member_batches_of_b_over_k_and_syncs_after_each():
+    x, y = _stream(600)
+    table = quality_table(x, y, CFG, batch_rows=60, sync_rows=None, member_counts=(3,), split_batch=True)
+    group = table["runs"][0]
+    assert (group["batch_rows"], group["sync_rows"]) == (20, 20)
+    assert group["records_published"] >= sum(-(-r // 20) for r in group["member_rows"])  # one per batch at least
