@@ -27,7 +27,7 @@ from iolstream.core import kernels
 from iolstream.core import learner
 from iolstream.core import regret
 from iolstream.core.network import INITS, RandomNetwork
-from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector
+from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, candidate_grid
 from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -169,9 +169,12 @@ class ModelConfig:
     @property
     def candidates(self) -> list[tuple]:
         """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings."""
-        lams = LAM_CANDIDATES if self.lam == "auto" else (self.lam,)
-        half_lives = HALF_LIFE_CANDIDATES if self.forgetting == "auto" else (self.forgetting,)
-        return [(lam, h) for h in half_lives for lam in lams]
+        return candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+
+    @property
+    def default_candidate(self) -> tuple:
+        """(lam, half_life) of today's fixed defaults in place of ``auto``: the selector starts with it."""
+        return (0.5 if self.lam == "auto" else self.lam, None if self.forgetting == "auto" else self.forgetting)
 
 
 @dataclass
@@ -224,7 +227,9 @@ class RegretReport:
 class EdRVFL:
     """An ensemble deep RVFL network learning online by -F or -R."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None):
+        """``candidates``: the (lam, half_life) grid of ``auto`` (default ``config.candidates``; a restored
+        snapshot passes the grid it was saved with)."""
         self.config = config
         self.network = RandomNetwork.create(
             config.n_inputs, config.n_nodes, config.n_layers, activation=config.activation, init=config.init,
@@ -233,7 +238,7 @@ class EdRVFL:
         self.scaler = Scaler(
             config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
         )
-        self.candidates = config.candidates
+        self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         # λ candidates share their half-life's sums (the first of each half-life makes every update, the
         # others copy them and solve with their own λ): one Gram, one Cholesky per λ; half-lives differ in sums.
         self.learners, primaries = [], {}
@@ -246,8 +251,7 @@ class EdRVFL:
                 refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
             )  # fmt: skip
             self.learners.append(ln)
-        default = (0.5 if config.lam == "auto" else config.lam, None if config.forgetting == "auto" else config.forgetting)
-        self.selector = CandidateSelector(len(self.learners), self.candidates.index(default))
+        self.selector = CandidateSelector(len(self.learners), self.candidates.index(config.default_candidate))
         self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)

@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 
+from iolstream.core.candidates import FIRST_GRID, candidate_grid
 from iolstream.core.shared_gram import SharedGramLearner
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
@@ -29,6 +30,8 @@ from iolstream.core.model import EdRVFL, ModelConfig
 FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/; the name stays)
 # 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
 # load as they were written: no forgetting, one learner, raw regression targets, clock = rows observed.
+# Version-2 states name their auto grid in selection["grid"]; those written before it did load with
+# candidates.FIRST_GRID (an optional key, read both ways: the version stays 2).
 FORMAT_VERSION = 2
 READS = (1, 2)
 _COUNTERS = (
@@ -76,6 +79,7 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         manifest["selection"] = {
             "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
             "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches,
+            "grid": [[_json_safe(lam), h] for lam, h in model.candidates],
         }  # fmt: skip
     return manifest, arrays
 
@@ -123,6 +127,24 @@ def _config_from_json(cfg: dict) -> ModelConfig:
     return ModelConfig(**cfg)
 
 
+def _saved_grid(manifest: dict, config: ModelConfig) -> list[tuple] | None:
+    """The auto candidates a state was saved with: its selection's ``grid``, or, saved before the grid was
+    (version 2 until the half-life 16384 gave way to 512), candidates.FIRST_GRID. None: one learner."""
+    selection = manifest.get("selection")
+    if selection is None:
+        return None
+    if "grid" not in selection:
+        return candidate_grid(config.lam, config.forgetting, *FIRST_GRID)
+    try:
+        grid = [(tuple(lam) if isinstance(lam, list) else float(lam), None if h is None else float(h))
+                for lam, h in selection["grid"]]  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise StateFormatError(f"saved selection grid does not load: {exc}") from None
+    if config.default_candidate not in grid:
+        raise StateFormatError(f"saved selection grid {grid} lacks the default setting {config.default_candidate}")
+    return grid
+
+
 def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     if manifest.get("format") != FORMAT or manifest.get("format_version") not in READS:
         raise StateFormatError(
@@ -131,7 +153,8 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
         )
     if manifest["format_version"] == 1 and ({"candidates", "targets"} & manifest.keys()):
         raise StateFormatError("a version-1 state cannot hold auto candidates or target scaling")
-    model = EdRVFL(saved_config(manifest))
+    config = saved_config(manifest)
+    model = EdRVFL(config, candidates=_saved_grid(manifest, config))
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})

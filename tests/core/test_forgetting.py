@@ -428,9 +428,9 @@ def test_forgetting_auto_picks_a_half_life_after_a_concept_flip():
     assert model.effective["forgetting"] is None, f"before the flip: {model.effective}, seed={seed_}"
     _stream_auto(model, x[4000:], y[4000:])
     eff = model.effective
-    assert eff["forgetting"] == 2048.0, f"after the flip: {eff}, seed={seed_}"
+    assert eff["forgetting"] in (2048.0, 512.0), f"after the flip: {eff}, seed={seed_}"
     recent = {c["forgetting"]: c["recent_loss"] for c in eff["candidates"]}
-    assert recent[2048.0] < recent[None], f"{recent}, seed={seed_}"
+    assert recent[eff["forgetting"]] < recent[None] - 0.005, f"{recent}, seed={seed_}"  # past the keep_z test
     assert (model.predict(x[-1000:]) == y[-1000:]).mean() > 0.9
 
 
@@ -451,11 +451,43 @@ def test_auto_survives_a_state_round_trip():
     restored = load_model(buf)
     assert restored.selector.chosen == model.selector.chosen and np.array_equal(restored.selector.loss, model.selector.loss)
     assert np.array_equal(restored.selector.pair, model.selector.pair)
+    assert restored.candidates == model.candidates
+    assert [ln.half_life for ln in restored.learners] == [h for _, h in model.candidates]
     for m in (model, restored):
         _stream_auto(m, x[2000:], y[2000:])
     assert restored.effective == model.effective, f"seed={seed_}"
     for a, b in zip(model.learners, restored.learners):
         assert np.array_equal(a.state.layers[1].beta, b.state.layers[1].beta), f"seed={seed_}"
+
+
+def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
+    """A version-2 state from before the selection saved its grid (half-lives None, 16384, 2048) continues with
+    those candidates, not today's: its sums were decayed with them."""
+    from iolstream.core.candidates import FIRST_GRID, HALF_LIFE_CANDIDATES, candidate_grid
+    from iolstream.core.state_io import StateFormatError, model_from_arrays, model_to_arrays
+
+    seed_ = 36
+    rng = np.random.default_rng(seed_)
+    x = rng.standard_normal((3000, 3))
+    y = _flip(x, 1500)
+    cfg = ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto", forgetting="auto",
+                      seed=seed_)  # fmt: skip
+    first = candidate_grid("auto", "auto", *FIRST_GRID)
+    assert 16384.0 not in HALF_LIFE_CANDIDATES and first != cfg.candidates  # else this tests nothing
+    model = _stream_auto(EdRVFL(cfg, candidates=first), x[:2000], y[:2000])
+    manifest, arrays = model_to_arrays(model)
+    assert manifest["selection"]["grid"] == [list(c) for c in first]
+    del manifest["selection"]["grid"]  # as written before the grid was saved
+    restored = model_from_arrays(manifest, arrays)
+    assert restored.candidates == first and [ln.half_life for ln in restored.learners] == [h for _, h in first]
+    for m in (model, restored):
+        _stream_auto(m, x[2000:], y[2000:])
+    assert restored.effective == model.effective, f"seed={seed_}"
+    for a, b in zip(model.learners, restored.learners):
+        assert np.array_equal(a.state.layers[1].beta, b.state.layers[1].beta), f"seed={seed_}"
+    manifest["selection"]["grid"] = [[0.05, None], [5.0, 2048.0]]  # without the default (0.5, None)
+    with pytest.raises(StateFormatError, match="default"):
+        model_from_arrays(manifest, arrays)
 
 
 @pytest.mark.parametrize("key,value", [("lam", "automatic"), ("forgetting", "auto-ish")])
@@ -510,6 +542,30 @@ def test_selector_switches_only_on_a_significant_gap():
     assert sel.chosen == 2, sel.loss
     assert sel.rows == pytest.approx(40 * np.exp2(-40 / 512) + 40)
     np.testing.assert_allclose(sel.recent(), sel.loss / sel.rows)
+
+
+def test_selector_returns_to_the_default_when_the_edge_fades():
+    """A candidate in force other than the default stays only while it beats the default by keep_z standard
+    deviations: an edge of 30 rows out of 30 disagreements holds, one worn down to 3.4 of 7.2 does not."""
+    from iolstream.core.candidates import CandidateSelector
+
+    def batches(*wrong_counts):
+        out = []
+        for wrong0, wrong1 in wrong_counts:  # each candidate wrong on its own rows (they disagree there)
+            losses = np.zeros((2, 60))
+            losses[0, :wrong0] = 1.0
+            losses[1, 30 : 30 + wrong1] = 1.0
+            out.append(losses)
+        return out
+
+    for keep_z, wrong1, expect in ((1.0, 5, 1), (1.0, 25, 0), (0.0, 25, 1)):
+        sel = CandidateSelector(2, start=0, half_life=512.0, keep_z=keep_z)
+        first, second = batches((30, 0), (0, wrong1))
+        sel.record(first)
+        assert sel.chosen == 1 and sel.switches == 1  # 30 of 30: z = 5.5 > 2
+        sel.record(second)
+        assert sel.chosen == expect, (keep_z, wrong1, sel.loss, sel.pair)
+        assert sel.switches == 1 + (expect == 0)
 
 
 def test_auto_model_version_never_goes_back_when_the_candidate_changes():
