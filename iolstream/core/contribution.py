@@ -17,8 +17,8 @@ T = n(n+1)/2 entries of a symmetric n×n matrix (upper triangle, row by row):
     p<p>.counts    (5,)    rows observed, labelled, forgotten, label batches, Σ‖Y‖² (added)
     p<p>.maxes     (3,)    largest label batch, D_m, Y_m (their maximum is taken, not their sum)
 
-Forgetting is not supported here: a decayed sum depends on the clock it was decayed to, and the
-members of a group do not share one (``check_mergeable``).
+With forgetting (``model.forgetting``) every sum decays on the learner's clock of rows seen; a set
+read at clock C₀ is worth ``decayed(model, sums, C − C₀)`` at clock C (``stream.group`` keeps the clocks).
 """
 
 from __future__ import annotations
@@ -30,15 +30,6 @@ from iolstream.core.shared_gram import SharedGramLearner
 COUNTS = ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "sum_y2")
 MAXES = ("max_label_batch", "d_max", "y_max")
 _INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch"}
-
-
-def check_mergeable(config) -> None:
-    """ValueError naming the key when models of ``config`` cannot add their sums (forgetting)."""
-    if config.forgetting is not None:
-        raise ValueError(
-            "model.forgetting: group learning adds the members' sums, and decayed sums only add on a clock every "
-            "member shares (rows seen differ per member); set model.forgetting: null with group learning"
-        )
 
 
 def primaries(model) -> list:
@@ -69,6 +60,34 @@ def sums(model) -> dict[str, np.ndarray]:
         out[f"p{p}.loss"] = a.loss_sum.copy()
         out[f"p{p}.counts"] = np.array([float(getattr(st, k)) for k in COUNTS])
         out[f"p{p}.maxes"] = np.array([float(getattr(st, k)) for k in MAXES])
+    return out
+
+
+def clock(model) -> int:
+    """The learners' clock: rows seen (every learner's is the same)."""
+    return model.learners[0].state.clock
+
+
+def advance(model, rows: int) -> None:
+    """``rows`` more rows seen elsewhere: every learner's clock moves on and, with forgetting, its sums decay."""
+    for ln in model.learners:
+        ln.advance(rows)
+
+
+def decayed(model, sums: dict[str, np.ndarray], age: float) -> dict[str, np.ndarray]:
+    """``sums`` (keys as ``sums``) aged by ``age`` rows: each primary's decaying parts (A, c, A_r, Σ loss, Σ‖Y‖²)
+    times 2^(−age/half-life); counts and maxes as they are. Without forgetting, or at age 0, ``sums`` itself."""
+    out = dict(sums)
+    for p, ln in enumerate(primaries(model)):
+        if ln.half_life is None or age == 0:
+            continue
+        f = float(np.exp2(-age / ln.half_life))
+        for name in ("gram", "rhs", "labelled", "loss"):
+            if f"p{p}.{name}" in sums:
+                out[f"p{p}.{name}"] = sums[f"p{p}.{name}"] * f
+        counts = sums[f"p{p}.counts"].copy()
+        counts[COUNTS.index("sum_y2")] *= f
+        out[f"p{p}.counts"] = counts
     return out
 
 

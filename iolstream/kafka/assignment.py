@@ -111,6 +111,10 @@ class Assignment:
     def _assign(self, consumer, partitions) -> None:
         """Seek every assigned partition to the state's position (never to the group's offset, which may be
         ahead of the state in exactly-once mode or after a damaged snapshot was skipped)."""
+        if self.consumer is None:  # an assignment delivered while the worker closes its consumer: nothing to read
+            log.info("assigned while closing: %d partitions left alone", len(partitions))
+            (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
+            return
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)

@@ -277,14 +277,8 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
 
 def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
     """What group learning needs of the rest of the config (ConfigError naming the key)."""
-    from iolstream.core import contribution
-
     if cfg.topics.model_deltas in names:
         raise ConfigError(f"topics.model_deltas: must differ from the other topics, got {cfg.topics.model_deltas!r}")
-    try:
-        contribution.check_mergeable(cfg.model)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     if cfg.stream.forget_expired:
         raise ConfigError("stream.forget_expired: not with group learning (rows handed over at a rebalance wait on "
                           "several members, and each would take the same Gram out); set it to false")  # fmt: skip

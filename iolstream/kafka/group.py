@@ -14,8 +14,10 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **start**: read the log to its end first; a member with no snapshot takes its own newest record back
   (sums and the input positions they cover), so that a restart without a snapshot neither drops nor
   repeats what it contributed (the labels of rows that were pending then are lost);
-- **scaling**: a member's warm-up rows give a proposal (key ``<member>/scaling``); the first in the
-  log is the group's scaler, on every member.
+- **scaling**: a member's warm-up rows give a proposal (key ``<member>/scaling``), produced at once by a
+  producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
+  the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
+  member whose rows still wait for that agreement waits for it, then learns them.
 
 Record value: a ``kafka.snapshots`` blob (manifest + arrays, checksummed) cut into chunks; headers
 ``iolstream.kind`` (sums | scaling), ``iolstream.member``, ``iolstream.seq``, ``iolstream.chunk``
@@ -32,7 +34,7 @@ from collections import Counter
 import numpy as np
 import orjson
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from iolstream.kafka import snapshots, topics
@@ -75,6 +77,7 @@ class GroupSync:
         self.output = output
         self.state: GroupState | None = None
         self.consumer: Consumer | None = None
+        self.proposer: Producer | None = None  # warm-up scaling proposals, outside any transaction
         self.positions: dict[int, int] = {}  # deltas partition -> next offset to read (in snapshots)
         self.chunks: dict[tuple[str, int, str], dict[int, bytes]] = {}  # (member, seq, kind) -> chunks
         self.caught_up = False
@@ -124,6 +127,7 @@ class GroupSync:
             "receive.message.max.bytes": max(100000000, self.gc.chunk_bytes + HEADROOM + 512),
         }  # fmt: skip
         self.consumer = Consumer(conf)
+        self.proposer = Producer({**client_conf(self.cfg), "enable.idempotence": True, "acks": "all"})
         self._seek()
 
     def _seek(self) -> None:
@@ -162,7 +166,28 @@ class GroupSync:
             self.eof.discard(msg.partition())
             self.bytes_in += len(msg.value() or b"")
             done += self._take(msg)
+        self._propose()
         return done
+
+    def _propose(self) -> None:
+        """A warm-up scaling proposal waiting (``GroupState.propose_scaling``): produce it now, once."""
+        st = self.state
+        if st.proposal is None or st.proposed or not self.caught_up:
+            return
+        self._produce("scaling", 0, {"published_ms": _now_ms()}, st.proposal, producer=self.proposer)
+        self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
+        st.proposed = True
+
+    def settle(self, timeout: float, tick=lambda: None) -> bool:
+        """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up scaling
+        can be learned (the scaling agreed). Returns whether nothing is held any more."""
+        until = time.monotonic() + timeout
+        while self.processor.held and not self.processor.model.ready and time.monotonic() < until:
+            self.poll(timeout=0.1)
+            tick()
+        if self.processor.held and not self.processor.model.ready:
+            log.warning("%d rows still wait for the group's warm-up scaling", self.processor.held_rows)
+        return not self.processor.held or self.processor.model.ready
 
     def _take(self, msg) -> int:
         headers = msg.headers()
@@ -209,8 +234,8 @@ class GroupSync:
                          extra={"event": "group_handover"})  # fmt: skip
             return 1
         adopt = not self.restored and not self.caught_up
-        what = self.state.apply(member, seq, arrays, published_ms=int(manifest["published_ms"]), now_ms=_now_ms(),
-                                adopt_own=adopt)  # fmt: skip
+        what = self.state.apply(member, seq, arrays, clock=int(manifest["clock"]), rows=int(manifest["rows"]),
+                                published_ms=int(manifest["published_ms"]), now_ms=_now_ms(), adopt_own=adopt)  # fmt: skip
         if what == "adopted":
             self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
             log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
@@ -228,14 +253,11 @@ class GroupSync:
         if not self.caught_up or (not force and not self.due(now)):
             return False
         st = self.state
-        if st.proposal is not None and not st.proposed:
-            self._produce("scaling", 0, {"published_ms": now}, st.proposal)
-            st.proposed = True
         if not st.changed():
             self.last_publish_ms = now
             return False
-        seq, sums = st.next_record()
-        manifest = {"published_ms": now, "positions": [[t, p, o] for (t, p), o in sorted(positions.items())]}
+        seq, sums, clock = st.next_record()
+        manifest = {"published_ms": now, "positions": [[t, p, o] for (t, p), o in sorted(positions.items())], **clock}
         self._produce("sums", seq, manifest, sums)
         st.published(seq)
         self.last_publish_ms = now
@@ -252,7 +274,7 @@ class GroupSync:
                           {"ids": np.array(ids, dtype=str), "payload": payload})  # fmt: skip
             log.info("handed over %d rows waiting for labels", len(ids), extra={"event": "group_handover"})
 
-    def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict) -> None:
+    def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict, producer=None) -> None:
         manifest = {**manifest, "kind": kind, "member": self.member, "seq": seq, "model": self.model_digest}
         blob = snapshots.encode(manifest, arrays)
         step = self.gc.chunk_bytes
@@ -262,8 +284,11 @@ class GroupSync:
                        ("iolstream.seq", str(seq).encode()), ("iolstream.chunk", f"{index}/{count}".encode()),
                        ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
             key = f"{self.member}/{kind}" + (f"/{index}" if kind != "scaling" else "")
-            self.output.produce(self.topic, blob[index * step : (index + 1) * step], key=key.encode(), headers=headers,
-                                partition=0)  # fmt: skip
+            chunk = blob[index * step : (index + 1) * step]
+            if producer is None:  # the worker's (exactly-once: in the open transaction)
+                self.output.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)
+            else:
+                producer.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)
         self.bytes_out += len(blob)
         self.records[(kind, "out")] += 1
 
@@ -274,6 +299,8 @@ class GroupSync:
         return out
 
     def close(self) -> None:
+        if self.proposer is not None:
+            self.proposer.flush(1.0)
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
             try:

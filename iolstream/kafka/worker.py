@@ -36,7 +36,7 @@ from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
 )  # fmt: skip
 
-from iolstream.kafka import clients
+from iolstream.kafka import clients, relearn
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -141,8 +141,13 @@ class Worker:
             self.group.catch_up(self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0))
             if self.group.adopted_positions is not None:
                 self.book.reset(self.group.adopted_positions)
+        ahead = relearn.own_commits_ahead(self.cfg, self.book.positions) if self.group and self.exactly_once else {}
+        if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
+            relearn.relearn(self.cfg, self.processor, self.book.positions, ahead, self.call_timeout)
         self.consumer = self._new_consumer()
         self.output.producer = self._new_producer()
+        if ahead:
+            self.group.hand_over()  # the rows of that range waiting for labels, wherever their partitions go
 
     def _new_consumer(self) -> Consumer:
         """The input consumer, subscribed to the features and labels topics."""
@@ -393,7 +398,10 @@ class Worker:
         """1. (shutdown) step, flushing the partial batch 2. exactly-once: commit an open transaction
         3. wait for deliveries and write the snapshot (``checkpoints``) 4. at-least-once: commit the
         snapshot's offsets. ``final`` (revoke, shutdown): wait up to the call timeout for deliveries."""
-        if force_step and not self.exactly_once:
+        if self.group is not None and final:  # partitions go: every row consumed is learned first (kafka.group)
+            self.group.settle(self.stopper.timeout(self.call_timeout), tick=lambda: self._waiting("the group's scaling", 0.0))
+            self._step(now_ms(), force=True)
+        elif force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
         if self.group is not None and not self.book.replay_until:  # the sums go with the offsets they cover
             self.group.publish(self.book.positions, force=True)

@@ -13,8 +13,15 @@ newest one: the member's previous sums out, the new ones in. Why cumulative rath
   a compacted topic (key = member and chunk) keeps exactly those.
 
 The price is memory: every member keeps every other's newest sums (to take them out again), K copies
-of L·n(n+1)/2 + L·n·m floats (docs/scaling.md). ``others_sum`` is kept beside them so that a member's
-own sums are W − λI − others_sum.
+of L·n(n+1)/2 + L·n·m floats (docs/scaling.md); a member's own sums are W − λI − Σ others.
+
+Forgetting runs on a clock the members share: rows seen *by the group*. A member's clock C is the rows
+it saw itself plus, per other member, the rows that member reported in its newest record (``rows``):
+applying a record moves the clock on by the rows it adds (``contribution.advance``: every sum decays),
+and the record's sums, read at its member's clock C_j, count as 2^(−(C − C_j)/half-life) of themselves.
+So every member's state is λI + Σᵢ 2^(−(C − cᵢ)/half-life) dᵢdᵢᵀ over the rows it knows, cᵢ the row's stamp
+on the clock of the member that saw it (labels likewise), and once every record has gone round, every
+member holds the same C and the same sums: the weighted closed form over all rows.
 
 The warm-up scaler must be the same on every member (the same x must give the same D): a member whose
 warm-up rows are in proposes its scaling, and the first proposal in the log is the group's
@@ -39,7 +46,8 @@ class MemberSums:
     sums: dict[str, np.ndarray]
     published_ms: int  # when the member published them (its clock)
     applied_ms: int  # when they were applied here
-    rows: int  # rows whose Gram that member has entered (its p0.counts[0]), for the metrics
+    rows: int  # rows that member has seen itself (its share of the group clock; never taken back)
+    clock: int  # its clock when it published these sums (they are worth 2^(−(C − clock)/half-life) at C)
     rate: float | None = None  # its rows per ms between its last two records (None: one record so far)
 
 
@@ -51,13 +59,11 @@ class GroupState:
     """
 
     def __init__(self, member: str, model):
-        contribution.check_mergeable(model.config)
         self.member = member
         self.model = model
         self.own_seq = 0  # the last sequence this member published (or found of itself in the log)
         self.published_version: int | None = None  # model version at the last publish (None: nothing yet)
         self.members: dict[str, MemberSums] = {}
-        self.others_sum: dict[str, np.ndarray] | None = None
         self.scaling_from: str | None = None  # the member whose warm-up scaling the group uses
         self.proposal: dict[str, np.ndarray] | None = None  # this member's, waiting to be published
         self.proposed = False
@@ -69,19 +75,30 @@ class GroupState:
 
     # ------------------------------------------------------------ own sums
     def own(self) -> dict[str, np.ndarray]:
-        """This member's own cumulative sums: W − λI − Σ others."""
+        """This member's own cumulative sums: W − λI − Σ others (each aged to this clock)."""
         total = contribution.sums(self.model)
-        if self.others_sum is None:
-            return total
-        return contribution.difference(total, self.others_sum)
+        others = self._others()
+        return total if others is None else contribution.difference(total, others)
+
+    def own_rows(self) -> int:
+        """Rows this member saw itself: its clock less the rows of every other member it holds."""
+        return contribution.clock(self.model) - sum(m.rows for m in self.members.values())
+
+    def _others(self) -> dict[str, np.ndarray] | None:
+        now, total = contribution.clock(self.model), None
+        for m in sorted(self.members):
+            s = self.members[m]
+            aged = contribution.decayed(self.model, s.sums, now - s.clock)
+            total = aged if total is None else _plus(total, aged)
+        return total
 
     def changed(self) -> bool:
         """Whether the model learned something since the last publish."""
         return self.published_version != self.model.version
 
-    def next_record(self) -> tuple[int, dict[str, np.ndarray]]:
-        """(sequence, own sums) of the next record; call ``published`` once it is handed to the producer."""
-        return self.own_seq + 1, self.own()
+    def next_record(self) -> tuple[int, dict[str, np.ndarray], dict]:
+        """(sequence, own sums, {"clock", "rows"}) of the next record; call ``published`` once it is produced."""
+        return self.own_seq + 1, self.own(), {"clock": contribution.clock(self.model), "rows": self.own_rows()}
 
     def published(self, seq: int) -> None:
         self.own_seq = seq
@@ -89,8 +106,8 @@ class GroupState:
         self.counters["published"] += 1
 
     # ------------------------------------------------------------ others
-    def apply(self, member: str, seq: int, sums: dict[str, np.ndarray], *, published_ms: int, now_ms: int,
-              adopt_own: bool = False) -> str:  # fmt: skip
+    def apply(self, member: str, seq: int, sums: dict[str, np.ndarray], *, clock: int, rows: int, published_ms: int,
+              now_ms: int, adopt_own: bool = False) -> str:  # fmt: skip
         """A record read from the log. Returns what was done: "applied" (another member's newer sums replaced its
         older ones here), "stale" (not newer than the one applied: skipped), "own" (this member's: its sequence
         is noted), "adopted" (``adopt_own``, a member starting with no state: its own newest sums become its
@@ -99,8 +116,9 @@ class GroupState:
             if seq <= self.own_seq:
                 return "stale"
             self.own_seq = seq
-            if adopt_own:
+            if adopt_own:  # its rows count on the clock again; with forgetting their age is taken from now
                 contribution.check_layout(self.model, sums)
+                contribution.advance(self.model, rows)
                 contribution.add(self.model, sums)
                 self.published_version = self.model.version
                 self.counters["adopted"] += 1
@@ -111,15 +129,18 @@ class GroupState:
             self.counters["skipped"] += 1
             return "stale"
         contribution.check_layout(self.model, sums)
-        delta = contribution.difference(sums, None if old is None else old.sums)
         unchanged = self.published_version == self.model.version  # nothing of its own learned since the last publish
-        contribution.add(self.model, delta)
+        rows = max(int(rows), 0 if old is None else old.rows)  # a member restarted from an older state re-counts
+        contribution.advance(self.model, rows - (0 if old is None else old.rows))  # the group clock moves on
+        now = contribution.clock(self.model)
+        new = contribution.decayed(self.model, sums, now - clock)
+        contribution.add(self.model, contribution.difference(new, None if old is None else
+                                                             contribution.decayed(self.model, old.sums, now - old.clock)))
         if unchanged:
             self.published_version = self.model.version
-        self.others_sum = delta if self.others_sum is None else _plus(self.others_sum, delta)
-        rows = int(sums["p0.counts"][0])  # rows whose Gram that member entered
         rate = None if old is None or published_ms <= old.published_ms else (rows - old.rows) / (published_ms - old.published_ms)
-        self.members[member] = MemberSums(seq, {k: v.copy() for k, v in sums.items()}, published_ms, now_ms, rows, rate)
+        self.members[member] = MemberSums(seq, {k: v.copy() for k, v in sums.items()}, published_ms, now_ms, rows, int(clock),
+                                          rate)  # fmt: skip
         self.counters["applied"] += 1
         return "applied"
 
@@ -166,15 +187,13 @@ class GroupState:
         """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
         manifest = {
             "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
-            "members": {m: [s.seq, s.published_ms, s.rows] for m, s in self.members.items()},
+            "members": {m: [s.seq, s.published_ms, s.rows, s.clock] for m, s in self.members.items()},
             "counters": dict(self.counters),
         }  # fmt: skip
         arrays = {}
         for index, (m, s) in enumerate(sorted(self.members.items())):
             manifest["members"][m].append(index)
             arrays.update({f"group/{index}/{k}": v for k, v in s.sums.items()})
-        if self.others_sum is not None:
-            arrays.update({f"group/others/{k}": v for k, v in self.others_sum.items()})
         return manifest, arrays
 
     def load_state(self, manifest: dict, arrays: dict[str, np.ndarray], now_ms: int) -> None:
@@ -185,12 +204,10 @@ class GroupState:
         self.proposed = bool(manifest.get("proposed", False))
         self.counters.update(manifest.get("counters", {}))
         self.members = {}
-        for m, (seq, published_ms, rows, index) in manifest["members"].items():
+        for m, (seq, published_ms, rows, clock, index) in manifest["members"].items():
             prefix = f"group/{index}/"
             sums = {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
-            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows))
-        others = {k[len("group/others/") :]: np.array(v) for k, v in arrays.items() if k.startswith("group/others/")}
-        self.others_sum = others or None
+            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows), int(clock))
         self.published_version = None  # published again after a restart: the log may hold an older record of it
 
 

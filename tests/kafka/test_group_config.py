@@ -27,7 +27,6 @@ def test_env_overrides_the_member_id():
 
 
 @pytest.mark.parametrize(("sections", "key"), [
-    ({"model": {"forgetting": 1000}}, "model.forgetting"),
     ({"stream": {"forget_expired": True}}, "stream.forget_expired"),
     ({"model": {"classes": None, "n_outputs": 1}}, "model.target_scaler"),
     ({"group": {"member_id": "a/b"}}, "group.member_id"),

@@ -25,7 +25,8 @@ import numpy as np
 import orjson
 import pytest
 import yaml
-from kafka_util import consume_all, unique_group
+from confluent_kafka import Consumer, TopicPartition
+from kafka_util import committed_offsets, consume_all, unique_group
 
 from iolstream.core.model import EdRVFL
 from iolstream.kafka import snapshots
@@ -126,20 +127,26 @@ def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context
         assert snap.manifest["group"]["member"] == member.member
 
 
-def wait_quiet(members, bootstrap: str, predictions: str, n_rows: int, timeout: float = 120.0) -> None:
-    """Until every row has a prediction (read_uncommitted: whatever was produced), then three syncs more."""
+def wait_quiet(members, bootstrap: str, raw: dict, timeout: float = 120.0) -> None:
+    """Until the group has committed every input message (at-least-once: covered by a snapshot), then long
+    enough for queued labels to fold in (max_label_latency_ms) and the last sums to go round (sync_every_ms)."""
+    topics = [raw["topics"]["features"], raw["topics"]["labels"]]
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
+    ends = {(t, p): probe.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in range(PARTITIONS)}
+    probe.close()
     deadline = time.monotonic() + timeout
-    seen: set = set()
+    behind = ends
     while time.monotonic() < deadline:
         for m in members:
             assert m.proc.poll() is None, f"{m.member} exited {m.proc.returncode}:\n{m.log.read_text()[-3000:]}"
-        got = consume_all(bootstrap, predictions, timeout=2, isolation_level="read_committed")
-        seen = {orjson.loads(v)["id"] for _, v, _, _, _ in got}
-        if len(seen) >= n_rows:
-            time.sleep(3.0)  # queued labels fold in (max_label_latency_ms), the last sums go round (sync_every_ms)
+        committed = {(t, p): o for t in topics for p, o in committed_offsets(bootstrap, raw["kafka"]["group_id"], t,
+                                                                             PARTITIONS).items()}  # fmt: skip
+        behind = {key: end for key, end in ends.items() if (committed[key] or 0) < end}
+        if not behind:
+            time.sleep(3.0)
             return
         time.sleep(1.0)
-    raise AssertionError(f"only {len(seen)} of {n_rows} rows predicted within {timeout} s")
+    raise AssertionError(f"input not all committed within {timeout} s: behind on {behind}")
 
 
 def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str) -> None:
@@ -171,30 +178,51 @@ def send(bootstrap: str, topics: dict, messages, rate: float | None = None):
                         labels_topic=topics["labels"], rate=rate)  # fmt: skip
 
 
+def assert_members_agree(members, snap_dir: Path, n_rows: int, context: str) -> None:
+    """With forgetting (no single-worker reference: its row order differs): every member holds the group clock
+    (rows seen by all) and the same decayed sums (the weighted closed form is checked in tests/stream/test_group.py)."""
+    snaps = [m.newest(snap_dir) for m in members]
+    for m, snap in zip(members, snaps):
+        assert snap.manifest["counters"]["clock"] == n_rows, f"{context}: {m.member}'s clock"
+    for name, want in snaps[0].arrays.items():
+        if MODEL_ARRAYS.match(name):
+            for m, snap in zip(members[1:], snaps[1:]):
+                np.testing.assert_allclose(snap.arrays[name], want, rtol=1e-9, atol=1e-9 * np.abs(want).max(),
+                                           err_msg=f"{name}: {context}, {m.member} against {members[0].member}")  # fmt: skip
+
+
 @pytest.mark.kafka
-@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once):
+@pytest.mark.parametrize(("exactly_once", "forgetting"), [(False, None), (True, None), (False, 1500.0)],
+                         ids=["at-least-once", "exactly-once", "forgetting"])  # fmt: skip
+def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once, forgetting):
     raw, path, snap_dir, topics = group_rig(exactly_once)
+    if forgetting is not None:
+        raw["model"]["forgetting"] = forgetting
+        path.write_text(yaml.safe_dump(raw))
     messages = make_stream()
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
     members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
     for m in members:
         m.start()
     send(kafka_bootstrap, topics, messages)
-    wait_quiet(members, kafka_bootstrap, topics["predictions"], len(ids))
+    wait_quiet(members, kafka_bootstrap, raw)
     for m in members:
         assert m.stop() == 0, m.log.read_text()[-3000:]
     logs = [m.log.read_text() for m in members]
     assert sum("the group's warm-up scaling is member" in log for log in logs) == 3
     assert all(re.search(r"group=3 members", log) for log in logs), "the status line shows the group size"
-    assert_group_state(members, snap_dir, raw, messages, f"3 members, exactly_once={exactly_once}")
+    if forgetting is None:
+        assert_group_state(members, snap_dir, raw, messages, f"3 members, exactly_once={exactly_once}")
+    else:
+        assert_members_agree(members, snap_dir, len(ids), f"3 members, forgetting {forgetting}")
     if exactly_once:
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
 
 
 @pytest.mark.kafka
-def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap, tmp_path):
-    raw, path, snap_dir, topics = group_rig(True)
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap, tmp_path, exactly_once):
+    raw, path, snap_dir, topics = group_rig(exactly_once)
     messages = make_stream(seed=11)
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
     members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
@@ -210,8 +238,10 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
     assert members[2].stop() == 0, members[2].log.read_text()[-3000:]  # for good: a rebalance hands its partitions over
     sender.join()
     survivors = members[:2]
-    wait_quiet(survivors, kafka_bootstrap, topics["predictions"], len(ids), timeout=180)
+    wait_quiet(survivors, kafka_bootstrap, raw, timeout=180)
     for m in survivors:
         assert m.stop() == 0, m.log.read_text()[-3000:]
-    assert_group_state(survivors, snap_dir, raw, messages, "kill -9, restart, leave")
-    assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "kill -9, restart, leave")
+    context = f"kill -9, restart, leave, exactly_once={exactly_once}"
+    assert_group_state(survivors, snap_dir, raw, messages, context)
+    if exactly_once:
+        assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, context)

@@ -25,28 +25,30 @@ def _data(rows=1200, seed=0):
 
 
 def _feed(model, x, y, batch):
-    """-F with labels one batch late; returns the last batch's Prediction still unlabelled (folded at the end)."""
-    pending = None
+    """-F with labels one batch late; returns every row's stamp (the clock right after its batch was seen)."""
+    pending, stamps = None, []
     for start in range(0, len(x), batch):
         pred = model.observe(x[start : start + batch])
+        stamps += [pred.clock] * len(pred.features_t[0, 0])
         if pending is not None:
             p, ys = pending
-            model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted)
+            model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted, observed_at=p.clock)
         pending = (pred, y[start : start + batch])
     p, ys = pending
-    model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted)
+    model.learn(p.features_t, model.encode_labels(ys), predicted=p.predicted, observed_at=p.clock)
+    return stamps
 
 
 def _exchange(states, rounds_ms):
     """Every member publishes its own sums; every other applies them (all orders of arrival are fine)."""
     records = []
     for st in states:
-        seq, sums = st.next_record()
+        seq, sums, clock = st.next_record()
         st.published(seq)
-        records.append((st.member, seq, sums))
+        records.append((st.member, seq, sums, clock))
     for st in states:
-        for member, seq, sums in reversed(records):
-            st.apply(member, seq, sums, published_ms=rounds_ms, now_ms=rounds_ms)
+        for member, seq, sums, clock in reversed(records):
+            st.apply(member, seq, sums, **clock, published_ms=rounds_ms, now_ms=rounds_ms)
 
 
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
@@ -87,14 +89,14 @@ def test_a_record_applied_twice_or_out_of_order_counts_once():
     a, b = EdRVFL(cfg), EdRVFL(cfg)
     sa, sb = GroupState("a", a), GroupState("b", b)
     _feed(a, x[:300], y[:300], 30)
-    seq1, sums1 = sa.next_record()
+    seq1, sums1, clock1 = sa.next_record()
     sa.published(seq1)
     _feed(a, x[300:], y[300:], 30)
-    seq2, sums2 = sa.next_record()
+    seq2, sums2, clock2 = sa.next_record()
     sa.published(seq2)
-    assert sb.apply("a", seq2, sums2, published_ms=2, now_ms=2) == "applied"
-    assert sb.apply("a", seq1, sums1, published_ms=1, now_ms=3) == "stale"  # older: skipped
-    assert sb.apply("a", seq2, sums2, published_ms=2, now_ms=3) == "stale"  # the same again: skipped
+    assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=2) == "applied"
+    assert sb.apply("a", seq1, sums1, **clock1, published_ms=1, now_ms=3) == "stale"  # older: skipped
+    assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=3) == "stale"  # the same again: skipped
     for key, want in contribution.sums(a).items():
         np.testing.assert_allclose(contribution.sums(b)[key], want, rtol=1e-12, atol=1e-12, err_msg=key)
     assert sb.own()["p0.counts"][0] == 0  # b learned nothing itself
@@ -107,24 +109,24 @@ def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them(
     a, b = EdRVFL(cfg), EdRVFL(cfg)
     sa, sb = GroupState("a", a), GroupState("b", b)
     _feed(a, x[:300], y[:300], 30)
-    seq, sums = sa.next_record()
+    seq, sums, clock = sa.next_record()
     sa.published(seq)
     old_manifest, old_arrays = sa.to_state()  # "snapshot" at seq 1
     _feed(a, x[300:600], y[300:600], 30)
-    seq, sums = sa.next_record()
+    seq, sums, clock = sa.next_record()
     sa.published(seq)
-    sb.apply("a", seq, sums, published_ms=2, now_ms=2)  # b holds a's rows 0..600
+    sb.apply("a", seq, sums, **clock, published_ms=2, now_ms=2)  # b holds a's rows 0..600
     # a crashes and restarts from its snapshot (rows 0..300), re-learns 300..600 (the replay) and goes on
     a2 = EdRVFL(cfg)
     _feed(a2, x[:300], y[:300], 30)
     sa2 = GroupState("a", a2)
     sa2.load_state(old_manifest, old_arrays, 3)
-    assert sa2.apply("a", 2, sums, published_ms=2, now_ms=3) == "own"  # its own newest record, read back from the log
+    assert sa2.apply("a", 2, sums, **clock, published_ms=2, now_ms=3) == "own"  # its own newest record, from the log
     _feed(a2, x[300:900], y[300:900], 30)
-    seq, sums = sa2.next_record()
+    seq, sums, clock = sa2.next_record()
     assert seq == 3
     sa2.published(seq)
-    sb.apply("a", seq, sums, published_ms=4, now_ms=4)
+    sb.apply("a", seq, sums, **clock, published_ms=4, now_ms=4)
     single = EdRVFL(cfg)
     _feed(single, x[:300], y[:300], 30)
     _feed(single, x[300:900], y[300:900], 30)
@@ -178,6 +180,33 @@ def test_scaling_first_proposal_wins_and_held_rows_wait_for_it():
     assert proc.step(now_ms=100).rows_predicted == 30  # the held batches go out
 
 
-def test_forgetting_is_refused_with_the_key():
-    with pytest.raises(ValueError, match="model.forgetting"):
-        GroupState("a", EdRVFL(_config(forgetting=1000.0)))
+@pytest.mark.parametrize("forgetting", [400.0, "auto"])
+def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_form(forgetting):
+    """Decay on the group's clock (rows seen by all members): after the last exchange every member holds the same
+    clock and sums, λI + Σ 2^(−(C − cᵢ)/h) dᵢdᵢᵀ with cᵢ each row's stamp on the clock of the member that saw it."""
+    x, y = _data(1500, seed=4)
+    cfg = _config(forgetting=forgetting)
+    members = [EdRVFL(cfg) for _ in range(3)]
+    states = [GroupState(f"m{i}", m) for i, m in enumerate(members)]
+    stamps = np.zeros(len(x))
+    for round_ in range(5):  # members learn at different paces between syncs
+        for i, m in enumerate(members):
+            part = np.arange(len(x))[i::3]
+            chunk = part[round_ * len(part) // 5 : (round_ + 1) * len(part) // 5]
+            stamps[chunk] = _feed(m, x[chunk], y[chunk], batch=20 + 10 * i)
+        _exchange(states, round_)
+    _exchange(states, 9)  # a second round: every member now holds every other's last sums at the same clock
+    clock = members[0].learners[0].state.clock
+    assert all(m.learners[0].state.clock == clock == len(x) for m in members)
+    for p in range(len(contribution.primaries(members[0]))):
+        for m in members[1:]:
+            for key in ("gram", "rhs", "labelled"):
+                np.testing.assert_allclose(contribution.sums(m)[f"p{p}.{key}"], contribution.sums(members[0])[f"p{p}.{key}"],
+                                           rtol=1e-9, atol=1e-9, err_msg=f"p{p}.{key}")  # fmt: skip
+        ln = contribution.primaries(members[0])[p]
+        w = np.ones(len(x)) if ln.half_life is None else np.exp2(-(clock - stamps) / ln.half_life)
+        d_t = members[0].features(x)
+        for ls, layer_d in zip(ln.state.layers, d_t):
+            a = ls.lam * np.eye(layer_d.shape[0]) + (layer_d * w) @ layer_d.T
+            c = (layer_d * w) @ members[0].encode_labels(y)
+            np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)

@@ -1,0 +1,86 @@
+"""Group learning, exactly-once: after a restart, re-learn what this member committed past its snapshot.
+
+Exactly-once commits the input offsets with every transaction, snapshots come less often, so a member
+that dies holds, in its last state, input between its newest snapshot (S) and its last commit (C) that
+no snapshot has. A single worker replays [S, C) without emitting when it gets its partitions back
+(``offsets.OffsetBook``). In a group the partition may go to another member instead, which starts at C
+(another member's sums hold what is below it): [S, C) would then be in nobody's sums. So at start, before
+it joins the group, a member reads the committed offsets of every partition its snapshot holds; where
+the commit is its own (commit metadata = member id) and ahead of the snapshot, it re-learns [S, C) here,
+without emitting, with a consumer of its own (outside the group). Its positions then stand at C, and
+the rows of that range still waiting for labels are handed over with the next checkpoint's records.
+
+Not covered: a member that comes back after another member has taken its partitions *and committed
+past C* (it was away longer than the session timeout): its own commit is gone; the range [S, C) of
+those partitions stays out of the group's sums (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from iolstream.kafka.clients import client_conf
+
+log = logging.getLogger("iolstream.group")
+
+
+def own_commits_ahead(cfg, positions: dict) -> dict[tuple[str, int], int]:
+    """{key: committed offset} of the snapshot's partitions whose group commit is this member's own and ahead
+    of the snapshot's position."""
+    if not positions:
+        return {}
+    consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
+    try:
+        got = consumer.committed([TopicPartition(t, p) for t, p in positions], timeout=cfg.kafka.call_timeout_seconds)
+    finally:
+        consumer.close()
+    return {
+        (tp.topic, tp.partition): tp.offset for tp in got
+        if tp.offset >= 0 and (tp.metadata or "") == cfg.member_id and tp.offset > positions[(tp.topic, tp.partition)]
+    }  # fmt: skip
+
+
+def relearn(cfg, processor, positions: dict, ranges: dict[tuple[str, int], int], timeout: float) -> int:
+    """Feed ``processor`` the messages from ``positions[key]`` up to ``ranges[key]`` (exclusive) of every key, in
+    timestamp order, outputs dropped (they were emitted before); positions move to the range ends. Returns the
+    messages re-learned."""
+    conf = {**client_conf(cfg), "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True}  # fmt: skip
+    consumer = Consumer(conf)
+    consumer.assign([TopicPartition(t, p, positions[(t, p)]) for t, p in ranges])
+    msgs, left, deadline = [], dict(ranges), time.monotonic() + timeout
+    try:
+        while left and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                key = (msg.topic(), msg.partition())
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF and key in left:
+                        del left[key]  # nothing more to read (the range ends at the end of the partition)
+                    continue
+                if key in left and msg.offset() < left[key]:
+                    msgs.append(msg)
+                if key in left and msg.offset() + 1 >= left[key]:
+                    del left[key]
+    finally:
+        consumer.close()
+    if left:
+        log.warning("re-learning %s did not finish within %.0f s", sorted(left), timeout)
+    features = cfg.topics.features
+    now = int(time.time() * 1000)
+    for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
+        key = (msg.topic(), msg.partition())
+        handler = processor.on_features if key[0] == features else processor.on_labels
+        handler(msg.value(), (key[0], key[1], msg.offset()), now)
+        positions[key] = msg.offset() + 1
+        if len(processor.batcher) >= cfg.stream.batch_rows:
+            processor.step(now)
+    processor.step(now, force=True)
+    for key, end in ranges.items():
+        if key not in left:
+            positions[key] = max(positions[key], end)
+    log.info("re-learned %d messages this member had committed past its snapshot: %s", len(msgs),
+             ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(ranges.items())), extra={"event": "group_relearned"})  # fmt: skip
+    return len(msgs)
