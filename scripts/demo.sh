@@ -15,8 +15,8 @@
 # of DEMO_PARTITIONS partitions (default 4), member ids demo-1 ... demo-N (IOLSTREAM_GROUP__MEMBER_ID), one
 # log each ($DEMO_DIR/worker-<i>.log) and a metrics port each (free ports, printed); once the replay is
 # over it shows every member's status line and group metrics (group size, predictions), then stops them
-# all (each must exit 0). A drifting DATASET then runs without forgetting (group learning refuses it),
-# and friedman-drift with model.target_scaler none.
+# all (each must exit 0). A drifting DATASET forgets on the group's clock (rows seen by all members);
+# friedman-drift runs with model.target_scaler none (the members must share one target scaling).
 #
 # Environment: KAFKA_PORT (default 19092), DEMO_RATE rows/s (default 100), DEMO_PLOT (default
 # demo-learning-curve.png), DEMO_DIR for the worker's log and snapshots (default .iolstream/demo),
@@ -66,9 +66,8 @@ print(d.X.shape[1], list(d.classes) if d.task == 'classification' else 'none')")
         else export IOLSTREAM_MODEL__CLASSES="$CLASSES"; fi
         ORDER=(--rows 20000)
         RATE="${DEMO_RATE:-1000}"
-        if [ "$WORKERS" -gt 1 ]; then  # group learning adds the members' sums: no decay (config.py, _check_group)
-            export IOLSTREAM_MODEL__FORGETTING=null
-            [ "$CLASSES" != none ] || export IOLSTREAM_MODEL__TARGET_SCALER=none
+        if [ "$WORKERS" -gt 1 ] && [ "$CLASSES" = none ]; then  # one target scaling for the group (config.py)
+            export IOLSTREAM_MODEL__TARGET_SCALER=none
         fi
         ;;
     *) echo "demo: DATASET=$DATASET: use segment, hyperplane, sea, agrawal, rbf-drift or friedman-drift" >&2; exit 2 ;;
