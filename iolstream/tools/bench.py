@@ -122,7 +122,7 @@ def add_parser(subparsers):
     p.add_argument("--bootstrap", default=None, help="kafka suite: broker (default: the local one)")
     p.add_argument("--kafka-scale", type=float, default=1.0, help="kafka suite: scale every row count (e.g. 0.1 for a quick run)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="kafka suite: skip the 100k vs 1M rows RSS runs")
-    p.add_argument("--group-rows", type=int, default=60_000, help="group suite: rows pre-produced (times --kafka-scale)")
+    p.add_argument("--group-rows", type=int, default=120_000, help="group suite: rows pre-produced (times --kafka-scale)")
     p.add_argument("--partitions", type=int, default=4, help="group suite: partitions of the input topics")
     p.add_argument("--group-workers", type=int, default=2, help="group suite: workers in the group (against 1)")
     p.add_argument("--no-group-quality", dest="group_quality", action="store_false", help="group suite: skip the quality table")

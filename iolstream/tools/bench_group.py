@@ -7,14 +7,16 @@ All in one run, on the local broker (or ``--bootstrap``), default model config (
    key: the same partition, so the same member); then ``iolstream run --stop-at-end`` as one plain worker,
    then as ``--group-workers`` processes in one consumer group with ``group.enabled`` (each its own
    predictions topic, consumer group and deltas topic). Rows/s = predictions ÷ (last − first prediction's
-   Kafka timestamp) over every partition; the workers' CPU seconds over that window give the cores used.
+   Kafka timestamp) over every partition, and the same from the moment every worker holds partitions (a member
+   whose join lost the race to the first one is start-up, not throughput); the workers' CPU seconds over each
+   window give the cores used.
    The broker runs on the same cores (``cpu_count`` is the machine's): compare ratios within the run;
 2. ``sync_costs``: per config (default, and the paper's poker N=989, L=5), in this process, on a model
    that learned some rows: the record's bytes (a ``kafka.snapshots`` blob, as ``kafka.group`` sends it),
    building the record (own sums) + encoding it, producing it (chunked at 900,000 bytes) and flushing it
    to a real topic, decoding it, applying it (``GroupState.apply``: the merge) and the re-solve that
    follows (every layer refactored and solved: the upper bound; a -F step that factors A + DᵀD anyway
-   absorbs it), and the per-row cost of a plain -F step at the worker's batch on the same config;
+   absorbs it), and the per-row cost of a plain -F step on the same config (batch 256; poker 2,200);
 3. ``quality``: ``tools.group_sim.quality_table`` on segment (and poker with ``--group-poker-rows``):
    group and independent members against one worker, prequential accuracy in stream order.
 
@@ -23,6 +25,7 @@ Ratios are same-run; the machine is shared and noisy, absolute rates are not com
 
 from __future__ import annotations
 
+import calendar
 import os
 import shutil
 import sys
@@ -46,7 +49,7 @@ from iolstream.tools.group_sim import quality_table
 
 BATCH = 256  # rows per input message and the worker's batch_rows
 CHUNK_BYTES = 900_000  # group.chunk_bytes' default
-SYNC_CONFIGS = {"default": (512, 2), "poker": (989, 5)}  # (n_nodes, n_layers); k = 10, m = 10
+SYNC_CONFIGS = {"default": (512, 2, 256), "poker": (989, 5, 2200)}  # (n_nodes, n_layers, batch_rows); k = 10, m = 10
 
 
 def _poker(rows: int, seed: int = 0):
@@ -75,7 +78,7 @@ def _worker_cfg(bootstrap: str, topics: dict, group_id: str, snap_dir: Path, par
         "snapshot": {"dir": str(snap_dir), "every_seconds": 30, "every_batches": 100_000},
         "group": {"enabled": group},
         "metrics": {"port": 0},
-        "logging": {"level": "WARNING"},
+        "logging": {"level": "INFO", "format": "json", "status_every_seconds": 5},  # INFO: when it was assigned
     }  # fmt: skip
 
 
@@ -104,14 +107,15 @@ def _send(p: Producer, topic: str, value: bytes, key: bytes) -> None:
             p.poll(0.05)
 
 
-def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float]:
-    """(predicted rows, first and last Kafka timestamp in s) over every partition of ``topic``."""
+def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, np.ndarray]:
+    """(predicted rows, first and last Kafka timestamp in s, (messages, 2) array of [timestamp s, rows]) over every
+    partition of ``topic``."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         c.assign([TopicPartition(topic, p, 0) for p in parts])
-        rows, first, last, eof = 0, float("inf"), 0.0, set()
+        rows, first, last, eof, stamps = 0, float("inf"), 0.0, set(), []
         deadline = time.monotonic() + 120
         while len(eof) < len(parts) and time.monotonic() < deadline:
             for msg in c.consume(5000, 1.0):
@@ -121,10 +125,11 @@ def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float]:
                     continue
                 eof.discard(msg.partition())
                 obj = orjson.loads(msg.value())
-                rows += len(obj["ids"]) if "ids" in obj else 1
+                n = len(obj["ids"]) if "ids" in obj else 1
                 ts = msg.timestamp()[1] / 1000.0
-                first, last = min(first, ts), max(last, ts)
-        return rows, first, last
+                rows, first, last = rows + n, min(first, ts), max(last, ts)
+                stamps.append((ts, n))
+        return rows, first, last, np.array(stamps, dtype=np.float64).reshape(-1, 2)
     finally:
         c.close()
 
@@ -148,14 +153,39 @@ def _run_workers(bootstrap, topics, workdir: Path, partitions: int, n_workers: i
         t.join()
     for w, code in zip(workers, codes):
         w.check(-1 if code is None else code)
-    rows, t0, t1 = _prediction_window(bootstrap, topics["predictions"])
+    rows, t0, t1, stamps = _prediction_window(bootstrap, topics["predictions"])
     if rows < n_rows:
         raise RuntimeError(f"{tag}: {rows} predictions for {n_rows} rows; logs: {[str(w.log) for w in workers]}")
     cpu = sum(w.cpu_between(t0, t1) for w in workers)
     seconds = max(t1 - t0, 1e-3)
+    # from the moment every worker holds partitions: a member that joins late (its group join lost the race to
+    # the first one) is no part of a group's throughput, only of its start-up
+    joined = max(_first_assignment(w.log) for w in workers)
+    after = stamps[stamps[:, 0] >= joined]
+    steady_seconds = t1 - max(joined, t0)
+    if steady_seconds < 1.0:  # a member got partitions only once (nearly) every row was predicted: no group at work
+        steady_rate = steady_cores = None
+    else:
+        steady_rate = after[:, 1].sum() / steady_seconds
+        steady_cores = sum(w.cpu_between(max(joined, t0), t1) for w in workers) / steady_seconds
     return {"workers": n_workers, "rows_predicted": rows, "seconds": seconds, "rows_per_second": n_rows / seconds,
             "worker_cpu_seconds": cpu, "cores_used_by_workers": cpu / seconds,
+            "all_joined_after_first_prediction_s": max(joined - t0, 0.0),
+            "rows_after_all_joined": int(after[:, 1].sum()),
+            "rows_per_second_after_all_joined": steady_rate, "cores_used_after_all_joined": steady_cores,
             "peak_rss_mb": [round((w.peak_rss_bytes or 0) / 2**20, 1) for w in workers]}  # fmt: skip
+
+
+def _first_assignment(log_path: Path) -> float:
+    """Epoch seconds of the worker's first "assigned" log line (JSON log lines, ``ts`` in UTC)."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        rec = orjson.loads(line)
+        if str(rec.get("message", "")).startswith("assigned"):
+            stamp, ms = rec["ts"].rstrip("Z").split(".")
+            return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + int(ms) / 1000.0
+    raise RuntimeError(f"no partitions were ever assigned to the worker; log: {log_path}")
 
 
 def run_throughput(bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, created: list) -> dict:
@@ -183,7 +213,11 @@ def run_throughput(bootstrap: str, rows: int, partitions: int, group_workers: in
         out[tag] = _run_workers(bootstrap, topics, workdir, partitions, n_workers, tag, rows, scaling)
         print(f"group bench: {n_workers} worker(s): {out[tag]['rows_per_second']:.0f} rows/s, "
               f"{out[tag]['cores_used_by_workers']:.2f} cores", file=sys.stderr, flush=True)  # fmt: skip
-    out["ratio_vs_one_worker"] = out[f"w{group_workers}"]["rows_per_second"] / out["w1"]["rows_per_second"]
+    group, one = out[f"w{group_workers}"], out["w1"]
+    out["ratio_vs_one_worker"] = group["rows_per_second"] / one["rows_per_second"]
+    steady = group["rows_per_second_after_all_joined"], one["rows_per_second_after_all_joined"]
+    if None not in steady:
+        out["ratio_vs_one_worker_after_all_joined"] = steady[0] / steady[1]
     return out
 
 
@@ -201,9 +235,9 @@ def _timed(fn, repeat: int) -> tuple[float, object]:
 
 def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3) -> dict:
     """One record of config ``name`` (SYNC_CONFIGS): bytes and the seconds of each step (best of ``repeat``)."""
-    n_nodes, n_layers = SYNC_CONFIGS[name]
+    n_nodes, n_layers, batch = SYNC_CONFIGS[name]
     cfg = ModelConfig(n_inputs=10, classes=tuple(range(10)), n_nodes=n_nodes, n_layers=n_layers, track_regret=False)
-    X, y, _ = _poker(4 * BATCH, seed=2)
+    X, y, _ = _poker(max(4 * BATCH, batch), seed=2)
     sender, receiver = EdRVFL(cfg), EdRVFL(cfg)
     runtime.configure_for_model(sender)
     for m in (sender, receiver):
@@ -248,25 +282,26 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     resolve = _timed(lambda: [ln.refresh() for ln in receiver.learners], repeat)[0]
     out["resolve_ms"] = resolve * 1e3
     out["apply_and_resolve_ms"] = out["apply_ms"] + out["resolve_ms"]
-    out["row_us"] = _row_cost(cfg, X, y) * 1e6
+    out["batch_rows"] = batch
+    out["row_us"] = _row_cost(cfg, X, y, batch) * 1e6
     return out
 
 
-def _row_cost(cfg: ModelConfig, X, y, seconds: float = 3.0) -> float:
-    """Seconds per row of a plain -F step at the worker's batch (features, Gram, predict, label fold-in)."""
+def _row_cost(cfg: ModelConfig, X, y, batch: int, seconds: float = 3.0) -> float:
+    """Seconds per row of a plain -F step at ``batch`` rows (features, Gram, predict, label fold-in)."""
     model = EdRVFL(cfg)
     runtime.configure_for_model(model)
     model.scaler.partial_fit(X[: cfg.warmup_rows])
     model.scaler.freeze()
-    targets = model.encode_labels(y[:BATCH])
-    x = X[:BATCH]
+    targets = model.encode_labels(y[:batch])
+    x = X[:batch]
     pred = model.observe(x)
     model.learn(pred.features_t, targets, predicted=pred.predicted)
     rows, tic = 0, time.perf_counter()
     while time.perf_counter() - tic < seconds:
         pred = model.observe(x)
         model.learn(pred.features_t, targets, predicted=pred.predicted)
-        rows += BATCH
+        rows += batch
     return (time.perf_counter() - tic) / rows
 
 

@@ -64,3 +64,17 @@ def test_split_batch_cuts_member_batches_of_b_over_k_and_syncs_after_each():
     group = table["runs"][0]
     assert (group["batch_rows"], group["sync_rows"]) == (20, 20)
     assert group["records_published"] >= sum(-(-r // 20) for r in group["member_rows"])  # one per batch at least
+
+
+def test_projection_runs_out_of_interval_where_merging_fills_it():
+    from iolstream.tools.bench_group import projection
+
+    cost = {"record_bytes": 1_000_000, "build_own_sums_ms": 5.0, "encode_ms": 3.0, "produce_ms": 2.0, "decode_ms": 10.0,
+            "apply_ms": 40.0, "resolve_ms": 40.0, "row_us": 100.0}  # fmt: skip
+    rows = {r["members"]: r for r in projection(cost, members=(1, 4, 20), sync_seconds=1.0)}
+    # per interval: publish 10 ms + (K−1)·50 ms merging + 40 ms re-solve; the rest at 10,000 rows/s
+    assert rows[4]["sync_share"] == pytest.approx(0.2)
+    assert rows[4]["rows_per_second_total"] == pytest.approx(4 * 0.8 * 10_000)
+    assert rows[20]["rows_per_second_total"] == 0.0  # 19 × 50 ms + 50 ms: the interval is full
+    assert rows[4]["deltas_out_mb_per_s"] == pytest.approx(12.0)  # 4 records, each read by 3 members
+    assert rows[1]["members_where_merging_fills_the_interval"] == pytest.approx(1 + 0.95 / 0.05)
