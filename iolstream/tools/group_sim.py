@@ -157,9 +157,7 @@ def simulate_group(
         tic = time.perf_counter()
         st = states[j]
         if st.changed():
-            record = st.next_record()
-            # (seq, sums) or, with the group clock of forgetting, (seq, sums, {"clock", "rows"}): what apply takes
-            seq, sums, meta = record if len(record) == 3 else (*record, {})
+            seq, sums, meta = st.next_record()  # meta: the member's {"clock", "rows"}, for apply
             st.published(seq)
             log[st.member] = (seq, sums, meta)
             published += 1
