@@ -107,12 +107,32 @@ def reference_state(raw_cfg: dict, messages, scaler_mean, scaler_std) -> dict:
     return proc.to_state()
 
 
+def closed_form(raw_cfg: dict, messages, scaler_mean, scaler_std) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer (A, c) straight from the data: A = λI + Σ DᵀD over every row, c = Σ DᵀY over the rows whose
+    label came (the first one: a repeated label is a duplicate), with the group's scaling."""
+    raw = {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": list(scaler_mean), "scaler_std": list(scaler_std)}
+    model = EdRVFL(config_from_dict({"model": raw}, environ={}).model)
+    rows = {m.obj["id"]: m.obj["x"] for m in messages if m.kind == "features"}
+    labels: dict = {}
+    for m in messages:
+        if m.kind == "labels":
+            labels.setdefault(m.obj["id"], m.obj["y"])
+    ids = list(rows)
+    d_t = model.features(np.array([rows[i] for i in ids]))
+    y = np.zeros((len(ids), model.config.m))
+    have = np.array([i in labels for i in ids])
+    y[have] = model.encode_labels([labels[i] for i in ids if i in labels])
+    lam = raw_cfg["model"].get("lam", 0.5)
+    return [(lam * np.eye(d.shape[0]) + d @ d.T, d @ y) for d in d_t]
+
+
 def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context: str) -> None:
     snaps = [m.newest(snap_dir) for m in members]
     mean, scale = snaps[0].arrays["model/scaler/mean"], snaps[0].arrays["model/scaler/scale"]
     for snap in snaps[1:]:  # one scaling for the whole group
         np.testing.assert_array_equal(snap.arrays["model/scaler/mean"], mean, err_msg=context)
     ref_manifest, ref = reference_state(raw_cfg, messages, mean, scale)
+    closed = closed_form(raw_cfg, messages, mean, scale)
     for member, snap in zip(members, snaps):
         why = f"{context}: member {member.member} ({snap.path})"
         compared = 0
@@ -122,6 +142,12 @@ def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context
                                            err_msg=f"{name}: {why}")  # fmt: skip
                 compared += 1
         assert compared >= 6, why
+        for layer, (a, c) in enumerate(closed):  # the offline solution over every row seen, every label joined
+            got = np.tril(snap.arrays[f"model/layer{layer}/gram"])  # the authoritative triangle
+            np.testing.assert_allclose(got, np.tril(a), rtol=1e-9, atol=1e-9 * np.abs(a).max(),
+                                       err_msg=f"closed-form A, layer {layer}: {why}")  # fmt: skip
+            np.testing.assert_allclose(snap.arrays[f"model/layer{layer}/beta"], np.linalg.solve(a, c), rtol=1e-6,
+                                       atol=1e-9, err_msg=f"closed-form β, layer {layer}: {why}")  # fmt: skip
         for key in ("rows_observed", "rows_labelled"):
             assert snap.manifest["counters"][key] == ref_manifest["counters"][key], f"{key}: {why}"
         assert snap.manifest["group"]["member"] == member.member
@@ -143,10 +169,27 @@ def wait_quiet(members, bootstrap: str, raw: dict, timeout: float = 120.0) -> No
                                                                              PARTITIONS).items()}  # fmt: skip
         behind = {key: end for key, end in ends.items() if (committed[key] or 0) < end}
         if not behind:
-            time.sleep(3.0)
-            return
+            break
         time.sleep(1.0)
-    raise AssertionError(f"input not all committed within {timeout} s: behind on {behind}")
+    else:
+        raise AssertionError(f"input not all committed within {timeout} s: behind on {behind}")
+    # then until the members stop publishing (a member publishes only when its own sums changed): 2 s without
+    # a new record on the deltas topic, every member having applied every other's last one
+    deltas = TopicPartition(raw["topics"]["model_deltas"], 0)
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
+    last, quiet_since = None, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            end = probe.get_watermark_offsets(deltas, timeout=10, cached=False)[1]
+            if end != last:
+                last, quiet_since = end, time.monotonic()
+            elif time.monotonic() - quiet_since >= 2.0:
+                time.sleep(1.0)  # the last record's readers apply it within a cycle
+                return
+            time.sleep(0.25)
+    finally:
+        probe.close()
+    raise AssertionError(f"the members did not stop publishing within {timeout} s")
 
 
 def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str) -> None:
