@@ -68,6 +68,7 @@ class CandidateSelector:
         self.loss = np.zeros(n_candidates)
         self.pair = np.zeros((n_candidates, n_candidates))
         self.rows = 0.0  # Σ wᵢ over rows: loss / rows is the recent loss per row
+        self.clock = 0  # labelled rows scored so far (group learning: the group's, see advance)
         self.chosen = self.start = start
         self.switches = 0  # times another candidate took over
         self.half_life = half_life
@@ -78,11 +79,24 @@ class CandidateSelector:
         """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
         row_losses = np.asarray(row_losses, dtype=np.float64)
         b = row_losses.shape[1]
-        decay = float(np.exp2(-b / self.half_life))
-        self.loss = decay * self.loss + row_losses.sum(axis=1)
+        self.advance(b)
+        self.loss += row_losses.sum(axis=1)
         diff = row_losses[:, None, :] - row_losses[None, :, :]
-        self.pair = decay * decay * self.pair + np.einsum("jkb,jkb->jk", diff, diff)
-        self.rows = decay * self.rows + b
+        self.pair += np.einsum("jkb,jkb->jk", diff, diff)
+        self.rows += b
+        self.decide()
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more labelled rows scored (here, or by other members of a group): the sums decay."""
+        if rows > 0:
+            decay = float(np.exp2(-rows / self.half_life))
+            self.loss *= decay
+            self.pair *= decay * decay
+            self.rows *= decay
+            self.clock += rows
+
+    def decide(self) -> None:
+        """Put in force the candidate the sums call for (after ``record``, or after a group's sums were added)."""
         chosen = self.chosen
         gap = self.loss[chosen] - self.loss  # > 0: lower recent loss than the one in force
         better = gap > self.z * np.sqrt(self.pair[chosen])

@@ -17,8 +17,13 @@ T = n(n+1)/2 entries of a symmetric n×n matrix (upper triangle, row by row):
     p<p>.counts    (5,)    rows observed, labelled, forgotten, label batches, Σ‖Y‖² (added)
     p<p>.maxes     (3,)    largest label batch, D_m, Y_m (their maximum is taken, not their sum)
 
-With forgetting (``model.forgetting``) every sum decays on the learner's clock of rows seen; a set
-read at clock C₀ is worth ``decayed(model, sums, C − C₀)`` at clock C (``stream.group`` keeps the clocks).
+With ``auto`` (several candidates) the selector's recent losses are sums too, on a clock of labelled rows:
+
+    sel.loss (K,), sel.pair (K, K), sel.rows (1,)   ``candidates.CandidateSelector``'s sums
+
+With forgetting (``model.forgetting``) every sum decays on the learner's clock of rows seen, the selector's
+on its clock of labelled rows; a set read at clocks (C₀, S₀) is worth ``decayed(model, sums, C − C₀, S − S₀)``
+at (C, S) (``stream.group`` keeps the clocks).
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ def sums(model) -> dict[str, np.ndarray]:
         out[f"p{p}.loss"] = a.loss_sum.copy()
         out[f"p{p}.counts"] = np.array([float(getattr(st, k)) for k in COUNTS])
         out[f"p{p}.maxes"] = np.array([float(getattr(st, k)) for k in MAXES])
+    if len(model.learners) > 1:
+        sel = model.selector
+        out.update({"sel.loss": sel.loss.copy(), "sel.pair": sel.pair.copy(), "sel.rows": np.array([sel.rows])})
     return out
 
 
@@ -68,16 +76,28 @@ def clock(model) -> int:
     return model.learners[0].state.clock
 
 
-def advance(model, rows: int) -> None:
-    """``rows`` more rows seen elsewhere: every learner's clock moves on and, with forgetting, its sums decay."""
+def label_clock(model) -> int:
+    """The selector's clock: labelled rows scored (0 with a single candidate)."""
+    return model.selector.clock
+
+
+def advance(model, rows: int, label_rows: int = 0) -> None:
+    """``rows`` more rows seen elsewhere, ``label_rows`` more labelled: every learner's clock moves on and, with
+    forgetting, its sums decay; the selector's sums decay likewise."""
     for ln in model.learners:
         ln.advance(rows)
+    if len(model.learners) > 1:
+        model.selector.advance(label_rows)
 
 
-def decayed(model, sums: dict[str, np.ndarray], age: float) -> dict[str, np.ndarray]:
-    """``sums`` (keys as ``sums``) aged by ``age`` rows: each primary's decaying parts (A, c, A_r, Σ loss, Σ‖Y‖²)
-    times 2^(−age/half-life); counts and maxes as they are. Without forgetting, or at age 0, ``sums`` itself."""
+def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0.0) -> dict[str, np.ndarray]:
+    """``sums`` (keys as ``sums``) aged by ``age`` rows and ``label_age`` labelled rows: each primary's decaying
+    parts (A, c, A_r, Σ loss, Σ‖Y‖²) times 2^(−age/half-life), the selector's by its own half-life (its pair sum
+    twice); counts and maxes as they are. Without forgetting and at label age 0, ``sums`` itself."""
     out = dict(sums)
+    if "sel.loss" in sums and label_age:
+        f = float(np.exp2(-label_age / model.selector.half_life))
+        out.update({"sel.loss": sums["sel.loss"] * f, "sel.pair": sums["sel.pair"] * f * f, "sel.rows": sums["sel.rows"] * f})
     for p, ln in enumerate(primaries(model)):
         if ln.half_life is None or age == 0:
             continue
@@ -104,8 +124,9 @@ def difference(new: dict, old: dict | None) -> dict[str, np.ndarray]:
 
 
 def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
-    """Add ``sign`` × ``delta`` (keys as ``sums``) into every primary learner's sums; maxes become the larger
-    ones. Factors and β become stale (solved when next read), the learners' versions move on."""
+    """Add ``sign`` × ``delta`` (keys as ``sums``) into every primary learner's sums (and the selector's, which then
+    decides again); maxes become the larger ones. Factors and β become stale (solved when next read), the
+    learners' versions move on."""
     for p, ln in enumerate(primaries(model)):
         st, a = ln.state, ln.state.arrays
         n = a.gram.shape[1]
@@ -131,6 +152,12 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
     for ln in model.learners:  # the λ candidates copy their primary's new sums now (a snapshot saves them as they are)
         if isinstance(ln, SharedGramLearner):
             ln.sync()
+    if "sel.loss" in delta:
+        sel = model.selector
+        sel.loss += sign * delta["sel.loss"]
+        sel.pair += sign * delta["sel.pair"]
+        sel.rows += sign * float(delta["sel.rows"][0])
+        sel.decide()
 
 
 def check_layout(model, received: dict[str, np.ndarray]) -> None:

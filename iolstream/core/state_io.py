@@ -78,7 +78,7 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         sel = model.selector
         manifest["selection"] = {
             "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
-            "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches,
+            "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches, "clock": sel.clock,
             "grid": [[_json_safe(lam), h] for lam, h in model.candidates],
         }  # fmt: skip
     return manifest, arrays
@@ -191,6 +191,7 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             model.selector.loss = np.asarray(sel["loss"], dtype=np.float64).reshape(len(saved))
             model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
             model.selector.switches = int(sel["switches"])
+            model.selector.clock = int(sel.get("clock", 0))  # saved since group learning
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model

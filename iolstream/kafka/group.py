@@ -234,8 +234,9 @@ class GroupSync:
                          extra={"event": "group_handover"})  # fmt: skip
             return 1
         adopt = not self.restored and not self.caught_up
-        what = self.state.apply(member, seq, arrays, clock=int(manifest["clock"]), rows=int(manifest["rows"]),
-                                published_ms=int(manifest["published_ms"]), now_ms=_now_ms(), adopt_own=adopt)  # fmt: skip
+        clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
+        what = self.state.apply(member, seq, arrays, **clocks, published_ms=int(manifest["published_ms"]), now_ms=_now_ms(),
+                                adopt_own=adopt)  # fmt: skip
         if what == "adopted":
             self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
             log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],

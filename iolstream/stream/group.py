@@ -48,6 +48,8 @@ class MemberSums:
     applied_ms: int  # when they were applied here
     rows: int  # rows that member has seen itself (its share of the group clock; never taken back)
     clock: int  # its clock when it published these sums (they are worth 2^(−(C − clock)/half-life) at C)
+    label_rows: int = 0  # with auto: labelled rows it scored itself (its share of the selector's clock)
+    label_clock: int = 0  # its selector's clock when it published
     rate: float | None = None  # its rows per ms between its last two records (None: one record so far)
 
 
@@ -84,11 +86,15 @@ class GroupState:
         """Rows this member saw itself: its clock less the rows of every other member it holds."""
         return contribution.clock(self.model) - sum(m.rows for m in self.members.values())
 
+    def own_label_rows(self) -> int:
+        """Labelled rows this member scored itself (``auto``): its selector's clock less the other members'."""
+        return contribution.label_clock(self.model) - sum(m.label_rows for m in self.members.values())
+
     def _others(self) -> dict[str, np.ndarray] | None:
-        now, total = contribution.clock(self.model), None
+        now, labels, total = contribution.clock(self.model), contribution.label_clock(self.model), None
         for m in sorted(self.members):
             s = self.members[m]
-            aged = contribution.decayed(self.model, s.sums, now - s.clock)
+            aged = contribution.decayed(self.model, s.sums, now - s.clock, labels - s.label_clock)
             total = aged if total is None else _plus(total, aged)
         return total
 
@@ -97,8 +103,11 @@ class GroupState:
         return self.published_version != self.model.version
 
     def next_record(self) -> tuple[int, dict[str, np.ndarray], dict]:
-        """(sequence, own sums, {"clock", "rows"}) of the next record; call ``published`` once it is produced."""
-        return self.own_seq + 1, self.own(), {"clock": contribution.clock(self.model), "rows": self.own_rows()}
+        """(sequence, own sums, clocks) of the next record; call ``published`` once it is produced. Clocks:
+        {"clock", "rows", "label_clock", "label_rows"}: this member's clocks and its own shares of them."""
+        clocks = {"clock": contribution.clock(self.model), "rows": self.own_rows(),
+                  "label_clock": contribution.label_clock(self.model), "label_rows": self.own_label_rows()}  # fmt: skip
+        return self.own_seq + 1, self.own(), clocks
 
     def published(self, seq: int) -> None:
         self.own_seq = seq
@@ -107,7 +116,7 @@ class GroupState:
 
     # ------------------------------------------------------------ others
     def apply(self, member: str, seq: int, sums: dict[str, np.ndarray], *, clock: int, rows: int, published_ms: int,
-              now_ms: int, adopt_own: bool = False) -> str:  # fmt: skip
+              now_ms: int, label_clock: int = 0, label_rows: int = 0, adopt_own: bool = False) -> str:  # fmt: skip
         """A record read from the log. Returns what was done: "applied" (another member's newer sums replaced its
         older ones here), "stale" (not newer than the one applied: skipped), "own" (this member's: its sequence
         is noted), "adopted" (``adopt_own``, a member starting with no state: its own newest sums become its
@@ -118,7 +127,7 @@ class GroupState:
             self.own_seq = seq
             if adopt_own:  # its rows count on the clock again; with forgetting their age is taken from now
                 contribution.check_layout(self.model, sums)
-                contribution.advance(self.model, rows)
+                contribution.advance(self.model, rows, label_rows)
                 contribution.add(self.model, sums)
                 self.published_version = self.model.version
                 self.counters["adopted"] += 1
@@ -131,16 +140,18 @@ class GroupState:
         contribution.check_layout(self.model, sums)
         unchanged = self.published_version == self.model.version  # nothing of its own learned since the last publish
         rows = max(int(rows), 0 if old is None else old.rows)  # a member restarted from an older state re-counts
-        contribution.advance(self.model, rows - (0 if old is None else old.rows))  # the group clock moves on
-        now = contribution.clock(self.model)
-        new = contribution.decayed(self.model, sums, now - clock)
-        contribution.add(self.model, contribution.difference(new, None if old is None else
-                                                             contribution.decayed(self.model, old.sums, now - old.clock)))
+        label_rows = max(int(label_rows), 0 if old is None else old.label_rows)
+        contribution.advance(self.model, rows - (0 if old is None else old.rows),
+                             label_rows - (0 if old is None else old.label_rows))  # the group's clocks move on
+        now, labels = contribution.clock(self.model), contribution.label_clock(self.model)
+        new = contribution.decayed(self.model, sums, now - clock, labels - label_clock)
+        before = None if old is None else contribution.decayed(self.model, old.sums, now - old.clock, labels - old.label_clock)
+        contribution.add(self.model, contribution.difference(new, before))
         if unchanged:
             self.published_version = self.model.version
         rate = None if old is None or published_ms <= old.published_ms else (rows - old.rows) / (published_ms - old.published_ms)
         self.members[member] = MemberSums(seq, {k: v.copy() for k, v in sums.items()}, published_ms, now_ms, rows, int(clock),
-                                          rate)  # fmt: skip
+                                          label_rows, int(label_clock), rate)  # fmt: skip
         self.counters["applied"] += 1
         return "applied"
 
@@ -187,7 +198,7 @@ class GroupState:
         """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
         manifest = {
             "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
-            "members": {m: [s.seq, s.published_ms, s.rows, s.clock] for m, s in self.members.items()},
+            "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock] for m, s in self.members.items()},
             "counters": dict(self.counters),
         }  # fmt: skip
         arrays = {}
@@ -204,10 +215,11 @@ class GroupState:
         self.proposed = bool(manifest.get("proposed", False))
         self.counters.update(manifest.get("counters", {}))
         self.members = {}
-        for m, (seq, published_ms, rows, clock, index) in manifest["members"].items():
+        for m, (seq, published_ms, rows, clock, label_rows, label_clock, index) in manifest["members"].items():
             prefix = f"group/{index}/"
             sums = {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
-            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows), int(clock))
+            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows), int(clock), int(label_rows),
+                                         int(label_clock))  # fmt: skip
         self.published_version = None  # published again after a restart: the log may hold an older record of it
 
 

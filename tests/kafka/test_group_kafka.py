@@ -39,6 +39,7 @@ CRASH_WORKER = REPO / "tests" / "crash_worker.py"
 N_ROWS = 6000
 PARTITIONS = 6
 MODEL_ARRAYS = re.compile(r"model/layer\d+/(gram|rhs|beta|gram_labelled)$")
+AUTO_ARRAYS = re.compile(r"model/cand\d+/layer\d+/(gram|rhs|beta|gram_labelled)$")  # lam / forgetting auto
 
 
 def make_stream(seed: int = 7):
@@ -226,21 +227,28 @@ def assert_members_agree(members, snap_dir: Path, n_rows: int, context: str) -> 
     (rows seen by all) and the same decayed sums (the weighted closed form is checked in tests/stream/test_group.py)."""
     snaps = [m.newest(snap_dir) for m in members]
     for m, snap in zip(members, snaps):
-        assert snap.manifest["counters"]["clock"] == n_rows, f"{context}: {m.member}'s clock"
+        for cand in snap.manifest["candidates"]:
+            assert cand["counters"]["clock"] == n_rows, f"{context}: {m.member}'s clock"
+    compared = 0
     for name, want in snaps[0].arrays.items():
-        if MODEL_ARRAYS.match(name):
+        if AUTO_ARRAYS.match(name):
+            compared += 1
             for m, snap in zip(members[1:], snaps[1:]):
                 np.testing.assert_allclose(snap.arrays[name], want, rtol=1e-9, atol=1e-9 * np.abs(want).max(),
                                            err_msg=f"{name}: {context}, {m.member} against {members[0].member}")  # fmt: skip
+    assert compared >= 6 * 9, context  # auto: every candidate's A, c, β
+    for m, snap in zip(members[1:], snaps[1:]):  # one selector for the group: the same recent losses
+        np.testing.assert_allclose(snap.manifest["selection"]["loss"], snaps[0].manifest["selection"]["loss"], rtol=1e-9,
+                                   err_msg=f"{context}: {m.member}'s selector")  # fmt: skip
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(("exactly_once", "forgetting"), [(False, None), (True, None), (False, 1500.0)],
-                         ids=["at-least-once", "exactly-once", "forgetting"])  # fmt: skip
+@pytest.mark.parametrize(("exactly_once", "forgetting"), [(False, None), (True, None), (False, "auto")],
+                         ids=["at-least-once", "exactly-once", "auto"])  # fmt: skip
 def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once, forgetting):
     raw, path, snap_dir, topics = group_rig(exactly_once)
-    if forgetting is not None:
-        raw["model"]["forgetting"] = forgetting
+    if forgetting is not None:  # forgetting and λ chosen online: every candidate's sums and the selector's are shared
+        raw["model"].update(forgetting=forgetting, lam="auto")
         path.write_text(yaml.safe_dump(raw))
     messages = make_stream()
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
@@ -257,7 +265,7 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
     if forgetting is None:
         assert_group_state(members, snap_dir, raw, messages, f"3 members, exactly_once={exactly_once}")
     else:
-        assert_members_agree(members, snap_dir, len(ids), f"3 members, forgetting {forgetting}")
+        assert_members_agree(members, snap_dir, len(ids), "3 members, lam and forgetting auto")
     if exactly_once:
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
 

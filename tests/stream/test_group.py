@@ -70,8 +70,8 @@ def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
     for m in members:
         got = contribution.sums(m)
         for key in want:
-            if key.endswith((".maxes", ".loss")):  # the prequential history differs: other β predicted the rows
-                continue
+            if key.endswith((".maxes", ".loss")) or key.startswith("sel."):  # the prequential history differs:
+                continue  # other β predicted the rows
             keep = [0, 1, 2, 4] if key.endswith(".counts") else slice(None)  # not label_batches: a count of fold-ins
             np.testing.assert_allclose(got[key][keep], want[key][keep], rtol=1e-9, atol=1e-9, err_msg=key)
         # and the closed form: β = A⁻¹c for every layer, A = λI + Σ DᵀD over all rows
@@ -198,6 +198,10 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
     _exchange(states, 9)  # a second round: every member now holds every other's last sums at the same clock
     clock = members[0].learners[0].state.clock
     assert all(m.learners[0].state.clock == clock == len(x) for m in members)
+    for m in members[1:] if len(members[0].learners) > 1 else []:  # auto: one selector for the group (its sums
+        assert m.selector.clock == members[0].selector.clock == len(x)  # on the clock of labelled rows)
+        for key in ("sel.loss", "sel.pair", "sel.rows"):
+            np.testing.assert_allclose(contribution.sums(m)[key], contribution.sums(members[0])[key], rtol=1e-9, atol=1e-12)
     for p in range(len(contribution.primaries(members[0]))):
         for m in members[1:]:
             for key in ("gram", "rhs", "labelled"):
