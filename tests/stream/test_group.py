@@ -39,6 +39,14 @@ def _feed(model, x, y, batch):
     return stamps
 
 
+def _assert_closed_form(model, ln, x, y, w):
+    """``ln``'s β of every layer against the weighted ridge solved directly: A = λI + Σ wᵢdᵢdᵢᵀ, c = Σ wᵢdᵢyᵢ."""
+    for ls, layer_d in zip(ln.state.layers, model.features(x)):
+        a = ls.lam * np.eye(layer_d.shape[0]) + (layer_d * w) @ layer_d.T
+        c = (layer_d * w) @ model.encode_labels(y)
+        np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)
+
+
 def _exchange(states, rounds_ms):
     """Every member publishes its own sums; every other applies them (all orders of arrival are fine)."""
     records = []
@@ -74,12 +82,7 @@ def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
                 continue  # other β predicted the rows
             keep = [0, 1, 2, 4] if key.endswith(".counts") else slice(None)  # not label_batches: a count of fold-ins
             np.testing.assert_allclose(got[key][keep], want[key][keep], rtol=1e-9, atol=1e-9, err_msg=key)
-        # and the closed form: β = A⁻¹c for every layer, A = λI + Σ DᵀD over all rows
-        d_t = m.features(x)
-        for ls, layer_d in zip(m.learner.state.layers, d_t):
-            a = ls.lam * np.eye(layer_d.shape[0]) + layer_d @ layer_d.T
-            c = layer_d @ m.encode_labels(y)
-            np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)
+        _assert_closed_form(m, m.learner, x, y, np.ones(len(x)))  # A = λI + Σ DᵀD over all rows
         np.testing.assert_array_equal(m.predict(x), single.predict(x))
 
 
@@ -209,8 +212,4 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
                                            rtol=1e-9, atol=1e-9, err_msg=f"p{p}.{key}")  # fmt: skip
         ln = contribution.primaries(members[0])[p]
         w = np.ones(len(x)) if ln.half_life is None else np.exp2(-(clock - stamps) / ln.half_life)
-        d_t = members[0].features(x)
-        for ls, layer_d in zip(ln.state.layers, d_t):
-            a = ls.lam * np.eye(layer_d.shape[0]) + (layer_d * w) @ layer_d.T
-            c = (layer_d * w) @ members[0].encode_labels(y)
-            np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)
+        _assert_closed_form(members[0], ln, x, y, w)
