@@ -160,24 +160,25 @@ def _run_workers(bootstrap, topics, workdir: Path, partitions: int, n_workers: i
     seconds = max(t1 - t0, 1e-3)
     # from the moment every worker holds partitions: a member that joins late (its group join lost the race to
     # the first one) is no part of a group's throughput, only of its start-up
-    joined = max(_first_assignment(w.log) for w in workers)
+    firsts = [_first_assignment(w.log) for w in workers]
+    joined = float("inf") if None in firsts else max(firsts)
     after = stamps[stamps[:, 0] >= joined]
     steady_seconds = t1 - max(joined, t0)
-    if steady_seconds < 1.0:  # a member got partitions only once (nearly) every row was predicted: no group at work
+    if steady_seconds < 1.0:  # a member got partitions only once (nearly) every row was predicted, or never: no group at work
         steady_rate = steady_cores = None
     else:
         steady_rate = after[:, 1].sum() / steady_seconds
         steady_cores = sum(w.cpu_between(max(joined, t0), t1) for w in workers) / steady_seconds
     return {"workers": n_workers, "rows_predicted": rows, "seconds": seconds, "rows_per_second": n_rows / seconds,
             "worker_cpu_seconds": cpu, "cores_used_by_workers": cpu / seconds,
-            "all_joined_after_first_prediction_s": max(joined - t0, 0.0),
+            "all_joined_after_first_prediction_s": None if joined == float("inf") else max(joined - t0, 0.0),
             "rows_after_all_joined": int(after[:, 1].sum()),
             "rows_per_second_after_all_joined": steady_rate, "cores_used_after_all_joined": steady_cores,
             "peak_rss_mb": [round((w.peak_rss_bytes or 0) / 2**20, 1) for w in workers]}  # fmt: skip
 
 
-def _first_assignment(log_path: Path) -> float:
-    """Epoch seconds of the worker's first "assigned" log line (JSON log lines, ``ts`` in UTC)."""
+def _first_assignment(log_path: Path) -> float | None:
+    """Epoch seconds of the worker's first "assigned" log line (JSON log lines, ``ts`` in UTC); None: never assigned."""
     for line in log_path.read_text(errors="replace").splitlines():
         if not line.startswith("{"):
             continue
@@ -185,7 +186,7 @@ def _first_assignment(log_path: Path) -> float:
         if str(rec.get("message", "")).startswith("assigned"):
             stamp, ms = rec["ts"].rstrip("Z").split(".")
             return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + int(ms) / 1000.0
-    raise RuntimeError(f"no partitions were ever assigned to the worker; log: {log_path}")
+    return None
 
 
 def run_throughput(bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, created: list) -> dict:

@@ -5,6 +5,7 @@ there, consistent with the others, and the worker processed every row. Nothing h
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -62,3 +63,25 @@ def test_worker_cpu_is_read_over_the_timed_window_only():
     assert w.cpu_between(101.5, 102.5) == pytest.approx(1.5)
     w.cpu_samples = [(100.0, 1.0)]
     assert w.cpu_between(100.0, 101.0) != w.cpu_between(100.0, 101.0)  # NaN: nothing to read it from
+
+
+def test_group_suite_runs_end_to_end(kafka_bootstrap, capsys):
+    """``bench --suite group`` at a tiny scale: both runs predict every row, the sync costs match the record
+    formula, the projection follows from them; the quality table is group_sim's (tests/tools/test_group_sim.py)."""
+    code = cli.main(["bench", "--suite", "group", "--group-rows", "2048", "--no-group-quality", "--json",
+                     "--bootstrap", kafka_bootstrap])  # fmt: skip
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    tp = out["throughput"]
+    assert tp["cpu_count"] == os.cpu_count() and tp["partitions"] == 4
+    for key, workers in (("w1", 1), ("w2", 2)):
+        assert tp[key]["workers"] == workers and tp[key]["rows_predicted"] >= 2048 and tp[key]["rows_per_second"] > 0
+        assert len(tp[key]["peak_rss_mb"]) == workers
+    assert tp["ratio_vs_one_worker"] == pytest.approx(tp["w2"]["rows_per_second"] / tp["w1"]["rows_per_second"])
+    costs = {c["config"]: c for c in out["sync_costs"]}
+    for name, n in (("default", 523), ("poker", 1000)):
+        c = costs[name]
+        assert c["n_columns"] == n and c["formula_bytes"] <= c["record_bytes"] < c["formula_bytes"] * 1.01
+        assert all(c[k] > 0 for k in ("encode_ms", "produce_ms", "decode_ms", "apply_ms", "resolve_ms", "row_us"))
+    assert [p["members"] for p in out["projection"]["default"]] == [4, 16, 64]
+    assert "quality" not in out
