@@ -64,9 +64,8 @@ def _poker(rows: int, seed: int = 0):
 
 def _worker_cfg(bootstrap: str, topics: dict, group_id: str, snap_dir: Path, partitions: int, group: bool,
                 scaling: tuple | None = None) -> dict:  # fmt: skip
-    """``scaling``: (mean, std) of a fixed scaler. The group suite fixes it: with a warm-up scaler a group member
-    holds its rows until the group agrees on a scaling, and ``--stop-at-end`` then stopped one with every row
-    consumed and none predicted (their offsets committed: the other member skipped them) — not a rate."""
+    """``scaling``: (mean, std) of a fixed scaler. The group suite fixes it, the same for both runs: with a warm-up
+    scaler a group member holds its rows until the group's scaling has gone round the deltas topic."""
     model = {"n_inputs": 10, "classes": list(range(10)), "track_regret": False}
     if scaling is not None:
         model.update(scaler="fixed", scaler_mean=[float(v) for v in scaling[0]], scaler_std=[float(v) for v in scaling[1]])
