@@ -112,8 +112,21 @@ def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0
 
 
 def layout(model) -> dict[str, tuple]:
-    """Every key of ``sums(model)`` and its shape (to check a received set against)."""
-    return {key: value.shape for key, value in sums(model).items()}
+    """Every key of ``sums(model)`` and its shape (to check a received set against), read from the stacks' shapes
+    (no copy of the sums)."""
+    out = {}
+    for p, ln in enumerate(primaries(model)):
+        a = ln.state.arrays
+        n_layers, n = a.gram.shape[:2]
+        tri = (n_layers, n * (n + 1) // 2)
+        out.update({f"p{p}.gram": tri, f"p{p}.rhs": a.rhs.shape})
+        if len(a.gram_labelled):
+            out[f"p{p}.labelled"] = tri
+        out.update({f"p{p}.loss": a.loss_sum.shape, f"p{p}.counts": (len(COUNTS),), f"p{p}.maxes": (len(MAXES),)})
+    if len(model.learners) > 1:
+        k = len(model.learners)
+        out.update({"sel.loss": (k,), "sel.pair": (k, k), "sel.rows": (1,)})
+    return out
 
 
 def difference(new: dict, old: dict | None) -> dict[str, np.ndarray]:

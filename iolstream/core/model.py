@@ -387,6 +387,12 @@ class EdRVFL:
             return held
         return self._learn_scaled(features_t, self.targets.transform(targets), gram_in, predicted, observed_at)
 
+    def release_held_labels(self) -> None:
+        """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
+        if self.targets.frozen and self.targets.held:
+            for args in self.targets.release():
+                self._learn_scaled(*args)
+
     def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
         if len(self.learners) == 1:
             return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)

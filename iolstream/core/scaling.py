@@ -136,6 +136,9 @@ class TargetScaler:
         self.warmup_rows = warmup_rows
         self.frozen = not active
         self.held: list[tuple] = []
+        # group learning: gets (mean, std) once the warm-up labels are in, instead of freezing here; the group's
+        # agreed scaling comes back through ``agree`` (stream.group)
+        self.propose = None
 
     def transform(self, targets: np.ndarray) -> np.ndarray:
         return (targets - self.mean) / self.std
@@ -152,11 +155,21 @@ class TargetScaler:
         if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
             y = np.concatenate([h[1] for h in self.held])
             std = y.std(axis=0, ddof=1)
-            self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
-            self.frozen = True
+            if self.propose is not None:
+                self.propose(y.mean(axis=0), np.where(std > 0, std, 1.0))
+            else:
+                self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
+                self.frozen = True
         if predicted is None or np.ndim(predicted) != 3:
             return np.full(features_t.shape[0], np.nan)
         return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
+
+    def agree(self, mean, std) -> None:
+        """Freeze to a scaling decided elsewhere (group learning: the first proposal in the log)."""
+        mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+        if mean.shape != self.mean.shape or std.shape != self.std.shape or not (np.isfinite(mean).all() and (std > 0).all()):
+            raise ValueError(f"target scaling: expected {len(self.mean)} finite means and deviations > 0, got {mean}, {std}")
+        self.mean, self.std, self.frozen = mean, std, True
 
     def release(self) -> list[tuple]:
         """The held batches with their targets scaled, once frozen (and forgets them)."""

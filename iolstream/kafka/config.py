@@ -282,9 +282,6 @@ def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
     if cfg.stream.forget_expired:
         raise ConfigError("stream.forget_expired: not with group learning (rows handed over at a rebalance wait on "
                           "several members, and each would take the same Gram out); set it to false")  # fmt: skip
-    if cfg.model.task == "regression" and cfg.model.target_scaler == "warmup":
-        raise ConfigError("model.target_scaler: group learning needs the same target scaling on every member; "
-                          "use fixed (with target_mean, target_std) or none")  # fmt: skip
 
 
 def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:

@@ -96,6 +96,7 @@ class GroupSync:
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
         processor.propose_scaling = self.state.propose_scaling
+        processor.model.targets.propose = self.state.propose_targets  # regression, target_scaler warmup
         self.restored = saved is not None
         if saved is not None:
             manifest, arrays = saved
@@ -131,9 +132,14 @@ class GroupSync:
         self._seek()
 
     def _seek(self) -> None:
-        meta = self.consumer.list_topics(self.topic, timeout=self.cfg.kafka.call_timeout_seconds).topics.get(self.topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise WorkerError(f"topics.model_deltas: topic {self.topic!r} cannot be read ({meta and meta.error})")
+        until = time.monotonic() + self.cfg.kafka.call_timeout_seconds
+        while True:  # a topic just created (by this member or another) may take a moment to show in the metadata
+            meta = self.consumer.list_topics(self.topic, timeout=self.cfg.kafka.call_timeout_seconds).topics.get(self.topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                break
+            if time.monotonic() >= until:
+                raise WorkerError(f"topics.model_deltas: topic {self.topic!r} cannot be read ({meta and meta.error})")
+            time.sleep(0.2)
         self.consumer.assign([TopicPartition(self.topic, p, self.positions.get(p, OFFSET_BEGINNING)) for p in meta.partitions])
         self.partitions = set(meta.partitions)
         self.caught_up = False
@@ -170,24 +176,33 @@ class GroupSync:
         return done
 
     def _propose(self) -> None:
-        """A warm-up scaling proposal waiting (``GroupState.propose_scaling``): produce it now, once."""
+        """Warm-up scaling proposals waiting (``GroupState.propose_scaling``, ``propose_targets``): produce them now,
+        once each."""
         st = self.state
-        if st.proposal is None or st.proposed or not self.caught_up:
+        if not self.caught_up:
             return
-        self._produce("scaling", 0, {"published_ms": _now_ms()}, st.proposal, producer=self.proposer)
-        self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
-        st.proposed = True
+        if st.proposal is not None and not st.proposed:
+            self._produce("scaling", 0, {"published_ms": _now_ms()}, st.proposal, producer=self.proposer)
+            self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
+            st.proposed = True
+        if st.target_proposal is not None and not st.target_proposed:
+            self._produce("targets", 0, {"published_ms": _now_ms()}, st.target_proposal, producer=self.proposer)
+            self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
+            st.target_proposed = True
 
     def settle(self, timeout: float, tick=lambda: None) -> bool:
         """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up scaling
         can be learned (the scaling agreed). Returns whether nothing is held any more."""
         until = time.monotonic() + timeout
-        while self.processor.held and not self.processor.model.ready and time.monotonic() < until:
+        model = self.processor.model
+        waiting = lambda: (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)  # noqa: E731
+        while waiting() and time.monotonic() < until:
             self.poll(timeout=0.1)
             tick()
-        if self.processor.held and not self.processor.model.ready:
-            log.warning("%d rows still wait for the group's warm-up scaling", self.processor.held_rows)
-        return not self.processor.held or self.processor.model.ready
+        if waiting():
+            log.warning("%d rows and %d labels still wait for the group's scaling", self.processor.held_rows,
+                        sum(len(h[1]) for h in model.targets.held))  # fmt: skip
+        return not waiting()
 
     def _take(self, msg) -> int:
         headers = msg.headers()
@@ -199,7 +214,7 @@ class GroupSync:
         except ValueError:
             log.warning("model-deltas %d@%d: unreadable headers, skipped", msg.partition(), msg.offset())
             return 0
-        if kind not in ("sums", "scaling", "rows") or member is None:
+        if kind not in ("sums", "scaling", "targets", "rows") or member is None:
             log.warning("model-deltas %d@%d: not an iolstream record (kind %r), skipped", msg.partition(), msg.offset(), kind)
             return 0
         parts = self.chunks.setdefault((member, seq, kind), {})
@@ -225,6 +240,10 @@ class GroupSync:
         if kind == "scaling":
             if self.state.agree_scaling(member, arrays):
                 log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})
+            return 1
+        if kind == "targets":
+            if self.state.agree_targets(member, arrays):
+                log.info("the group's target scaling is member %s's", member, extra={"event": "group_scaling"})
             return 1
         if kind == "rows":
             if member != self.member:
@@ -284,7 +303,7 @@ class GroupSync:
             headers = [("iolstream.kind", kind.encode()), ("iolstream.member", self.member.encode()),
                        ("iolstream.seq", str(seq).encode()), ("iolstream.chunk", f"{index}/{count}".encode()),
                        ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
-            key = f"{self.member}/{kind}" + (f"/{index}" if kind != "scaling" else "")
+            key = f"{self.member}/{kind}" + (f"/{index}" if kind in ("sums", "rows") else "")
             chunk = blob[index * step : (index + 1) * step]
             if producer is None:  # the worker's (exactly-once: in the open transaction)
                 self.output.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)

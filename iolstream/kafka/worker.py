@@ -146,8 +146,8 @@ class Worker:
             relearn.relearn(self.cfg, self.processor, self.book.positions, ahead, self.call_timeout)
         self.consumer = self._new_consumer()
         self.output.producer = self._new_producer()
-        if ahead:
-            self.group.hand_over()  # the rows of that range waiting for labels, wherever their partitions go
+        if self.group is not None and self.checkpoints.loaded_group is not None:  # a restart: its partitions may have
+            self.group.hand_over()  # moved while it was away; the rows waiting for labels go wherever their labels go
 
     def _new_consumer(self) -> Consumer:
         """The input consumer, subscribed to the features and labels topics."""

@@ -69,6 +69,8 @@ class GroupState:
         self.scaling_from: str | None = None  # the member whose warm-up scaling the group uses
         self.proposal: dict[str, np.ndarray] | None = None  # this member's, waiting to be published
         self.proposed = False
+        self.target_proposal: dict[str, np.ndarray] | None = None  # regression: this member's target scaling
+        self.target_proposed = False
         self.handovers = 0  # sequence of this member's handed-over rows records
         self.counters = {"published": 0, "applied": 0, "skipped": 0, "adopted": 0}
 
@@ -179,6 +181,23 @@ class GroupState:
         self.proposal = None
         return True
 
+    def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """The target scaler's warm-up hook (``TargetScaler.propose``): this member's first labels' scaling."""
+        if self.target_proposal is None and not self.target_proposed and not self.model.targets.frozen:
+            self.target_proposal = {"mean": np.asarray(mean, dtype=np.float64), "std": np.asarray(std, dtype=np.float64)}
+
+    def agree_targets(self, member: str, state: dict[str, np.ndarray]) -> bool:
+        """The first target-scaling proposal in the log is the group's: the labels held for it enter now."""
+        if self.model.targets.frozen:
+            return False
+        try:
+            self.model.targets.agree(state["mean"], state["std"])
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"target scaling record of {member!r}: {exc}") from None
+        self.target_proposal = None
+        self.model.release_held_labels()
+        return True
+
     # ------------------------------------------------------------ status, state
     def status(self, now_ms: int) -> dict:
         """Group size; how far this state is behind the group: per other member, the age of its newest sums
@@ -198,6 +217,7 @@ class GroupState:
         """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
         manifest = {
             "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
+            "target_proposed": self.target_proposed,
             "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock] for m, s in self.members.items()},
             "counters": dict(self.counters),
         }  # fmt: skip
@@ -213,6 +233,7 @@ class GroupState:
         self.own_seq = int(manifest["own_seq"])
         self.scaling_from = manifest.get("scaling_from")
         self.proposed = bool(manifest.get("proposed", False))
+        self.target_proposed = bool(manifest.get("target_proposed", False))
         self.counters.update(manifest.get("counters", {}))
         self.members = {}
         for m, (seq, published_ms, rows, clock, label_rows, label_clock, index) in manifest["members"].items():

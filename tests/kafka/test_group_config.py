@@ -21,6 +21,11 @@ def test_member_id_gives_the_transactional_id_and_the_snapshot_directory():
     assert off.transactional_id == "g-worker" and off.snapshot_dir == "snapshots"
 
 
+def test_regression_and_forgetting_are_group_learning_too():
+    cfg = _cfg(model={"classes": None, "n_outputs": 1, "forgetting": 5000})
+    assert cfg.model.target_scaler == "warmup" and cfg.model.forgetting == 5000  # the group agrees on the scaling
+
+
 def test_env_overrides_the_member_id():
     cfg = config_from_dict(BASE, environ={"IOLSTREAM_GROUP__MEMBER_ID": "w7"})
     assert cfg.member_id == "w7"
@@ -28,7 +33,6 @@ def test_env_overrides_the_member_id():
 
 @pytest.mark.parametrize(("sections", "key"), [
     ({"stream": {"forget_expired": True}}, "stream.forget_expired"),
-    ({"model": {"classes": None, "n_outputs": 1}}, "model.target_scaler"),
     ({"group": {"member_id": "a/b"}}, "group.member_id"),
     ({"group": {"sync_every_ms": 0}}, "group.sync_every_ms"),
     ({"topics": {"model_deltas": "iol.labels"}}, "topics.model_deltas"),

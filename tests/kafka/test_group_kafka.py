@@ -42,10 +42,12 @@ MODEL_ARRAYS = re.compile(r"model/layer\d+/(gram|rhs|beta|gram_labelled)$")
 AUTO_ARRAYS = re.compile(r"model/cand\d+/layer\d+/(gram|rhs|beta|gram_labelled)$")  # lam / forgetting auto
 
 
-def make_stream(seed: int = 7):
+def make_stream(seed: int = 7, regression: bool = False):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(N_ROWS, 6))
     y = (x @ rng.normal(size=(6, 3)) + 0.3 * rng.normal(size=(N_ROWS, 3))).argmax(axis=1)
+    if regression:  # targets far from 0: the group's target scaling matters
+        y = 40.0 + 5.0 * np.sin(x[:, 0]) + 3.0 * x[:, 1] * x[:, 2] + 0.3 * rng.normal(size=N_ROWS)
     options = produce.PlanOptions(batch_rows=1, label_delay_rows=300, missing_fraction=0.02, duplicate_fraction=0.02,
                                   shuffle_window=50, seed=seed)  # fmt: skip
     return produce.plan(x, y, options)
@@ -95,10 +97,19 @@ class Member:
         return snap
 
 
-def reference_state(raw_cfg: dict, messages, scaler_mean, scaler_std) -> dict:
+def agreed_model(raw_cfg: dict, snap) -> dict:
+    """The model section with the scaling the group agreed on (a member's snapshot) fixed: inputs, and targets."""
+    model = {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": snap.arrays["model/scaler/mean"].tolist(),
+             "scaler_std": snap.arrays["model/scaler/scale"].tolist()}  # fmt: skip
+    if model.get("classes") is None:
+        model.update(target_scaler="fixed", target_mean=snap.arrays["model/targets/mean"].tolist(),
+                     target_std=snap.arrays["model/targets/std"].tolist())  # fmt: skip
+    return model
+
+
+def reference_state(raw_cfg: dict, messages, model_section: dict) -> dict:
     """One uninterrupted single-worker pass (no Kafka), with the scaling the group agreed on."""
-    raw = {**raw_cfg, "model": {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": list(scaler_mean),
-                                "scaler_std": list(scaler_std)}, "group": {"enabled": False}}  # fmt: skip
+    raw = {**raw_cfg, "model": model_section, "group": {"enabled": False}}
     cfg = config_from_dict(raw, environ={})
     proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream)
     for i, m in enumerate(messages):
@@ -108,11 +119,10 @@ def reference_state(raw_cfg: dict, messages, scaler_mean, scaler_std) -> dict:
     return proc.to_state()
 
 
-def closed_form(raw_cfg: dict, messages, scaler_mean, scaler_std) -> list[tuple[np.ndarray, np.ndarray]]:
+def closed_form(model_section: dict, messages) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per layer (A, c) straight from the data: A = λI + Σ DᵀD over every row, c = Σ DᵀY over the rows whose
-    label came (the first one: a repeated label is a duplicate), with the group's scaling."""
-    raw = {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": list(scaler_mean), "scaler_std": list(scaler_std)}
-    model = EdRVFL(config_from_dict({"model": raw}, environ={}).model)
+    label came (the first one: a repeated label is a duplicate), with the group's scaling (Y scaled like it)."""
+    model = EdRVFL(config_from_dict({"model": model_section}, environ={}).model)
     rows = {m.obj["id"]: m.obj["x"] for m in messages if m.kind == "features"}
     labels: dict = {}
     for m in messages:
@@ -122,18 +132,18 @@ def closed_form(raw_cfg: dict, messages, scaler_mean, scaler_std) -> list[tuple[
     d_t = model.features(np.array([rows[i] for i in ids]))
     y = np.zeros((len(ids), model.config.m))
     have = np.array([i in labels for i in ids])
-    y[have] = model.encode_labels([labels[i] for i in ids if i in labels])
-    lam = raw_cfg["model"].get("lam", 0.5)
+    y[have] = model.targets.transform(model.encode_labels([labels[i] for i in ids if i in labels]))
+    lam = model_section.get("lam", 0.5)
     return [(lam * np.eye(d.shape[0]) + d @ d.T, d @ y) for d in d_t]
 
 
 def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context: str) -> None:
     snaps = [m.newest(snap_dir) for m in members]
-    mean, scale = snaps[0].arrays["model/scaler/mean"], snaps[0].arrays["model/scaler/scale"]
+    agreed = agreed_model(raw_cfg, snaps[0])
     for snap in snaps[1:]:  # one scaling for the whole group
-        np.testing.assert_array_equal(snap.arrays["model/scaler/mean"], mean, err_msg=context)
-    ref_manifest, ref = reference_state(raw_cfg, messages, mean, scale)
-    closed = closed_form(raw_cfg, messages, mean, scale)
+        assert agreed_model(raw_cfg, snap) == agreed, context
+    ref_manifest, ref = reference_state(raw_cfg, messages, agreed)
+    closed = closed_form(agreed, messages)
     for member, snap in zip(members, snaps):
         why = f"{context}: member {member.member} ({snap.path})"
         compared = 0
@@ -243,14 +253,16 @@ def assert_members_agree(members, snap_dir: Path, n_rows: int, context: str) -> 
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(("exactly_once", "forgetting"), [(False, None), (True, None), (False, "auto")],
-                         ids=["at-least-once", "exactly-once", "auto"])  # fmt: skip
-def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once, forgetting):
+@pytest.mark.parametrize(("exactly_once", "variant"), [(False, None), (True, None), (False, "auto"), (True, "regression")],
+                         ids=["at-least-once", "exactly-once", "auto", "regression"])  # fmt: skip
+def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once, variant):
     raw, path, snap_dir, topics = group_rig(exactly_once)
-    if forgetting is not None:  # forgetting and λ chosen online: every candidate's sums and the selector's are shared
-        raw["model"].update(forgetting=forgetting, lam="auto")
-        path.write_text(yaml.safe_dump(raw))
-    messages = make_stream()
+    if variant == "auto":  # forgetting and λ chosen online: every candidate's sums and the selector's are shared
+        raw["model"].update(forgetting="auto", lam="auto")
+    if variant == "regression":  # the group agrees on the target scaling too (the first warm-up labels' proposal)
+        raw["model"].update(classes=None, n_outputs=1)
+    path.write_text(yaml.safe_dump(raw))
+    messages = make_stream(regression=variant == "regression")
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
     members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
     for m in members:
@@ -261,8 +273,10 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
         assert m.stop() == 0, m.log.read_text()[-3000:]
     logs = [m.log.read_text() for m in members]
     assert sum("the group's warm-up scaling is member" in log for log in logs) == 3
+    if variant == "regression":
+        assert sum("the group's target scaling is member" in log for log in logs) == 3
     assert all(re.search(r"group=3 members", log) for log in logs), "the status line shows the group size"
-    if forgetting is None:
+    if variant != "auto":
         assert_group_state(members, snap_dir, raw, messages, f"3 members, exactly_once={exactly_once}")
     else:
         assert_members_agree(members, snap_dir, len(ids), "3 members, lam and forgetting auto")

@@ -183,6 +183,29 @@ def test_scaling_first_proposal_wins_and_held_rows_wait_for_it():
     assert proc.step(now_ms=100).rows_predicted == 30  # the held batches go out
 
 
+def test_regression_labels_wait_for_the_groups_target_scaling():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((400, 5))
+    y = 50.0 + 10.0 * x[:, 0] + rng.standard_normal(400)
+    cfg = ModelConfig(n_inputs=5, n_nodes=16, n_layers=2, scaler="none", warmup_rows=100)
+    a, b = EdRVFL(cfg), EdRVFL(cfg)
+    sa, sb = GroupState("a", a), GroupState("b", b)
+    a.targets.propose, b.targets.propose = sa.propose_targets, sb.propose_targets
+    for model, rows in ((a, slice(0, 200)), (b, slice(200, 400))):
+        for start in range(rows.start, rows.stop, 50):
+            pred = model.observe(x[start : start + 50])
+            model.learn(pred.features_t, y[start : start + 50, None], predicted=pred.predicted, observed_at=pred.clock)
+    assert not a.targets.frozen and a.targets.held and sa.target_proposal is not None  # proposed, not frozen
+    assert contribution.sums(a)["p0.counts"][1] == 0  # no label in c yet
+    first = sb.target_proposal
+    assert sb.agree_targets("b", first) and sa.agree_targets("b", first)  # b's came first in the log
+    assert not sa.agree_targets("a", {"mean": np.zeros(1), "std": np.ones(1)})  # a later one is ignored
+    np.testing.assert_array_equal(a.targets.mean, b.targets.mean)
+    assert not a.targets.held and contribution.sums(a)["p0.counts"][1] == 200  # the held labels entered
+    _exchange([sa, sb], 1)
+    np.testing.assert_allclose(contribution.sums(a)["p0.rhs"], contribution.sums(b)["p0.rhs"], rtol=1e-9)
+
+
 @pytest.mark.parametrize("forgetting", [400.0, "auto"])
 def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_form(forgetting):
     """Decay on the group's clock (rows seen by all members): after the last exchange every member holds the same
@@ -213,3 +236,11 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
         ln = contribution.primaries(members[0])[p]
         w = np.ones(len(x)) if ln.half_life is None else np.exp2(-(clock - stamps) / ln.half_life)
         _assert_closed_form(members[0], ln, x, y, w)
+
+
+@pytest.mark.parametrize("kw", [{}, {"lam": "auto", "forgetting": "auto"}, {"mode": "ridge"}, {"track_regret": False}])
+def test_layout_names_every_key_and_shape_of_the_sums(kw):
+    model = EdRVFL(_config(**kw))
+    assert contribution.layout(model) == {key: value.shape for key, value in contribution.sums(model).items()}
+    with pytest.raises(ValueError, match="p0.rhs"):
+        contribution.check_layout(model, {**contribution.sums(model), "p0.rhs": np.zeros((1, 1, 1))})
