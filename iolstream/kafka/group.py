@@ -83,6 +83,7 @@ class GroupSync:
         self.caught_up = False
         self.restored = False  # a snapshot was loaded: no adoption of this member's own record
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
+        self.own_rows: dict | None = None  # its own last handover, adopted with its sums once caught up
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
         self.records: Counter = Counter()  # (kind, "out" | "in") -> records this process produced / took
@@ -91,13 +92,16 @@ class GroupSync:
         self.model_digest = digest(cfg.model.to_dict())
 
     # ------------------------------------------------------------ state
-    def attach(self, processor, saved: tuple[dict, dict] | None) -> None:
-        """Bind to ``processor``'s model, with the group state of the snapshot it came from (None: fresh)."""
+    def attach(self, processor, saved: tuple[dict, dict] | None, *, start: bool = False) -> None:
+        """Bind to ``processor``'s model, with the group state of the snapshot it came from (None: fresh). Only at
+        ``start`` may a fresh state take this member's own newest record back (a roll-back to no snapshot replays
+        the input from its beginning instead)."""
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
         processor.propose_scaling = self.state.propose_scaling
         processor.model.targets.propose = self.state.propose_targets  # regression, target_scaler warmup
-        self.restored = saved is not None
+        self.restored = saved is not None or not start
+        self.own_rows = self.adopted_positions = None
         if saved is not None:
             manifest, arrays = saved
             self.state.load_state(manifest, arrays, _now_ms())
@@ -162,7 +166,11 @@ class GroupSync:
             if (err := msg.error()) is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.eof.add(msg.partition())
-                    self.caught_up = self.caught_up or self.eof >= self.partitions
+                    if not self.caught_up and self.eof >= self.partitions:
+                        self.caught_up = True
+                        if self.own_rows is not None:
+                            self._adopt_rows(self.member, self.own_rows)
+                            self.own_rows = None
                 elif err.fatal():
                     raise WorkerError(f"model-deltas consumer: {err.str()}")
                 else:
@@ -174,6 +182,12 @@ class GroupSync:
             done += self._take(msg)
         self._propose()
         return done
+
+    def _adopt_rows(self, member: str, arrays: dict) -> None:
+        ids = [str(i) for i in arrays["ids"].tolist()]
+        added = handover.adopt_rows(self.processor, ids, arrays["payload"], _now_ms())
+        log.info("%d rows waiting for labels handed over by member %s (%d new here)", len(ids), member, added,
+                 extra={"event": "group_handover"})  # fmt: skip
 
     def _propose(self) -> None:
         """Warm-up scaling proposals waiting (``GroupState.propose_scaling``, ``propose_targets``): produce them now,
@@ -246,17 +260,20 @@ class GroupSync:
                 log.info("the group's target scaling is member %s's", member, extra={"event": "group_scaling"})
             return 1
         if kind == "rows":
-            if member != self.member:
-                ids = [str(i) for i in arrays["ids"].tolist()]
-                added = handover.adopt_rows(self.processor, ids, arrays["payload"], _now_ms())
-                log.info("%d rows waiting for labels handed over by member %s (%d new here)", len(ids), member, added,
-                         extra={"event": "group_handover"})  # fmt: skip
+            # Handovers are for the members of the rebalance that made them: one read while catching up is older
+            # than this member's membership (it joins after), except its own last one when it takes its own sums
+            # back (no snapshot): the rows it was waiting on when it stopped, adopted once caught up.
+            if member != self.member and self.caught_up:
+                self._adopt_rows(member, arrays)
+            elif member == self.member and not self.caught_up and self.adopted_positions is not None:
+                self.own_rows = arrays
             return 1
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
         what = self.state.apply(member, seq, arrays, **clocks, published_ms=int(manifest["published_ms"]), now_ms=_now_ms(),
                                 adopt_own=adopt)  # fmt: skip
         if what == "adopted":
+            self.own_rows = None  # rows handed over before this record are older than it
             self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
             log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
                      extra={"event": "group_adopted"})  # fmt: skip

@@ -97,7 +97,7 @@ class Worker:
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
         self.group = GroupSync(cfg, self.output) if cfg.group.enabled else None  # group learning (kafka.group)
         if self.group is not None:
-            self.group.attach(self.processor, self.checkpoints.loaded_group)
+            self.group.attach(self.processor, self.checkpoints.loaded_group, start=True)
             self.checkpoints.group = self.group
         self.txn = (Transactions(cfg, self.output, self.calls, self._new_producer, metrics=metrics, sleep=self._sleep_ticking,
                                  deadline=lambda: self.stopper.deadline) if self.exactly_once else None)  # fmt: skip

@@ -72,6 +72,7 @@ class GroupState:
         self.target_proposal: dict[str, np.ndarray] | None = None  # regression: this member's target scaling
         self.target_proposed = False
         self.handovers = 0  # sequence of this member's handed-over rows records
+        self.adopted: tuple | None = None  # (sums, rows, label_rows) of the own record taken back (no snapshot)
         self.counters = {"published": 0, "applied": 0, "skipped": 0, "adopted": 0}
 
     def bind(self, model) -> None:
@@ -129,8 +130,10 @@ class GroupState:
             self.own_seq = seq
             if adopt_own:  # its rows count on the clock again; with forgetting their age is taken from now
                 contribution.check_layout(self.model, sums)
-                contribution.advance(self.model, rows, label_rows)
-                contribution.add(self.model, sums)
+                before = self.adopted or ({}, 0, 0)  # a newer own record replaces the one adopted before it
+                contribution.advance(self.model, rows - before[1], label_rows - before[2])
+                contribution.add(self.model, contribution.difference(sums, before[0] or None))
+                self.adopted = ({k: v.copy() for k, v in sums.items()}, rows, label_rows)
                 self.published_version = self.model.version
                 self.counters["adopted"] += 1
                 return "adopted"

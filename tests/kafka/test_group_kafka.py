@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -310,3 +311,29 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
     assert_group_state(survivors, snap_dir, raw, messages, context)
     if exactly_once:
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, context)
+
+
+@pytest.mark.kafka
+def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(group_rig, kafka_bootstrap, tmp_path):
+    """Its snapshot directory lost: it takes back its newest record (sums and the input positions they cover) and
+    the rows it was waiting on (its last handover), so the group's state stays exact, nothing learned twice."""
+    raw, path, snap_dir, topics = group_rig(True)
+    messages = make_stream(seed=13)
+    ids = [m.obj["id"] for m in messages if m.kind == "features"]
+    half = len(messages) // 2
+    members = [Member(tmp_path, path, f"m{i}") for i in range(2)]
+    for m in members:
+        m.start()
+    send(kafka_bootstrap, topics, messages[:half])
+    wait_quiet(members, kafka_bootstrap, raw)
+    assert members[1].stop() == 0, members[1].log.read_text()[-3000:]
+    shutil.rmtree(snap_dir / "m1")
+    members[1].start()  # within the session timeout: its partitions wait for it (static membership)
+    send(kafka_bootstrap, topics, messages[half:])
+    wait_quiet(members, kafka_bootstrap, raw)
+    for m in members:
+        assert m.stop() == 0, m.log.read_text()[-3000:]
+    log = members[1].log.read_text()
+    assert "no snapshot" in log and "took back this member's own sums" in log
+    assert_group_state(members, snap_dir, raw, messages, "a restart without a snapshot")
+    assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "a restart without a snapshot")
