@@ -12,8 +12,8 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
   outside the input group): other members' newest sums replace their older ones in the model; this
   member's own records tell it its last sequence after a restart;
 - **start**: read the log to its end first; a member with no snapshot takes its own newest record back
-  (sums and the input positions they cover), so that a restart without a snapshot neither drops nor
-  repeats what it contributed (the labels of rows that were pending then are lost);
+  (sums and the input positions they cover) and its last handover of waiting rows, so that a restart
+  without a snapshot neither drops nor repeats what it contributed;
 - **scaling**: a member's warm-up rows give a proposal (key ``<member>/scaling``), produced at once by a
   producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
