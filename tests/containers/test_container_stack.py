@@ -303,7 +303,9 @@ def test_compose_stack_in_podman(built, capsys):
         wait_for(f"{ROWS} rows predicted", lambda: predicted() == ROWS, 120, 0.5,
                  lambda: f"predicted {per_member('iolstream_predictions_total')}")  # fmt: skip
         timings["start_to_all_predicted"] = time.monotonic() - t
-        assert all(per_member("iolstream_predictions_total")), "a member predicted nothing: the partitions were not shared"
+        # not asserted: that each member predicted a share. The input is all there before the members start, and the
+        # first member to join can predict all of it before the second one is assigned anything (seen in CI);
+        # the group's exactness is tests/kafka/test_group_kafka.py's. Both must be in one group of 2:
         wait_for("each member in a group of 2", lambda: group_sizes() == [2, 2], 60, 1, lambda: f"sizes {group_sizes()}")
 
         prometheus = stack.start("prometheus")
