@@ -5,8 +5,9 @@ partitions (CRC-32, as stable as Kafka's key hash), and partition p belongs to m
 member micro-batches its own rows in stream order (``batch_rows``) and runs the worker's -F step: the
 labels of its previous batch are folded in, then the batch enters A and is predicted (labels one batch
 late, SPEC §2). Every ``sync_rows`` rows of its own, a member publishes its own cumulative sums
-(``stream.group.GroupState``, the Kafka worker's bookkeeping) and applies the newest record of every
-other member published so far: the others' rows reach it with a lag of up to ``sync_rows`` of theirs.
+(``stream.group.GroupState``, the Kafka worker's bookkeeping); before each of its batches it applies
+the newest record of every other member published so far, as the worker does every poll cycle: the
+others' rows reach it with a lag of up to ``sync_rows`` of theirs.
 With ``exchange=False`` the members publish nothing: today's independent per-member models.
 
 The warm-up scaler: one worker fits it on the stream's first ``warmup_rows`` rows; a group agrees on the
@@ -152,22 +153,32 @@ def simulate_group(
     models[0].predict(x[:1])  # loads the JIT-compiled kernels outside the timed part
     t0 = time.perf_counter()
 
-    def sync(j: int, clock: int) -> None:
-        nonlocal published, applied, sync_seconds
+    def take(j: int, clock: int) -> None:
+        """Member j applies every other member's newest record not applied yet (the worker polls every cycle)."""
+        nonlocal applied, sync_seconds
         tic = time.perf_counter()
         st = states[j]
-        if st.changed():
-            seq, sums, meta = st.next_record()  # meta: the member's {"clock", "rows"}, for apply
-            st.published(seq)
-            log[st.member] = (seq, sums, meta)
-            published += 1
         for member, (seq, sums, meta) in log.items():
             if member != st.member and st.apply(member, seq, sums, published_ms=clock, now_ms=clock, **meta) == "applied":
                 applied += 1
         sync_seconds += time.perf_counter() - tic
 
+    def sync(j: int, clock: int) -> None:
+        nonlocal published, sync_seconds
+        tic = time.perf_counter()
+        st = states[j]
+        if st.changed():
+            seq, sums, meta = st.next_record()  # meta: the member's clocks, for apply
+            st.published(seq)
+            log[st.member] = (seq, sums, meta)
+            published += 1
+        sync_seconds += time.perf_counter() - tic
+        take(j, clock)
+
     for pos, j, chunk in events:
         m = models[j]
+        if exchange:
+            take(j, pos)
         if pending[j] is not None:
             pred, rows = pending[j]
             m.learn(pred.features_t, m.one_hot(y_index[rows]), predicted=pred.predicted)
