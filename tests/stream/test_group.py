@@ -47,13 +47,26 @@ def _assert_closed_form(model, ln, x, y, w):
         np.testing.assert_allclose(ls.beta, np.linalg.solve(a, c), rtol=1e-7, atol=1e-9)
 
 
+def _pair(rows: int):
+    """Data of ``rows`` rows and two members "a" and "b" of one model config: x, y, cfg, (a, b), (sa, sb)."""
+    x, y = _data(rows)
+    cfg = _config()
+    a, b = EdRVFL(cfg), EdRVFL(cfg)
+    return x, y, cfg, (a, b), (GroupState("a", a), GroupState("b", b))
+
+
+def _publish(state):
+    """(seq, sums, clocks) of ``state``'s next record, marked published."""
+    seq, sums, clocks = state.next_record()
+    state.published(seq)
+    return seq, sums, clocks
+
+
 def _exchange(states, rounds_ms):
     """Every member publishes its own sums; every other applies them (all orders of arrival are fine)."""
     records = []
     for st in states:
-        seq, sums, clock = st.next_record()
-        st.published(seq)
-        records.append((st.member, seq, sums, clock))
+        records.append((st.member, *_publish(st)))
     for st in states:
         for member, seq, sums, clock in reversed(records):
             st.apply(member, seq, sums, **clock, published_ms=rounds_ms, now_ms=rounds_ms)
@@ -87,16 +100,11 @@ def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
 
 
 def test_a_record_applied_twice_or_out_of_order_counts_once():
-    x, y = _data(600)
-    cfg = _config()
-    a, b = EdRVFL(cfg), EdRVFL(cfg)
-    sa, sb = GroupState("a", a), GroupState("b", b)
+    x, y, cfg, (a, b), (sa, sb) = _pair(600)
     _feed(a, x[:300], y[:300], 30)
-    seq1, sums1, clock1 = sa.next_record()
-    sa.published(seq1)
+    seq1, sums1, clock1 = _publish(sa)
     _feed(a, x[300:], y[300:], 30)
-    seq2, sums2, clock2 = sa.next_record()
-    sa.published(seq2)
+    seq2, sums2, clock2 = _publish(sa)
     assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=2) == "applied"
     assert sb.apply("a", seq1, sums1, **clock1, published_ms=1, now_ms=3) == "stale"  # older: skipped
     assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=3) == "stale"  # the same again: skipped
@@ -107,17 +115,12 @@ def test_a_record_applied_twice_or_out_of_order_counts_once():
 
 
 def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them():
-    x, y = _data(900)
-    cfg = _config()
-    a, b = EdRVFL(cfg), EdRVFL(cfg)
-    sa, sb = GroupState("a", a), GroupState("b", b)
+    x, y, cfg, (a, b), (sa, sb) = _pair(900)
     _feed(a, x[:300], y[:300], 30)
-    seq, sums, clock = sa.next_record()
-    sa.published(seq)
+    seq, sums, clock = _publish(sa)
     old_manifest, old_arrays = sa.to_state()  # "snapshot" at seq 1
     _feed(a, x[300:600], y[300:600], 30)
-    seq, sums, clock = sa.next_record()
-    sa.published(seq)
+    seq, sums, clock = _publish(sa)
     sb.apply("a", seq, sums, **clock, published_ms=2, now_ms=2)  # b holds a's rows 0..600
     # a crashes and restarts from its snapshot (rows 0..300), re-learns 300..600 (the replay) and goes on
     a2 = EdRVFL(cfg)
@@ -126,9 +129,8 @@ def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them(
     sa2.load_state(old_manifest, old_arrays, 3)
     assert sa2.apply("a", 2, sums, **clock, published_ms=2, now_ms=3) == "own"  # its own newest record, from the log
     _feed(a2, x[300:900], y[300:900], 30)
-    seq, sums, clock = sa2.next_record()
+    seq, sums, clock = _publish(sa2)
     assert seq == 3
-    sa2.published(seq)
     sb.apply("a", seq, sums, **clock, published_ms=4, now_ms=4)
     single = EdRVFL(cfg)
     _feed(single, x[:300], y[:300], 30)
@@ -139,10 +141,7 @@ def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them(
 
 
 def test_snapshot_round_trip_keeps_the_others_sums():
-    x, y = _data(400)
-    cfg = _config()
-    a, b = EdRVFL(cfg), EdRVFL(cfg)
-    sa, sb = GroupState("a", a), GroupState("b", b)
+    x, y, cfg, (a, b), (sa, sb) = _pair(400)
     _feed(a, x[:200], y[:200], 20)
     _feed(b, x[200:], y[200:], 20)
     _exchange([sa, sb], 1)
