@@ -86,6 +86,7 @@ class GroupSync:
         self.own_rows: dict | None = None  # its own last handover, adopted with its sums once caught up
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
+        self.refused: set = set()  # (member, model digest) of records of another model config, logged once each
         self.records: Counter = Counter()  # (kind, "out" | "in") -> records this process produced / took
         self.partitions: set[int] = set()
         self.eof: set[int] = set()
@@ -249,8 +250,16 @@ class GroupSync:
             log.warning("model-deltas: record %s#%d cannot be read (%s): skipped", member, seq, exc)
             return 0
         if manifest.get("model") != self.model_digest:
-            raise WorkerError(f"model-deltas: member {member!r} publishes sums of another model config; every member of "
-                              f"group {self.cfg.kafka.group_id!r} must run the same model section")  # fmt: skip
+            # Sums of another model config cannot be added. Not fatal: the compacted topic keeps a record of every
+            # member that ever published, and a group redeployed with a new model section would read the old
+            # ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
+            self.records[(kind, "refused")] += 1
+            if (member, manifest.get("model")) not in self.refused:
+                self.refused.add((member, manifest.get("model")))
+                log.error("model-deltas: member %s publishes %s of another model config (model digest %s, this member's "
+                          "%s): skipped; every member of a group must run the same model section", member, kind,
+                          manifest.get("model"), self.model_digest, extra={"event": "group_refused"})  # fmt: skip
+            return 0
         if kind == "scaling":
             if self.state.agree_scaling(member, arrays):
                 log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})

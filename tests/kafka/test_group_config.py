@@ -53,3 +53,58 @@ def test_a_partition_another_member_learned_starts_at_its_committed_offset():
     single = OffsetBook(exactly_once=True, positions={("f", 0): 5})
     single.assign(("f", 0), committed=40, by_other=True)  # without group learning nothing changes
     assert single.start(("f", 0)) == 5 and single.replay_until[("f", 0)] == 40
+
+
+class _Msg:
+    """What GroupSync reads of a consumed record."""
+
+    def __init__(self, value: bytes, headers):
+        self._value, self._headers = value, headers
+
+    def value(self):
+        return self._value
+
+    def headers(self):
+        return self._headers
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return 7
+
+
+def _record(sync, member: str, seq: int, sums: dict, model_digest: str) -> _Msg:
+    from iolstream.kafka import snapshots
+
+    clocks = {"clock": 10, "rows": 10, "label_clock": 0, "label_rows": 0}
+    blob = snapshots.encode({"published_ms": 1, "positions": [], "kind": "sums", "member": member, "seq": seq,
+                             "model": model_digest, **clocks}, sums)  # fmt: skip
+    headers = [("iolstream.kind", b"sums"), ("iolstream.member", member.encode()), ("iolstream.seq", str(seq).encode()),
+               ("iolstream.chunk", b"0/1"), ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
+    return _Msg(blob, headers)
+
+
+def test_sums_of_another_model_config_are_skipped_not_fatal():
+    """A compacted deltas topic keeps every member's last record: after a model change the old ones must not stop
+    the new members (or crash-loop them); they are skipped, logged once, counted as refused."""
+    import numpy as np
+
+    from iolstream.core import contribution
+    from iolstream.core.model import EdRVFL
+    from iolstream.kafka.group import GroupSync
+    from iolstream.stream.processor import StreamProcessor
+
+    cfg = _cfg(model={"n_nodes": 8, "scaler": "none"})
+    sync = GroupSync(cfg, output=None)
+    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream)
+    sync.attach(proc, None, start=True)
+    sync.caught_up = True
+    sums = {k: np.ones(v) for k, v in contribution.layout(proc.model).items()}
+    before = contribution.sums(proc.model)["p0.gram"].copy()
+    assert sync._take(_record(sync, "old", 1, sums, "0123456789abcdef")) == 0
+    assert sync.records[("sums", "refused")] == 1
+    np.testing.assert_array_equal(contribution.sums(proc.model)["p0.gram"], before)
+    assert sync._take(_record(sync, "w2", 1, sums, sync.model_digest)) == 1  # the same config: applied
+    assert sync.state.members["w2"].seq == 1
+    np.testing.assert_allclose(contribution.sums(proc.model)["p0.gram"], before + 1.0)
