@@ -6,7 +6,7 @@ name                                   type        labels; meaning
 group_members                          gauge       members whose sums this state holds, itself included
 group_state_lag_seconds                gauge       member: age of its newest sums applied here
 group_state_lag_rows                   gauge       member: rows it likely learned since (its rate × that age)
-group_records_total                    counter     kind = sums | scaling | rows, direction = out | in
+group_records_total                    counter     kind = sums | scaling | targets | rows, direction = out | in | refused
 group_bytes_total                      counter     direction = out | in: record bytes (this process)
 =====================================  ==========  =============================================
 """
