@@ -46,6 +46,7 @@ from iolstream.stream.group import GroupState
 log = logging.getLogger("iolstream.group")
 
 HEADROOM = 4096  # above group.chunk_bytes for the record's key, headers and framing
+HANDOVER_SKEW_MS = 10_000  # a handover published this long before a member started reading still counts
 
 
 def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
@@ -90,6 +91,8 @@ class GroupSync:
         self.records: Counter = Counter()  # (kind, "out" | "in") -> records this process produced / took
         self.partitions: set[int] = set()
         self.eof: set[int] = set()
+        self.start_ends: dict[int, int] = {}  # deltas partition -> its end when the consumer was assigned
+        self.started_ms = 0
         self.model_digest = digest(cfg.model.to_dict())
 
     # ------------------------------------------------------------ state
@@ -149,9 +152,15 @@ class GroupSync:
         self.partitions = set(meta.partitions)
         self.caught_up = False
         self.eof = set()
+        # caught up: at the end the log had now (not at an end-of-partition event: while other members publish,
+        # every fetch brings new records and that event may not come for as long as they do)
+        timeout = self.cfg.kafka.call_timeout_seconds
+        self.start_ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
+                           for p in meta.partitions}  # fmt: skip
+        self.started_ms = self.started_ms or _now_ms()  # a roll-back re-reads the handovers since its snapshot
 
     def catch_up(self, timeout: float, tick=lambda: None) -> None:
-        """Read the log to its end (every partition's end-of-partition event) before the input is consumed."""
+        """Read the log to the end it had when the consumer was assigned, before the input is consumed."""
         until = time.monotonic() + timeout
         while not self.caught_up and time.monotonic() < until:
             self.poll(max_messages=500, timeout=0.2)
@@ -167,11 +176,6 @@ class GroupSync:
             if (err := msg.error()) is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.eof.add(msg.partition())
-                    if not self.caught_up and self.eof >= self.partitions:
-                        self.caught_up = True
-                        if self.own_rows is not None:
-                            self._adopt_rows(self.member, self.own_rows)
-                            self.own_rows = None
                 elif err.fatal():
                     raise WorkerError(f"model-deltas consumer: {err.str()}")
                 else:
@@ -181,8 +185,22 @@ class GroupSync:
             self.eof.discard(msg.partition())
             self.bytes_in += len(msg.value() or b"")
             done += self._take(msg)
+        if not self.caught_up and self._at_start_ends():
+            self.caught_up = True
+            if self.own_rows is not None:
+                self._adopt_rows(self.member, self.own_rows)
+                self.own_rows = None
         self._propose()
         return done
+
+    def _at_start_ends(self) -> bool:
+        """Every partition read to the end it had when the consumer was assigned (or to an end-of-partition event).
+        The consumer's position steps over transaction markers, which the last record's offset does not."""
+        behind = [p for p in self.partitions if p not in self.eof and self.start_ends.get(p, 0) > 0]
+        if not behind:
+            return True
+        positions = self.consumer.position([TopicPartition(self.topic, p) for p in behind])
+        return all(tp.offset >= self.start_ends[tp.partition] for tp in positions)
 
     def _adopt_rows(self, member: str, arrays: dict) -> None:
         ids = [str(i) for i in arrays["ids"].tolist()]
@@ -269,10 +287,10 @@ class GroupSync:
                 log.info("the group's target scaling is member %s's", member, extra={"event": "group_scaling"})
             return 1
         if kind == "rows":
-            # Handovers are for the members of the rebalance that made them: one read while catching up is older
-            # than this member's membership (it joins after), except its own last one when it takes its own sums
-            # back (no snapshot): the rows it was waiting on when it stopped, adopted once caught up.
-            if member != self.member and self.caught_up:
+            # Handovers are for the members of the rebalance that made them: one published before this member
+            # started reading (10 s of clock skew allowed) is older than its membership, except its own last one
+            # when it takes its own sums back (no snapshot): the rows it was waiting on, adopted once caught up.
+            if member != self.member and int(manifest.get("published_ms", 0)) >= self.started_ms - HANDOVER_SKEW_MS:
                 self._adopt_rows(member, arrays)
             elif member == self.member and not self.caught_up and self.adopted_positions is not None:
                 self.own_rows = arrays
@@ -311,8 +329,6 @@ class GroupSync:
 
     def hand_over(self) -> None:
         """Before partitions go (a revoke, a shutdown): the rows waiting for labels, for whoever gets their labels."""
-        if not self.caught_up:
-            return
         ids, payload = handover.pending_rows(self.processor)
         if ids:
             self.state.handovers += 1

@@ -141,11 +141,14 @@ class Worker:
             self.group.catch_up(self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0))
             if self.group.adopted_positions is not None:
                 self.book.reset(self.group.adopted_positions)
+        # the producer first: exactly-once, init_transactions fences a previous incarnation and aborts its open
+        # transaction, whose pending offsets would keep the group's committed offsets unstable (a committed()
+        # waits for them) until the transaction timed out
+        self.output.producer = self._new_producer()
         ahead = relearn.own_commits_ahead(self.cfg, self.book.positions) if self.group and self.exactly_once else {}
         if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
             relearn.relearn(self.cfg, self.processor, self.book.positions, ahead, self.call_timeout)
         self.consumer = self._new_consumer()
-        self.output.producer = self._new_producer()
         if self.group is not None and self.checkpoints.loaded_group is not None:  # a restart: its partitions may have
             self.group.hand_over()  # moved while it was away; the rows waiting for labels go wherever their labels go
 
@@ -399,8 +402,9 @@ class Worker:
         3. wait for deliveries and write the snapshot (``checkpoints``) 4. at-least-once: commit the
         snapshot's offsets. ``final`` (revoke, shutdown): wait up to the call timeout for deliveries."""
         if self.group is not None and final:  # partitions go: every row consumed is learned first (kafka.group)
+            self._step(now_ms(), force=True)  # the batcher's rows: predicted, or held for the group's warm-up scaling
             self.group.settle(self.stopper.timeout(self.call_timeout), tick=lambda: self._waiting("the group's scaling", 0.0))
-            self._step(now_ms(), force=True)
+            self._step(now_ms(), force=True)  # the held ones, once the scaling is agreed
         elif force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
         if self.group is not None and not self.book.replay_until:  # the sums go with the offsets they cover
