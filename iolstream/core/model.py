@@ -118,16 +118,7 @@ class ModelConfig:
         if self.target_scaler not in TARGET_SCALERS:
             bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
         if self.target_scaler == "fixed" and self.task == "regression":
-            for key, low in (("target_mean", -np.inf), ("target_std", 0.0)):
-                value = getattr(self, key)
-                try:
-                    arr = np.asarray(value, dtype=np.float64)
-                except (TypeError, ValueError):
-                    arr = np.empty(0)
-                if arr.shape != (self.n_outputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
-                    positive = " > 0" if low == 0.0 else ""
-                    bad(key, f"a list of {self.n_outputs} finite numbers{positive} with target_scaler 'fixed'", value)
-                object.__setattr__(self, key, tuple(float(v) for v in arr))
+            self._check_fixed_scaling("target", self.n_outputs, bad, store=True)
         if self.mode not in learner.MODES:
             bad("mode", f"one of {learner.MODES}", self.mode)
         if self.solver not in learner.SOLVERS:
@@ -139,17 +130,25 @@ class ModelConfig:
         if self.scaler == "warmup" and self.warmup_rows < 2:
             bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
         if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
-            for key, low in (("scaler_mean", -np.inf), ("scaler_std", 0.0)):
-                value = getattr(self, key)
-                try:
-                    arr = np.asarray(value, dtype=np.float64)
-                except (TypeError, ValueError):
-                    arr = np.empty(0)
-                if arr.shape != (self.n_inputs,) or not (np.isfinite(arr).all() and (arr > low).all()):
-                    what = "finite numbers" + (" > 0" if low == 0.0 else "")
-                    bad(key, f"a list of {self.n_inputs} {what} with scaler 'fixed'", value)
+            self._check_fixed_scaling("scaler", self.n_inputs, bad, store=False)
         if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
             bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+
+    def _check_fixed_scaling(self, prefix: str, n: int, bad, *, store: bool) -> None:
+        """``<prefix>_mean`` and ``<prefix>_std`` of a fixed scaling: n finite numbers each, deviations > 0
+        (``bad`` raises naming the key); ``store``: kept as tuples of floats."""
+        switch = "target_scaler" if prefix == "target" else "scaler"
+        for key, low in ((f"{prefix}_mean", -np.inf), (f"{prefix}_std", 0.0)):
+            value = getattr(self, key)
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                arr = np.empty(0)
+            if arr.shape != (n,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                positive = " > 0" if low == 0.0 else ""
+                bad(key, f"a list of {n} finite numbers{positive} with {switch} 'fixed'", value)
+            if store:
+                object.__setattr__(self, key, tuple(float(v) for v in arr))
 
     @property
     def task(self) -> str:
