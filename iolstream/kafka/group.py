@@ -214,18 +214,15 @@ class GroupSync:
         st = self.state
         if not self.caught_up:
             return
-        if st.proposal is not None and not st.proposed:
-            self._produce("scaling", 0, {"published_ms": _now_ms()}, st.proposal, producer=self.proposer)
-            self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
-            st.proposed = True
-        if st.target_proposal is not None and not st.target_proposed:
-            self._produce("targets", 0, {"published_ms": _now_ms()}, st.target_proposal, producer=self.proposer)
-            self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
-            st.target_proposed = True
+        for kind, proposal, done in (("scaling", "proposal", "proposed"), ("targets", "target_proposal", "target_proposed")):
+            if getattr(st, proposal) is not None and not getattr(st, done):
+                self._produce(kind, 0, {"published_ms": _now_ms()}, getattr(st, proposal), producer=self.proposer)
+                self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
+                setattr(st, done, True)
 
-    def settle(self, timeout: float, tick=lambda: None) -> bool:
+    def settle(self, timeout: float, tick=lambda: None) -> None:
         """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up scaling
-        can be learned (the scaling agreed). Returns whether nothing is held any more."""
+        can be learned (the scaling agreed); what still waits then is logged."""
         until = time.monotonic() + timeout
         model = self.processor.model
         waiting = lambda: (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)  # noqa: E731
@@ -235,7 +232,6 @@ class GroupSync:
         if waiting():
             log.warning("%d rows and %d labels still wait for the group's scaling", self.processor.held_rows,
                         sum(len(h[1]) for h in model.targets.held))  # fmt: skip
-        return not waiting()
 
     def _take(self, msg) -> int:
         headers = msg.headers()

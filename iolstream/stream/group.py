@@ -57,7 +57,7 @@ class GroupState:
     """One member's view of the group: its own sequence, every other member's newest sums, the scaling.
 
     member : str — this member's id (stable across restarts: it keys the sequence and the compacted records)
-    model  : the EdRVFL whose sums are shared (``bind`` after a restore or a roll-back)
+    model  : the EdRVFL whose sums are shared (a restore or a roll-back makes a new GroupState for its model)
     """
 
     def __init__(self, member: str, model):
@@ -74,9 +74,6 @@ class GroupState:
         self.handovers = 0  # sequence of this member's handed-over rows records
         self.adopted: tuple | None = None  # (sums, rows, label_rows) of the own record taken back (no snapshot)
         self.counters = {"published": 0, "applied": 0, "skipped": 0, "adopted": 0}
-
-    def bind(self, model) -> None:
-        self.model = model
 
     # ------------------------------------------------------------ own sums
     def own(self) -> dict[str, np.ndarray]:
