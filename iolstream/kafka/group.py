@@ -125,7 +125,8 @@ class GroupSync:
     def open(self) -> None:
         if self.cfg.topics.create:
             admin = AdminClient(client_conf(self.cfg))
-            created = topics.create_topics(admin, [self.topic], partitions=1, replication_factor=self.cfg.topics.replication_factor,
+            created = topics.create_topics(admin, [self.topic], partitions=1,
+                                           replication_factor=self.cfg.topics.replication_factor,
                                            configs={self.topic: delta_topic_config(self.gc.chunk_bytes)})  # fmt: skip
             if created:
                 log.info("created the model-deltas topic %s", self.topic)
@@ -225,7 +226,10 @@ class GroupSync:
         can be learned (the scaling agreed); what still waits then is logged."""
         until = time.monotonic() + timeout
         model = self.processor.model
-        waiting = lambda: (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)  # noqa: E731
+
+        def waiting() -> bool:
+            return bool((self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen))
+
         while waiting() and time.monotonic() < until:
             self.poll(timeout=0.1)
             tick()

@@ -218,7 +218,8 @@ class GroupState:
         manifest = {
             "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
             "target_proposed": self.target_proposed,
-            "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock] for m, s in self.members.items()},
+            "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock]
+                        for m, s in self.members.items()},
             "counters": dict(self.counters),
         }  # fmt: skip
         arrays = {}
