@@ -93,7 +93,7 @@ class GroupSync:
         self.eof: set[int] = set()
         self.start_ends: dict[int, int] = {}  # deltas partition -> its end when the consumer was assigned
         self.started_ms = 0
-        self.model_digest = digest(cfg.model.to_dict())
+        self.model_digest = model_digest(cfg.model)
 
     # ------------------------------------------------------------ state
     def attach(self, processor, saved: tuple[dict, dict] | None, *, start: bool = False) -> None:
@@ -102,6 +102,7 @@ class GroupSync:
         the input from its beginning instead)."""
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
+        self.model_digest = model_digest(processor.model.config, processor.model.candidates)
         processor.propose_scaling = self.state.propose_scaling
         processor.model.targets.propose = self.state.propose_targets  # regression, target_scaler warmup
         self.restored = saved is not None or not start
@@ -271,13 +272,7 @@ class GroupSync:
             # Sums of another model config cannot be added. Not fatal: the compacted topic keeps a record of every
             # member that ever published, and a group redeployed with a new model section would read the old
             # ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
-            self.records[(kind, "refused")] += 1
-            if (member, manifest.get("model")) not in self.refused:
-                self.refused.add((member, manifest.get("model")))
-                log.error("model-deltas: member %s publishes %s of another model config (model digest %s, this member's "
-                          "%s): skipped; every member of a group must run the same model section", member, kind,
-                          manifest.get("model"), self.model_digest, extra={"event": "group_refused"})  # fmt: skip
-            return 0
+            return self._refuse(kind, member, manifest.get("model"), "another model config or auto candidate grid")
         if kind == "scaling":
             if self.state.agree_scaling(member, arrays):
                 log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})
@@ -297,14 +292,27 @@ class GroupSync:
             return 1
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
-        what = self.state.apply(member, seq, arrays, **clocks, published_ms=int(manifest["published_ms"]), now_ms=_now_ms(),
-                                adopt_own=adopt)  # fmt: skip
+        try:
+            what = self.state.apply(member, seq, arrays, **clocks, published_ms=int(manifest["published_ms"]),
+                                    now_ms=_now_ms(), adopt_own=adopt)  # fmt: skip
+        except ValueError as exc:  # the same digest, other arrays (a record written by another iolstream version)
+            return self._refuse(kind, member, manifest.get("model"), f"sums that do not fit this model ({exc})")
         if what == "adopted":
             self.own_rows = None  # rows handed over before this record are older than it
             self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
             log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
                      extra={"event": "group_adopted"})  # fmt: skip
         return 1
+
+    def _refuse(self, kind: str, member: str, model: str | None, why: str) -> int:
+        """Skip a record this model cannot take: counted as refused, logged once per (member, model digest)."""
+        self.records[(kind, "refused")] += 1
+        if (member, model) not in self.refused:
+            self.refused.add((member, model))
+            log.error("model-deltas: member %s publishes %s of %s (model digest %s, this member's %s): skipped; every "
+                      "member of a group must run the same model section and candidate grid", member, kind, why, model,
+                      self.model_digest, extra={"event": "group_refused"})  # fmt: skip
+        return 0
 
     # ------------------------------------------------------------ publishing
     def due(self, now_ms: int) -> bool:
@@ -375,6 +383,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def digest(config_dict: dict) -> str:
-    """A short digest of a model config (members must run the same model)."""
-    return hashlib.sha256(orjson.dumps(config_dict, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+def model_digest(config, candidates: list[tuple] | None = None) -> str:
+    """A short digest of what the members must share: the model config and, when it is not the one the config
+    gives, the ``auto`` candidate grid. A member restored from a snapshot keeps the grid it was saved with
+    (``core.state_io``); after a release that changed the grid, its sums and a fresh member's are laid out
+    alike but hold other settings, and must not be added. Configs without ``auto`` have one candidate."""
+    described = config.to_dict()
+    if candidates is not None and list(candidates) != list(config.candidates):
+        described["candidate_grid"] = [[lam, h] for lam, h in candidates]
+    return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -108,3 +108,56 @@ def test_sums_of_another_model_config_are_skipped_not_fatal():
     assert sync._take(_record(sync, "w2", 1, sums, sync.model_digest)) == 1  # the same config: applied
     assert sync.state.members["w2"].seq == 1
     np.testing.assert_allclose(contribution.sums(proc.model)["p0.gram"], before + 1.0)
+
+
+def _attached(cfg, candidates=None):
+    from iolstream.core.model import EdRVFL
+    from iolstream.kafka.group import GroupSync
+    from iolstream.stream.processor import StreamProcessor
+
+    sync = GroupSync(cfg, output=None)
+    proc = StreamProcessor(EdRVFL(cfg.model, candidates=candidates), cfg.stream)
+    sync.attach(proc, None, start=True)
+    sync.caught_up = True
+    return sync, proc
+
+
+def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
+    """A snapshot keeps the auto grid it was saved with. After a release that changed the grid, a restored member's
+    sums and a fresh member's have the same shapes but other settings (half-life 16384 is not 512): they are
+    refused both ways, not added."""
+    import numpy as np
+
+    from iolstream.core import contribution
+    from iolstream.core.candidates import FIRST_GRID, candidate_grid
+    from iolstream.kafka.group import model_digest
+
+    cfg = _cfg(model={"n_nodes": 8, "scaler": "none", "lam": "auto", "forgetting": "auto"})
+    fresh, fresh_proc = _attached(cfg)
+    old, old_proc = _attached(cfg, candidates=candidate_grid("auto", "auto", *FIRST_GRID))
+    assert contribution.layout(fresh_proc.model) == contribution.layout(old_proc.model)  # alike: shapes tell nothing
+    assert fresh.model_digest != old.model_digest
+    fixed = _cfg(model={"n_nodes": 8, "scaler": "none"})
+    assert _attached(fixed)[0].model_digest == model_digest(fixed.model)  # one candidate: the config's digest, as before
+    sums = {k: np.ones(v) for k, v in contribution.layout(fresh_proc.model).items()}
+    before = contribution.sums(fresh_proc.model)["p0.gram"].copy()
+    assert fresh._take(_record(fresh, "restored", 1, sums, old.model_digest)) == 0
+    assert old._take(_record(old, "fresh", 1, sums, fresh.model_digest)) == 0
+    assert fresh.records[("sums", "refused")] == old.records[("sums", "refused")] == 1
+    np.testing.assert_array_equal(contribution.sums(fresh_proc.model)["p0.gram"], before)
+
+
+def test_sums_that_do_not_fit_the_model_are_refused_not_fatal(caplog):
+    """A record with this model's digest whose arrays do not fit (written by another iolstream version): skipped and
+    counted; the worker goes on."""
+    import numpy as np
+
+    from iolstream.core import contribution
+
+    sync, proc = _attached(_cfg(model={"n_nodes": 8, "scaler": "none"}))
+    sums = {k: np.ones(v) for k, v in contribution.layout(proc.model).items()}
+    sums["p0.gram"] = np.ones((3, 3))
+    with caplog.at_level("ERROR", logger="iolstream.group"):
+        assert sync._take(_record(sync, "w2", 1, sums, sync.model_digest)) == 0
+    assert sync.records[("sums", "refused")] == 1 and "w2" not in sync.state.members
+    assert "p0.gram has shape (3, 3)" in caplog.text
