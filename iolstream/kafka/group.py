@@ -384,11 +384,12 @@ def _now_ms() -> int:
 
 
 def model_digest(config, candidates: list[tuple] | None = None) -> str:
-    """A short digest of what the members must share: the model config and, when it is not the one the config
-    gives, the ``auto`` candidate grid. A member restored from a snapshot keeps the grid it was saved with
-    (``core.state_io``); after a release that changed the grid, its sums and a fresh member's are laid out
-    alike but hold other settings, and must not be added. Configs without ``auto`` have one candidate."""
+    """A short digest of what the members must share: the model config and, with ``lam`` or ``forgetting: auto``,
+    the candidate grid the model keeps. The grid is not in the config: it is the release's
+    (``core.candidates``), and a member restored from a snapshot keeps the one it was saved with
+    (``core.state_io``). After a release that changed it, sums of the old grid and the new are laid out alike
+    but hold other settings, and must not be added. A fixed config has one candidate, given by the config."""
     described = config.to_dict()
-    if candidates is not None and list(candidates) != list(config.candidates):
+    if candidates is not None and len(candidates) > 1:
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
     return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -124,8 +124,8 @@ def _attached(cfg, candidates=None):
 
 def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
     """A snapshot keeps the auto grid it was saved with. After a release that changed the grid, a restored member's
-    sums and a fresh member's have the same shapes but other settings (half-life 16384 is not 512): they are
-    refused both ways, not added."""
+    sums and a fresh member's (and the records of members still on the old release) have the same shapes but other
+    settings (half-life 16384 is not 512): they are refused both ways, not added."""
     import numpy as np
 
     from iolstream.core import contribution
@@ -137,6 +137,7 @@ def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
     old, old_proc = _attached(cfg, candidates=candidate_grid("auto", "auto", *FIRST_GRID))
     assert contribution.layout(fresh_proc.model) == contribution.layout(old_proc.model)  # alike: shapes tell nothing
     assert fresh.model_digest != old.model_digest
+    assert fresh.model_digest != model_digest(cfg.model)  # records of a release whose default grid was another
     fixed = _cfg(model={"n_nodes": 8, "scaler": "none"})
     assert _attached(fixed)[0].model_digest == model_digest(fixed.model)  # one candidate: the config's digest, as before
     sums = {k: np.ones(v) for k, v in contribution.layout(fresh_proc.model).items()}
