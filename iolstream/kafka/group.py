@@ -14,7 +14,7 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **start**: read the log to its end first; a member with no snapshot takes its own newest record back
   (sums and the input positions they cover) and its last handover of waiting rows, so that a restart
   without a snapshot neither drops nor repeats what it contributed;
-- **scaling**: a member's warm-up rows give a proposal (key ``<member>/scaling``), produced at once by a
+- **scaling**: a member's warm-up rows give a proposal (keys ``<member>/scaling/<i>``), produced at once by a
   producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
   member whose rows still wait for that agreement waits for it, then learns them.
@@ -59,6 +59,14 @@ def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
     }
 
 
+class _Pending:
+    """The chunks of one record read so far: ``first`` (partition, offset) of the first one read."""
+
+    def __init__(self, count: int, size: int, first: tuple[int, int]):
+        self.count, self.size, self.first = count, size, first
+        self.parts: dict[int, bytes] = {}
+
+
 def _header(headers, name: str) -> str | None:
     for key, value in headers or ():
         if key == name:
@@ -80,11 +88,11 @@ class GroupSync:
         self.consumer: Consumer | None = None
         self.proposer: Producer | None = None  # warm-up scaling proposals, outside any transaction
         self.positions: dict[int, int] = {}  # deltas partition -> next offset to read (in snapshots)
-        self.chunks: dict[tuple[str, int, str], dict[int, bytes]] = {}  # (member, seq, kind) -> chunks
+        self.chunks: dict[tuple[str, int, str], _Pending] = {}  # (member, seq, kind) -> the chunks read so far
         self.caught_up = False
         self.restored = False  # a snapshot was loaded: no adoption of this member's own record
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
-        self.own_rows: dict | None = None  # its own last handover, adopted with its sums once caught up
+        self.own_rows: tuple | None = None  # (ids, payload) of its own last handover, adopted with its sums once caught up
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
         self.refused: set = set()  # (member, model digest) of records of another model config, logged once each
@@ -118,8 +126,14 @@ class GroupSync:
             self._seek()
 
     def to_state(self) -> tuple[dict, dict]:
+        """The group state and the deltas positions to resume from: before the first chunk of any record read in
+        part (a snapshot between two chunks must not skip the first ones; records read again are stale)."""
         manifest, arrays = self.state.to_state()
-        manifest["positions"] = sorted([p, o] for p, o in self.positions.items())
+        positions = dict(self.positions)
+        for pending in self.chunks.values():
+            partition, offset = pending.first
+            positions[partition] = min(positions.get(partition, offset), offset)
+        manifest["positions"] = sorted([p, o] for p, o in positions.items())
         return manifest, arrays
 
     # ------------------------------------------------------------ the consumer
@@ -190,7 +204,7 @@ class GroupSync:
         if not self.caught_up and self._at_start_ends():
             self.caught_up = True
             if self.own_rows is not None:
-                self._adopt_rows(self.member, self.own_rows)
+                self._adopt_rows(self.member, *self.own_rows)
                 self.own_rows = None
         self._propose()
         return done
@@ -204,9 +218,9 @@ class GroupSync:
         positions = self.consumer.position([TopicPartition(self.topic, p) for p in behind])
         return all(tp.offset >= self.start_ends[tp.partition] for tp in positions)
 
-    def _adopt_rows(self, member: str, arrays: dict) -> None:
-        ids = [str(i) for i in arrays["ids"].tolist()]
-        added = handover.adopt_rows(self.processor, ids, arrays["payload"], _now_ms())
+    def _adopt_rows(self, member: str, ids: np.ndarray, payload: np.ndarray) -> None:
+        ids = [str(i) for i in ids.tolist()]
+        added = handover.adopt_rows(self.processor, ids, payload, _now_ms())
         log.info("%d rows waiting for labels handed over by member %s (%d new here)", len(ids), member, added,
                  extra={"event": "group_handover"})  # fmt: skip
 
@@ -239,27 +253,31 @@ class GroupSync:
                         sum(len(h[1]) for h in model.targets.held))  # fmt: skip
 
     def _take(self, msg) -> int:
-        headers = msg.headers()
-        kind, member = _header(headers, "iolstream.kind"), _header(headers, "iolstream.member")
         try:
+            headers = msg.headers()
+            kind, member = _header(headers, "iolstream.kind"), _header(headers, "iolstream.member")
             seq = int(_header(headers, "iolstream.seq") or 0)
             index, count = (int(v) for v in (_header(headers, "iolstream.chunk") or "0/1").split("/"))
             size = int(_header(headers, "iolstream.size") or len(msg.value() or b""))
-        except ValueError:
-            log.warning("model-deltas %d@%d: unreadable headers, skipped", msg.partition(), msg.offset())
+            if not (0 <= index < count and size >= 0):
+                raise ValueError(f"chunk {index}/{count}, size {size}")
+        except ValueError as exc:  # UnicodeDecodeError included
+            log.warning("model-deltas %d@%d: unreadable headers (%s), skipped", msg.partition(), msg.offset(), exc)
             return 0
         if kind not in ("sums", "scaling", "targets", "rows") or member is None:
             log.warning("model-deltas %d@%d: not an iolstream record (kind %r), skipped", msg.partition(), msg.offset(), kind)
             return 0
-        parts = self.chunks.setdefault((member, seq, kind), {})
-        parts[index] = msg.value() or b""
-        if len(parts) < count:
+        pending = self.chunks.get((member, seq, kind))
+        if pending is None or (pending.count, pending.size) != (count, size):  # another record under the same sequence
+            pending = self.chunks[(member, seq, kind)] = _Pending(count, size, (msg.partition(), msg.offset()))
+        pending.parts[index] = msg.value() or b""
+        if len(pending.parts) < count:
             return 0
         del self.chunks[(member, seq, kind)]
         self.records[(kind, "in")] += 1
         for key in [k for k in self.chunks if k[0] == member and k[2] == kind and k[1] < seq]:
             del self.chunks[key]  # an older record of it that will not complete (compacted, or cut by a crash)
-        blob = b"".join(parts[i] for i in range(count))
+        blob = b"".join(pending.parts[i] for i in range(count))
         if len(blob) != size:
             log.warning("model-deltas: record %s#%d is %d bytes, its header says %d: skipped", member, seq, len(blob), size)
             return 0
@@ -273,6 +291,12 @@ class GroupSync:
             # member that ever published, and a group redeployed with a new model section would read the old
             # ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
             return self._refuse(kind, member, manifest.get("model"), "another model config or auto candidate grid")
+        try:  # a record the model cannot take changes nothing (the checks come before any change) and stops nothing
+            return self._apply(kind, member, seq, manifest, arrays)
+        except (KeyError, TypeError, ValueError) as exc:
+            return self._refuse(kind, member, manifest.get("model"), f"a record that does not load ({exc!r})")
+
+    def _apply(self, kind: str, member: str, seq: int, manifest: dict, arrays: dict) -> int:
         if kind == "scaling":
             if self.state.agree_scaling(member, arrays):
                 log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})
@@ -281,25 +305,29 @@ class GroupSync:
             if self.state.agree_targets(member, arrays):
                 log.info("the group's target scaling is member %s's", member, extra={"event": "group_scaling"})
             return 1
+        published_ms = int(manifest["published_ms"])
         if kind == "rows":
+            rows = (arrays["ids"], arrays["payload"])
+            if member == self.member:  # its own: a restart without a snapshot goes on with the next sequence
+                self.state.handovers = max(self.state.handovers, seq)
             # Handovers are for the members of the rebalance that made them: one published before this member
             # started reading (10 s of clock skew allowed) is older than its membership, except its own last one
             # when it takes its own sums back (no snapshot): the rows it was waiting on, adopted once caught up.
-            if member != self.member and int(manifest.get("published_ms", 0)) >= self.started_ms - HANDOVER_SKEW_MS:
-                self._adopt_rows(member, arrays)
+            if member != self.member and published_ms >= self.started_ms - HANDOVER_SKEW_MS:
+                self._adopt_rows(member, *rows)
             elif member == self.member and not self.caught_up and self.adopted_positions is not None:
-                self.own_rows = arrays
+                self.own_rows = rows
             return 1
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
+        positions = {(str(t), int(p)): int(o) for t, p, o in manifest["positions"]}
         try:
-            what = self.state.apply(member, seq, arrays, **clocks, published_ms=int(manifest["published_ms"]),
-                                    now_ms=_now_ms(), adopt_own=adopt)  # fmt: skip
+            what = self.state.apply(member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt)
         except ValueError as exc:  # the same digest, other arrays (a record written by another iolstream version)
             return self._refuse(kind, member, manifest.get("model"), f"sums that do not fit this model ({exc})")
         if what == "adopted":
             self.own_rows = None  # rows handed over before this record are older than it
-            self.adopted_positions = {(t, int(p)): int(o) for t, p, o in manifest["positions"]}
+            self.adopted_positions = positions
             log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
                      extra={"event": "group_adopted"})  # fmt: skip
         return 1
@@ -353,7 +381,7 @@ class GroupSync:
             headers = [("iolstream.kind", kind.encode()), ("iolstream.member", self.member.encode()),
                        ("iolstream.seq", str(seq).encode()), ("iolstream.chunk", f"{index}/{count}".encode()),
                        ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
-            key = f"{self.member}/{kind}" + (f"/{index}" if kind in ("sums", "rows") else "")
+            key = f"{self.member}/{kind}/{index}"  # compaction keeps every chunk of the newest record of a kind
             chunk = blob[index * step : (index + 1) * step]
             if producer is None:  # the worker's (exactly-once: in the open transaction)
                 self.output.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)

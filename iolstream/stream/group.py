@@ -174,9 +174,11 @@ class GroupState:
         scaler = self.model.scaler
         if scaler.frozen:
             return False
-        scaler.load_state(state)
-        if not scaler.frozen or scaler.mean.shape != (scaler.n_features,):
+        proposal = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows)
+        proposal.load_state(state)  # checked before the model's scaler takes it
+        if not proposal.frozen or proposal.mean.shape != (scaler.n_features,) or proposal.scale.shape != (scaler.n_features,):
             raise ValueError(f"scaling record of {member!r}: not a frozen scaler of {scaler.n_features} features")
+        scaler.load_state(state)
         self.scaling_from = member
         self.proposal = None
         return True
@@ -217,7 +219,7 @@ class GroupState:
         """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
         manifest = {
             "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
-            "target_proposed": self.target_proposed,
+            "target_proposed": self.target_proposed, "handovers": self.handovers,
             "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock]
                         for m, s in self.members.items()},
             "counters": dict(self.counters),
@@ -235,6 +237,7 @@ class GroupState:
         self.scaling_from = manifest.get("scaling_from")
         self.proposed = bool(manifest.get("proposed", False))
         self.target_proposed = bool(manifest.get("target_proposed", False))
+        self.handovers = int(manifest.get("handovers", 0))  # saved since a reused sequence could mix two records' chunks
         self.counters.update(manifest.get("counters", {}))
         self.members = {}
         for m, (seq, published_ms, rows, clock, label_rows, label_clock, index) in manifest["members"].items():
