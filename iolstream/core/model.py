@@ -378,6 +378,8 @@ class EdRVFL:
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
         ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
         if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
             held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
             if self.targets.frozen:
@@ -428,7 +430,9 @@ class EdRVFL:
         features_t = self.features(x)
         for ln in self.learners:
             ln.advance(len(x))
-        return self.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool))
+        # stamped now: labels held for the target scaling enter later at the weight they have then
+        return self.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool),
+                          observed_at=self.learner.state.clock)
 
     # --------------------------------------------------------------- regret
     def regret(self) -> RegretReport:

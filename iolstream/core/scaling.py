@@ -153,7 +153,8 @@ class TargetScaler:
         self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted),
                           copy(observed_at)))  # fmt: skip
         if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
-            y = np.concatenate([h[1] for h in self.held])
+            # the first warmup_rows labels, wherever the batches end (a replay after a restart may cut them elsewhere)
+            y = np.concatenate([h[1] for h in self.held])[: self.warmup_rows]
             std = y.std(axis=0, ddof=1)
             if self.propose is not None:
                 self.propose(y.mean(axis=0), np.where(std > 0, std, 1.0))

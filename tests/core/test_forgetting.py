@@ -268,6 +268,29 @@ def test_forget_with_stamps_removes_a_row_at_its_present_weight():
         assert_close(np.tril(a.gram), np.tril(b.gram), f"layer {layer} seed={seed_}", rtol=1e-12)
 
 
+def test_learn_rows_held_for_the_target_scaling_enter_at_their_decayed_weight():
+    """Regression labels given with ``learn_rows`` before the target scaling is known wait; when it is, they enter at
+    the weight their rows have then, as with a scaling fixed from the start."""
+    import dataclasses
+
+    rng = np.random.default_rng(31)
+    x1, x2, seen = rng.standard_normal((8, 3)), rng.standard_normal((8, 3)), rng.standard_normal((512, 3))
+    y1, y2 = 2 * x1[:, :1], -x2[:, :1]
+    cfg = ModelConfig(n_inputs=3, n_nodes=8, n_layers=1, scaler="none", forgetting=64.0, warmup_rows=16)
+    held = EdRVFL(cfg)
+    y = np.concatenate([y1, y2])
+    fixed = EdRVFL(dataclasses.replace(cfg, target_scaler="fixed", target_mean=tuple(y.mean(axis=0)),
+                                       target_std=tuple(y.std(axis=0, ddof=1))))  # fmt: skip
+    for model in (held, fixed):
+        model.learn_rows(x1, y1)  # held: 8 of 16 warm-up labels
+        model.observe(seen)  # x1's rows are 512 rows (8 half-lives) old when the scaling is known
+        model.learn_rows(x2, y2)
+    assert held.targets.frozen and not held.targets.held
+    a, b = held.learner.state.layers[0], fixed.learner.state.layers[0]
+    assert_close(a.rhs, b.rhs, "seed=31", rtol=1e-12)
+    assert_close(a.beta, b.beta, "seed=31", rtol=1e-10)
+
+
 # --------------------------------------------------------------------------- configuration, regret
 
 
@@ -542,6 +565,21 @@ def test_selector_switches_only_on_a_significant_gap():
     assert sel.chosen == 2, sel.loss
     assert sel.rows == pytest.approx(40 * np.exp2(-40 / 512) + 40)
     np.testing.assert_allclose(sel.recent(), sel.loss / sel.rows)
+
+
+def test_selector_pair_sums_are_formed_in_chunks(monkeypatch):
+    """Σ (ℓ_j − ℓ_k)² over a labelled batch, a chunk of rows at a time (a batch of a million rows would need
+    K²·b floats at once): the same sums as at once, and as written out."""
+    from iolstream.core import candidates
+
+    losses = np.random.default_rng(5).random((4, 11))
+    whole = candidates.CandidateSelector(4, start=0)
+    whole.record(losses)
+    monkeypatch.setattr(candidates, "PAIR_CHUNK", 3)
+    chunked = candidates.CandidateSelector(4, start=0)
+    chunked.record(losses)
+    np.testing.assert_allclose(chunked.pair, whole.pair, rtol=1e-14)
+    np.testing.assert_allclose(whole.pair, ((losses[:, None, :] - losses[None, :, :]) ** 2).sum(axis=2), rtol=1e-14)
 
 
 def test_selector_returns_to_the_default_when_the_edge_fades():

@@ -309,6 +309,39 @@ def test_warmup_scaler_freezes_on_the_first_w_rows(sizes):
     assert np.isfinite(model.features(x[:5])).all()
 
 
+@pytest.mark.parametrize("sizes", [[8], [4, 4], [3, 5], [1, 1, 6]])
+def test_target_scaling_is_the_first_w_labels_wherever_the_label_batches_end(sizes):
+    """As the input scaler: label batches cut elsewhere (a replay after a restart) freeze the same scaling."""
+    x = rows(3, 8)
+    y = np.arange(8.0) ** 2
+    model = EdRVFL(small(scaler="none", classes=None, n_outputs=1, warmup_rows=4))
+    start = 0
+    for b in sizes:
+        model.learn_rows(x[start : start + b], y[start : start + b])
+        start += b
+    assert model.targets.frozen, f"sizes={sizes}"
+    np.testing.assert_allclose(model.targets.mean, [y[:4].mean()], rtol=1e-15)
+    np.testing.assert_allclose(model.targets.std, [y[:4].std(ddof=1)], rtol=1e-15)
+
+
+def test_one_output_regression_targets_of_shape_b_are_one_column():
+    """``predict`` gives (b,) for one output, and users pass labels back the same way: learned as (b, 1), the
+    same β and the same choice among the auto candidates (the row losses must not broadcast to (b, b))."""
+    models = [EdRVFL(small(scaler="none", classes=None, n_outputs=1, lam="auto", warmup_rows=32)) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        x = rng.standard_normal((16, K))
+        y = 3 * x[:, 0] + 1
+        for model, targets in zip(models, (y, y[:, None])):
+            p = model.observe(x)
+            model.learn(p.features_t, targets, predicted=p.predicted, observed_at=p.clock)
+    one, two = models
+    assert one.targets.mean.shape == (1,)
+    np.testing.assert_array_equal(one.selector.loss, two.selector.loss)
+    assert one.selector.chosen == two.selector.chosen
+    np.testing.assert_array_equal(one.learner.state.layers[0].beta, two.learner.state.layers[0].beta)
+
+
 def test_warmup_scaler_explicit_freeze_and_errors():
     s = Scaler("warmup", 2, warmup_rows=10)
     s.partial_fit(np.ones((1, 2)))
