@@ -20,7 +20,7 @@ from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import OffsetBook, fmt
+from iolstream.kafka.offsets import OffsetBook, fmt, parse_metadata
 from iolstream.ops.faults import crash_point, fault_point
 from iolstream.stream.align import Aligner
 
@@ -118,7 +118,7 @@ class Assignment:
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            self.book.assign(key, committed.get(key), self.end_offset(key), by_other=self.by_other(key))
+            self.book.assign(key, committed.get(key), self.end_offset(key), by_other=self.by_other(key), base=self.base(key))
             start = self.book.start(key)
             tp.offset = OFFSET_BEGINNING if start is None else start
             self.aligner.assign(key, priority=0 if tp.topic == self.cfg.topics.features else 1)  # ties: features first
@@ -128,8 +128,12 @@ class Assignment:
 
     def by_other(self, key: tuple[str, int]) -> bool:
         """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
-        by = self.committed_by.get(key, "")
+        by = parse_metadata(self.committed_by.get(key))[0]
         return self.member is not None and by not in ("", self.member)
+
+    def base(self, key: tuple[str, int]) -> int | None:
+        """Group learning: where this member's own commit of ``key`` says it took the partition over (or None)."""
+        return None if self.by_other(key) else parse_metadata(self.committed_by.get(key))[1]
 
     def _revoke(self, consumer, partitions) -> None:
         """Partitions taken away: checkpoint first (at-least-once commits their offsets, exactly-once committed
@@ -196,7 +200,7 @@ class Assignment:
         assigned = sorted(self.book.assigned)
         committed = self.committed(assigned)
         for key in assigned:
-            self.book.assign(key, committed.get(key), self.book.ends.get(key), by_other=self.by_other(key))
+            self.book.assign(key, committed.get(key), self.book.ends.get(key), by_other=self.by_other(key), base=self.base(key))
             start = self.book.start(key)
             try:
                 self.consumer.seek(TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start))
@@ -209,8 +213,8 @@ class Assignment:
         if not (offsets := self.book.to_commit()):
             return
         crash_point("before_commit")
-        meta = {} if self.member is None else {"metadata": self.member}
-        tps = [TopicPartition(t, p, o, **meta) for t, p, o in offsets]
+        tps = [TopicPartition(t, p, o, **({} if self.member is None else {"metadata": self.book.metadata(self.member, (t, p))}))
+               for t, p, o in offsets]  # fmt: skip
         try:
             if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))

@@ -36,24 +36,39 @@ class OffsetBook:
         self.assigned: set[Key] = set()
         self.ends: dict[Key, int] = {}
         self.eof: dict[Key, int] = {}
+        # group learning: where this member took a partition over from another (that one's commit), kept through
+        # roll-backs and named in this member's commits: a state that predates the take-over resumes there
+        self.bases: dict[Key, int] = {}
 
     def reset(self, positions: dict[Key, int]) -> None:
         """The positions of a state just loaded (a roll-back)."""
         self.positions = dict(positions)
 
+    def metadata(self, member: str, key: Key) -> str:
+        """The metadata of this member's commit of ``key`` (``commit_metadata``)."""
+        return commit_metadata(member, self.bases.get(key))
+
     def start(self, key: Key) -> int | None:
         """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this state)."""
         return self.positions.get(key)
 
-    def assign(self, key: Key, committed: int | None, end: int | None = None, *, by_other: bool = False) -> None:
+    def assign(self, key: Key, committed: int | None, end: int | None = None, *, by_other: bool = False,
+               base: int | None = None) -> None:  # fmt: skip
         """``key`` assigned, the group having committed ``committed`` for it (None: nothing). Below that, a
         commit never goes, and (exactly-once) input is replayed without emitting: a committed transaction
         emitted its outputs already. Group learning, ``by_other`` (another member committed it): that member's
-        sums hold the input up to ``committed``, so this state goes on from there, never re-learning it."""
+        sums hold the input up to ``committed``, so this state goes on from there, never re-learning it.
+        ``base``: this member's own commit names where it took the partition over; a state without the
+        partition (older than the take-over) resumes there, not at the partition's beginning."""
         start = self.positions.get(key)
         if self.group and by_other and committed is not None and (start is None or committed > start):
             log.info("%s[%d]: another member learned it up to %d: going on from there", key[0], key[1], committed)
-            self.positions[key] = start = committed
+            self.positions[key] = start = self.bases[key] = committed
+        elif self.group and not by_other:
+            base = self.bases.get(key, base)
+            if start is None and base is not None:
+                log.info("%s[%d]: taken over from another member at %d: going on from there", key[0], key[1], base)
+                self.positions[key] = start = self.bases[key] = base
         self.assigned.add(key)
         self.eof.pop(key, None)
         if end is not None:
@@ -112,6 +127,23 @@ class OffsetBook:
             if end is None or max(self.positions.get(key, -1), self.eof.get(key, -1)) < end or queued(key):
                 return False
         return True
+
+
+def commit_metadata(member: str, base: int | None) -> str:
+    """``member``, or ``member/base`` for a partition this member took over from another at offset ``base``
+    (member ids have no '/')."""
+    return member if base is None else f"{member}/{base}"
+
+
+def parse_metadata(text: str | None) -> tuple[str, int | None]:
+    """(member, base) of a commit's metadata (``commit_metadata``); other metadata is (the text, None).
+
+    >>> parse_metadata("w1/200"), parse_metadata("w1"), parse_metadata(None), parse_metadata("a/b")
+    (('w1', 200), ('w1', None), ('', None), ('a/b', None))
+    """
+    text = text or ""
+    member, slash, base = text.rpartition("/")
+    return (member, int(base)) if slash and base.isdigit() else (text, None)
 
 
 def fmt(offsets: dict) -> str:

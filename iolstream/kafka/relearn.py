@@ -5,8 +5,9 @@ that dies holds, in its last state, input between its newest snapshot (S) and it
 no snapshot has. A single worker replays [S, C) without emitting when it gets its partitions back
 (``offsets.OffsetBook``). In a group the partition may go to another member instead, which starts at C
 (another member's sums hold what is below it): [S, C) would then be in nobody's sums. So at start, before
-it joins the group, a member reads the committed offsets of every partition its snapshot holds; where
-the commit is its own (commit metadata = member id) and ahead of the snapshot, it re-learns [S, C) here,
+it joins the group, a member reads the committed offsets of every input partition; where the commit is its
+own (commit metadata = member id) and ahead of the snapshot, it re-learns [S, C) here (a partition it took
+over from another member after its snapshot: from the take-over offset its commit names),
 without emitting, with a consumer of its own (outside the group). Its positions then stand at C, and
 the rows of that range still waiting for labels are handed over with the next checkpoint's records.
 
@@ -23,24 +24,36 @@ import time
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from iolstream.kafka.clients import client_conf
+from iolstream.kafka.offsets import parse_metadata
 
 log = logging.getLogger("iolstream.group")
 
 
-def own_commits_ahead(cfg, positions: dict) -> dict[tuple[str, int], int]:
-    """{key: committed offset} of the snapshot's partitions whose group commit is this member's own and ahead
-    of the snapshot's position."""
-    if not positions:
-        return {}
+def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int], int]:
+    """{key: committed offset} of the input partitions whose group commit is this member's own and ahead of the
+    state: of the snapshot's position, or, for a partition the snapshot does not hold (taken over from another
+    member after it was written), of the offset the commit names as the take-over (``offsets.commit_metadata``);
+    ``positions`` and ``bases`` get that start."""
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
-        got = consumer.committed([TopicPartition(t, p) for t, p in positions], timeout=cfg.kafka.call_timeout_seconds)
+        keys = set(positions)
+        for topic in (cfg.topics.features, cfg.topics.labels):
+            meta = consumer.list_topics(topic, timeout=cfg.kafka.call_timeout_seconds).topics.get(topic)
+            if meta is not None and meta.error is None:
+                keys.update((topic, p) for p in meta.partitions)
+        tps = [TopicPartition(t, p) for t, p in sorted(keys)]
+        got = consumer.committed(tps, timeout=cfg.kafka.call_timeout_seconds) if tps else []
     finally:
         consumer.close()
-    return {
-        (tp.topic, tp.partition): tp.offset for tp in got
-        if tp.offset >= 0 and (tp.metadata or "") == cfg.member_id and tp.offset > positions[(tp.topic, tp.partition)]
-    }  # fmt: skip
+    ahead = {}
+    for tp in got:
+        key, (member, base) = (tp.topic, tp.partition), parse_metadata(tp.metadata)
+        start = positions.get(key, base)
+        if tp.offset >= 0 and member == cfg.member_id and start is not None and tp.offset > start:
+            if key not in positions:
+                positions[key] = bases[key] = start
+            ahead[key] = tp.offset
+    return ahead
 
 
 def relearn(cfg, processor, positions: dict, ranges: dict[tuple[str, int], int], timeout: float) -> int:

@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.offsets import commit_metadata
 from iolstream.kafka.output import Output
 from iolstream.ops.faults import crash_point, fault_point
 
@@ -65,9 +66,10 @@ class Transactions:
     def refuse(self, err: KafkaError) -> None:
         self.failed = err
 
-    def commit(self, offsets: list[tuple[str, int, int]], group_metadata: Callable) -> str | None:
+    def commit(self, offsets: list[tuple[str, int, int]], group_metadata: Callable, bases: dict | None = None) -> str | None:
         """Commit the cycle's transaction with the input ``offsets``; None when committed, else why the model
-        must be rolled back (the transaction was aborted, or the producer replaced)."""
+        must be rolled back (the transaction was aborted, or the producer replaced). ``bases``: group learning,
+        where this member took partitions over (``offsets.OffsetBook.bases``), named in the commits."""
         if not self.open and not offsets:
             return None  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
         self.begin()
@@ -78,8 +80,11 @@ class Transactions:
                                                 txn_requires_abort=True))  # fmt: skip
             if offsets:
                 # group learning: the offsets name the member that committed them (assignment.Assignment.by_other)
-                meta = {"metadata": self.cfg.member_id} if self.cfg.group.enabled else {}
-                tps, group = [TopicPartition(t, p, o, **meta) for t, p, o in offsets], group_metadata()
+                # and where it took the partition over (offsets.OffsetBook.assign)
+                group, bases = group_metadata(), bases or {}
+                tps = [TopicPartition(t, p, o, **({"metadata": commit_metadata(self.cfg.member_id, bases.get((t, p)))}
+                                                  if self.cfg.group.enabled else {}))
+                       for t, p, o in offsets]  # fmt: skip
                 self._call("send_offsets_to_transaction", lambda t: producer.send_offsets_to_transaction(tps, group, t))
             if fault_point("abort_txn"):  # test-only: an abortable failure
                 raise KafkaException(KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True))

@@ -145,7 +145,9 @@ class Worker:
         # transaction, whose pending offsets would keep the group's committed offsets unstable (a committed()
         # waits for them) until the transaction timed out
         self.output.producer = self._new_producer()
-        ahead = relearn.own_commits_ahead(self.cfg, self.book.positions) if self.group and self.exactly_once else {}
+        ahead = {}
+        if self.group and self.exactly_once:  # also partitions taken over after the snapshot (their commits say where)
+            ahead = relearn.own_commits_ahead(self.cfg, self.book.positions, self.book.bases)
         if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
             relearn.relearn(self.cfg, self.processor, self.book.positions, ahead, self.call_timeout)
         self.consumer = self._new_consumer()
@@ -375,7 +377,7 @@ class Worker:
     def _commit_transaction(self) -> None:
         """Exactly-once: commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
-        why = self.txn.commit(offsets, self.consumer.consumer_group_metadata)
+        why = self.txn.commit(offsets, self.consumer.consumer_group_metadata, self.book.bases)
         if why is None:
             self.book.committed(offsets)
         else:

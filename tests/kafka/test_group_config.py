@@ -53,3 +53,39 @@ def test_a_partition_another_member_learned_starts_at_its_committed_offset():
     single = OffsetBook(exactly_once=True, positions={("f", 0): 5})
     single.assign(("f", 0), committed=40, by_other=True)  # without group learning nothing changes
     assert single.start(("f", 0)) == 5 and single.replay_until[("f", 0)] == 40
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_a_partition_taken_over_resumes_at_the_take_over_after_a_roll_back_or_restart(exactly_once):
+    """This member's state S holds ("f", 0) only. ("f", 1) comes from another member at its commit 200; this one
+    learns 200..250 and commits 250 as its own. A roll-back (or a restart) to S, which has no ("f", 1), must not
+    read it from its beginning (0..200 is in the other member's sums): the commit names the take-over, 200."""
+    from iolstream.kafka.offsets import parse_metadata
+
+    snapshot = {("f", 0): 5}
+    book = OffsetBook(exactly_once=exactly_once, positions=snapshot, group=True)
+    book.assign(("f", 1), committed=200, by_other=True)
+    assert book.start(("f", 1)) == 200 and book.bases == {("f", 1): 200}
+    book.processed(("f", 1), 249)
+    assert book.metadata("w1", ("f", 1)) == "w1/200" and book.metadata("w1", ("f", 0)) == "w1"
+    book.reset(snapshot)  # the roll-back: the state before the take-over
+    book.assign(("f", 1), committed=250, by_other=False)
+    assert book.start(("f", 1)) == 200
+    assert book.replay_until.get(("f", 1)) == (250 if exactly_once else None)  # re-learned without emitting
+    restarted = OffsetBook(exactly_once=exactly_once, positions=snapshot, group=True)  # a new process: from the commit
+    member, base = parse_metadata(book.metadata("w1", ("f", 1)))
+    restarted.assign(("f", 1), committed=250, by_other=member != "w1", base=base)
+    assert restarted.start(("f", 1)) == 200 and restarted.bases == {("f", 1): 200}
+    covered = OffsetBook(exactly_once=exactly_once, positions={**snapshot, ("f", 1): 240}, group=True)
+    covered.assign(("f", 1), committed=250, by_other=False, base=200)  # a state that has it: its own position
+    assert covered.start(("f", 1)) == 240
+
+
+def test_commit_metadata_names_the_member_and_the_take_over():
+    from iolstream.kafka.offsets import commit_metadata, parse_metadata
+
+    assert parse_metadata(commit_metadata("w1", 200)) == ("w1", 200)
+    assert parse_metadata(commit_metadata("w1", None)) == ("w1", None)
+    assert parse_metadata("") == parse_metadata(None) == ("", None)  # a commit of an older iolstream, or none
+    assert parse_metadata("some/other-tool") == ("some/other-tool", None)
+
