@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.offsets import parse_metadata
@@ -31,9 +31,9 @@ log = logging.getLogger("iolstream.group")
 
 def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int], int]:
     """{key: committed offset} of the input partitions whose group commit is this member's own and ahead of the
-    state: of the snapshot's position, or, for a partition the snapshot does not hold (taken over from another
-    member after it was written), of the offset the commit names as the take-over (``offsets.commit_metadata``);
-    ``positions`` and ``bases`` get that start."""
+    state: of the snapshot's position, or, for a partition the snapshot does not hold (first read after it was
+    written), of the offset the commit names as the take-over from another member (``offsets.commit_metadata``;
+    ``bases`` gets it), else of the partition's beginning (this member read it from there)."""
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
         keys = set(positions)
@@ -48,22 +48,27 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
     ahead = {}
     for tp in got:
         key, (member, base) = (tp.topic, tp.partition), parse_metadata(tp.metadata)
-        start = positions.get(key, base)
-        if tp.offset >= 0 and member == cfg.member_id and start is not None and tp.offset > start:
-            if key not in positions:
-                positions[key] = bases[key] = start
-            ahead[key] = tp.offset
+        if tp.offset < 0 or member != cfg.member_id:
+            continue
+        if key in positions:
+            if tp.offset > positions[key]:
+                ahead[key] = tp.offset
+        else:
+            if base is not None:
+                bases[key] = base
+            if tp.offset > (base or 0):
+                ahead[key] = tp.offset
     return ahead
 
 
-def relearn(cfg, processor, positions: dict, ranges: dict[tuple[str, int], int], timeout: float) -> int:
-    """Feed ``processor`` the messages from ``positions[key]`` up to ``ranges[key]`` (exclusive) of every key, in
-    timestamp order, outputs dropped (they were emitted before); positions move to the range ends. Returns the
-    messages re-learned."""
+def relearn(cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str, int], int], timeout: float) -> int:
+    """Feed ``processor`` the messages from ``positions[key]`` (else ``bases[key]``, else the partition's beginning)
+    up to ``ranges[key]`` (exclusive) of every key, in timestamp order, outputs dropped (they were emitted
+    before); positions move to the range ends. Returns the messages re-learned."""
     conf = {**client_conf(cfg), "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True}  # fmt: skip
     consumer = Consumer(conf)
-    consumer.assign([TopicPartition(t, p, positions[(t, p)]) for t, p in ranges])
+    consumer.assign([TopicPartition(t, p, positions.get((t, p), bases.get((t, p), OFFSET_BEGINNING))) for t, p in ranges])
     msgs, left, deadline = [], dict(ranges), time.monotonic() + timeout
     try:
         while left and time.monotonic() < deadline:

@@ -149,7 +149,7 @@ class Worker:
         if self.group and self.exactly_once:  # also partitions taken over after the snapshot (their commits say where)
             ahead = relearn.own_commits_ahead(self.cfg, self.book.positions, self.book.bases)
         if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
-            relearn.relearn(self.cfg, self.processor, self.book.positions, ahead, self.call_timeout)
+            relearn.relearn(self.cfg, self.processor, self.book.positions, self.book.bases, ahead, self.call_timeout)
         self.consumer = self._new_consumer()
         if self.group is not None and self.checkpoints.loaded_group is not None:  # a restart: its partitions may have
             self.group.hand_over()  # moved while it was away; the rows waiting for labels go wherever their labels go

@@ -337,3 +337,32 @@ def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(group_r
     assert "no snapshot" in log and "took back this member's own sums" in log
     assert_group_state(members, snap_dir, raw, messages, "a restart without a snapshot")
     assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "a restart without a snapshot")
+
+
+def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_began(kafka_bootstrap, kafka_topics):
+    """Which ranges a restarted exactly-once member re-learns (``relearn.own_commits_ahead``), from commits on a real
+    broker: a partition in its snapshot, from the snapshot's position; one taken over from another member after the
+    snapshot, from the take-over its commit names; one it read from the beginning after the snapshot, from there;
+    another member's commits and commits not ahead of the state, not at all."""
+    from iolstream.kafka import relearn
+    from iolstream.kafka.offsets import commit_metadata
+
+    features, labels = kafka_topics("features", "labels", partitions=4)
+    group = unique_group("relearn")
+    cfg = config_from_dict({"model": {"n_inputs": 3, "classes": [0, 1]}, "group": {"enabled": True, "member_id": "w1"},
+                            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group},
+                            "topics": {"features": features, "labels": labels}}, environ={})  # fmt: skip
+    commits = {(features, 0): (90, commit_metadata("w1", None)), (features, 1): (250, commit_metadata("w1", 200)),
+               (features, 2): (40, commit_metadata("w1", None)), (features, 3): (70, commit_metadata("w2", None)),
+               (labels, 0): (30, commit_metadata("w1", None))}  # fmt: skip
+    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        committer.commit(offsets=[TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in commits.items()], asynchronous=False)
+    finally:
+        committer.close()
+    positions = {(features, 0): 60, (labels, 0): 30}  # the snapshot's
+    bases: dict = {}
+    ahead = relearn.own_commits_ahead(cfg, positions, bases)
+    assert ahead == {(features, 0): 90, (features, 1): 250, (features, 2): 40}
+    assert bases == {(features, 1): 200}
+    assert positions == {(features, 0): 60, (labels, 0): 30}  # moved by the re-learning itself, message by message
