@@ -65,7 +65,8 @@ def agrawal_concept(function: int, seed: int) -> data.Dataset:
     rows = list(synth.Agrawal(classification_function=function, seed=seed).take(50_000))
     X = np.ascontiguousarray([list(x.values()) for x, _ in rows], dtype=np.float64)
     y = np.array([y for _, y in rows], dtype=np.int64)
-    return data.classification(f"agrawal-f{function}", X, y, tuple(str(k) for k in rows[0][0]), f"Agrawal function {function} alone")
+    names = tuple(str(k) for k in rows[0][0])
+    return data.classification(f"agrawal-f{function}", X, y, names, f"Agrawal function {function} alone")
 
 
 def windows(res, per: int = 5) -> str:
