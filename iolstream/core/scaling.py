@@ -156,11 +156,11 @@ class TargetScaler:
             # the first warmup_rows labels, wherever the batches end (a replay after a restart may cut them elsewhere)
             y = np.concatenate([h[1] for h in self.held])[: self.warmup_rows]
             std = y.std(axis=0, ddof=1)
+            mean, std = y.mean(axis=0), np.where(std > 0, std, 1.0)
             if self.propose is not None:
-                self.propose(y.mean(axis=0), np.where(std > 0, std, 1.0))
+                self.propose(mean, std)
             else:
-                self.mean, self.std = y.mean(axis=0), np.where(std > 0, std, 1.0)
-                self.frozen = True
+                self.mean, self.std, self.frozen = mean, std, True
         if predicted is None or np.ndim(predicted) != 3:
             return np.full(features_t.shape[0], np.nan)
         return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))

@@ -321,10 +321,7 @@ class GroupSync:
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
         positions = {(str(t), int(p)): int(o) for t, p, o in manifest["positions"]}
-        try:
-            what = self.state.apply(member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt)
-        except ValueError as exc:  # the same digest, other arrays (a record written by another iolstream version)
-            return self._refuse(kind, member, manifest.get("model"), f"sums that do not fit this model ({exc})")
+        what = self.state.apply(member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt)
         if what == "adopted":
             self.own_rows = None  # rows handed over before this record are older than it
             self.adopted_positions = positions

@@ -20,7 +20,6 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import commit_metadata
 from iolstream.kafka.output import Output
 from iolstream.ops.faults import crash_point, fault_point
 
@@ -66,10 +65,11 @@ class Transactions:
     def refuse(self, err: KafkaError) -> None:
         self.failed = err
 
-    def commit(self, offsets: list[tuple[str, int, int]], group_metadata: Callable, bases: dict | None = None) -> str | None:
+    def commit(self, offsets: list[tuple[str, int, int]], group_metadata: Callable,
+               metadata: Callable | None = None) -> str | None:
         """Commit the cycle's transaction with the input ``offsets``; None when committed, else why the model
-        must be rolled back (the transaction was aborted, or the producer replaced). ``bases``: group learning,
-        where this member took partitions over (``offsets.OffsetBook.bases``), named in the commits."""
+        must be rolled back (the transaction was aborted, or the producer replaced). ``metadata``: group learning,
+        (topic, partition) -> the commit's metadata (``offsets.OffsetBook.metadata``)."""
         if not self.open and not offsets:
             return None  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
         self.begin()
@@ -81,9 +81,8 @@ class Transactions:
             if offsets:
                 # group learning: the offsets name the member that committed them (assignment.Assignment.by_other)
                 # and where it took the partition over (offsets.OffsetBook.assign)
-                group, bases = group_metadata(), bases or {}
-                tps = [TopicPartition(t, p, o, **({"metadata": commit_metadata(self.cfg.member_id, bases.get((t, p)))}
-                                                  if self.cfg.group.enabled else {}))
+                group = group_metadata()
+                tps = [TopicPartition(t, p, o, **({} if metadata is None else {"metadata": metadata((t, p))}))
                        for t, p, o in offsets]  # fmt: skip
                 self._call("send_offsets_to_transaction", lambda t: producer.send_offsets_to_transaction(tps, group, t))
             if fault_point("abort_txn"):  # test-only: an abortable failure

@@ -377,7 +377,8 @@ class Worker:
     def _commit_transaction(self) -> None:
         """Exactly-once: commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
-        why = self.txn.commit(offsets, self.consumer.consumer_group_metadata, self.book.bases)
+        metadata = (lambda key: self.book.metadata(self.cfg.member_id, key)) if self.group is not None else None
+        why = self.txn.commit(offsets, self.consumer.consumer_group_metadata, metadata)
         if why is None:
             self.book.committed(offsets)
         else:
