@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export KAFKA_PORT ?= 19092
 
-.PHONY: install test test-fast container-test demo kafka-start kafka-stop bench clean
+.PHONY: install lint format test test-fast container-test demo kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The formatter and the linter (configured in pyproject.toml); `make test` fails on either.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check --quiet iolstream tests scripts
+	$(VENV)/bin/ruff check --quiet iolstream tests scripts
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format --quiet iolstream tests scripts
+	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts
+
 # The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one).
-test: $(STAMP)
+test: $(STAMP) lint
 	@if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh start; fi
 	@status=0; \
 	IOLSTREAM_TEST_BOOTSTRAP=$${IOLSTREAM_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} \

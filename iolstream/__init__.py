@@ -22,8 +22,12 @@ The names load on first use (``iolstream --help`` must not wait for Numba; ``EdR
 
 __version__ = "0.1.0"
 __all__ = ["EdRVFL", "EdRVFLClassifier", "EdRVFLRegressor", "ModelConfig", "__version__"]
-_HOMES = {"EdRVFL": "iolstream.core.model", "ModelConfig": "iolstream.core.model",
-          "EdRVFLClassifier": "iolstream.estimators", "EdRVFLRegressor": "iolstream.estimators"}  # fmt: skip
+_HOMES = {
+    "EdRVFL": "iolstream.core.model",
+    "ModelConfig": "iolstream.core.model",
+    "EdRVFLClassifier": "iolstream.estimators",
+    "EdRVFLRegressor": "iolstream.estimators",
+}
 
 
 def __getattr__(name: str):

@@ -63,11 +63,23 @@ class _EdRVFLBase(BaseEstimator):
         std = np.where(std > 1e-12, std, 1.0)
         lam = self.lam if np.isscalar(self.lam) else tuple(self.lam)
         cfg = ModelConfig(
-            n_inputs=X.shape[1], n_nodes=self.n_nodes, n_layers=self.n_layers, lam=lam, activation=self.activation,
-            init=self.init, seed=self._seed(), mode=self.mode, ensemble=self.ensemble, solver=self.solver,
-            dtype=self.dtype, scaler="fixed", scaler_mean=tuple(mean), scaler_std=tuple(std), track_regret=False,
+            n_inputs=X.shape[1],
+            n_nodes=self.n_nodes,
+            n_layers=self.n_layers,
+            lam=lam,
+            activation=self.activation,
+            init=self.init,
+            seed=self._seed(),
+            mode=self.mode,
+            ensemble=self.ensemble,
+            solver=self.solver,
+            dtype=self.dtype,
+            scaler="fixed",
+            scaler_mean=tuple(mean),
+            scaler_std=tuple(std),
+            track_regret=False,
             **target,
-        )  # fmt: skip
+        )
         return EdRVFL(cfg)
 
     def _stream(self, X, targets) -> None:
@@ -108,8 +120,12 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
         if first:
             if classes is None:
                 raise ValueError("classes must be given on the first call to partial_fit")
-            self.classes_ = np.asarray(sorted(classes) if not isinstance(classes, np.ndarray) else np.unique(classes))
-            self.model_ = self._new_model(X, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_))
+            self.classes_ = np.asarray(
+                sorted(classes) if not isinstance(classes, np.ndarray) else np.unique(classes)
+            )
+            self.model_ = self._new_model(
+                X, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
+            )
         self._stream(X, self.model_.encode_labels(y))
         return self
 
@@ -171,4 +187,8 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
 def _target_scaling(y2: np.ndarray) -> dict:
     """Targets z-scored by the first fit's mean and deviation, as the inputs are (ModelConfig target_scaler "fixed")."""
     std = y2.std(axis=0)
-    return dict(target_scaler="fixed", target_mean=tuple(y2.mean(axis=0)), target_std=tuple(np.where(std > 1e-12, std, 1.0)))
+    return dict(
+        target_scaler="fixed",
+        target_mean=tuple(y2.mean(axis=0)),
+        target_std=tuple(np.where(std > 1e-12, std, 1.0)),
+    )

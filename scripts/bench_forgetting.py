@@ -30,7 +30,15 @@ CASES = [  # (name, k, m, N, L, b)
 
 def rows_per_second(k, m, n_nodes, n_layers, b, forgetting, seconds) -> float:
     model = EdRVFL(
-        ModelConfig(n_inputs=k, n_outputs=m, n_nodes=n_nodes, n_layers=n_layers, scaler="none", track_regret=False, forgetting=forgetting)
+        ModelConfig(
+            n_inputs=k,
+            n_outputs=m,
+            n_nodes=n_nodes,
+            n_layers=n_layers,
+            scaler="none",
+            track_regret=False,
+            forgetting=forgetting,
+        )
     )
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((b, k)) for _ in range(8)]
@@ -56,7 +64,10 @@ def main() -> None:
         for name, k, m, n_nodes, n_layers, b in CASES:
             off = rows_per_second(k, m, n_nodes, n_layers, b, None, args.seconds)
             on = rows_per_second(k, m, n_nodes, n_layers, b, 5000.0, args.seconds)
-            print(f"{name:15s} n={n_nodes + k + 1:4d}  off {off:10.0f} rows/s   forgetting {on:10.0f} rows/s   ratio {on / off:.2f}", flush=True)
+            print(
+                f"{name:15s} n={n_nodes + k + 1:4d}  off {off:10.0f} rows/s   forgetting {on:10.0f} rows/s   ratio {on / off:.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

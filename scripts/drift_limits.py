@@ -41,21 +41,36 @@ def hyperplane() -> None:
     print(line("River StandardScaler | Softmax", run(ds, baseline="river-softmax")))
     for lam in (0.05, 0.5, 5.0, 50.0, 500.0):
         for half_life in (None, 2048.0, 1024.0, 512.0):
-            print(line(f"-F λ {lam:g}, half-life {half_life}", run(ds, {"lam": lam, "forgetting": half_life})), flush=True)
+            print(
+                line(f"-F λ {lam:g}, half-life {half_life}", run(ds, {"lam": lam, "forgetting": half_life})),
+                flush=True,
+            )
     from river.datasets import synth
     from sklearn.linear_model import LogisticRegression
 
-    rows = list(synth.Hyperplane(seed=0, n_features=10, n_drift_features=5, mag_change=0.0, noise_percentage=0.0).take(40_000))
+    rows = list(
+        synth.Hyperplane(
+            seed=0, n_features=10, n_drift_features=5, mag_change=0.0, noise_percentage=0.0
+        ).take(40_000)
+    )
     X = np.array([list(x.values()) for x, _ in rows])
     truth = np.array([y for _, y in rows])
-    noisy = np.where(np.random.default_rng(0).random(len(truth)) < 0.04, 1 - truth, truth)  # River's 5 % is 4 % flips
+    noisy = np.where(
+        np.random.default_rng(0).random(len(truth)) < 0.04, 1 - truth, truth
+    )  # River's 5 % is 4 % flips
     test = slice(30_000, None)
-    print("stationary hyperplane, 4 % of labels flipped, accuracy against the true boundary on 10,000 later rows:")
+    print(
+        "stationary hyperplane, 4 % of labels flipped, accuracy against the true boundary on 10,000 later rows:"
+    )
     for n in (300, 1000, 3000):
         xb = np.c_[X[:n], np.ones(n)]
         beta = np.linalg.solve(xb.T @ xb + 1e-3 * np.eye(11), xb.T @ np.c_[1 - noisy[:n], noisy[:n]])
         ls = float(((np.c_[X[test], np.ones(10_000)] @ beta).argmax(1) == truth[test]).mean())
-        logistic = float((LogisticRegression(C=1e4, max_iter=5000).fit(X[:n], noisy[:n]).predict(X[test]) == truth[test]).mean())
+        logistic = float(
+            (
+                LogisticRegression(C=1e4, max_iter=5000).fit(X[:n], noisy[:n]).predict(X[test]) == truth[test]
+            ).mean()
+        )
         print(f"  {n:5d} rows: least squares {ls:.4f}, logistic {logistic:.4f}")
 
 
@@ -76,7 +91,12 @@ def windows(res, per: int = 5) -> str:
 
 
 def agrawal() -> None:
-    settings = [{}, {"lam": 0.05, "forgetting": 2048.0}, {"lam": 0.05, "forgetting": 4096.0}, {"lam": 5.0, "forgetting": 4096.0}]
+    settings = [
+        {},
+        {"lam": 0.05, "forgetting": 2048.0},
+        {"lam": 0.05, "forgetting": 4096.0},
+        {"lam": 5.0, "forgetting": 4096.0},
+    ]
     drift = datasets.load("agrawal")
     print("agrawal: overall / first 20 % / last 20 %, then accuracy per 5,000 rows")
     for model in settings:

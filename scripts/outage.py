@@ -66,9 +66,15 @@ def kill_broker(env: dict) -> None:
 
 def predictions(bootstrap: str, topic: str, expected: int, timeout: float) -> Counter:
     """Prediction ids per count, read_committed, waiting until ``expected`` distinct ids or ``timeout``."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"outage-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"outage-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     c.assign([TopicPartition(topic, 0, 0)])
     counts: Counter = Counter()
     deadline = time.monotonic() + timeout
@@ -104,8 +110,12 @@ def one_run(i: int, args, env: dict, bootstrap: str, work: Path) -> dict:
     path = work / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log_path = work / f"{tag}.log"
-    worker = subprocess.Popen([sys.executable, "-m", "iolstream", "run", "-c", str(path)],
-                              stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), cwd=REPO)  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "iolstream", "run", "-c", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "wb"),
+        cwd=REPO,
+    )
     rng = np.random.default_rng(i)
     X = rng.normal(size=(args.rows, 8))
     y = (X @ rng.normal(size=(8, 3))).argmax(axis=1)
@@ -126,9 +136,17 @@ def one_run(i: int, args, env: dict, bootstrap: str, work: Path) -> dict:
             stop.wait(0.5)
 
     time.sleep(3.0)  # the worker starts; /healthz answers 503 "starting" until then
-    sender = threading.Thread(target=produce.send, args=(plan,), kwargs={
-        "producer_conf": {"bootstrap.servers": bootstrap, "message.timeout.ms": 600_000, "log_level": 2},
-        "features_topic": topics["features"], "labels_topic": topics["labels"], "rate": args.rate}, daemon=True)  # fmt: skip
+    sender = threading.Thread(
+        target=produce.send,
+        args=(plan,),
+        kwargs={
+            "producer_conf": {"bootstrap.servers": bootstrap, "message.timeout.ms": 600_000, "log_level": 2},
+            "features_topic": topics["features"],
+            "labels_topic": topics["labels"],
+            "rate": args.rate,
+        },
+        daemon=True,
+    )
     sender.start()
     poller = threading.Thread(target=poll_health, daemon=True)
     poller.start()
@@ -156,10 +174,21 @@ def one_run(i: int, args, env: dict, bootstrap: str, work: Path) -> dict:
     missing = len(ids - set(counts))
     twice = sum(1 for n in counts.values() if n > 1)
     ok = early_exit is None and code == 0 and not missing and (twice == 0 or not args.exactly_once)
-    return {"run": i, "ok": ok, "exit_before_sigterm": early_exit, "exit": code, "rows": len(ids), "missing": missing,
-            "predicted_twice": twice, "healthz": dict(health), "max_status_gap_s": round(max(gaps, default=0), 1),
-            "warning_lines": len(loud), "outage_s": round(up_at - down_at, 1),
-            "producers_replaced": sum("transactional producer replaced" in line for line in log), "log": str(log_path)}
+    return {
+        "run": i,
+        "ok": ok,
+        "exit_before_sigterm": early_exit,
+        "exit": code,
+        "rows": len(ids),
+        "missing": missing,
+        "predicted_twice": twice,
+        "healthz": dict(health),
+        "max_status_gap_s": round(max(gaps, default=0), 1),
+        "warning_lines": len(loud),
+        "outage_s": round(up_at - down_at, 1),
+        "producers_replaced": sum("transactional producer replaced" in line for line in log),
+        "log": str(log_path),
+    }
 
 
 def _t(line: str) -> float:

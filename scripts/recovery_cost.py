@@ -50,8 +50,14 @@ def log_time(log: str, pattern: str) -> float:
 
 def first_prediction_after(bootstrap: str, topic: str, start_offset: int, timeout: float = 120.0) -> float:
     """Record timestamp (s) of the first prediction at or after ``start_offset`` (read_committed)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"probe-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([TopicPartition(topic, 0, start_offset)])
     deadline = time.monotonic() + timeout
     try:
@@ -92,8 +98,12 @@ def main() -> int:
         "kafka": {"bootstrap_servers": args.bootstrap, "group_id": f"recovery-{tag}"},
         "topics": {**topics, "create": False},
         "stream": {"batch_rows": 256, "row_ttl_ms": None},
-        "snapshot": {"dir": str(work / "snapshots"), "every_batches": 10**9, "every_seconds": 1e9,
-                     "first_after_seconds": None},  # at shutdown only
+        "snapshot": {
+            "dir": str(work / "snapshots"),
+            "every_batches": 10**9,
+            "every_seconds": 1e9,
+            "first_after_seconds": None,
+        },  # at shutdown only
         "durability": {"exactly_once": args.exactly_once},
         "metrics": {"port": 0},
     }
@@ -115,15 +125,23 @@ def main() -> int:
     chunks[-1].extend(chunk)
 
     def send(part):
-        produce.send(part, producer_conf={"bootstrap.servers": args.bootstrap},
-                     features_topic=topics["features"], labels_topic=topics["labels"])  # fmt: skip
+        produce.send(
+            part,
+            producer_conf={"bootstrap.servers": args.bootstrap},
+            features_topic=topics["features"],
+            labels_topic=topics["labels"],
+        )
 
     def start(name: str, *, stop_at_end: bool):
         log_path = work / f"{name}.log"
         t0 = time.time()
         extra = ["--stop-at-end"] if stop_at_end else ["--idle-stop-seconds", "600"]
-        proc = subprocess.Popen([sys.executable, str(WORKER), str(work / "worker.yaml"), *extra],
-                                stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), cwd=REPO)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(work / "worker.yaml"), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=open(log_path, "wb"),
+            cwd=REPO,
+        )
         return proc, log_path, t0
 
     mode = "exactly-once" if args.exactly_once else "at-least-once"
@@ -135,7 +153,9 @@ def main() -> int:
     proc.wait()
     log = log_path.read_text()
     snap = re.search(r"snapshot (snap-\d+\.iolsnap): ([\d.]+) MB in ([\d.]+) s", log)
-    print(f"build: {args.rows} rows in {time.time() - t0:.1f} s; final snapshot {snap.group(2)} MB written in {snap.group(3)} s")
+    print(
+        f"build: {args.rows} rows in {time.time() - t0:.1f} s; final snapshot {snap.group(2)} MB written in {snap.group(3)} s"
+    )
 
     # 2. restart time, nothing to replay
     send(chunks[1])
@@ -144,10 +164,12 @@ def main() -> int:
     first = first_prediction_after(args.bootstrap, topics["predictions"], before)
     log = log_path.read_text()
     loaded = re.search(r"loaded snapshot \S+ \((\d+) bytes, ([\d.]+) s\)", log)
-    print(f"restart: process start → first prediction {first - t0:.2f} s "
-          f"(snapshot of {int(loaded.group(1)) / 1e6:.1f} MB read and verified in {float(loaded.group(2)):.2f} s, "
-          f"logged 'loaded' at +{log_time(log, 'loaded snapshot') - t0:.2f} s, "
-          f"'assigned' at +{log_time(log, 'assigned ') - t0:.2f} s)")  # fmt: skip
+    print(
+        f"restart: process start → first prediction {first - t0:.2f} s "
+        f"(snapshot of {int(loaded.group(1)) / 1e6:.1f} MB read and verified in {float(loaded.group(2)):.2f} s, "
+        f"logged 'loaded' at +{log_time(log, 'loaded snapshot') - t0:.2f} s, "
+        f"'assigned' at +{log_time(log, 'assigned ') - t0:.2f} s)"
+    )
 
     # 3. replay rate: more rows, no snapshot, kill -9, restart
     send(chunks[2])
@@ -158,7 +180,9 @@ def main() -> int:
         committed = c.committed([TopicPartition(topics["features"], 0)], timeout=10)[0].offset
         c.close()
         predicted = end_offset(args.bootstrap, topics["predictions"])
-        if (args.exactly_once and committed * 100 >= target) or (not args.exactly_once and predicted >= target):
+        if (args.exactly_once and committed * 100 >= target) or (
+            not args.exactly_once and predicted >= target
+        ):
             break
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
@@ -173,14 +197,18 @@ def main() -> int:
     if args.exactly_once:
         done = log_time(log, rf"{topics['features']}\[0\]: replayed up to the committed offset")
         first = first_prediction_after(args.bootstrap, topics["predictions"], before)
-        print(f"replay: {replayed} rows replayed without emitting in {done - assigned:.2f} s = "
-              f"{replayed / (done - assigned):,.0f} rows/s; process start → first new prediction {first - t0:.2f} s")
+        print(
+            f"replay: {replayed} rows replayed without emitting in {done - assigned:.2f} s = "
+            f"{replayed / (done - assigned):,.0f} rows/s; process start → first new prediction {first - t0:.2f} s"
+        )
     else:
         first = first_prediction_after(args.bootstrap, topics["predictions"], before)
         last = log_time(log, "stopping")
         rows, seconds = replayed + 1000, last - 3 - assigned  # the worker stops 3 s after its last input
-        print(f"replay: process start → first (re-emitted) prediction {first - t0:.2f} s; {rows} rows "
-              f"re-processed and re-emitted in {seconds:.2f} s after assignment ≈ {rows / seconds:,.0f} rows/s")
+        print(
+            f"replay: process start → first (re-emitted) prediction {first - t0:.2f} s; {rows} rows "
+            f"re-processed and re-emitted in {seconds:.2f} s after assignment ≈ {rows / seconds:,.0f} rows/s"
+        )
     admin.delete_topics(list(topics.values()))
     return 0
 

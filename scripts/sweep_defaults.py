@@ -70,9 +70,12 @@ def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
     data = {name: load(name) for name in datasets}
     new_file = not os.path.exists(path)
     todo = [
-        (s, name, seed) for s in grid for name in datasets for seed in seeds
+        (s, name, seed)
+        for s in grid
+        for name in datasets
+        for seed in seeds
         if _key(s) + (name, str(seed)) not in done
-    ]  # fmt: skip
+    ]
     start = time.perf_counter()
     with open(path, "a", newline="") as fh:
         writer = csv.DictWriter(fh, FIELDS)
@@ -80,19 +83,33 @@ def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
             writer.writeheader()
         for i, (s, name, seed) in enumerate(todo, 1):
             model = dict(
-                n_nodes=s["n_nodes"], n_layers=s["n_layers"], lam=2.0 ** s["log2_lam"], activation=s["activation"],
-                init=s["init"], seed=seed,
-            )  # fmt: skip
+                n_nodes=s["n_nodes"],
+                n_layers=s["n_layers"],
+                lam=2.0 ** s["log2_lam"],
+                activation=s["activation"],
+                init=s["init"],
+                seed=seed,
+            )
             tic = time.perf_counter()
             try:
-                (res,) = evaluate(data[name], model=model, modes=("forward",), protocol=Protocol(seed=seed, curve_points=1))
+                (res,) = evaluate(
+                    data[name], model=model, modes=("forward",), protocol=Protocol(seed=seed, curve_points=1)
+                )
                 test, preq = f"{res.test_metric:.6f}", f"{res.prequential_metric:.6f}"
-            except np.linalg.LinAlgError:  # features too large for λ (normal init, deep ReLU): counts as accuracy 0
+            except (
+                np.linalg.LinAlgError
+            ):  # features too large for λ (normal init, deep ReLU): counts as accuracy 0
                 test = preq = "nan"
             writer.writerow(
-                {**s, "dataset": name, "seed": seed, "test_accuracy": test, "prequential_accuracy": preq,
-                 "seconds": f"{time.perf_counter() - tic:.3f}"}
-            )  # fmt: skip
+                {
+                    **s,
+                    "dataset": name,
+                    "seed": seed,
+                    "test_accuracy": test,
+                    "prequential_accuracy": preq,
+                    "seconds": f"{time.perf_counter() - tic:.3f}",
+                }
+            )
             if i % 50 == 0 or i == len(todo):
                 fh.flush()
                 elapsed = time.perf_counter() - start
@@ -106,7 +123,9 @@ def rank(path: str, seeds, datasets) -> list[dict]:
     per = defaultdict(lambda: defaultdict(list))
     for row in load_done(path).values():
         if int(row["seed"]) in seeds and row["dataset"] in datasets:
-            test, preq = (np.nan_to_num(float(row[k]), nan=0.0) for k in ("test_accuracy", "prequential_accuracy"))
+            test, preq = (
+                np.nan_to_num(float(row[k]), nan=0.0) for k in ("test_accuracy", "prequential_accuracy")
+            )
             per[_key(row)][row["dataset"]].append((test, preq, float(row["seconds"])))
     complete = {k: v for k, v in per.items() if all(len(v[d]) == len(seeds) for d in datasets)}
     best = {d: max(np.mean([a for a, _, _ in v[d]]) for v in complete.values()) for d in datasets}
@@ -115,12 +134,18 @@ def rank(path: str, seeds, datasets) -> list[dict]:
         test = {d: float(np.mean([a for a, _, _ in v[d]])) for d in datasets}
         preq = {d: float(np.mean([p for _, p, _ in v[d]])) for d in datasets}
         gaps = [best[d] - test[d] for d in datasets]
-        table.append({
-            "setting": dict(zip(KEY, key)), "test": test, "preq": preq,
-            "worst_gap": max(gaps), "mean_gap": float(np.mean(gaps)),
-            "mean_test": float(np.mean(list(test.values()))), "mean_preq": float(np.mean(list(preq.values()))),
-            "seconds": float(np.sum([s for d in datasets for _, _, s in v[d]]) / len(seeds)),
-        })  # fmt: skip
+        table.append(
+            {
+                "setting": dict(zip(KEY, key)),
+                "test": test,
+                "preq": preq,
+                "worst_gap": max(gaps),
+                "mean_gap": float(np.mean(gaps)),
+                "mean_test": float(np.mean(list(test.values()))),
+                "mean_preq": float(np.mean(list(preq.values()))),
+                "seconds": float(np.sum([s for d in datasets for _, _, s in v[d]]) / len(seeds)),
+            }
+        )
     table.sort(key=lambda r: (round(r["worst_gap"], 6), r["mean_gap"]))
     return table, best
 
@@ -128,7 +153,9 @@ def rank(path: str, seeds, datasets) -> list[dict]:
 def print_table(table, best, datasets, top: int, title: str) -> None:
     print(f"\n{title}")
     print("best per data set: " + ", ".join(f"{d} {best[d]:.4f}" for d in datasets))
-    head = f"{'rank':>4} {'N':>4} {'L':>2} {'log2λ':>5} {'act':>5} {'init':>8} " + " ".join(f"{d[:8]:>8}" for d in datasets)
+    head = f"{'rank':>4} {'N':>4} {'L':>2} {'log2λ':>5} {'act':>5} {'init':>8} " + " ".join(
+        f"{d[:8]:>8}" for d in datasets
+    )
     head += f" {'mean':>7} {'preq':>7} {'worst gap':>9} {'mean gap':>8} {'s':>6}"
     print(head)
     for i, r in enumerate(table[:top], 1):
@@ -146,16 +173,26 @@ def _is_current_default(setting: dict) -> bool:
 
     d = ModelConfig(n_inputs=1)
     lam = float(np.log2(d.lam)) if np.isscalar(d.lam) else None
-    return (int(setting["n_nodes"]), int(setting["n_layers"]), setting["activation"], setting["init"]) == (
-        d.n_nodes, d.n_layers, d.activation, d.init) and lam is not None and float(setting["log2_lam"]) == lam
+    return (
+        (int(setting["n_nodes"]), int(setting["n_layers"]), setting["activation"], setting["init"])
+        == (d.n_nodes, d.n_layers, d.activation, d.init)
+        and lam is not None
+        and float(setting["log2_lam"]) == lam
+    )
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="sweep_defaults.csv", help="CSV of every run (appended; resumable)")
-    p.add_argument("--stage2-seeds", type=int, default=5, help="seeds 0..S-1 for the best settings (default: 5)")
-    p.add_argument("--top", type=int, default=20,
-                   help="stage 2 takes the TOP best by worst gap and by mean gap (default: 20)")  # fmt: skip
+    p.add_argument(
+        "--stage2-seeds", type=int, default=5, help="seeds 0..S-1 for the best settings (default: 5)"
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=20,
+        help="stage 2 takes the TOP best by worst gap and by mean gap (default: 20)",
+    )
     p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--report-only", action="store_true", help="rank what the CSV holds, run nothing")
     args = p.parse_args(argv)
@@ -163,10 +200,14 @@ def main(argv=None) -> int:
     if not args.report_only:
         run_grid(args.out, settings(), [0], args.datasets)
     table, best = rank(args.out, [0], args.datasets)
-    print_table(table, best, args.datasets, args.top, "Stage 1: whole grid, seed 0, ranked by worst gap to the best")
+    print_table(
+        table, best, args.datasets, args.top, "Stage 1: whole grid, seed 0, ranked by worst gap to the best"
+    )
     by_mean = sorted(table, key=lambda r: r["mean_gap"])
     finalists = []
-    for r in table[: args.top] + by_mean[: args.top] + [r for r in table if _is_current_default(r["setting"])]:
+    for r in (
+        table[: args.top] + by_mean[: args.top] + [r for r in table if _is_current_default(r["setting"])]
+    ):
         if r["setting"] not in finalists:
             finalists.append(r["setting"])
     seeds = list(range(args.stage2_seeds))
@@ -176,9 +217,14 @@ def main(argv=None) -> int:
     keys = {tuple(str(s[k]) for k in KEY) for s in finalists}
     table2, best2 = rank(args.out, seeds, args.datasets)
     table2 = [r for r in table2 if tuple(str(r["setting"][k]) for k in KEY) in keys]
-    print_table(table2, best2, args.datasets, len(table2),
-                f"Stage 2: the {len(table2)} finalists, mean over seeds {seeds[0]}..{seeds[-1]} "
-                "(gaps to the best finalist)")  # fmt: skip
+    print_table(
+        table2,
+        best2,
+        args.datasets,
+        len(table2),
+        f"Stage 2: the {len(table2)} finalists, mean over seeds {seeds[0]}..{seeds[-1]} "
+        "(gaps to the best finalist)",
+    )
     return 0
 
 

@@ -32,10 +32,10 @@ def _child(mode: str, argv: list[str]) -> int:
     """``iolstream run`` with the JSON of the chosen ``mode`` made free (see the module docstring)."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from iolstream.kafka.config import load_config
     from iolstream.stream import codec, encoding
     from iolstream.stream import processor as stream
     from iolstream.tools.cli import main
-    from iolstream.kafka.config import load_config
 
     if mode == "as_is":
         return main(["run", *argv])
@@ -43,8 +43,13 @@ def _child(mode: str, argv: list[str]) -> int:
     mc = cfg.model
     target = codec.TargetSpec(mc.task, mc.classes, mc.m)
     decoded = {}  # (topic, partition, offset) -> what the decoder returns for that message
-    consumer = Consumer({"bootstrap.servers": cfg.kafka.bootstrap_servers, "group.id": "worker-bound-preread",
-                         "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cfg.kafka.bootstrap_servers,
+            "group.id": "worker-bound-preread",
+            "enable.auto.commit": False,
+        }
+    )
     for topic in (cfg.topics.features, cfg.topics.labels):
         for partition in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
@@ -55,9 +60,13 @@ def _child(mode: str, argv: list[str]) -> int:
                     if msg.error() is None:
                         got += 1
                         if topic == cfg.topics.features:
-                            value = codec.decode_features(msg.value(), mc.n_inputs, max_bytes=cfg.stream.max_message_bytes)
+                            value = codec.decode_features(
+                                msg.value(), mc.n_inputs, max_bytes=cfg.stream.max_message_bytes
+                            )
                         else:
-                            value = codec.decode_labels(msg.value(), target, max_bytes=cfg.stream.max_message_bytes)
+                            value = codec.decode_labels(
+                                msg.value(), target, max_bytes=cfg.stream.max_message_bytes
+                            )
                         decoded[(topic, partition, msg.offset())] = value
     consumer.close()
 
@@ -86,8 +95,16 @@ def _child(mode: str, argv: list[str]) -> int:
         import numpy as np
 
         proba = np.full((1, mc.m), 1.0 / 3)  # 0.3333333333333333: as long as most probabilities print
-        one = encoding.encode_predictions(["b123456"], np.array([1]), proba, model_version=12345, ts_in=np.array([1795677314784]),
-                                       ts_out_ms=1795677314799, mode=mc.mode, classes=mc.classes)[0]  # fmt: skip
+        one = encoding.encode_predictions(
+            ["b123456"],
+            np.array([1]),
+            proba,
+            model_version=12345,
+            ts_in=np.array([1795677314784]),
+            ts_out_ms=1795677314799,
+            mode=mc.mode,
+            classes=mc.classes,
+        )[0]
         encoding.encode_predictions = lambda ids, *args, **kwargs: [one] * len(ids)
     return main(["run", *argv])
 
@@ -100,10 +117,14 @@ def _run(mode: str, rows: int, bootstrap: str, workdir: Path) -> float:
     try:
         n_nodes, n_layers = bk.CONFIGS["small"]
         snap_dir = workdir / f"snap-{topics[0]}"
-        cfg = bk._worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(bk.M)), bk.BATCH["small"])
+        cfg = bk._worker_cfg(
+            bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(bk.M)), bk.BATCH["small"]
+        )
         bk._ensure(cfg)
         bk._produce_stream(bk._producer(bootstrap), topics[0], topics[1], X, y, batch_rows=bk.BATCH["small"])
-        worker = bk.WorkerProcess(cfg, workdir, stop_at_end=True, command=[sys.executable, __file__, "--child", mode])
+        worker = bk.WorkerProcess(
+            cfg, workdir, stop_at_end=True, command=[sys.executable, __file__, "--child", mode]
+        )
         worker.check(worker.wait(timeout=900))
         n, rate, _ = bk._prediction_times(bootstrap, topics[2], skip=bk.BATCH["small"])
         if n != rows:
@@ -132,9 +153,11 @@ def main() -> int:
                 print(f"{mode}: {rates[mode][-1]:,.0f} rows/s", file=sys.stderr, flush=True)
     learner.append(bench_core_step("small", "float64", seconds=3.0).rows_per_second)
     base = sum(learner) / len(learner)
-    out = {"learner_rows_per_second": [round(r) for r in learner],
-           "worker_rows_per_second": {m: [round(r) for r in rs] for m, rs in rates.items()},
-           "worker_vs_learner": {m: [round(r / base, 3) for r in rs] for m, rs in rates.items()}}  # fmt: skip
+    out = {
+        "learner_rows_per_second": [round(r) for r in learner],
+        "worker_rows_per_second": {m: [round(r) for r in rs] for m, rs in rates.items()},
+        "worker_vs_learner": {m: [round(r / base, 3) for r in rs] for m, rs in rates.items()},
+    }
     print(json.dumps(out, indent=1))
     return 0
 

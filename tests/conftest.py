@@ -60,7 +60,9 @@ def _docker_available(timeout: float = 3.0) -> bool:
         try:
             r = subprocess.run(
                 ["docker", "info", "--format", "{{.ServerVersion}}"],
-                capture_output=True, timeout=timeout, check=False,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
             )
             return r.returncode == 0
         except (subprocess.TimeoutExpired, OSError):
@@ -91,7 +93,12 @@ def _kafka_sh(cmd: str, port: str, timeout: float = 900.0) -> subprocess.Complet
     env = {**os.environ, "KAFKA_PORT": port}
     return subprocess.run(
         ["bash", str(KAFKA_SH), cmd],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

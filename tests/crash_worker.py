@@ -22,8 +22,13 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float)
     p.add_argument("--stop-at-end", action="store_true")
     a = p.parse_args()
-    args = argparse.Namespace(config=a.config, bootstrap=None, max_seconds=a.max_seconds, idle_stop_seconds=a.idle_stop_seconds,
-                              stop_at_end=a.stop_at_end)  # fmt: skip
+    args = argparse.Namespace(
+        config=a.config,
+        bootstrap=None,
+        max_seconds=a.max_seconds,
+        idle_stop_seconds=a.idle_stop_seconds,
+        stop_at_end=a.stop_at_end,
+    )
     return cmd_run.run(args)
 
 

@@ -83,8 +83,7 @@ def create_topics(
     admin = admin_client(bootstrap_or_admin) if isinstance(bootstrap_or_admin, str) else bootstrap_or_admin
     names = list(names)
     new = [
-        NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {}))
-        for n in names
+        NewTopic(n, num_partitions=partitions, replication_factor=1, config=dict(config or {})) for n in names
     ]
     for name, fut in admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout).items():
         try:
@@ -178,6 +177,7 @@ def produce_json(
                 errors.append(f"message {i}: {err}")
             else:
                 results[i] = (msg.partition(), msg.offset())
+
         return cb
 
     extra: dict[str, Any] = {}
@@ -331,8 +331,15 @@ def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
     """Change a topic's max.message.bytes and wait until the broker reports the new value."""
     from iolstream.kafka.topics import describe_max_message_bytes
 
-    resource = ConfigResource("topic", topic, incremental_configs=[
-        ConfigEntry("max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
     admin.incremental_alter_configs([resource])[resource].result(10)
     deadline = time.monotonic() + 10
     while describe_max_message_bytes(admin, topic) != max_message_bytes:

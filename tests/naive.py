@@ -112,7 +112,9 @@ def offline_expert(ds_gram, ds_labelled, ys, lam, shape=None):
 def expert_objective(ds_labelled, ys, lam):
     """min_β ½λ‖β‖² + Σ_q ½‖D_q β − Y_q‖², evaluated at the minimiser from the data itself (SPEC §3)."""
     beta = offline_expert(ds_labelled, ds_labelled, ys, lam)
-    return 0.5 * lam * float((beta**2).sum()) + sum(0.5 * float(((d @ beta - y) ** 2).sum()) for d, y in zip(ds_labelled, ys))
+    return 0.5 * lam * float((beta**2).sum()) + sum(
+        0.5 * float(((d @ beta - y) ** 2).sum()) for d, y in zip(ds_labelled, ys)
+    )
 
 
 def forward_layer(a, c, d):

@@ -96,9 +96,12 @@ def private_uses(path: Path, imported_aliases: set[str]) -> list[tuple[str, int]
     return [
         (f"{node.value.id}.{node.attr}", node.lineno)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in imported_aliases
-        and node.attr.startswith("_") and not node.attr.startswith("__")
-    ]  # fmt: skip
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in imported_aliases
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
 
 
 def violations() -> list[str]:

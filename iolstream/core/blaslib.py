@@ -26,7 +26,9 @@ from iolstream.core.kernels import JIT
 _ROUTINES = {"blas": ("dgemm", "sgemm", "dsyrk", "ssyrk"), "lapack": ("dpotrf", "dpotrs")}
 for _module, _names in _ROUTINES.items():
     for _name in _names:
-        llvm.add_symbol(f"iolstream_{_name}", get_cython_function_address(f"scipy.linalg.cython_{_module}", _name))
+        llvm.add_symbol(
+            f"iolstream_{_name}", get_cython_function_address(f"scipy.linalg.cython_{_module}", _name)
+        )
 
 
 def _extern(name: str, n_args: int):
@@ -63,7 +65,14 @@ def gemm(alpha, a, trans_a, b, trans_b, beta, c):
     ints[3], ints[4], ints[5] = leading_dim(a), leading_dim(b), leading_dim(c)
     scal = np.empty(2, c.dtype)
     scal[0], scal[1] = alpha, beta
-    args = (chars[0:].ctypes, chars[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scal[0:].ctypes)
+    args = (
+        chars[0:].ctypes,
+        chars[1:].ctypes,
+        ints[0:].ctypes,
+        ints[1:].ctypes,
+        ints[2:].ctypes,
+        scal[0:].ctypes,
+    )
     tail = (ints[3:].ctypes, b.ctypes, ints[4:].ctypes, scal[1:].ctypes, c.ctypes, ints[5:].ctypes)
     if c.itemsize == 8:
         _dgemm(*args, a.ctypes, *tail)

@@ -7,7 +7,6 @@ loss is lowest predicts (``CandidateSelector``). λ candidates of one half-life 
 
 from __future__ import annotations
 
-
 import numpy as np
 
 LAM_CANDIDATES = (0.05, 0.5, 5.0)
@@ -21,7 +20,9 @@ FIRST_GRID = ((0.05, 0.5, 5.0), (None, 16384.0, 2048.0))
 # fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
 # candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
 SELECTION_HALF_LIFE = 512.0
-SELECTION_Z = 2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
+SELECTION_Z = (
+    2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
+)
 # Another candidate stays in force only while it beats the default (the fixed settings) by half a standard
 # deviation; below that the default is back. On digits (-F, seed 0) λ = 5 led λ = 0.5 by 2.5σ mid-stream and
 # by 0.9σ at the end: kept to the end, it cost 0.008 test accuracy. 1σ was too much: on segment (-R, seed 0)
@@ -33,8 +34,11 @@ PAIR_CHUNK = 4096  # rows of a labelled batch whose paired differences the selec
 def candidate_grid(lam, forgetting, lams=LAM_CANDIDATES, half_lives=HALF_LIFE_CANDIDATES) -> list[tuple]:
     """(lam, half_life) of every learner a model keeps: one, or the grid of its ``auto`` settings
     (half-life major, λ minor: the first λ of each half-life holds the sums the others share)."""
-    return [(c_lam, h) for h in (half_lives if forgetting == "auto" else (forgetting,))
-            for c_lam in (lams if lam == "auto" else (lam,))]  # fmt: skip
+    return [
+        (c_lam, h)
+        for h in (half_lives if forgetting == "auto" else (forgetting,))
+        for c_lam in (lams if lam == "auto" else (lam,))
+    ]
 
 
 class CandidateSelector:
@@ -63,7 +67,11 @@ class CandidateSelector:
     """
 
     def __init__(
-        self, n_candidates: int, start: int, half_life: float = SELECTION_HALF_LIFE, z: float = SELECTION_Z,
+        self,
+        n_candidates: int,
+        start: int,
+        half_life: float = SELECTION_HALF_LIFE,
+        z: float = SELECTION_Z,
         keep_z: float = SELECTION_KEEP_Z,
     ):
         self.loss = np.zeros(n_candidates)
@@ -82,8 +90,13 @@ class CandidateSelector:
         b = row_losses.shape[1]
         self.advance(b)
         self.loss += row_losses.sum(axis=1)
-        for start in range(0, b, PAIR_CHUNK):  # (K, K, chunk) at a time: a batch of a million rows stays small
-            diff = row_losses[:, None, start : start + PAIR_CHUNK] - row_losses[None, :, start : start + PAIR_CHUNK]
+        for start in range(
+            0, b, PAIR_CHUNK
+        ):  # (K, K, chunk) at a time: a batch of a million rows stays small
+            diff = (
+                row_losses[:, None, start : start + PAIR_CHUNK]
+                - row_losses[None, :, start : start + PAIR_CHUNK]
+            )
             self.pair += np.einsum("jkb,jkb->jk", diff, diff)
         self.rows += b
         self.decide()
@@ -105,7 +118,9 @@ class CandidateSelector:
         if better.any():
             chosen = int(np.flatnonzero(better)[np.argmin(self.loss[better])])
         start = self.start
-        if chosen != start and not self.loss[start] - self.loss[chosen] > self.keep_z * np.sqrt(self.pair[start, chosen]):
+        if chosen != start and not self.loss[start] - self.loss[chosen] > self.keep_z * np.sqrt(
+            self.pair[start, chosen]
+        ):
             chosen = start
         if chosen != self.chosen:
             self.chosen = chosen

@@ -67,7 +67,9 @@ def sums(model) -> dict[str, np.ndarray]:
         out[f"p{p}.maxes"] = np.array([float(getattr(st, k)) for k in MAXES])
     if len(model.learners) > 1:
         sel = model.selector
-        out.update({"sel.loss": sel.loss.copy(), "sel.pair": sel.pair.copy(), "sel.rows": np.array([sel.rows])})
+        out.update(
+            {"sel.loss": sel.loss.copy(), "sel.pair": sel.pair.copy(), "sel.rows": np.array([sel.rows])}
+        )
     return out
 
 
@@ -97,7 +99,13 @@ def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0
     out = dict(sums)
     if "sel.loss" in sums and label_age:
         f = float(np.exp2(-label_age / model.selector.half_life))
-        out.update({"sel.loss": sums["sel.loss"] * f, "sel.pair": sums["sel.pair"] * f * f, "sel.rows": sums["sel.rows"] * f})
+        out.update(
+            {
+                "sel.loss": sums["sel.loss"] * f,
+                "sel.pair": sums["sel.pair"] * f * f,
+                "sel.rows": sums["sel.rows"] * f,
+            }
+        )
     for p, ln in enumerate(primaries(model)):
         if ln.half_life is None or age == 0:
             continue
@@ -122,7 +130,9 @@ def layout(model) -> dict[str, tuple]:
         out.update({f"p{p}.gram": tri, f"p{p}.rhs": a.rhs.shape})
         if len(a.gram_labelled):
             out[f"p{p}.labelled"] = tri
-        out.update({f"p{p}.loss": a.loss_sum.shape, f"p{p}.counts": (len(COUNTS),), f"p{p}.maxes": (len(MAXES),)})
+        out.update(
+            {f"p{p}.loss": a.loss_sum.shape, f"p{p}.counts": (len(COUNTS),), f"p{p}.maxes": (len(MAXES),)}
+        )
     if len(model.learners) > 1:
         k = len(model.learners)
         out.update({"sel.loss": (k,), "sel.pair": (k, k), "sel.rows": (1,)})
@@ -162,7 +172,9 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
         a.woodbury_steps[:] = 0
         st.version += 1
-    for ln in model.learners:  # the λ candidates copy their primary's new sums now (a snapshot saves them as they are)
+    for ln in (
+        model.learners
+    ):  # the λ candidates copy their primary's new sums now (a snapshot saves them as they are)
         if isinstance(ln, SharedGramLearner):
             ln.sync()
     if "sel.loss" in delta:
@@ -180,7 +192,9 @@ def check_layout(model, received: dict[str, np.ndarray]) -> None:
         if key not in received:
             raise ValueError(f"sums: key {key!r} missing")
         if tuple(received[key].shape) != tuple(shape):
-            raise ValueError(f"sums: {key} has shape {tuple(received[key].shape)}, this model's is {tuple(shape)}")
+            raise ValueError(
+                f"sums: {key} has shape {tuple(received[key].shape)}, this model's is {tuple(shape)}"
+            )
     extra = sorted(set(received) - set(wanted))
     if extra:
         raise ValueError(f"sums: unexpected key {extra[0]!r}")

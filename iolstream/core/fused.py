@@ -26,7 +26,9 @@ from iolstream.core.kernels import JIT, activate
 
 JIT_PARALLEL = dict(JIT, parallel=True)
 ROW_ALIGN = 16  # row chunks start on multiples of 16 rows (whole cache lines of float32/float64)
-FEATURE_CHUNKS = 2  # the features are computed in 2 chunks of rows, serial or parallel (fixed: see features_serial)
+FEATURE_CHUNKS = (
+    2  # the features are computed in 2 chunks of rows, serial or parallel (fixed: see features_serial)
+)
 
 
 # ----------------------------------------------------------------------------- features
@@ -251,7 +253,9 @@ def observe_serial(x, weights_t, biases, code, bias_column, features_t, gram, sc
 
 
 @nb.njit(**JIT)
-def observe_parallel(x, weights_t, biases, code, bias_column, features_t, gram, scratch, rhs, beta, out, info):
+def observe_parallel(
+    x, weights_t, biases, code, bias_column, features_t, gram, scratch, rhs, beta, out, info
+):
     """``observe_serial`` on Numba's threads: the rows in chunks, then the layers (two parallel
     regions, one after the other; the same bits)."""
     features_parallel(x, weights_t, biases, code, bias_column, features_t)
@@ -259,7 +263,9 @@ def observe_parallel(x, weights_t, biases, code, bias_column, features_t, gram, 
 
 
 @nb.njit(**JIT)
-def learn_layer(features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses):
+def learn_layer(
+    features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
+):
     """Labelled rows for one layer: the immediate loss ½‖D_l β_l − Y‖² of ``predicted`` into
     losses[l]; c_l += D_lᵀY; if ``enter_gram`` (-R, or rows never observed) also A_l += D_lᵀD_l and
     refactor (info[l] as in ``forward_layer``); A_r += D_lᵀD_l when ``gram_labelled`` has layers.
@@ -280,15 +286,21 @@ def learn_layer(features_t, layer, targets, predicted, rhs, gram, factor, gram_l
 def learn_serial(features_t, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses):
     """``learn_layer`` for every layer; returns ‖Y‖²."""
     for layer in range(features_t.shape[0]):
-        learn_layer(features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses)
+        learn_layer(
+            features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
+        )
     return _squared_norm(targets)
 
 
 @nb.njit(**JIT_PARALLEL)
-def learn_parallel(features_t, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses):
+def learn_parallel(
+    features_t, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
+):
     """``learn_serial`` with the layers spread over Numba's threads."""
     for layer in nb.prange(features_t.shape[0]):
-        learn_layer(features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses)
+        learn_layer(
+            features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
+        )
     return _squared_norm(targets)
 
 

@@ -32,9 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused
-from iolstream.core import kernels
-from iolstream.core import linalg
+from iolstream.core import fused, kernels, linalg
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
@@ -49,8 +47,14 @@ def check_half_life(half_life) -> float | None:
     """None (no forgetting) or a finite number of rows > 0; raises ValueError naming ``forgetting``."""
     if half_life is None:
         return None
-    if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not (np.isfinite(half_life) and half_life > 0):
-        raise ValueError(f"forgetting: must be null (off) or a half-life in rows, a number > 0, got {half_life!r}")
+    if (
+        isinstance(half_life, bool)
+        or not isinstance(half_life, (int, float))
+        or not (np.isfinite(half_life) and half_life > 0)
+    ):
+        raise ValueError(
+            f"forgetting: must be null (off) or a half-life in rows, a number > 0, got {half_life!r}"
+        )
     return float(half_life)
 
 
@@ -121,8 +125,10 @@ class OnlineLearner:
             raise ValueError(f"refactor_every must be ≥ 1, got {refactor_every}")
         half_life = check_half_life(half_life)
         if half_life is not None and solver == "woodbury":
-            raise ValueError("solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): "
-                             "use 'auto' or 'cholesky'")
+            raise ValueError(
+                "solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): "
+                "use 'auto' or 'cholesky'"
+            )
         self.n_columns = n_columns
         self.n_outputs = n_outputs
         self.n_layers = n_layers
@@ -140,7 +146,9 @@ class OnlineLearner:
     def initial_state(self) -> LearnerState:
         """η_0 = (λI)⁻¹, β = 0 for every layer."""
         lams = as_lams(self.lam, self.n_layers)
-        arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward")
+        arrays = LayerArrays.initial(
+            lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward"
+        )
         return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
 
     # ------------------------------------------------------------ prediction
@@ -166,7 +174,12 @@ class OnlineLearner:
         """``network.features`` then ``observe_and_predict``: (features_t, layer outputs), in one
         kernel call on the -F Gram + Cholesky route (``network``: a ``RandomNetwork``)."""
         b = x_scaled.shape[0]
-        if self.mode == "ridge" or b == 0 or not self._uses_cholesky(b) or network.n_columns != self.n_columns:
+        if (
+            self.mode == "ridge"
+            or b == 0
+            or not self._uses_cholesky(b)
+            or network.n_columns != self.n_columns
+        ):
             features_t = network.features(x_scaled, parallel=self.parallel)
             return features_t, self.observe_and_predict(features_t)
         self._tick(b)
@@ -255,7 +268,9 @@ class OnlineLearner:
         stamps = np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
         ages = self.state.clock - stamps
         if (ages < 0).any() or not np.isfinite(ages).all():
-            raise ValueError(f"observed_at: stamps must be ≤ the clock ({self.state.clock}), got up to {stamps.max()}")
+            raise ValueError(
+                f"observed_at: stamps must be ≤ the clock ({self.state.clock}), got up to {stamps.max()}"
+            )
         return np.exp2(-ages / self.half_life)
 
     def _learn_weighted(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
@@ -330,7 +345,9 @@ class OnlineLearner:
                 self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
             if ls.gram_labelled is not None:
                 linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.product(d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True)  # c += DᵀY
+            ls.rhs += linalg.product(
+                d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True
+            )  # c += DᵀY
 
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
         """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).
@@ -355,9 +372,10 @@ class OnlineLearner:
         """Gram + Cholesky for a batch of b rows (else Woodbury), by ``solver`` and b against n;
         always with forgetting (A changes by a multiple of I every batch, not by rank b)."""
         return (
-            self.solver == "cholesky" or self.half_life is not None
+            self.solver == "cholesky"
+            or self.half_life is not None
             or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
-        )  # fmt: skip
+        )
 
     def advance(self, b: int) -> None:
         """b rows seen that ``observe`` does not see (labelled rows never observed): the clock moves on."""
@@ -373,7 +391,9 @@ class OnlineLearner:
     def _fusable(self, features_t: np.ndarray) -> bool:
         """Whether the fused kernels take ``features_t`` as it is (they need no copy of it)."""
         if features_t.ndim != 3 or features_t.shape[:2] != (self.n_layers, self.n_columns):
-            raise ValueError(f"features_t: expected shape ({self.n_layers}, {self.n_columns}, b), got {features_t.shape}")
+            raise ValueError(
+                f"features_t: expected shape ({self.n_layers}, {self.n_columns}, b), got {features_t.shape}"
+            )
         return features_t.dtype in (np.float64, np.float32) and features_t.flags.c_contiguous
 
     def _kernel_features(self, features_t: np.ndarray) -> np.ndarray:

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import fused
-from iolstream.core import linalg
+from iolstream.core import fused, linalg
 
 
 @dataclass
@@ -56,7 +55,18 @@ class LayerArrays:
         zeros = np.zeros((n_layers, m, n))
         flags = np.zeros(n_layers, dtype=bool)
         steps = np.zeros(n_layers, dtype=np.int64)
-        return cls(gram, factor, zeros, zeros.copy(), labelled, np.zeros(n_layers), flags, flags.copy(), flags.copy(), steps)
+        return cls(
+            gram,
+            factor,
+            zeros,
+            zeros.copy(),
+            labelled,
+            np.zeros(n_layers),
+            flags,
+            flags.copy(),
+            flags.copy(),
+            steps,
+        )
 
 
 def _stacked(name: str, doc: str):
@@ -152,7 +162,9 @@ class LayerState:
         arrays, index = self._arrays, self._index
         info = fused.refactor_layer(index, arrays.gram, arrays.factor)
         if info != 0:
-            raise linalg.NotPositiveDefinite(f"Cholesky failed at column {info}: the Gram matrix is not positive definite")
+            raise linalg.NotPositiveDefinite(
+                f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
+            )
         arrays.factor_stale[index] = arrays.factor_inverse[index] = False
         arrays.woodbury_steps[index] = 0
 
@@ -239,7 +251,9 @@ class LearnerState:
         a, b = self.arrays, other.arrays
         for name in ("gram", "rhs", "gram_labelled"):
             if getattr(a, name).shape != getattr(b, name).shape:
-                raise ValueError(f"add: {name} shapes differ: {getattr(a, name).shape} and {getattr(b, name).shape}")
+                raise ValueError(
+                    f"add: {name} shapes differ: {getattr(a, name).shape} and {getattr(b, name).shape}"
+                )
         if not (np.isfinite(factor) and factor >= 0.0):
             raise ValueError(f"add: factor must be finite and ≥ 0, got {factor!r}")
         other_lams = np.array([ls.lam for ls in other.layers])

@@ -44,7 +44,9 @@ def cholesky(gram: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Lower Cholesky factor C of A (A = C Cᵀ), n³/3 flops. Raises NotPositiveDefinite."""
     factor, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=0)
     if info != 0:
-        raise NotPositiveDefinite(f"Cholesky failed at column {info}: the Gram matrix is not positive definite")
+        raise NotPositiveDefinite(
+            f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
+        )
     if out is not None:
         out[...] = factor
         return out

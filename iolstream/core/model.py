@@ -23,11 +23,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from iolstream.core import kernels
-from iolstream.core import learner
-from iolstream.core import regret
-from iolstream.core.network import INITS, RandomNetwork
+from iolstream.core import kernels, learner, regret
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, candidate_grid
+from iolstream.core.network import INITS, RandomNetwork
 from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -35,7 +33,6 @@ TASKS = ("classification", "regression")
 TARGET_SCALERS = ("warmup", "fixed", "none")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
-
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,9 @@ class ModelConfig:
     scaler_std: tuple | None = None
     refactor_every: int = 256
     track_regret: bool = True
-    forgetting: float | str | None = None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
+    forgetting: float | str | None = (
+        None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
+    )
     target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
     target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
     target_std: tuple | None = None
@@ -92,7 +91,11 @@ class ModelConfig:
             try:
                 object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
             except (TypeError, ValueError):
-                bad("lam", "a number > 0, a list of one number > 0 per layer, or auto (chosen online)", self.lam)
+                bad(
+                    "lam",
+                    "a number > 0, a list of one number > 0 per layer, or auto (chosen online)",
+                    self.lam,
+                )
         try:
             if self.lam != "auto":
                 learner.as_lams(self.lam, self.n_layers)
@@ -111,10 +114,17 @@ class ModelConfig:
             try:
                 learner.check_half_life(self.forgetting)
             except ValueError:
-                bad("forgetting", "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
-                    self.forgetting)  # fmt: skip
+                bad(
+                    "forgetting",
+                    "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
+                    self.forgetting,
+                )
         if self.forgetting is not None and self.solver == "woodbury":
-            bad("solver", "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)", self.solver)
+            bad(
+                "solver",
+                "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)",
+                self.solver,
+            )
         if self.target_scaler not in TARGET_SCALERS:
             bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
         if self.target_scaler == "fixed" and self.task == "regression":
@@ -173,7 +183,10 @@ class ModelConfig:
     @property
     def default_candidate(self) -> tuple:
         """(lam, half_life) of today's fixed defaults in place of ``auto``: the selector starts with it."""
-        return (0.5 if self.lam == "auto" else self.lam, None if self.forgetting == "auto" else self.forgetting)
+        return (
+            0.5 if self.lam == "auto" else self.lam,
+            None if self.forgetting == "auto" else self.forgetting,
+        )
 
 
 @dataclass
@@ -231,11 +244,21 @@ class EdRVFL:
         snapshot passes the grid it was saved with)."""
         self.config = config
         self.network = RandomNetwork.create(
-            config.n_inputs, config.n_nodes, config.n_layers, activation=config.activation, init=config.init,
-            seed=config.seed, dtype=np.dtype(config.dtype), bias_column=config.bias_column,
-        )  # fmt: skip
+            config.n_inputs,
+            config.n_nodes,
+            config.n_layers,
+            activation=config.activation,
+            init=config.init,
+            seed=config.seed,
+            dtype=np.dtype(config.dtype),
+            bias_column=config.bias_column,
+        )
         self.scaler = Scaler(
-            config.scaler, config.n_inputs, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
+            config.scaler,
+            config.n_inputs,
+            warmup_rows=config.warmup_rows,
+            mean=config.scaler_mean,
+            std=config.scaler_std,
         )
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         # λ candidates share their half-life's sums (the first of each half-life makes every update, the
@@ -246,12 +269,21 @@ class EdRVFL:
                 self.learners.append(SharedGramLearner(primaries[half_life], lam))
                 continue
             primaries[half_life] = ln = learner.OnlineLearner(
-                self.network.n_columns, config.m, config.n_layers, lam=lam, mode=config.mode, solver=config.solver,
-                refactor_every=config.refactor_every, track_regret=config.track_regret, half_life=half_life,
-            )  # fmt: skip
+                self.network.n_columns,
+                config.m,
+                config.n_layers,
+                lam=lam,
+                mode=config.mode,
+                solver=config.solver,
+                refactor_every=config.refactor_every,
+                track_regret=config.track_regret,
+                half_life=half_life,
+            )
             self.learners.append(ln)
         self.selector = CandidateSelector(len(self.learners), self.candidates.index(config.default_candidate))
-        self._class_index = {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+        self._class_index = (
+            {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
+        )
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
         if config.task == "regression" and config.target_scaler == "fixed":
@@ -281,7 +313,7 @@ class EdRVFL:
             out["candidates"] = [
                 {"lam": c_lam, "forgetting": c_h, "recent_loss": float(v)}
                 for (c_lam, c_h), v in zip(self.candidates, self.selector.recent())
-            ]  # fmt: skip
+            ]
         return out
 
     # ------------------------------------------------------------- encoding
@@ -290,9 +322,13 @@ class EdRVFL:
         if self._class_index is None:
             return np.asarray(y, dtype=np.float64).reshape(-1, self.config.m)
         try:
-            index = np.fromiter((self._class_index[v.item() if hasattr(v, "item") else v] for v in y), dtype=np.int64)
+            index = np.fromiter(
+                (self._class_index[v.item() if hasattr(v, "item") else v] for v in y), dtype=np.int64
+            )
         except KeyError as exc:
-            raise ValueError(f"unknown class {exc.args[0]!r}; declared classes: {list(self.config.classes)}") from None
+            raise ValueError(
+                f"unknown class {exc.args[0]!r}; declared classes: {list(self.config.classes)}"
+            ) from None
         return self.one_hot(index)
 
     def one_hot(self, index: np.ndarray) -> np.ndarray:
@@ -323,7 +359,13 @@ class EdRVFL:
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
                 return None, None, self.targets.inverse(np.median(layer_outputs, axis=0))
-            return None, None, self.targets.inverse(kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)))
+            return (
+                None,
+                None,
+                self.targets.inverse(
+                    kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+                ),
+            )
         n_layers, b, m = layer_outputs.shape
         if rule == "softmax":
             proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
@@ -386,7 +428,9 @@ class EdRVFL:
                 for args in self.targets.release():
                     self._learn_scaled(*args)
             return held
-        return self._learn_scaled(features_t, self.targets.transform(targets), gram_in, predicted, observed_at)
+        return self._learn_scaled(
+            features_t, self.targets.transform(targets), gram_in, predicted, observed_at
+        )
 
     def release_held_labels(self) -> None:
         """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
@@ -396,7 +440,9 @@ class EdRVFL:
 
     def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
         if len(self.learners) == 1:
-            return self.learner.learn(features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at)
+            return self.learner.learn(
+                features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at
+            )
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made; otherwise each one's present β (these labels are not in it yet either).
         if predicted is None or np.ndim(predicted) != 4:
@@ -404,7 +450,9 @@ class EdRVFL:
         chosen = self.selector.chosen
         row_losses = np.empty((len(self.learners), features_t.shape[2]))
         for j, ln in enumerate(self.learners):
-            losses = ln.learn(features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at)
+            losses = ln.learn(
+                features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at
+            )
             row_losses[j] = self._selection_loss(predicted[j], targets)
             if j == chosen:
                 result = losses
@@ -431,8 +479,12 @@ class EdRVFL:
         for ln in self.learners:
             ln.advance(len(x))
         # stamped now: labels held for the target scaling enter later at the weight they have then
-        return self.learn(features_t, self.encode_labels(y), gram_in=np.zeros(len(x), dtype=bool),
-                          observed_at=self.learner.state.clock)
+        return self.learn(
+            features_t,
+            self.encode_labels(y),
+            gram_in=np.zeros(len(x), dtype=bool),
+            observed_at=self.learner.state.clock,
+        )
 
     # --------------------------------------------------------------- regret
     def regret(self) -> RegretReport:
@@ -444,7 +496,9 @@ class EdRVFL:
             if self.config.mode == "forward" and ls.gram_labelled is None:
                 labelled = None  # not tracked: A_r unknown
             losses.append(ls.loss_sum)
-            experts.append(regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
+            experts.append(
+                regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan
+            )
         losses, experts = np.array(losses), np.array(experts)
         lam, half_life = self.candidates[self.selector.chosen]
         if half_life is not None:
@@ -457,9 +511,13 @@ class EdRVFL:
             return RegretReport(losses, experts, losses - experts, float("nan"))
         bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
         bound = bound_fn(
-            st.y_max, st.max_label_batch, self.config.n_nodes + self.config.n_inputs, st.label_batches, st.d_max,
+            st.y_max,
+            st.max_label_batch,
+            self.config.n_nodes + self.config.n_inputs,
+            st.label_batches,
+            st.d_max,
             min(learner.as_lams(lam, self.config.n_layers)),
-        )  # fmt: skip
+        )
         return RegretReport(losses, experts, losses - experts, bound)
 
     # ---------------------------------------------------------------- state

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import fused
-from iolstream.core import kernels
+from iolstream.core import fused, kernels
 
 INITS = ("normal", "xavier", "kaiming", "uniform")
 
@@ -72,7 +71,16 @@ class RandomNetwork:
 
     @classmethod
     def create(
-        cls, n_inputs, n_nodes, n_layers, *, activation="relu", init="xavier", seed=0, dtype=np.float64, bias_column=True
+        cls,
+        n_inputs,
+        n_nodes,
+        n_layers,
+        *,
+        activation="relu",
+        init="xavier",
+        seed=0,
+        dtype=np.float64,
+        bias_column=True,
     ):
         if activation not in kernels.ACTIVATION_CODES:
             raise ValueError(f"activation must be one of {kernels.ACTIVATIONS}, got {activation!r}")
@@ -93,9 +101,19 @@ class RandomNetwork:
         for layer, w in enumerate(weights_t):
             packed[layer, :, : w.shape[1]] = w
         return cls(
-            n_inputs, n_nodes, n_layers, activation, init, seed, np.dtype(dtype), bool(bias_column),
-            tuple(weights_t), tuple(biases), packed, np.array(biases),
-        )  # fmt: skip
+            n_inputs,
+            n_nodes,
+            n_layers,
+            activation,
+            init,
+            seed,
+            np.dtype(dtype),
+            bool(bias_column),
+            tuple(weights_t),
+            tuple(biases),
+            packed,
+            np.array(biases),
+        )
 
     @property
     def n_columns(self) -> int:
@@ -105,7 +123,12 @@ class RandomNetwork:
     @property
     def kernel_weights(self) -> tuple:
         """What the features kernels take after the inputs: (W_lᵀ packed, b_l, activation code, bias column)."""
-        return self.packed_weights_t, self.packed_biases, kernels.ACTIVATION_CODES[self.activation], self.bias_column
+        return (
+            self.packed_weights_t,
+            self.packed_biases,
+            kernels.ACTIVATION_CODES[self.activation],
+            self.bias_column,
+        )
 
     def empty_features(self, b: int) -> np.ndarray:
         """An uninitialised (L, n, b) block for the features of b rows (cache-line aligned)."""

@@ -24,7 +24,9 @@ _limiter = None
 
 
 def _is_numpy_blas(info: dict) -> bool:
-    return info.get("user_api") == "blas" and "numpy" in os.path.basename(os.path.dirname(info.get("filepath", "")))
+    return info.get("user_api") == "blas" and "numpy" in os.path.basename(
+        os.path.dirname(info.get("filepath", ""))
+    )
 
 
 def configure_blas(numpy_threads: int = 1) -> None:
@@ -41,7 +43,11 @@ def configure_blas(numpy_threads: int = 1) -> None:
 
 def blas_info() -> list[dict]:
     return [
-        {"library": os.path.basename(i["filepath"]), "threads": i["num_threads"], "arch": i.get("architecture")}
+        {
+            "library": os.path.basename(i["filepath"]),
+            "threads": i["num_threads"],
+            "arch": i.get("architecture"),
+        }
         for i in threadpool_info()
         if i.get("user_api") == "blas"
     ]
@@ -143,7 +149,11 @@ class StepTuner:
         if self._lib is None:
             from threadpoolctl import ThreadpoolController
 
-            libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas" and not _is_numpy_blas(c.info())]
+            libs = [
+                c
+                for c in ThreadpoolController().lib_controllers
+                if c.user_api == "blas" and not _is_numpy_blas(c.info())
+            ]
             self._lib = libs[0] if libs else False
         return self._lib
 
@@ -158,7 +168,9 @@ class StepTuner:
             setting = self.settings[0]
         else:
             best = min(self.cost, key=self.cost.get)
-            due = [s for s in self.settings if s != best and self._due[s] <= self.steps] if self.explore else []
+            due = (
+                [s for s in self.settings if s != best and self._due[s] <= self.steps] if self.explore else []
+            )
             setting = best
             if due:
                 setting = self._trial = due[0]

@@ -48,7 +48,9 @@ class Scaler:
                 raise ValueError("scaler mode 'fixed' needs both mean and std")
             mean, std = np.asarray(mean, float), np.asarray(std, float)
             if mean.shape != (n_features,) or std.shape != (n_features,):
-                raise ValueError(f"scaler mean/std: expected {n_features} values each, got {mean.shape} and {std.shape}")
+                raise ValueError(
+                    f"scaler mean/std: expected {n_features} values each, got {mean.shape} and {std.shape}"
+                )
             if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
                 raise ValueError("scaler mean/std must be finite and std > 0")
             self.mean, self.scale, self.frozen = mean, std, True
@@ -89,7 +91,9 @@ class Scaler:
         if self.frozen:
             return
         if self.count < 2:
-            raise ScalerNotReady(f"the warm-up scaler has seen {self.count} rows; it needs at least 2 to freeze")
+            raise ScalerNotReady(
+                f"the warm-up scaler has seen {self.count} rows; it needs at least 2 to freeze"
+            )
         self.mean = self._sum / self.count
         std = np.sqrt(self._sumsq_dev / (self.count - 1))
         self.scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(self.mean)), std, 1.0)
@@ -150,8 +154,15 @@ class TargetScaler:
         """Keep a labelled batch until the scaling is known (freezing it once warmup_rows labels are in);
         returns its immediate losses ½‖D_l β_l − Y‖² per layer in the units of the targets."""
         copy = lambda a: None if a is None else np.array(a)  # noqa: E731 (the caller may reuse its arrays)
-        self.held.append((np.array(features_t), np.array(targets, dtype=np.float64), copy(gram_in), copy(predicted),
-                          copy(observed_at)))  # fmt: skip
+        self.held.append(
+            (
+                np.array(features_t),
+                np.array(targets, dtype=np.float64),
+                copy(gram_in),
+                copy(predicted),
+                copy(observed_at),
+            )
+        )
         if sum(len(h[1]) for h in self.held) >= self.warmup_rows:
             # the first warmup_rows labels, wherever the batches end (a replay after a restart may cut them elsewhere)
             y = np.concatenate([h[1] for h in self.held])[: self.warmup_rows]
@@ -168,8 +179,14 @@ class TargetScaler:
     def agree(self, mean, std) -> None:
         """Freeze to a scaling decided elsewhere (group learning: the first proposal in the log)."""
         mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-        if mean.shape != self.mean.shape or std.shape != self.std.shape or not (np.isfinite(mean).all() and (std > 0).all()):
-            raise ValueError(f"target scaling: expected {len(self.mean)} finite means and deviations > 0, got {mean}, {std}")
+        if (
+            mean.shape != self.mean.shape
+            or std.shape != self.std.shape
+            or not (np.isfinite(mean).all() and (std > 0).all())
+        ):
+            raise ValueError(
+                f"target scaling: expected {len(self.mean)} finite means and deviations > 0, got {mean}, {std}"
+            )
         self.mean, self.std, self.frozen = mean, std, True
 
     def release(self) -> list[tuple]:

@@ -10,6 +10,7 @@ import numpy as np
 from iolstream.core import fused
 from iolstream.core.learner import OnlineLearner
 
+
 class SharedGramLearner(OnlineLearner):
     """A λ candidate that shares another learner's sums (``lam: auto``): same random features, same
     rows, same half-life, so its A = A_primary + (λ − λ_primary)I and its c = c_primary. The primary
@@ -25,16 +26,34 @@ class SharedGramLearner(OnlineLearner):
     def __init__(self, primary: OnlineLearner, lam):
         self.primary = primary
         super().__init__(
-            primary.n_columns, primary.n_outputs, primary.n_layers, lam=lam, mode=primary.mode, solver="cholesky",
-            refactor_every=primary.refactor_every, track_regret=primary.track_regret, half_life=primary.half_life,
-        )  # fmt: skip
-        self._synced = primary.state.version  # the primary's version these sums are a copy of (λI, c = 0: level)
+            primary.n_columns,
+            primary.n_outputs,
+            primary.n_layers,
+            lam=lam,
+            mode=primary.mode,
+            solver="cholesky",
+            refactor_every=primary.refactor_every,
+            track_regret=primary.track_regret,
+            half_life=primary.half_life,
+        )
+        self._synced = (
+            primary.state.version
+        )  # the primary's version these sums are a copy of (λI, c = 0: level)
 
     def sync(self) -> None:
         """Copy the primary's sums (A and A_r with this λ on the diagonal, c, counters) if they changed."""
         p, st = self.primary.state, self.state
-        for key in ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
-                    "sum_y2", "d_max", "y_max", "clock"):  # fmt: skip
+        for key in (
+            "rows_observed",
+            "rows_labelled",
+            "rows_forgotten",
+            "label_batches",
+            "max_label_batch",
+            "sum_y2",
+            "d_max",
+            "y_max",
+            "clock",
+        ):
             setattr(st, key, getattr(p, key))  # the clock moves without a new version when nothing decays
         if self._synced == p.version:
             return
@@ -95,7 +114,9 @@ class SharedGramLearner(OnlineLearner):
             self.state.arrays.loss_sum += plain
         else:  # Σ w ½‖Dβ − Y‖², as the primary accumulates it
             w = self.row_weights(observed_at, b)
-            self.state.arrays.loss_sum += 0.5 * (w[None, :] * ((predicted - targets[None]) ** 2).sum(axis=2)).sum(axis=1)
+            self.state.arrays.loss_sum += 0.5 * (
+                w[None, :] * ((predicted - targets[None]) ** 2).sum(axis=2)
+            ).sum(axis=1)
         self.sync()
         return plain
 

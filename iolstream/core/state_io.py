@@ -23,9 +23,9 @@ import json
 import numpy as np
 
 from iolstream.core.candidates import FIRST_GRID, candidate_grid
-from iolstream.core.shared_gram import SharedGramLearner
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.shared_gram import SharedGramLearner
 
 FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/; the name stays)
 # 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
@@ -35,9 +35,17 @@ FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/
 FORMAT_VERSION = 2
 READS = (1, 2)
 _COUNTERS = (
-    "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
-    "sum_y2", "d_max", "y_max", "version", "clock",
-)  # fmt: skip
+    "rows_observed",
+    "rows_labelled",
+    "rows_forgotten",
+    "label_batches",
+    "max_label_batch",
+    "sum_y2",
+    "d_max",
+    "y_max",
+    "version",
+    "clock",
+)
 
 
 class StateFormatError(ValueError):
@@ -65,10 +73,20 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     if model.config.task == "regression" and model.config.target_scaler != "none":
         arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
         manifest["targets"] = {"frozen": tgt.frozen, "held": []}
-        for i, (f, y, gram_in, predicted, observed_at) in enumerate(tgt.held):  # labels waiting for the scaling
-            parts = {"features_t": f, "y": y, "gram_in": gram_in, "predicted": predicted, "observed_at": observed_at}
+        for i, (f, y, gram_in, predicted, observed_at) in enumerate(
+            tgt.held
+        ):  # labels waiting for the scaling
+            parts = {
+                "features_t": f,
+                "y": y,
+                "gram_in": gram_in,
+                "predicted": predicted,
+                "observed_at": observed_at,
+            }
             manifest["targets"]["held"].append([k for k, v in parts.items() if v is not None])
-            arrays.update({f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None})
+            arrays.update(
+                {f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None}
+            )
     if len(model.learners) == 1:
         manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
@@ -77,10 +95,14 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         ]
         sel = model.selector
         manifest["selection"] = {
-            "chosen": sel.chosen, "loss": [float(v) for v in sel.loss], "rows": sel.rows,
-            "pair": [[float(v) for v in row] for row in sel.pair], "switches": sel.switches, "clock": sel.clock,
+            "chosen": sel.chosen,
+            "loss": [float(v) for v in sel.loss],
+            "rows": sel.rows,
+            "pair": [[float(v) for v in row] for row in sel.pair],
+            "switches": sel.switches,
+            "clock": sel.clock,
             "grid": [[_json_safe(lam), h] for lam, h in model.candidates],
-        }  # fmt: skip
+        }
     return manifest, arrays
 
 
@@ -96,7 +118,12 @@ def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
     return {
         "counters": {k: getattr(st, k) for k in _COUNTERS},
         "layers": [
-            {"lam": ls.lam, "factor_kind": ls.factor_kind, "loss_sum": ls.loss_sum, "woodbury_steps": ls.woodbury_steps}
+            {
+                "lam": ls.lam,
+                "factor_kind": ls.factor_kind,
+                "loss_sum": ls.loss_sum,
+                "woodbury_steps": ls.woodbury_steps,
+            }
             for ls in st.layers
         ],
     }
@@ -136,12 +163,16 @@ def _saved_grid(manifest: dict, config: ModelConfig) -> list[tuple] | None:
     if "grid" not in selection:
         return candidate_grid(config.lam, config.forgetting, *FIRST_GRID)
     try:
-        grid = [(tuple(lam) if isinstance(lam, list) else float(lam), None if h is None else float(h))
-                for lam, h in selection["grid"]]  # fmt: skip
+        grid = [
+            (tuple(lam) if isinstance(lam, list) else float(lam), None if h is None else float(h))
+            for lam, h in selection["grid"]
+        ]
     except (TypeError, ValueError) as exc:
         raise StateFormatError(f"saved selection grid does not load: {exc}") from None
     if config.default_candidate not in grid:
-        raise StateFormatError(f"saved selection grid {grid} lacks the default setting {config.default_candidate}")
+        raise StateFormatError(
+            f"saved selection grid {grid} lacks the default setting {config.default_candidate}"
+        )
     return grid
 
 
@@ -156,7 +187,9 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     config = saved_config(manifest)
     model = EdRVFL(config, candidates=_saved_grid(manifest, config))
     if model.weights_digest() != manifest["weights_sha256"]:
-        raise StateFormatError("the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)")
+        raise StateFormatError(
+            "the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)"
+        )
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
     try:
         saved = manifest.get("targets")
@@ -169,9 +202,11 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             tgt.frozen = bool(saved["frozen"])
             names = ("features_t", "y", "gram_in", "predicted", "observed_at")
             tgt.held = [
-                tuple(np.asarray(arrays[f"{prefix}targets/held{i}/{k}"]) if k in keys else None for k in names)
+                tuple(
+                    np.asarray(arrays[f"{prefix}targets/held{i}/{k}"]) if k in keys else None for k in names
+                )
                 for i, keys in enumerate(saved["held"])
-            ]  # fmt: skip
+            ]
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved target scaling: {exc}") from None
     try:

@@ -14,7 +14,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
@@ -38,8 +44,16 @@ class Assignment:
     """``consumer`` is set by the worker once made (and again when it is replaced); ``before_revoke()`` checkpoints;
     ``stopping()`` says a stop is under way (no checkpoint then: the shutdown writes the last one)."""
 
-    def __init__(self, cfg: WorkerConfig, book: OffsetBook, aligner: Aligner, calls: ClientCalls, *,
-                 before_revoke: Callable[[], object], stopping: Callable[[], bool]):  # fmt: skip
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        book: OffsetBook,
+        aligner: Aligner,
+        calls: ClientCalls,
+        *,
+        before_revoke: Callable[[], object],
+        stopping: Callable[[], bool],
+    ):
         self.cfg = cfg
         self.book = book
         self.aligner = aligner
@@ -71,8 +85,12 @@ class Assignment:
         tps = [TopicPartition(t, p) for t, p in keys]
         for attempt in range(5):
             try:
-                got = self.consumer_call("consumer.committed", lambda: self.consumer.committed(tps, timeout=self.call_timeout))
-                self.committed_by.update({(tp.topic, tp.partition): tp.metadata or "" for tp in got if tp.offset >= 0})
+                got = self.consumer_call(
+                    "consumer.committed", lambda: self.consumer.committed(tps, timeout=self.call_timeout)
+                )
+                self.committed_by.update(
+                    {(tp.topic, tp.partition): tp.metadata or "" for tp in got if tp.offset >= 0}
+                )
                 return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
             except CallTimedOut as exc:
                 raise WorkerError(f"cannot read the group's committed offsets: {exc}") from None
@@ -86,8 +104,11 @@ class Assignment:
         """The partition's end (high watermark) now, from the broker; None if it cannot be had in time."""
         tp = TopicPartition(key[0], key[1])
         try:
-            return self.consumer_call("consumer.get_watermark_offsets",
-                                       lambda: self.consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)[1], 5.0)
+            return self.consumer_call(
+                "consumer.get_watermark_offsets",
+                lambda: self.consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)[1],
+                5.0,
+            )
         except (KafkaException, CallTimedOut) as exc:
             log.warning("%s[%d]: cannot read its end offset: %s", key[0], key[1], exc)
             return None
@@ -111,20 +132,34 @@ class Assignment:
     def _assign(self, consumer, partitions) -> None:
         """Seek every assigned partition to the state's position (never to the group's offset, which may be
         ahead of the state in exactly-once mode or after a damaged snapshot was skipped)."""
-        if self.consumer is None:  # an assignment delivered while the worker closes its consumer: nothing to read
+        if (
+            self.consumer is None
+        ):  # an assignment delivered while the worker closes its consumer: nothing to read
             log.info("assigned while closing: %d partitions left alone", len(partitions))
             (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
             return
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            self.book.assign(key, committed.get(key), self.end_offset(key), by_other=self.by_other(key), base=self.base(key))
+            self.book.assign(
+                key,
+                committed.get(key),
+                self.end_offset(key),
+                by_other=self.by_other(key),
+                base=self.base(key),
+            )
             start = self.book.start(key)
             tp.offset = OFFSET_BEGINNING if start is None else start
-            self.aligner.assign(key, priority=0 if tp.topic == self.cfg.topics.features else 1)  # ties: features first
+            self.aligner.assign(
+                key, priority=0 if tp.topic == self.cfg.topics.features else 1
+            )  # ties: features first
         (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
-        log.info("assigned %s; replay without emitting until %s", fmt({(p.topic, p.partition): p.offset for p in partitions}),
-                 fmt(self.book.replay_until) or "-", extra={"event": "assigned"})  # fmt: skip
+        log.info(
+            "assigned %s; replay without emitting until %s",
+            fmt({(p.topic, p.partition): p.offset for p in partitions}),
+            fmt(self.book.replay_until) or "-",
+            extra={"event": "assigned"},
+        )
 
     def by_other(self, key: tuple[str, int]) -> bool:
         """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
@@ -138,7 +173,9 @@ class Assignment:
     def _revoke(self, consumer, partitions) -> None:
         """Partitions taken away: checkpoint first (at-least-once commits their offsets, exactly-once committed
         them with the last transaction); the positions stay in the state."""
-        log.info("partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"})
+        log.info(
+            "partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"}
+        )
         if not self.stopping():
             self.before_revoke()
         self.forget([(tp.topic, tp.partition) for tp in partitions])
@@ -146,7 +183,9 @@ class Assignment:
 
     def _lost(self, consumer, partitions) -> None:
         """Partitions lost (this member was expelled from the group): nothing may be committed for them."""
-        log.warning("partitions lost: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "lost"})
+        log.warning(
+            "partitions lost: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "lost"}
+        )
         self.forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions) if self.cooperative else consumer.unassign()
 
@@ -192,7 +231,9 @@ class Assignment:
         for key in self.book.assigned - set(self.book.ends):  # an end that could not be read at assignment
             if (end := self.end_offset(key)) is not None:
                 self.book.ends[key] = end
-        return self.book.at_end(lambda key: key in self.aligner.partitions and bool(self.aligner.partitions[key].queue))
+        return self.book.at_end(
+            lambda key: key in self.aligner.partitions and bool(self.aligner.partitions[key].queue)
+        )
 
     def seek_back(self) -> None:
         """After a roll-back (the book holds the snapshot's positions): every assigned partition sought to its
@@ -200,10 +241,18 @@ class Assignment:
         assigned = sorted(self.book.assigned)
         committed = self.committed(assigned)
         for key in assigned:
-            self.book.assign(key, committed.get(key), self.book.ends.get(key), by_other=self.by_other(key), base=self.base(key))
+            self.book.assign(
+                key,
+                committed.get(key),
+                self.book.ends.get(key),
+                by_other=self.by_other(key),
+                base=self.base(key),
+            )
             start = self.book.start(key)
             try:
-                self.consumer.seek(TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start))
+                self.consumer.seek(
+                    TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start)
+                )
             except KafkaException as exc:  # e.g. lost in a rebalance meanwhile: its next assignment seeks it
                 log.warning("%s[%d]: cannot seek it back: %s", key[0], key[1], exc)
 
@@ -213,15 +262,29 @@ class Assignment:
         if not (offsets := self.book.to_commit()):
             return
         crash_point("before_commit")
-        tps = [TopicPartition(t, p, o, **({} if self.member is None else {"metadata": self.book.metadata(self.member, (t, p))}))
-               for t, p, o in offsets]  # fmt: skip
+        tps = [
+            TopicPartition(
+                t,
+                p,
+                o,
+                **({} if self.member is None else {"metadata": self.book.metadata(self.member, (t, p))}),
+            )
+            for t, p, o in offsets
+        ]
         try:
             if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))
-            result = self.consumer_call("consumer.commit", lambda: self.consumer.commit(offsets=tps, asynchronous=False)) or []
+            result = (
+                self.consumer_call(
+                    "consumer.commit", lambda: self.consumer.commit(offsets=tps, asynchronous=False)
+                )
+                or []
+            )
             if failed := [tp for tp in result if tp.error is not None]:
                 raise KafkaException(failed[0].error)
         except (KafkaException, CallTimedOut) as exc:
-            log.warning("offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc)
+            log.warning(
+                "offset commit failed (the snapshot covers them; the next checkpoint commits again): %s", exc
+            )
             return
         self.book.committed(offsets)

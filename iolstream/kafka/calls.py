@@ -34,7 +34,9 @@ from collections.abc import Callable
 from iolstream.ops.faults import fault_point
 
 WAIT_SLICE = 0.25  # seconds between two ``on_wait`` calls while a call runs
-HANG_FAULT = "hang_"  # test-only fault point prefix: ``IOLSTREAM_CRASH_AT=hang_<call name>:<hit>`` blocks that call
+HANG_FAULT = (
+    "hang_"  # test-only fault point prefix: ``IOLSTREAM_CRASH_AT=hang_<call name>:<hit>`` blocks that call
+)
 
 
 class CallTimedOut(RuntimeError):
@@ -77,7 +79,9 @@ class ClientCalls:
         job = _Job(fn)
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(self._jobs,), name="iolstream-client-calls", daemon=True).start()
+            threading.Thread(
+                target=_serve, args=(self._jobs,), name="iolstream-client-calls", daemon=True
+            ).start()
         started = time.monotonic()
         deadline = started + timeout + grace
         self.current = (name, started)
@@ -129,7 +133,9 @@ def hang_in_c() -> None:
     """Test-only fault: never return, as librdkafka's stuck calls do: a ``pthread_cond_wait`` with no
     deadline in C, the GIL released, signals not ending it."""
     libc = ctypes.CDLL(None, use_errno=True)
-    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER / PTHREAD_COND_INITIALIZER (glibc)
+    mutex = ctypes.create_string_buffer(
+        64
+    )  # zeroed: PTHREAD_MUTEX_INITIALIZER / PTHREAD_COND_INITIALIZER (glibc)
     cond = ctypes.create_string_buffer(64)
     libc.pthread_mutex_lock(mutex)
     while True:

@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from iolstream.core import runtime
+from iolstream.core import runtime, state_io
 from iolstream.core.model import EdRVFL
-from iolstream.core import state_io
 from iolstream.core.state_io import StateFormatError
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
@@ -51,7 +50,9 @@ class Checkpointer:
         self.metrics = metrics
         self.store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
         self.last = Checkpoint()
-        self.first_due: float | None = None  # after a start: the early checkpoint (snapshot.first_after_seconds)
+        self.first_due: float | None = (
+            None  # after a start: the early checkpoint (snapshot.first_after_seconds)
+        )
         self.group = None  # group learning (kafka.group.GroupSync): its state goes into every snapshot
         self.loaded_group: tuple[dict, dict] | None = None  # the group state of the snapshot ``load`` read
 
@@ -68,11 +69,16 @@ class Checkpointer:
             raise WorkerError(f"cannot load the snapshots in {self.store.dir}: {exc}") from None
         self.loaded_group = None
         if snap is not None and "group" in snap.manifest:
-            self.loaded_group = (snap.manifest["group"], {k: v for k, v in snap.arrays.items() if k.startswith("group/")})
+            self.loaded_group = (
+                snap.manifest["group"],
+                {k: v for k, v in snap.arrays.items() if k.startswith("group/")},
+            )
         if snap is None:
             log.info("no snapshot in %s: starting a fresh model", self.store.dir)
             self.last = Checkpoint()
-            proc = StreamProcessor(EdRVFL(self.cfg.model), self.cfg.stream, window_rows=self.cfg.metrics.window_rows)
+            proc = StreamProcessor(
+                EdRVFL(self.cfg.model), self.cfg.stream, window_rows=self.cfg.metrics.window_rows
+            )
         else:
             proc, positions = self._restore(snap)
         runtime.configure_for_model(proc.model)  # BLAS threads (MEASUREMENTS.md trap)
@@ -91,20 +97,30 @@ class Checkpointer:
                 "restore that config, or move the snapshot directory away to start a fresh model"
             )
         try:
-            proc = StreamProcessor.from_state(snap.manifest, snap.arrays, self.cfg.stream,
-                                              window_rows=self.cfg.metrics.window_rows)  # fmt: skip
+            proc = StreamProcessor.from_state(
+                snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows
+            )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
         self.last = Checkpoint(
-            proc.counters["batches"], time.monotonic(), dict(positions), snapshot_bytes=snap.size_bytes,
-            written_at=snap.manifest.get("written_at_ms", 0) / 1000.0,  # the snapshot's age counts from its write
-        )  # fmt: skip
+            proc.counters["batches"],
+            time.monotonic(),
+            dict(positions),
+            snapshot_bytes=snap.size_bytes,
+            written_at=snap.manifest.get("written_at_ms", 0)
+            / 1000.0,  # the snapshot's age counts from its write
+        )
         log.info(
             "loaded snapshot %s (%d bytes, %.3f s): %d rows in, %d labelled, offsets %s",
-            snap.path.name, snap.size_bytes, snap.seconds, proc.counters["rows_in"], proc.counters["rows_learned"],
-            fmt(positions), extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
-        )  # fmt: skip
+            snap.path.name,
+            snap.size_bytes,
+            snap.seconds,
+            proc.counters["rows_in"],
+            proc.counters["rows_learned"],
+            fmt(positions),
+            extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
+        )
         return proc, positions
 
     def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
@@ -116,29 +132,50 @@ class Checkpointer:
             return True
         # after a (re)start, soon: exactly-once as soon as the replay is over, at-least-once a moment after
         # input is processed, so that a crash loop makes progress instead of replaying from further back
-        return self.first_due is not None and not replaying and (exactly_once or time.monotonic() >= self.first_due)
+        return (
+            self.first_due is not None
+            and not replaying
+            and (exactly_once or time.monotonic() >= self.first_due)
+        )
 
-    def write(self, processor: StreamProcessor, positions: dict, producer, delivery_errors: Callable[[], int], *,
-              wait: float | None = None) -> bool:  # fmt: skip
+    def write(
+        self,
+        processor: StreamProcessor,
+        positions: dict,
+        producer,
+        delivery_errors: Callable[[], int],
+        *,
+        wait: float | None = None,
+    ) -> bool:
         """Steps 1 and 2 (module docstring); ``wait``: how long to wait for deliveries (None: FLUSH_SECONDS,
         postponing if they are not done). Returns whether the snapshot was written."""
         final = wait is not None
         wait = FLUSH_SECONDS if wait is None else wait
         try:
-            remaining = self.calls.call("producer.flush", lambda: producer.flush(wait), wait, grace=CALL_GRACE)
+            remaining = self.calls.call(
+                "producer.flush", lambda: producer.flush(wait), wait, grace=CALL_GRACE
+            )
         except CallTimedOut as exc:
             log.error("checkpoint skipped, nothing committed: %s", exc)
             return False
         if delivery_errors() or (remaining and final):
-            log.error("checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
-                      remaining, delivery_errors())  # fmt: skip
+            log.error(
+                "checkpoint skipped, nothing committed: %d messages undelivered, %d delivery errors",
+                remaining,
+                delivery_errors(),
+            )
             return False
         if remaining:
-            log.warning("checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"})
+            log.warning(
+                "checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"}
+            )
             return False
         manifest, arrays = processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(positions.items())]
-        manifest["worker"] = {"exactly_once": self.cfg.durability.exactly_once, "group_id": self.cfg.kafka.group_id}
+        manifest["worker"] = {
+            "exactly_once": self.cfg.durability.exactly_once,
+            "group_id": self.cfg.kafka.group_id,
+        }
         if self.group is not None:
             manifest["group"], group_arrays = self.group.to_state()
             arrays.update(group_arrays)
@@ -146,14 +183,25 @@ class Checkpointer:
             snap = self.store.write(manifest, arrays)
         except OSError as exc:
             raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
-        self.last = Checkpoint(processor.counters["batches"], time.monotonic(), dict(positions), snap.seconds,
-                               snap.size_bytes, time.time())  # fmt: skip
+        self.last = Checkpoint(
+            processor.counters["batches"],
+            time.monotonic(),
+            dict(positions),
+            snap.seconds,
+            snap.size_bytes,
+            time.time(),
+        )
         self.first_due = None
         if self.metrics is not None:
             self.metrics.on_snapshot(snap)
-        log.info("snapshot %s: %.1f MB in %.3f s, offsets %s", snap.path.name, snap.size_bytes / 1e6, snap.seconds,
-                 fmt(positions), extra={"event": "snapshot", "bytes": snap.size_bytes,
-                                        "seconds": round(snap.seconds, 4)})  # fmt: skip
+        log.info(
+            "snapshot %s: %.1f MB in %.3f s, offsets %s",
+            snap.path.name,
+            snap.size_bytes / 1e6,
+            snap.seconds,
+            fmt(positions),
+            extra={"event": "snapshot", "bytes": snap.size_bytes, "seconds": round(snap.seconds, 4)},
+        )
         if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
             log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         return True

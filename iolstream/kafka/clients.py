@@ -17,14 +17,21 @@ from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 
-CALL_GRACE = 5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
-SNAPSHOT_BYTES_PER_SECOND = 50e6  # a conservative write rate (encode, checksum, write, fsync) for the timing checks
+CALL_GRACE = (
+    5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
+)
+SNAPSHOT_BYTES_PER_SECOND = (
+    50e6  # a conservative write rate (encode, checksum, write, fsync) for the timing checks
+)
 
 
 def client_conf(cfg: WorkerConfig) -> dict:
     """Settings every client gets."""
-    return {"bootstrap.servers": cfg.kafka.bootstrap_servers, "logger": logging.getLogger("iolstream.kafka"),
-            **cfg.kafka.client}  # fmt: skip
+    return {
+        "bootstrap.servers": cfg.kafka.bootstrap_servers,
+        "logger": logging.getLogger("iolstream.kafka"),
+        **cfg.kafka.client,
+    }
 
 
 def consumer_conf(cfg: WorkerConfig, *, stop_at_end: bool = False, stats_cb=None) -> dict:
@@ -69,7 +76,12 @@ def new_producer(cfg: WorkerConfig, calls: ClientCalls, *, error_cb, on_delivery
         return producer
     timeout = cfg.kafka.call_timeout_seconds
     try:
-        calls.call("producer.init_transactions", lambda: producer.init_transactions(timeout), timeout, grace=CALL_GRACE)
+        calls.call(
+            "producer.init_transactions",
+            lambda: producer.init_transactions(timeout),
+            timeout,
+            grace=CALL_GRACE,
+        )
     except (KafkaException, CallTimedOut) as exc:
         raise WorkerError(
             f"init_transactions for transactional.id {cfg.transactional_id!r} failed: {exc} "
@@ -81,11 +93,16 @@ def new_producer(cfg: WorkerConfig, calls: ClientCalls, *, error_cb, on_delivery
 def producer_conf(cfg: WorkerConfig, *, error_cb, on_delivery) -> dict:
     """The output producer's settings (``kafka.producer`` overrides them); exactly-once: transactional."""
     conf = {
-        **client_conf(cfg), "linger.ms": 5, "enable.idempotence": True, "error_cb": error_cb,
+        **client_conf(cfg),
+        "linger.ms": 5,
+        "enable.idempotence": True,
+        "error_cb": error_cb,
         # one prediction message per row: a Python callback per delivered message cost ~6 % of
         # the worker's throughput, and only failures matter (flush() covers the rest)
-        "delivery.report.only.error": True, "on_delivery": on_delivery, **cfg.kafka.producer,
-    }  # fmt: skip
+        "delivery.report.only.error": True,
+        "on_delivery": on_delivery,
+        **cfg.kafka.producer,
+    }
     if cfg.durability.exactly_once:
         conf["transactional.id"] = cfg.transactional_id
     return conf
@@ -97,8 +114,14 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
     admin = admin or AdminClient({"bootstrap.servers": cfg.kafka.bootstrap_servers, **cfg.kafka.client})
     t = cfg.topics
     configs = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
-    return topics.create_topics(admin, [t.features, t.labels, t.predictions, t.dead_letters], partitions=t.partitions,
-                                replication_factor=t.replication_factor, configs=configs, timeout=timeout)  # fmt: skip
+    return topics.create_topics(
+        admin,
+        [t.features, t.labels, t.predictions, t.dead_letters],
+        partitions=t.partitions,
+        replication_factor=t.replication_factor,
+        configs=configs,
+        timeout=timeout,
+    )
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:
@@ -131,7 +154,9 @@ def check_timing(cfg: WorkerConfig) -> list[str]:
     warnings = []
     if cfg.durability.exactly_once:
         txn_ms = int(cfg.kafka.producer.get("transaction.timeout.ms", 60_000))
-        cycle_ms = cfg.kafka.poll_timeout_ms + max(cfg.stream.max_batch_latency_ms, cfg.stream.max_label_latency_ms)
+        cycle_ms = cfg.kafka.poll_timeout_ms + max(
+            cfg.stream.max_batch_latency_ms, cfg.stream.max_label_latency_ms
+        )
         need_txn_ms = max(10_000, 10 * cycle_ms)
         if txn_ms < need_txn_ms:
             raise WorkerError(

@@ -33,11 +33,15 @@ class ConfigError(ValueError):
 class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:19092"
     group_id: str = "iolstream"
-    client: dict = field(default_factory=dict)  # librdkafka settings for every client (security.protocol, sasl.*, ssl.*)
+    client: dict = field(
+        default_factory=dict
+    )  # librdkafka settings for every client (security.protocol, sasl.*, ssl.*)
     consumer: dict = field(default_factory=dict)  # extra consumer settings
     producer: dict = field(default_factory=dict)  # extra producer settings
     poll_timeout_ms: int = 100
-    call_timeout_seconds: float = 30.0  # one blocking client call (flush, commit, a transaction step); abandoned 5 s past it
+    call_timeout_seconds: float = (
+        30.0  # one blocking client call (flush, commit, a transaction step); abandoned 5 s past it
+    )
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class SnapshotConfig:
     every_batches: int = 200
     every_seconds: float = 60.0
     keep: int = 3
-    first_after_seconds: float | None = 1.0  # after a (re)start, the first snapshot this soon (null: the cadence above)
+    first_after_seconds: float | None = (
+        1.0  # after a (re)start, the first snapshot this soon (null: the cadence above)
+    )
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,9 @@ class DurabilityConfig:
     exactly_once: bool = False
     transactional_id: str | None = None  # default: "<group_id>-worker"
     shutdown_grace_seconds: float = 25.0
-    watchdog_seconds: float | None = None  # exit 5 when the loop has not ticked this long (null: from the client timeouts)
+    watchdog_seconds: float | None = (
+        None  # exit 5 when the loop has not ticked this long (null: from the client timeouts)
+    )
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,9 @@ class GroupConfig:
     enabled: bool = False
     member_id: str | None = None  # unique in the group and the same after a restart (default: the host name)
     sync_every_ms: int = 1000  # a member publishes its sums this often (and before every checkpoint)
-    chunk_bytes: int = 900000  # larger records go as chunks of this many bytes (Kafka's default limit is 1 MiB)
+    chunk_bytes: int = (
+        900000  # larger records go as chunks of this many bytes (Kafka's default limit is 1 MiB)
+    )
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,11 @@ class WorkerConfig:
         one per member: members sharing one would fence each other)."""
         if self.durability.transactional_id:
             return self.durability.transactional_id
-        return f"{self.kafka.group_id}-{self.member_id}" if self.group.enabled else f"{self.kafka.group_id}-worker"
+        return (
+            f"{self.kafka.group_id}-{self.member_id}"
+            if self.group.enabled
+            else f"{self.kafka.group_id}-worker"
+        )
 
     @property
     def snapshot_dir(self) -> str:
@@ -150,10 +164,16 @@ _RULES = {
     "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
     "group.sync_every_ms": _POSITIVE,
     "group.chunk_bytes": (lambda v: v >= 1024, "an integer ≥ 1024"),
-    "group.member_id": (lambda v: v is None or (0 < len(v) <= 200 and "/" not in v), "null or a name without '/' (≤ 200 chars)"),
+    "group.member_id": (
+        lambda v: v is None or (0 < len(v) <= 200 and "/" not in v),
+        "null or a name without '/' (≤ 200 chars)",
+    ),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a port number 0–65535 (0 disables)"),
     "metrics.window_rows": _POSITIVE,
-    "logging.level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "one of DEBUG, INFO, WARNING, ERROR"),
+    "logging.level": (
+        lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"),
+        "one of DEBUG, INFO, WARNING, ERROR",
+    ),
     "logging.format": (lambda v: v in ("text", "json"), "one of text, json"),
     "logging.status_every_seconds": (lambda v: v > 0, "a number > 0"),
 }
@@ -208,7 +228,9 @@ def _build_section(name: str, cls, raw) -> object:
 
 def _build_model(raw) -> ModelConfig:
     if not isinstance(raw, dict):
-        raise ConfigError("model: required mapping (at least model.n_inputs and model.classes or model.n_outputs)")
+        raise ConfigError(
+            "model: required mapping (at least model.n_inputs and model.classes or model.n_outputs)"
+        )
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -269,7 +291,9 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     cfg = WorkerConfig(model=_build_model(raw.get("model")), **sections)
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
     if len(set(names)) != 4:
-        raise ConfigError(f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}")
+        raise ConfigError(
+            f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}"
+        )
     if cfg.group.enabled:
         _check_group(cfg, names)
     return _with_size_limits(cfg)
@@ -278,17 +302,23 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
 def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
     """What group learning needs of the rest of the config (ConfigError naming the key)."""
     if cfg.topics.model_deltas in names:
-        raise ConfigError(f"topics.model_deltas: must differ from the other topics, got {cfg.topics.model_deltas!r}")
+        raise ConfigError(
+            f"topics.model_deltas: must differ from the other topics, got {cfg.topics.model_deltas!r}"
+        )
     if cfg.stream.forget_expired:
-        raise ConfigError("stream.forget_expired: not with group learning (rows handed over at a rebalance wait on "
-                          "several members, and each would take the same Gram out); set it to false")  # fmt: skip
+        raise ConfigError(
+            "stream.forget_expired: not with group learning (rows handed over at a rebalance wait on "
+            "several members, and each would take the same Gram out); set it to false"
+        )
 
 
 def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
     """Check the client size settings against stream.max_message_bytes (ConfigError naming the keys) and set the
     producer's message.max.bytes when it is not given: librdkafka's default (1,000,000) is below the default
     stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue 12)."""
-    from iolstream.kafka import topics  # imports confluent_kafka: not at module level, the config loads without it
+    from iolstream.kafka import (
+        topics,  # imports confluent_kafka: not at module level, the config loads without it
+    )
 
     try:
         topics.check_producer_limits(cfg.stream.max_message_bytes, cfg.kafka.producer, cfg.kafka.consumer)
@@ -296,7 +326,10 @@ def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
         raise ConfigError(str(exc)) from None
     if "message.max.bytes" in cfg.kafka.producer:
         return cfg
-    producer = {"message.max.bytes": topics.producer_message_max_bytes(cfg.stream.max_message_bytes), **cfg.kafka.producer}
+    producer = {
+        "message.max.bytes": topics.producer_message_max_bytes(cfg.stream.max_message_bytes),
+        **cfg.kafka.producer,
+    }
     return dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, producer=producer))
 
 

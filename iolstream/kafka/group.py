@@ -33,7 +33,6 @@ from collections import Counter
 
 import numpy as np
 import orjson
-
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -88,14 +87,20 @@ class GroupSync:
         self.consumer: Consumer | None = None
         self.proposer: Producer | None = None  # warm-up scaling proposals, outside any transaction
         self.positions: dict[int, int] = {}  # deltas partition -> next offset to read (in snapshots)
-        self.chunks: dict[tuple[str, int, str], _Pending] = {}  # (member, seq, kind) -> the chunks read so far
+        self.chunks: dict[
+            tuple[str, int, str], _Pending
+        ] = {}  # (member, seq, kind) -> the chunks read so far
         self.caught_up = False
         self.restored = False  # a snapshot was loaded: no adoption of this member's own record
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
-        self.own_rows: tuple | None = None  # (ids, payload) of its own last handover, adopted with its sums once caught up
+        self.own_rows: tuple | None = (
+            None  # (ids, payload) of its own last handover, adopted with its sums once caught up
+        )
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
-        self.refused: set = set()  # (member, model digest) of records of another model config, logged once each
+        self.refused: set = (
+            set()
+        )  # (member, model digest) of records of another model config, logged once each
         self.records: Counter = Counter()  # (kind, "out" | "in") -> records this process produced / took
         self.partitions: set[int] = set()
         self.eof: set[int] = set()
@@ -140,40 +145,59 @@ class GroupSync:
     def open(self) -> None:
         if self.cfg.topics.create:
             admin = AdminClient(client_conf(self.cfg))
-            created = topics.create_topics(admin, [self.topic], partitions=1,
-                                           replication_factor=self.cfg.topics.replication_factor,
-                                           configs={self.topic: delta_topic_config(self.gc.chunk_bytes)})  # fmt: skip
+            created = topics.create_topics(
+                admin,
+                [self.topic],
+                partitions=1,
+                replication_factor=self.cfg.topics.replication_factor,
+                configs={self.topic: delta_topic_config(self.gc.chunk_bytes)},
+            )
             if created:
                 log.info("created the model-deltas topic %s", self.topic)
         conf = {
-            **client_conf(self.cfg), "group.id": f"{self.cfg.kafka.group_id}.deltas.{self.member}",
-            "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
+            **client_conf(self.cfg),
+            "group.id": f"{self.cfg.kafka.group_id}.deltas.{self.member}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
             "fetch.max.bytes": max(52428800, self.gc.chunk_bytes + HEADROOM),
             "receive.message.max.bytes": max(100000000, self.gc.chunk_bytes + HEADROOM + 512),
-        }  # fmt: skip
+        }
         self.consumer = Consumer(conf)
         self.proposer = Producer({**client_conf(self.cfg), "enable.idempotence": True, "acks": "all"})
         self._seek()
 
     def _seek(self) -> None:
         until = time.monotonic() + self.cfg.kafka.call_timeout_seconds
-        while True:  # a topic just created (by this member or another) may take a moment to show in the metadata
-            meta = self.consumer.list_topics(self.topic, timeout=self.cfg.kafka.call_timeout_seconds).topics.get(self.topic)
+        while (
+            True
+        ):  # a topic just created (by this member or another) may take a moment to show in the metadata
+            meta = self.consumer.list_topics(
+                self.topic, timeout=self.cfg.kafka.call_timeout_seconds
+            ).topics.get(self.topic)
             if meta is not None and meta.error is None and meta.partitions:
                 break
             if time.monotonic() >= until:
-                raise WorkerError(f"topics.model_deltas: topic {self.topic!r} cannot be read ({meta and meta.error})")
+                raise WorkerError(
+                    f"topics.model_deltas: topic {self.topic!r} cannot be read ({meta and meta.error})"
+                )
             time.sleep(0.2)
-        self.consumer.assign([TopicPartition(self.topic, p, self.positions.get(p, OFFSET_BEGINNING)) for p in meta.partitions])
+        self.consumer.assign(
+            [TopicPartition(self.topic, p, self.positions.get(p, OFFSET_BEGINNING)) for p in meta.partitions]
+        )
         self.partitions = set(meta.partitions)
         self.caught_up = False
         self.eof = set()
         # caught up: at the end the log had now (not at an end-of-partition event: while other members publish,
         # every fetch brings new records and that event may not come for as long as they do)
         timeout = self.cfg.kafka.call_timeout_seconds
-        self.start_ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
-                           for p in meta.partitions}  # fmt: skip
-        self.started_ms = self.started_ms or _now_ms()  # a roll-back re-reads the handovers since its snapshot
+        self.start_ends = {
+            p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
+            for p in meta.partitions
+        }
+        self.started_ms = (
+            self.started_ms or _now_ms()
+        )  # a roll-back re-reads the handovers since its snapshot
 
     def catch_up(self, timeout: float, tick=lambda: None) -> None:
         """Read the log to the end it had when the consumer was assigned, before the input is consumed."""
@@ -182,8 +206,12 @@ class GroupSync:
             self.poll(max_messages=500, timeout=0.2)
             tick()
         if not self.caught_up:
-            log.warning("the model-deltas topic %s was not read to its end within %.0f s: going on (this member "
-                        "publishes once it is)", self.topic, timeout)  # fmt: skip
+            log.warning(
+                "the model-deltas topic %s was not read to its end within %.0f s: going on (this member "
+                "publishes once it is)",
+                self.topic,
+                timeout,
+            )
 
     def poll(self, max_messages: int = 200, timeout: float = 0.0) -> int:
         """Apply what the deltas consumer has fetched; returns how many records were complete."""
@@ -221,8 +249,13 @@ class GroupSync:
     def _adopt_rows(self, member: str, ids: np.ndarray, payload: np.ndarray) -> None:
         ids = [str(i) for i in ids.tolist()]
         added = handover.adopt_rows(self.processor, ids, payload, _now_ms())
-        log.info("%d rows waiting for labels handed over by member %s (%d new here)", len(ids), member, added,
-                 extra={"event": "group_handover"})  # fmt: skip
+        log.info(
+            "%d rows waiting for labels handed over by member %s (%d new here)",
+            len(ids),
+            member,
+            added,
+            extra={"event": "group_handover"},
+        )
 
     def _propose(self) -> None:
         """Warm-up scaling proposals waiting (``GroupState.propose_scaling``, ``propose_targets``): produce them now,
@@ -230,9 +263,14 @@ class GroupSync:
         st = self.state
         if not self.caught_up:
             return
-        for kind, proposal, done in (("scaling", "proposal", "proposed"), ("targets", "target_proposal", "target_proposed")):
+        for kind, proposal, done in (
+            ("scaling", "proposal", "proposed"),
+            ("targets", "target_proposal", "target_proposed"),
+        ):
             if getattr(st, proposal) is not None and not getattr(st, done):
-                self._produce(kind, 0, {"published_ms": _now_ms()}, getattr(st, proposal), producer=self.proposer)
+                self._produce(
+                    kind, 0, {"published_ms": _now_ms()}, getattr(st, proposal), producer=self.proposer
+                )
                 self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
                 setattr(st, done, True)
 
@@ -243,14 +281,19 @@ class GroupSync:
         model = self.processor.model
 
         def waiting() -> bool:
-            return bool((self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen))
+            return bool(
+                (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)
+            )
 
         while waiting() and time.monotonic() < until:
             self.poll(timeout=0.1)
             tick()
         if waiting():
-            log.warning("%d rows and %d labels still wait for the group's scaling", self.processor.held_rows,
-                        sum(len(h[1]) for h in model.targets.held))  # fmt: skip
+            log.warning(
+                "%d rows and %d labels still wait for the group's scaling",
+                self.processor.held_rows,
+                sum(len(h[1]) for h in model.targets.held),
+            )
 
     def _take(self, msg) -> int:
         try:
@@ -262,24 +305,44 @@ class GroupSync:
             if not (0 <= index < count and size >= 0):
                 raise ValueError(f"chunk {index}/{count}, size {size}")
         except ValueError as exc:  # UnicodeDecodeError included
-            log.warning("model-deltas %d@%d: unreadable headers (%s), skipped", msg.partition(), msg.offset(), exc)
+            log.warning(
+                "model-deltas %d@%d: unreadable headers (%s), skipped", msg.partition(), msg.offset(), exc
+            )
             return 0
         if kind not in ("sums", "scaling", "targets", "rows") or member is None:
-            log.warning("model-deltas %d@%d: not an iolstream record (kind %r), skipped", msg.partition(), msg.offset(), kind)
+            log.warning(
+                "model-deltas %d@%d: not an iolstream record (kind %r), skipped",
+                msg.partition(),
+                msg.offset(),
+                kind,
+            )
             return 0
         pending = self.chunks.get((member, seq, kind))
-        if pending is None or (pending.count, pending.size) != (count, size):  # another record under the same sequence
-            pending = self.chunks[(member, seq, kind)] = _Pending(count, size, (msg.partition(), msg.offset()))
+        if pending is None or (pending.count, pending.size) != (
+            count,
+            size,
+        ):  # another record under the same sequence
+            pending = self.chunks[(member, seq, kind)] = _Pending(
+                count, size, (msg.partition(), msg.offset())
+            )
         pending.parts[index] = msg.value() or b""
         if len(pending.parts) < count:
             return 0
         del self.chunks[(member, seq, kind)]
         self.records[(kind, "in")] += 1
         for key in [k for k in self.chunks if k[0] == member and k[2] == kind and k[1] < seq]:
-            del self.chunks[key]  # an older record of it that will not complete (compacted, or cut by a crash)
+            del self.chunks[
+                key
+            ]  # an older record of it that will not complete (compacted, or cut by a crash)
         blob = b"".join(pending.parts[i] for i in range(count))
         if len(blob) != size:
-            log.warning("model-deltas: record %s#%d is %d bytes, its header says %d: skipped", member, seq, len(blob), size)
+            log.warning(
+                "model-deltas: record %s#%d is %d bytes, its header says %d: skipped",
+                member,
+                seq,
+                len(blob),
+                size,
+            )
             return 0
         try:
             manifest, arrays = snapshots.decode(blob)
@@ -290,7 +353,9 @@ class GroupSync:
             # Sums of another model config cannot be added. Not fatal: the compacted topic keeps a record of every
             # member that ever published, and a group redeployed with a new model section would read the old
             # ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
-            return self._refuse(kind, member, manifest.get("model"), "another model config or auto candidate grid")
+            return self._refuse(
+                kind, member, manifest.get("model"), "another model config or auto candidate grid"
+            )
         try:  # a record the model cannot take changes nothing (the checks come before any change) and stops nothing
             return self._apply(kind, member, seq, manifest, arrays)
         except (KeyError, TypeError, ValueError) as exc:
@@ -299,11 +364,15 @@ class GroupSync:
     def _apply(self, kind: str, member: str, seq: int, manifest: dict, arrays: dict) -> int:
         if kind == "scaling":
             if self.state.agree_scaling(member, arrays):
-                log.info("the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"})
+                log.info(
+                    "the group's warm-up scaling is member %s's", member, extra={"event": "group_scaling"}
+                )
             return 1
         if kind == "targets":
             if self.state.agree_targets(member, arrays):
-                log.info("the group's target scaling is member %s's", member, extra={"event": "group_scaling"})
+                log.info(
+                    "the group's target scaling is member %s's", member, extra={"event": "group_scaling"}
+                )
             return 1
         published_ms = int(manifest["published_ms"])
         if kind == "rows":
@@ -321,12 +390,18 @@ class GroupSync:
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
         positions = {(str(t), int(p)): int(o) for t, p, o in manifest["positions"]}
-        what = self.state.apply(member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt)
+        what = self.state.apply(
+            member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt
+        )
         if what == "adopted":
             self.own_rows = None  # rows handed over before this record are older than it
             self.adopted_positions = positions
-            log.info("no snapshot: took back this member's own sums #%d (input up to %s)", seq, manifest["positions"],
-                     extra={"event": "group_adopted"})  # fmt: skip
+            log.info(
+                "no snapshot: took back this member's own sums #%d (input up to %s)",
+                seq,
+                manifest["positions"],
+                extra={"event": "group_adopted"},
+            )
         return 1
 
     def _refuse(self, kind: str, member: str, model: str | None, why: str) -> int:
@@ -334,9 +409,16 @@ class GroupSync:
         self.records[(kind, "refused")] += 1
         if (member, model) not in self.refused:
             self.refused.add((member, model))
-            log.error("model-deltas: member %s publishes %s of %s (model digest %s, this member's %s): skipped; every "
-                      "member of a group must run the same model section and candidate grid", member, kind, why, model,
-                      self.model_digest, extra={"event": "group_refused"})  # fmt: skip
+            log.error(
+                "model-deltas: member %s publishes %s of %s (model digest %s, this member's %s): skipped; every "
+                "member of a group must run the same model section and candidate grid",
+                member,
+                kind,
+                why,
+                model,
+                self.model_digest,
+                extra={"event": "group_refused"},
+            )
         return 0
 
     # ------------------------------------------------------------ publishing
@@ -354,7 +436,11 @@ class GroupSync:
             self.last_publish_ms = now
             return False
         seq, sums, clock = st.next_record()
-        manifest = {"published_ms": now, "positions": [[t, p, o] for (t, p), o in sorted(positions.items())], **clock}
+        manifest = {
+            "published_ms": now,
+            "positions": [[t, p, o] for (t, p), o in sorted(positions.items())],
+            **clock,
+        }
         self._produce("sums", seq, manifest, sums)
         st.published(seq)
         self.last_publish_ms = now
@@ -365,8 +451,12 @@ class GroupSync:
         ids, payload = handover.pending_rows(self.processor)
         if ids:
             self.state.handovers += 1
-            self._produce("rows", self.state.handovers, {"published_ms": _now_ms()},
-                          {"ids": np.array(ids, dtype=str), "payload": payload})  # fmt: skip
+            self._produce(
+                "rows",
+                self.state.handovers,
+                {"published_ms": _now_ms()},
+                {"ids": np.array(ids, dtype=str), "payload": payload},
+            )
             log.info("handed over %d rows waiting for labels", len(ids), extra={"event": "group_handover"})
 
     def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict, producer=None) -> None:
@@ -375,10 +465,16 @@ class GroupSync:
         step = self.gc.chunk_bytes
         count = max(1, -(-len(blob) // step))
         for index in range(count):
-            headers = [("iolstream.kind", kind.encode()), ("iolstream.member", self.member.encode()),
-                       ("iolstream.seq", str(seq).encode()), ("iolstream.chunk", f"{index}/{count}".encode()),
-                       ("iolstream.size", str(len(blob)).encode())]  # fmt: skip
-            key = f"{self.member}/{kind}/{index}"  # compaction keeps every chunk of the newest record of a kind
+            headers = [
+                ("iolstream.kind", kind.encode()),
+                ("iolstream.member", self.member.encode()),
+                ("iolstream.seq", str(seq).encode()),
+                ("iolstream.chunk", f"{index}/{count}".encode()),
+                ("iolstream.size", str(len(blob)).encode()),
+            ]
+            key = (
+                f"{self.member}/{kind}/{index}"  # compaction keeps every chunk of the newest record of a kind
+            )
             chunk = blob[index * step : (index + 1) * step]
             if producer is None:  # the worker's (exactly-once: in the open transaction)
                 self.output.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)
@@ -389,8 +485,14 @@ class GroupSync:
 
     def status(self) -> dict:
         out = self.state.status(_now_ms())
-        out.update({"bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "caught_up": self.caught_up,
-                    "records": {f"{kind}/{direction}": n for (kind, direction), n in self.records.items()}})
+        out.update(
+            {
+                "bytes_out": self.bytes_out,
+                "bytes_in": self.bytes_in,
+                "caught_up": self.caught_up,
+                "records": {f"{kind}/{direction}": n for (kind, direction), n in self.records.items()},
+            }
+        )
         return out
 
     def close(self) -> None:

@@ -39,8 +39,11 @@ class BrokerHealth:
 
     def reachable(self) -> None:
         if self.down_since is not None:
-            log.info("the broker is reachable again after %.1f s", time.monotonic() - self.down_since,
-                     extra={"event": "broker_up"})  # fmt: skip
+            log.info(
+                "the broker is reachable again after %.1f s",
+                time.monotonic() - self.down_since,
+                extra={"event": "broker_up"},
+            )
             self.down_since = None
 
     def unreachable_seconds(self) -> float | None:
@@ -52,7 +55,9 @@ class BrokerHealth:
             return
         self.probe_at = time.monotonic() + PROBE_SECONDS
         try:
-            meta = self.calls.call("consumer.list_topics", lambda: consumer.list_topics(topic, timeout=1.0), 1.0, grace=GRACE)
+            meta = self.calls.call(
+                "consumer.list_topics", lambda: consumer.list_topics(topic, timeout=1.0), 1.0, grace=GRACE
+            )
         except (KafkaException, CallTimedOut):
             return
         if meta.brokers:

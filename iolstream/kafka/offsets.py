@@ -29,7 +29,9 @@ Key = tuple[str, int]
 class OffsetBook:
     def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None, group: bool = False):
         self.exactly_once = exactly_once
-        self.group = group  # group learning: what another member committed is in the group's sums (``assign``)
+        self.group = (
+            group  # group learning: what another member committed is in the group's sums (``assign``)
+        )
         self.positions: dict[Key, int] = dict(positions or {})
         self.committed_floor: dict[Key, int] = {}
         self.replay_until: dict[Key, int] = {}
@@ -52,8 +54,15 @@ class OffsetBook:
         """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this state)."""
         return self.positions.get(key)
 
-    def assign(self, key: Key, committed: int | None, end: int | None = None, *, by_other: bool = False,
-               base: int | None = None) -> None:  # fmt: skip
+    def assign(
+        self,
+        key: Key,
+        committed: int | None,
+        end: int | None = None,
+        *,
+        by_other: bool = False,
+        base: int | None = None,
+    ) -> None:
         """``key`` assigned, the group having committed ``committed`` for it (None: nothing). Below that, a
         commit never goes, and (exactly-once) input is replayed without emitting: a committed transaction
         emitted its outputs already. Group learning, ``by_other`` (another member committed it): that member's
@@ -62,12 +71,16 @@ class OffsetBook:
         partition (older than the take-over) resumes there, not at the partition's beginning."""
         start = self.positions.get(key)
         if self.group and by_other and committed is not None and (start is None or committed > start):
-            log.info("%s[%d]: another member learned it up to %d: going on from there", key[0], key[1], committed)
+            log.info(
+                "%s[%d]: another member learned it up to %d: going on from there", key[0], key[1], committed
+            )
             self.positions[key] = start = self.bases[key] = committed
         elif self.group and not by_other:
             base = self.bases.get(key, base)
             if start is None and base is not None:
-                log.info("%s[%d]: taken over from another member at %d: going on from there", key[0], key[1], base)
+                log.info(
+                    "%s[%d]: taken over from another member at %d: going on from there", key[0], key[1], base
+                )
                 self.positions[key] = start = self.bases[key] = base
         self.assigned.add(key)
         self.eof.pop(key, None)
@@ -78,8 +91,13 @@ class OffsetBook:
         else:
             self.committed_floor[key] = committed
             if start is None:
-                log.warning("%s[%d]: no snapshot covers it; reading from its beginning although the group "
-                            "committed offset %d", key[0], key[1], committed)  # fmt: skip
+                log.warning(
+                    "%s[%d]: no snapshot covers it; reading from its beginning although the group "
+                    "committed offset %d",
+                    key[0],
+                    key[1],
+                    committed,
+                )
         if self.exactly_once and committed is not None and committed > (start or 0):
             self.replay_until[key] = committed
         else:
@@ -108,8 +126,11 @@ class OffsetBook:
     def to_commit(self) -> list[tuple[str, int, int]]:
         """The positions of the assigned partitions past the group's committed offset: a commit never
         moves an offset backwards (a partition being replayed is left out)."""
-        return [(t, p, o) for (t, p), o in sorted(self.positions.items())
-                if (t, p) in self.assigned and o > self.committed_floor.get((t, p), -1)]  # fmt: skip
+        return [
+            (t, p, o)
+            for (t, p), o in sorted(self.positions.items())
+            if (t, p) in self.assigned and o > self.committed_floor.get((t, p), -1)
+        ]
 
     def committed(self, offsets) -> None:
         """``(topic, partition, offset)`` committed: the new floor."""

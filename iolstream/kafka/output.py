@@ -34,8 +34,15 @@ class Output:
     exactly-once, a produce the client refused (the transaction is lost). ``waiting(what, seconds)``
     ticks the loop while the local queue is full."""
 
-    def __init__(self, cfg: WorkerConfig, *, metrics=None, waiting: Callable[[str, float], None] = lambda *_: None,
-                 begin: Callable[[], bool] | None = None, refused: Callable[[KafkaError], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        *,
+        metrics=None,
+        waiting: Callable[[str, float], None] = lambda *_: None,
+        begin: Callable[[], bool] | None = None,
+        refused: Callable[[KafkaError], None] | None = None,
+    ):
         self.cfg = cfg
         self.metrics = metrics
         self.waiting = waiting
@@ -44,7 +51,9 @@ class Output:
         self.producer = None
         self.delivery_errors = 0
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
-        self.dead_letter_limit = topics.DeadLetterLimit(topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters)
+        self.dead_letter_limit = topics.DeadLetterLimit(
+            topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
+        )
 
     def read_limits(self) -> None:
         """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the producer's
@@ -60,13 +69,20 @@ class Output:
         """The producer's delivery callback (failures only: ``delivery.report.only.error``)."""
         if err is not None:
             self.delivery_errors += 1
-            if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):  # not a transaction abort's
+            if err.code() not in (
+                KafkaError._PURGE_QUEUE,
+                KafkaError._PURGE_INFLIGHT,
+            ):  # not a transaction abort's
                 log.error("delivery to %s failed: %s", msg.topic(), err)
 
-    def produce(self, topic: str, value: bytes, key=None, headers=None, on_delivery=None, partition: int | None = None) -> None:
+    def produce(
+        self, topic: str, value: bytes, key=None, headers=None, on_delivery=None, partition: int | None = None
+    ) -> None:
         if self.begin is not None and not self.begin():
             return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
-        extra = {} if on_delivery is None else {"on_delivery": on_delivery}  # default: the config's (on_delivery)
+        extra = (
+            {} if on_delivery is None else {"on_delivery": on_delivery}
+        )  # default: the config's (on_delivery)
         if partition is not None:
             extra["partition"] = partition
         waited = None
@@ -117,14 +133,23 @@ class Output:
             headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
             fitted = limit.fit(d.value if d.value is not None else b"", headers)
             if fitted is None:
-                self._dropped(d.bad.reason, f"its headers alone exceed the dead-letter limit of {limit.limit} bytes")
+                self._dropped(
+                    d.bad.reason, f"its headers alone exceed the dead-letter limit of {limit.limit} bytes"
+                )
                 continue
             value, headers = fitted
             if d.value is not None and len(value) < len(d.value):
                 self._truncated(d, len(value))
             try:
-                self.produce(self.cfg.topics.dead_letters, value, headers=headers, on_delivery=self._dead_delivery(d.bad.reason))
-            except KafkaException as exc:  # refused before it was queued (over message.max.bytes): nothing sent
+                self.produce(
+                    self.cfg.topics.dead_letters,
+                    value,
+                    headers=headers,
+                    on_delivery=self._dead_delivery(d.bad.reason),
+                )
+            except (
+                KafkaException
+            ) as exc:  # refused before it was queued (over message.max.bytes): nothing sent
                 if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                     raise
                 self._dropped(d.bad.reason, f"refused by the producer: {exc.args[0].str()}")
@@ -151,15 +176,26 @@ class Output:
 
     def _truncated(self, d: DeadLetter, kept: int) -> None:
         if self.dead_letter_limit.note("truncated", d.bad.reason):
-            log.warning("a %d-byte %s dead letter goes to %s as an excerpt of its first %d bytes (%s); further "
-                        "excerpts of this reason are counted, not logged", len(d.value), d.bad.reason,
-                        self.cfg.topics.dead_letters, kept, self.dead_letter_limit.source)  # fmt: skip
+            log.warning(
+                "a %d-byte %s dead letter goes to %s as an excerpt of its first %d bytes (%s); further "
+                "excerpts of this reason are counted, not logged",
+                len(d.value),
+                d.bad.reason,
+                self.cfg.topics.dead_letters,
+                kept,
+                self.dead_letter_limit.source,
+            )
         if self.metrics is not None:
             self.metrics.dead_letters_truncated.labels(d.bad.reason).inc()
 
     def _dropped(self, reason: str, why: str) -> None:
         if self.dead_letter_limit.note("dropped", reason):
-            log.error("a %s dead letter could not be written to %s (%s): skipped; further ones are counted in "
-                      "iolstream_dead_letters_dropped_total, not logged", reason, self.cfg.topics.dead_letters, why)  # fmt: skip
+            log.error(
+                "a %s dead letter could not be written to %s (%s): skipped; further ones are counted in "
+                "iolstream_dead_letters_dropped_total, not logged",
+                reason,
+                self.cfg.topics.dead_letters,
+                why,
+            )
         if self.metrics is not None:
             self.metrics.dead_letters_dropped.labels(reason).inc()

@@ -61,14 +61,23 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
     return ahead
 
 
-def relearn(cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str, int], int], timeout: float) -> int:
+def relearn(
+    cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str, int], int], timeout: float
+) -> int:
     """Feed ``processor`` the messages from ``positions[key]`` (else ``bases[key]``, else the partition's beginning)
     up to ``ranges[key]`` (exclusive) of every key, in timestamp order, outputs dropped (they were emitted
     before); positions move to the range ends. Returns the messages re-learned."""
-    conf = {**client_conf(cfg), "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True}  # fmt: skip
+    conf = {
+        **client_conf(cfg),
+        "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+    }
     consumer = Consumer(conf)
-    consumer.assign([TopicPartition(t, p, positions.get((t, p), bases.get((t, p), OFFSET_BEGINNING))) for t, p in ranges])
+    consumer.assign(
+        [TopicPartition(t, p, positions.get((t, p), bases.get((t, p), OFFSET_BEGINNING))) for t, p in ranges]
+    )
     msgs, left, deadline = [], dict(ranges), time.monotonic() + timeout
     try:
         while left and time.monotonic() < deadline:
@@ -99,6 +108,10 @@ def relearn(cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str
     for key, end in ranges.items():
         if key not in left:
             positions[key] = max(positions[key], end)
-    log.info("re-learned %d messages this member had committed past its snapshot: %s", len(msgs),
-             ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(ranges.items())), extra={"event": "group_relearned"})  # fmt: skip
+    log.info(
+        "re-learned %d messages this member had committed past its snapshot: %s",
+        len(msgs),
+        ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(ranges.items())),
+        extra={"event": "group_relearned"},
+    )
     return len(msgs)

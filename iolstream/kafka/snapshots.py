@@ -68,7 +68,9 @@ def encode_parts(manifest: dict, arrays: dict[str, np.ndarray]) -> tuple[bytes, 
     Arrays must be plain (no object dtype: nothing that pickles)."""
     for name, value in arrays.items():
         if np.asarray(value).dtype.hasobject:
-            raise TypeError(f"snapshot array {name!r} has an object dtype; only numeric and unicode arrays are stored")
+            raise TypeError(
+                f"snapshot array {name!r} has an object dtype; only numeric and unicode arrays are stored"
+            )
     buf = io.BytesIO()
     payload = dict(arrays)
     payload["__manifest__"] = np.frombuffer(json.dumps(manifest, sort_keys=True).encode(), dtype=np.uint8)

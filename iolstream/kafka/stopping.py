@@ -36,7 +36,11 @@ class Stopping:
                 log.error("second %s: exiting now, without a final snapshot", signal.Signals(signum).name)
                 os._exit(EXIT_SHUTDOWN_OVERRUN)
             self.signalled = True
-            log.info("%s: stopping within %g s", signal.Signals(signum).name, self.cfg.durability.shutdown_grace_seconds)
+            log.info(
+                "%s: stopping within %g s",
+                signal.Signals(signum).name,
+                self.cfg.durability.shutdown_grace_seconds,
+            )
             self.start_timer()
         self.event.set()
 
@@ -46,8 +50,12 @@ class Stopping:
             return
         grace = self.cfg.durability.shutdown_grace_seconds
         self.deadline = time.monotonic() + grace
-        self._timer = exit_after(grace, EXIT_SHUTDOWN_OVERRUN, f"shutdown took longer than durability.shutdown_"
-                                 f"grace_seconds={grace:g}; the last durable snapshot and its offsets stand")  # fmt: skip
+        self._timer = exit_after(
+            grace,
+            EXIT_SHUTDOWN_OVERRUN,
+            f"shutdown took longer than durability.shutdown_"
+            f"grace_seconds={grace:g}; the last durable snapshot and its offsets stand",
+        )
 
     def cancel(self) -> None:
         if self._timer is not None:

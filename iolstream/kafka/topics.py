@@ -68,13 +68,23 @@ def topic_configs(max_message_bytes: int, names) -> dict[str, dict[str, str]]:
     return {name: {"max.message.bytes": str(wanted)} for name in names}
 
 
-def create_topics(admin: AdminClient, names, *, partitions: int = 1, replication_factor: int = 1,
-                  configs: dict[str, dict[str, str]] | None = None, timeout: float = 30.0) -> list[str]:  # fmt: skip
+def create_topics(
+    admin: AdminClient,
+    names,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    configs: dict[str, dict[str, str]] | None = None,
+    timeout: float = 30.0,
+) -> list[str]:
     """Create those of ``names`` that do not exist yet, each with ``configs.get(name)``; returns those created."""
     existing = set(admin.list_topics(timeout=timeout).topics)
     configs = configs or {}
-    new = [NewTopic(name, partitions, replication_factor, config=dict(configs.get(name, {})))
-           for name in dict.fromkeys(names) if name not in existing]  # fmt: skip
+    new = [
+        NewTopic(name, partitions, replication_factor, config=dict(configs.get(name, {})))
+        for name in dict.fromkeys(names)
+        if name not in existing
+    ]
     if not new:
         return []
     for _name, fut in admin.create_topics(new, operation_timeout=timeout).items():
@@ -90,9 +100,13 @@ def describe_max_message_bytes(admin: AdminClient, topic: str, timeout: float = 
     """The topic's effective ``max.message.bytes`` (None: the topic does not exist or cannot be described)."""
     resource = ConfigResource("topic", topic)
     try:
-        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout
+        )
         return int(entries["max.message.bytes"].value)
-    except Exception as exc:  # KafkaException (no such topic, no permission), a timeout: the limit stays unknown
+    except (
+        Exception
+    ) as exc:  # KafkaException (no such topic, no permission), a timeout: the limit stays unknown
         log.debug("cannot read max.message.bytes of %s: %s", topic, exc)
         return None
 
@@ -109,7 +123,9 @@ def _int_setting(section: dict, key: str, where: str, default: int) -> tuple[int
 
 def check_producer_limits(max_message_bytes: int, producer: dict, consumer: dict) -> None:
     """Refuse client settings that contradict ``stream.max_message_bytes`` (ValueError naming the keys)."""
-    p, explicit = _int_setting(producer, "message.max.bytes", "kafka.producer", producer_message_max_bytes(max_message_bytes))
+    p, explicit = _int_setting(
+        producer, "message.max.bytes", "kafka.producer", producer_message_max_bytes(max_message_bytes)
+    )
     need = max_message_bytes + DEAD_LETTER_HEADROOM
     if explicit and p < need:
         raise ValueError(
@@ -133,14 +149,19 @@ class DeadLetterLimit:
     topic_bytes    : the dead-letter topic's max.message.bytes (D), None while unknown
     """
 
-    def __init__(self, producer_bytes: int, topic: str, topic_bytes: int | None = None, admin_conf: dict | None = None):
+    def __init__(
+        self, producer_bytes: int, topic: str, topic_bytes: int | None = None, admin_conf: dict | None = None
+    ):
         self.producer_bytes = producer_bytes
         self.topic = topic
         self.topic_bytes = topic_bytes
         self.admin_conf = admin_conf
         self.refresh_due = False  # the broker refused a dead letter: read the topic's limit again
         self.logged: set[tuple[str, str]] = set()
-        self.counts = {"truncated": 0, "dropped": 0}  # dead letters produced as excerpts / not produced at all
+        self.counts = {
+            "truncated": 0,
+            "dropped": 0,
+        }  # dead letters produced as excerpts / not produced at all
 
     @property
     def limit(self) -> int:
@@ -152,7 +173,9 @@ class DeadLetterLimit:
             return f"max.message.bytes of topic {self.topic}"
         return "kafka.producer.message.max.bytes"
 
-    def fit(self, value: bytes, headers: list[tuple[str, bytes]]) -> tuple[bytes, list[tuple[str, bytes]]] | None:
+    def fit(
+        self, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> tuple[bytes, list[tuple[str, bytes]]] | None:
         """The dead letter as it is when it fits, else an excerpt that does; None if not even its headers fit."""
         budget = self.limit - framing_bytes(self.limit)
         why = f"value of {len(value)} bytes and its headers over the dead-letter limit of {self.limit} bytes ({self.source})"
@@ -167,11 +190,19 @@ class DeadLetterLimit:
         """Read the topic's limit again after a refusal; if it cannot be read, assume half of the limit used so far
         (each refusal halves it, so a broker that keeps refusing ends with every dead letter dropped, not a loop)."""
         self.refresh_due = False
-        now = describe_max_message_bytes(AdminClient(self.admin_conf), self.topic, timeout=5.0) if self.admin_conf else None
+        now = (
+            describe_max_message_bytes(AdminClient(self.admin_conf), self.topic, timeout=5.0)
+            if self.admin_conf
+            else None
+        )
         self.topic_bytes = now if now is not None else self.limit // 2
-        log.warning("dead-letter topic %s refused a dead letter; its limit is now taken as %d bytes (%s): larger "
-                    "dead letters go as excerpts", self.topic, self.topic_bytes,
-                    "read from the broker" if now is not None else "a guess")  # fmt: skip
+        log.warning(
+            "dead-letter topic %s refused a dead letter; its limit is now taken as %d bytes (%s): larger "
+            "dead letters go as excerpts",
+            self.topic,
+            self.topic_bytes,
+            "read from the broker" if now is not None else "a guess",
+        )
 
     def note(self, kind: str, reason: str) -> bool:
         """Count a dead letter ``kind`` ("truncated" or "dropped"); True the first time ``(kind, reason)`` is seen:
@@ -194,16 +225,28 @@ def start_limit(cfg, admin_conf: dict) -> tuple[DeadLetterLimit, list[str]]:
     producer = cfg.kafka.producer
     admin = AdminClient(admin_conf)
     p = producer_bytes(producer)
-    limit = DeadLetterLimit(p, cfg.topics.dead_letters, describe_max_message_bytes(admin, cfg.topics.dead_letters), admin_conf)
+    limit = DeadLetterLimit(
+        p, cfg.topics.dead_letters, describe_max_message_bytes(admin, cfg.topics.dead_letters), admin_conf
+    )
     batch = min(p, int(producer.get("batch.size", LIBRDKAFKA_MESSAGE_MAX_BYTES)))
-    warnings = check_dead_letter_topic(limit, batch_bytes=batch, predictions_topic=cfg.topics.predictions,
-                                       predictions_bytes=describe_max_message_bytes(admin, cfg.topics.predictions),
-                                       max_message_bytes=cfg.stream.max_message_bytes)  # fmt: skip
+    warnings = check_dead_letter_topic(
+        limit,
+        batch_bytes=batch,
+        predictions_topic=cfg.topics.predictions,
+        predictions_bytes=describe_max_message_bytes(admin, cfg.topics.predictions),
+        max_message_bytes=cfg.stream.max_message_bytes,
+    )
     return limit, warnings
 
 
-def check_dead_letter_topic(limit: DeadLetterLimit, *, batch_bytes: int, predictions_topic: str,
-                            predictions_bytes: int | None, max_message_bytes: int) -> list[str]:  # fmt: skip
+def check_dead_letter_topic(
+    limit: DeadLetterLimit,
+    *,
+    batch_bytes: int,
+    predictions_topic: str,
+    predictions_bytes: int | None,
+    max_message_bytes: int,
+) -> list[str]:
     """Refuse output topics that would refuse what the producer sends (ValueError naming the keys); return warnings.
 
     batch_bytes : the largest batch the producer builds, min(message.max.bytes, batch.size)
@@ -217,8 +260,11 @@ def check_dead_letter_topic(limit: DeadLetterLimit, *, batch_bytes: int, predict
     for topic, allowed in ((limit.topic, limit.topic_bytes), (predictions_topic, predictions_bytes)):
         if allowed is not None and batch_bytes + framing_bytes(batch_bytes) > allowed:
             room = allowed - framing_bytes(allowed)
-            fix = (f"set kafka.producer.batch.size to at most {room}, or raise the topic's max.message.bytes" if room > 0
-                   else f"raise the topic's max.message.bytes to at least {batch_bytes + framing_bytes(batch_bytes)}")
+            fix = (
+                f"set kafka.producer.batch.size to at most {room}, or raise the topic's max.message.bytes"
+                if room > 0
+                else f"raise the topic's max.message.bytes to at least {batch_bytes + framing_bytes(batch_bytes)}"
+            )
             raise ValueError(
                 f"topic {topic} allows batches of max.message.bytes={allowed} bytes, but the producer builds batches of "
                 f"up to {batch_bytes} bytes (the smaller of kafka.producer.message.max.bytes and kafka.producer.batch.size): "

@@ -27,7 +27,9 @@ log = logging.getLogger("iolstream.worker")
 
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 MAX_ABORTS_IN_A_ROW = 3  # a transaction that keeps failing (an undeliverable output) is not retried for ever
-MAX_PRODUCER_ATTEMPTS = 10  # tries at a fresh transactional producer (each up to kafka.call_timeout_seconds) ...
+MAX_PRODUCER_ATTEMPTS = (
+    10  # tries at a fresh transactional producer (each up to kafka.call_timeout_seconds) ...
+)
 PRODUCER_RETRY_SECONDS = 3.0  # ... this far apart, before the process gives up
 
 
@@ -36,8 +38,17 @@ class Transactions:
     initialised, WorkerError if that fails). ``sleep(seconds)`` waits with the loop ticking; ``deadline()``
     is the monotonic time a shutdown must end by (None: not stopping)."""
 
-    def __init__(self, cfg, output: Output, calls: ClientCalls, new_producer: Callable, *, metrics=None,
-                 sleep: Callable[[float], None] = time.sleep, deadline: Callable[[], float | None] = lambda: None):  # fmt: skip
+    def __init__(
+        self,
+        cfg,
+        output: Output,
+        calls: ClientCalls,
+        new_producer: Callable,
+        *,
+        metrics=None,
+        sleep: Callable[[float], None] = time.sleep,
+        deadline: Callable[[], float | None] = lambda: None,
+    ):
         self.cfg = cfg
         self.output = output
         self.calls = calls
@@ -65,8 +76,9 @@ class Transactions:
     def refuse(self, err: KafkaError) -> None:
         self.failed = err
 
-    def commit(self, offsets: list[tuple[str, int, int]], group_metadata: Callable,
-               metadata: Callable | None = None) -> str | None:
+    def commit(
+        self, offsets: list[tuple[str, int, int]], group_metadata: Callable, metadata: Callable | None = None
+    ) -> str | None:
         """Commit the cycle's transaction with the input ``offsets``; None when committed, else why the model
         must be rolled back (the transaction was aborted, or the producer replaced). ``metadata``: group learning,
         (topic, partition) -> the commit's metadata (``offsets.OffsetBook.metadata``)."""
@@ -76,17 +88,27 @@ class Transactions:
         producer = self.output.producer
         try:
             if self.failed is not None:  # never commit a transaction that misses an output
-                raise KafkaException(KafkaError(KafkaError._STATE, f"a produce failed: {self.failed.str()}",
-                                                txn_requires_abort=True))  # fmt: skip
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._STATE, f"a produce failed: {self.failed.str()}", txn_requires_abort=True
+                    )
+                )
             if offsets:
                 # group learning: the offsets name the member that committed them (assignment.Assignment.by_other)
                 # and where it took the partition over (offsets.OffsetBook.assign)
                 group = group_metadata()
-                tps = [TopicPartition(t, p, o, **({} if metadata is None else {"metadata": metadata((t, p))}))
-                       for t, p, o in offsets]  # fmt: skip
-                self._call("send_offsets_to_transaction", lambda t: producer.send_offsets_to_transaction(tps, group, t))
+                tps = [
+                    TopicPartition(t, p, o, **({} if metadata is None else {"metadata": metadata((t, p))}))
+                    for t, p, o in offsets
+                ]
+                self._call(
+                    "send_offsets_to_transaction",
+                    lambda t: producer.send_offsets_to_transaction(tps, group, t),
+                )
             if fault_point("abort_txn"):  # test-only: an abortable failure
-                raise KafkaException(KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True))
+                raise KafkaException(
+                    KafkaError(KafkaError._STATE, "test: simulated abortable error", txn_requires_abort=True)
+                )
             crash_point("before_txn_commit")
             self._call("commit_transaction", producer.commit_transaction)
         except CallTimedOut as exc:
@@ -103,7 +125,9 @@ class Transactions:
                 log.warning("transaction failed (%s): replacing the producer and rolling the model back", err)
                 self.replace(err.str())
                 return err.str()
-            log.warning("transaction failed (%s): aborting it and rolling the model back to the last snapshot", err)
+            log.warning(
+                "transaction failed (%s): aborting it and rolling the model back to the last snapshot", err
+            )
             return self.abort(err)
         self.open = False
         self.aborts_in_a_row = self.replaced_in_a_row = 0
@@ -127,7 +151,9 @@ class Transactions:
         self.open, self.failed = False, None
         self.aborts_in_a_row += 1
         if self.aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
-            raise WorkerError(f"{self.aborts_in_a_row} transactions in a row aborted (last: {why.str()}); giving up")
+            raise WorkerError(
+                f"{self.aborts_in_a_row} transactions in a row aborted (last: {why.str()}); giving up"
+            )
         return why.str()
 
     def replace(self, why: str) -> None:
@@ -142,8 +168,12 @@ class Transactions:
         except CallTimedOut:
             pass  # the helper thread is stuck in the old producer: the next call gets a new one
         self.replaced_in_a_row += 1
-        if self.replaced_in_a_row > MAX_ABORTS_IN_A_ROW:  # a fresh producer did not help: every transaction fails
-            raise WorkerError(f"{self.replaced_in_a_row} producers in a row failed their first transaction ({why}); giving up")
+        if (
+            self.replaced_in_a_row > MAX_ABORTS_IN_A_ROW
+        ):  # a fresh producer did not help: every transaction fails
+            raise WorkerError(
+                f"{self.replaced_in_a_row} producers in a row failed their first transaction ({why}); giving up"
+            )
         for attempt in range(1, MAX_PRODUCER_ATTEMPTS + 1):
             try:
                 self.output.producer = self.new_producer()
@@ -151,18 +181,28 @@ class Transactions:
             except WorkerError as exc:
                 if self.deadline() is not None or attempt == MAX_PRODUCER_ATTEMPTS:
                     raise WorkerError(f"cannot replace the transactional producer ({why}): {exc}") from None
-                log.warning("a fresh transactional producer failed (attempt %d of %d): %s",
-                            attempt, MAX_PRODUCER_ATTEMPTS, exc)  # fmt: skip
+                log.warning(
+                    "a fresh transactional producer failed (attempt %d of %d): %s",
+                    attempt,
+                    MAX_PRODUCER_ATTEMPTS,
+                    exc,
+                )
                 self.sleep(PRODUCER_RETRY_SECONDS)
         self.replaced += 1
-        log.info("transactional producer replaced (%d so far)", self.replaced, extra={"event": "producer_replaced"})
+        log.info(
+            "transactional producer replaced (%d so far)", self.replaced, extra={"event": "producer_replaced"}
+        )
 
     def close(self, wait: float) -> None:
         """Abort an open transaction, best effort (the process is ending)."""
         if self.open and self.output.producer is not None:
             try:
-                self.calls.call("producer.abort_transaction", lambda: self.output.producer.abort_transaction(wait), wait,
-                                grace=1.0)  # fmt: skip
+                self.calls.call(
+                    "producer.abort_transaction",
+                    lambda: self.output.producer.abort_transaction(wait),
+                    wait,
+                    grace=1.0,
+                )
             except (KafkaException, CallTimedOut):
                 pass
         self.open = False
@@ -181,7 +221,7 @@ class Transactions:
         while True:
             timeout = max(0.1, min(self.call_timeout, deadline - time.monotonic()))
             try:
-                self.calls.call("producer." + name, lambda: op(timeout), timeout, grace=CALL_GRACE)
+                self.calls.call("producer." + name, lambda t=timeout: op(t), timeout, grace=CALL_GRACE)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
@@ -193,6 +233,8 @@ class Transactions:
 
 def fatal_message(err: KafkaError, transactional_id: str) -> str:
     if err.code() in FENCED:
-        return (f"producer fenced: another worker with transactional.id {transactional_id!r} has started "
-                f"({err.str()}); this one stops")  # fmt: skip
+        return (
+            f"producer fenced: another worker with transactional.id {transactional_id!r} has started "
+            f"({err.str()}); this one stops"
+        )
     return f"the transactional producer failed fatally: {err.str()} ({err.name()})"

@@ -33,8 +33,13 @@ import os
 import time
 
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition,
-)  # fmt: skip
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from iolstream.kafka import clients, relearn
 from iolstream.kafka.assignment import Assignment
@@ -47,9 +52,9 @@ from iolstream.kafka.group import GroupSync
 from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
+from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
-from iolstream.kafka.stopping import Stopping
 from iolstream.ops.lifecycle import EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
@@ -78,7 +83,9 @@ class Worker:
         self.exactly_once = cfg.durability.exactly_once
         self.stopper = Stopping(cfg)
         self.stop_event = self.stopper.event
-        self.crash_points = bool(os.environ.get(CRASH_ENV))  # test-only hooks; the per-message one costs ~5 % on one-row messages
+        self.crash_points = bool(
+            os.environ.get(CRASH_ENV)
+        )  # test-only hooks; the per-message one costs ~5 % on one-row messages
         self.last_tick = self.last_status = time.monotonic()
         self.replaying = False  # the processor holds replayed input (exactly-once: not emitted)
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
@@ -95,18 +102,36 @@ class Worker:
         self.processor, positions = self.checkpoints.load()
         self.book = OffsetBook(exactly_once=self.exactly_once, positions=positions, group=cfg.group.enabled)
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
-        self.group = GroupSync(cfg, self.output) if cfg.group.enabled else None  # group learning (kafka.group)
+        self.group = (
+            GroupSync(cfg, self.output) if cfg.group.enabled else None
+        )  # group learning (kafka.group)
         if self.group is not None:
             self.group.attach(self.processor, self.checkpoints.loaded_group, start=True)
             self.checkpoints.group = self.group
-        self.txn = (Transactions(cfg, self.output, self.calls, self._new_producer, metrics=metrics, sleep=self._sleep_ticking,
-                                 deadline=lambda: self.stopper.deadline) if self.exactly_once else None)  # fmt: skip
+        self.txn = (
+            Transactions(
+                cfg,
+                self.output,
+                self.calls,
+                self._new_producer,
+                metrics=metrics,
+                sleep=self._sleep_ticking,
+                deadline=lambda: self.stopper.deadline,
+            )
+            if self.exactly_once
+            else None
+        )
         sc = cfg.stream
         # consumed, not yet processed messages, released in timestamp order across partitions (catch-up)
         self.aligner = Aligner(sc.align_max_wait_ms, sc.align_max_queued_messages, sc.align_max_queued_bytes)
-        self.assignment = Assignment(cfg, self.book, self.aligner, self.calls,
-                                     before_revoke=lambda: self._flush_and_checkpoint(final=True),
-                                     stopping=self.stop_event.is_set)  # fmt: skip
+        self.assignment = Assignment(
+            cfg,
+            self.book,
+            self.aligner,
+            self.calls,
+            before_revoke=lambda: self._flush_and_checkpoint(final=True),
+            stopping=self.stop_event.is_set,
+        )
 
     @property
     def consumer(self) -> Consumer | None:
@@ -130,13 +155,17 @@ class Worker:
         tuner = self.processor.model.thread_tuner
         parallel = tuner is not None and any(s.parallel for s in tuner.settings)
         seconds = warm.preload(self.processor.model.config, parallel=parallel)
-        log.info("kernels loaded in %.2f s", seconds)  # before the first message, not in the middle of the stream
+        log.info(
+            "kernels loaded in %.2f s", seconds
+        )  # before the first message, not in the middle of the stream
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)
             if created:
                 log.info("created topics %s", created)
         self.output.read_limits()
-        if self.group is not None:  # the group's sums (and, with no snapshot, this member's own) before any input
+        if (
+            self.group is not None
+        ):  # the group's sums (and, with no snapshot, this member's own) before any input
             self.group.open()
             self.group.catch_up(self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0))
             if self.group.adopted_positions is not None:
@@ -146,34 +175,51 @@ class Worker:
         # waits for them) until the transaction timed out
         self.output.producer = self._new_producer()
         ahead = {}
-        if self.group and self.exactly_once:  # also partitions taken over after the snapshot (their commits say where)
+        if (
+            self.group and self.exactly_once
+        ):  # also partitions taken over after the snapshot (their commits say where)
             ahead = relearn.own_commits_ahead(self.cfg, self.book.positions, self.book.bases)
         if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
-            relearn.relearn(self.cfg, self.processor, self.book.positions, self.book.bases, ahead, self.call_timeout)
+            relearn.relearn(
+                self.cfg, self.processor, self.book.positions, self.book.bases, ahead, self.call_timeout
+            )
         self.consumer = self._new_consumer()
-        if self.group is not None and self.checkpoints.loaded_group is not None:  # a restart: its partitions may have
+        if (
+            self.group is not None and self.checkpoints.loaded_group is not None
+        ):  # a restart: its partitions may have
             self.group.hand_over()  # moved while it was away; the rows waiting for labels go wherever their labels go
 
     def _new_consumer(self) -> Consumer:
         """The input consumer, subscribed to the features and labels topics."""
-        conf = clients.consumer_conf(self.cfg, stop_at_end=self.stop_at_end,
-                                     stats_cb=None if self.metrics is None else self.metrics.on_stats)  # fmt: skip
+        conf = clients.consumer_conf(
+            self.cfg,
+            stop_at_end=self.stop_at_end,
+            stats_cb=None if self.metrics is None else self.metrics.on_stats,
+        )
         consumer = Consumer(conf)
         self.assignment.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
         a = self.assignment
-        consumer.subscribe([self.cfg.topics.features, self.cfg.topics.labels], on_assign=a.on_assign, on_revoke=a.on_revoke,
-                           on_lost=a.on_lost)  # fmt: skip
+        consumer.subscribe(
+            [self.cfg.topics.features, self.cfg.topics.labels],
+            on_assign=a.on_assign,
+            on_revoke=a.on_revoke,
+            on_lost=a.on_lost,
+        )
         return consumer
 
     def _new_producer(self) -> Producer:
-        return clients.new_producer(self.cfg, self.calls, error_cb=self._on_error, on_delivery=self.output.on_delivery)
+        return clients.new_producer(
+            self.cfg, self.calls, error_cb=self._on_error, on_delivery=self.output.on_delivery
+        )
 
     def _replace_consumer(self, err: KafkaError) -> None:
         """The consumer failed fatally (e.g. after an outage longer than the session timeout, the broker fenced
         our static member, FENCED_INSTANCE_ID): drop its partitions and queued input, close it, start a new
         one (its assignment seeks to the state's positions). Exactly-once, the open transaction belonged to
         the old consumer's group generation: the producer is replaced and the model rolled back first."""
-        log.warning("the consumer failed fatally (%s): replacing it", err.str(), extra={"event": "consumer_replaced"})
+        log.warning(
+            "the consumer failed fatally (%s): replacing it", err.str(), extra={"event": "consumer_replaced"}
+        )
         old, self.consumer = self.consumer, None
         self.assignment.forget(sorted(self.book.assigned))
         try:  # its revoke/lost callbacks find no partitions left to forget
@@ -187,8 +233,14 @@ class Worker:
         self.consumers_replaced += 1
 
     # ------------------------------------------------------------ the loop
-    def run(self, *, max_seconds: float | None = None, idle_stop_seconds: float | None = None, stop_at_end: bool = False,
-            freeze_startup: bool = False) -> int:  # fmt: skip
+    def run(
+        self,
+        *,
+        max_seconds: float | None = None,
+        idle_stop_seconds: float | None = None,
+        stop_at_end: bool = False,
+        freeze_startup: bool = False,
+    ) -> int:
         """Run until stopped (signal, ``max_seconds``, no input for ``idle_stop_seconds`` while partitions are
         assigned — joining the group does not count — or, with ``stop_at_end``, once every assigned partition
         has reached the end it had when assigned); returns an exit code. ``freeze_startup``: once the kernels
@@ -206,7 +258,9 @@ class Worker:
             while not self.stop_event.is_set():
                 self.last_tick = time.monotonic()
                 consumed = self._poll_once()
-                if consumed or not self.book.assigned:  # the idle clock runs only while partitions are assigned
+                if (
+                    consumed or not self.book.assigned
+                ):  # the idle clock runs only while partitions are assigned
                     last_input = time.monotonic()
                 self._after_cycle()
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
@@ -214,7 +268,10 @@ class Worker:
                 if idle_stop_seconds is not None and time.monotonic() - last_input >= idle_stop_seconds:
                     break
                 if stop_at_end and not consumed and self.assignment.at_end():
-                    log.info("every assigned partition is at the end it had when assigned: stopping", extra={"event": "at_end"})
+                    log.info(
+                        "every assigned partition is at the end it had when assigned: stopping",
+                        extra={"event": "at_end"},
+                    )
                     break
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
@@ -233,11 +290,15 @@ class Worker:
         proc, cfg = self.processor, self.cfg
         due = proc.next_due_ms(now_ms())
         timeout_ms = cfg.kafka.poll_timeout_ms if due is None else min(cfg.kafka.poll_timeout_ms, due)
-        held = self.aligner.wait_ms(time.monotonic() * 1000)  # queued messages: ready (0) or waiting (until when)
+        held = self.aligner.wait_ms(
+            time.monotonic() * 1000
+        )  # queued messages: ready (0) or waiting (until when)
         if held is not None:
             timeout_ms = min(timeout_ms, math.ceil(held))
         # a cycle (one transaction in exactly-once mode) takes about 4 batches of rows, however many per message
-        want = max(1, min(4 * cfg.stream.batch_rows, round(4 * cfg.stream.batch_rows / self.rows_per_message)))
+        want = max(
+            1, min(4 * cfg.stream.batch_rows, round(4 * cfg.stream.batch_rows / self.rows_per_message))
+        )
         # take what is already fetched, and block only for the first message when nothing is (latency); a cycle's
         # worth already queued and not waiting is processed first (else the aligner's queues stay full after a burst)
         msgs = []
@@ -251,18 +312,29 @@ class Worker:
             tuner.explore = self.assignment.catching_up(msgs[-1], self.rows_per_message)
         ready = self.aligner.release(time.monotonic() * 1000, self.assignment.lag, want)
         revokes = self.assignment.revokes
-        while len(ready) < want and self.aligner.blocked:  # one waits for a partition behind: take what else is fetched
+        while (
+            len(ready) < want and self.aligner.blocked
+        ):  # one waits for a partition behind: take what else is fetched
             self._flow_control()
             if not (msgs := self.consumer.consume(num_messages=want, timeout=0)):
                 break
             consumed += self._queue(msgs)
             ready += self.aligner.release(time.monotonic() * 1000, self.assignment.lag, want - len(ready))
-        if self.assignment.revokes != revokes:  # a rebalance in that consume: released messages of partitions gone
-            ready = [(key, msg) for key, msg in ready if key in self.book.assigned]  # are another member's now
+        if (
+            self.assignment.revokes != revokes
+        ):  # a rebalance in that consume: released messages of partitions gone
+            ready = [
+                (key, msg) for key, msg in ready if key in self.book.assigned
+            ]  # are another member's now
         self._flow_control()
         now = now_ms()
         rows_before = proc.counters["rows_in"] + proc.counters["labels_in"]
-        features, batch_rows, metrics, book = cfg.topics.features, cfg.stream.batch_rows, self.metrics, self.book
+        features, batch_rows, metrics, book = (
+            cfg.topics.features,
+            cfg.stream.batch_rows,
+            self.metrics,
+            self.book,
+        )
         positions, replay_until = book.positions, book.replay_until
         for key, msg in ready:  # per message: one-row messages make this loop hot, so it is kept lean
             topic, offset = key[0], msg.offset()
@@ -287,7 +359,9 @@ class Worker:
             if len(proc.batcher) >= batch_rows:  # a full batch: predict it before the labels that follow
                 self._step(now)  # it come, so that (aligned) each label message folds in its batch alone
         if ready:
-            self.rows_per_message = max(1.0, (proc.counters["rows_in"] + proc.counters["labels_in"] - rows_before) / len(ready))
+            self.rows_per_message = max(
+                1.0, (proc.counters["rows_in"] + proc.counters["labels_in"] - rows_before) / len(ready)
+            )
         self._step(now, force=self.exactly_once and bool(ready))
         if self.replaying and not replay_until:  # replay over: what the processor holds now is new input
             self.replaying = False
@@ -298,7 +372,9 @@ class Worker:
         if self.txn is not None:
             self._commit_transaction()
         self.output.producer.poll(0)
-        if self.checkpoints.due(self.processor, self.book.positions, bool(self.book.replay_until), self.exactly_once):
+        if self.checkpoints.due(
+            self.processor, self.book.positions, bool(self.book.replay_until), self.exactly_once
+        ):
             self._flush_and_checkpoint()
         return max(consumed, len(ready))
 
@@ -313,11 +389,18 @@ class Worker:
             err, self.fatal_error = self.fatal_error, None
             if self.txn is None or err.code() in FENCED:
                 raise WorkerError(fatal_message(err, self.cfg.transactional_id))
-            log.warning("the transactional producer failed fatally (%s): replacing it and rolling the model back", err.str())
+            log.warning(
+                "the transactional producer failed fatally (%s): replacing it and rolling the model back",
+                err.str(),
+            )
             self.txn.replace(err.str())
             self._rewind(err.str())
-        if self.output.delivery_errors and not self.exactly_once:  # exactly-once: the transaction aborts instead
-            raise WorkerError(f"{self.output.delivery_errors} messages could not be delivered; not committing past them")
+        if (
+            self.output.delivery_errors and not self.exactly_once
+        ):  # exactly-once: the transaction aborts instead
+            raise WorkerError(
+                f"{self.output.delivery_errors} messages could not be delivered; not committing past them"
+            )
         self.health.probe(self.consumer, self.cfg.topics.features)
         if time.monotonic() - self.last_status >= self.cfg.logging.status_every_seconds:
             self.log_status()
@@ -329,18 +412,28 @@ class Worker:
             if (err := msg.error()) is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     self.book.eof[(msg.topic(), msg.partition())] = msg.offset()
-                elif err.fatal() or err.code() == KafkaError._FATAL:  # librdkafka's fatal consumer errors come as _FATAL
+                elif (
+                    err.fatal() or err.code() == KafkaError._FATAL
+                ):  # librdkafka's fatal consumer errors come as _FATAL
                     self.consumer_error = err
                     break
                 else:
                     self._on_error(err, source="consumer")
                 continue
-            if (msg.topic(), msg.partition()) not in self.book.assigned:  # fetched before a revoke in this very call:
+            if (
+                msg.topic(),
+                msg.partition(),
+            ) not in self.book.assigned:  # fetched before a revoke in this very call:
                 continue  # the partition is another member's now (it reads the message from the committed offset)
             consumed += 1
             kind, ts = msg.timestamp()
-            self.aligner.add((msg.topic(), msg.partition()), msg.offset(), ts if kind != TIMESTAMP_NOT_AVAILABLE else None,
-                             len(msg.value() or b""), msg)  # fmt: skip
+            self.aligner.add(
+                (msg.topic(), msg.partition()),
+                msg.offset(),
+                ts if kind != TIMESTAMP_NOT_AVAILABLE else None,
+                len(msg.value() or b""),
+                msg,
+            )
         if consumed:
             self.health.reachable()
         return consumed
@@ -368,16 +461,31 @@ class Worker:
 
     def _log_batch(self, out: StepOutput) -> None:
         ids = [key for key, _ in out.predictions]
-        log.debug("batch up to #%d: %d predictions (%s .. %s), %d rows learned", self.processor.batch_seq, len(ids), ids[0],
-                  ids[-1], out.rows_learned, extra={"event": "batch", "batch_seq": self.processor.batch_seq,
-                  "rows": out.rows_predicted, "first_id": ids[0], "last_id": ids[-1], "rows_learned": out.rows_learned,
-                  "seconds": round(out.batch_seconds, 6)})  # fmt: skip
+        log.debug(
+            "batch up to #%d: %d predictions (%s .. %s), %d rows learned",
+            self.processor.batch_seq,
+            len(ids),
+            ids[0],
+            ids[-1],
+            out.rows_learned,
+            extra={
+                "event": "batch",
+                "batch_seq": self.processor.batch_seq,
+                "rows": out.rows_predicted,
+                "first_id": ids[0],
+                "last_id": ids[-1],
+                "rows_learned": out.rows_learned,
+                "seconds": round(out.batch_seconds, 6),
+            },
+        )
 
     # ------------------------------------------------------------ transactions, checkpoints
     def _commit_transaction(self) -> None:
         """Exactly-once: commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
-        metadata = (lambda key: self.book.metadata(self.cfg.member_id, key)) if self.group is not None else None
+        metadata = (
+            (lambda key: self.book.metadata(self.cfg.member_id, key)) if self.group is not None else None
+        )
         why = self.txn.commit(offsets, self.consumer.consumer_group_metadata, metadata)
         if why is None:
             self.book.committed(offsets)
@@ -395,18 +503,31 @@ class Worker:
             self.group.attach(self.processor, self.checkpoints.loaded_group)
         self.book.reset(positions)
         self.replaying = False
-        self.assignment.resume(self.aligner.clear())  # queued messages are read again from the snapshot's positions
+        self.assignment.resume(
+            self.aligner.clear()
+        )  # queued messages are read again from the snapshot's positions
         self.assignment.seek_back()
-        log.info("rolled back to offsets %s; replay without emitting until %s (%s)", fmt(self.book.positions) or "-",
-                 fmt(self.book.replay_until) or "-", why)  # fmt: skip
+        log.info(
+            "rolled back to offsets %s; replay without emitting until %s (%s)",
+            fmt(self.book.positions) or "-",
+            fmt(self.book.replay_until) or "-",
+            why,
+        )
 
     def _flush_and_checkpoint(self, *, force_step: bool = False, final: bool = False) -> bool:
         """1. (shutdown) step, flushing the partial batch 2. exactly-once: commit an open transaction
         3. wait for deliveries and write the snapshot (``checkpoints``) 4. at-least-once: commit the
         snapshot's offsets. ``final`` (revoke, shutdown): wait up to the call timeout for deliveries."""
-        if self.group is not None and final:  # partitions go: every row consumed is learned first (kafka.group)
-            self._step(now_ms(), force=True)  # the batcher's rows: predicted, or held for the group's warm-up scaling
-            self.group.settle(self.stopper.timeout(self.call_timeout), tick=lambda: self._waiting("the group's scaling", 0.0))
+        if (
+            self.group is not None and final
+        ):  # partitions go: every row consumed is learned first (kafka.group)
+            self._step(
+                now_ms(), force=True
+            )  # the batcher's rows: predicted, or held for the group's warm-up scaling
+            self.group.settle(
+                self.stopper.timeout(self.call_timeout),
+                tick=lambda: self._waiting("the group's scaling", 0.0),
+            )
             self._step(now_ms(), force=True)  # the held ones, once the scaling is agreed
         elif force_step and not self.exactly_once:
             self._step(now_ms(), force=True)
@@ -417,8 +538,13 @@ class Worker:
         if self.txn is not None and self.txn.open:
             self._commit_transaction()
         wait = self.stopper.timeout(self.call_timeout) if final else None
-        if not self.checkpoints.write(self.processor, self.book.positions, self.output.producer,
-                                      lambda: self.output.delivery_errors, wait=wait):  # fmt: skip
+        if not self.checkpoints.write(
+            self.processor,
+            self.book.positions,
+            self.output.producer,
+            lambda: self.output.delivery_errors,
+            wait=wait,
+        ):
             return False
         if not self.exactly_once:
             self.assignment.commit()
@@ -471,7 +597,9 @@ class Worker:
         ok = self._flush_and_checkpoint(force_step=True, final=True)
         self.log_status()
         self._close()
-        log.info("stopped%s", "" if ok else ": the final checkpoint failed", extra={"event": "stopped", "ok": ok})
+        log.info(
+            "stopped%s", "" if ok else ": the final checkpoint failed", extra={"event": "stopped", "ok": ok}
+        )
         return ok
 
     def _close(self) -> None:
@@ -482,7 +610,9 @@ class Worker:
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
             try:  # leaves the group; waits for the broker, so bounded like any client call
-                self.calls.call("consumer.close", consumer.close, self.stopper.timeout(self.call_timeout), grace=1.0)
+                self.calls.call(
+                    "consumer.close", consumer.close, self.stopper.timeout(self.call_timeout), grace=1.0
+                )
             except (KafkaException, RuntimeError, CallTimedOut):
                 pass
 

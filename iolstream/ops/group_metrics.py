@@ -25,21 +25,28 @@ def group_families(status: dict | None):
     members = GaugeMetricFamily(PREFIX + "members", "Members whose sums this state holds, itself included")
     members.add_metric([], status["members"])
     yield members
-    lag_s = GaugeMetricFamily(PREFIX + "state_lag_seconds", "Age of each member's newest sums applied here",
-                              labels=["member"])  # fmt: skip
-    lag_rows = GaugeMetricFamily(PREFIX + "state_lag_rows", "Rows each member likely learned since its newest sums "
-                                 "applied here (its recent rate × their age)", labels=["member"])  # fmt: skip
+    lag_s = GaugeMetricFamily(
+        PREFIX + "state_lag_seconds", "Age of each member's newest sums applied here", labels=["member"]
+    )
+    lag_rows = GaugeMetricFamily(
+        PREFIX + "state_lag_rows",
+        "Rows each member likely learned since its newest sums applied here (its recent rate × their age)",
+        labels=["member"],
+    )
     for member, ms in sorted(status["lag_ms"].items()):
         lag_s.add_metric([member], ms / 1000.0)
         lag_rows.add_metric([member], status["lag_rows"][member])
     yield lag_s
     yield lag_rows
-    records = CounterMetricFamily(PREFIX + "records", "Group records produced (out) and taken (in)",
-                                  labels=["kind", "direction"])  # fmt: skip
+    records = CounterMetricFamily(
+        PREFIX + "records", "Group records produced (out) and taken (in)", labels=["kind", "direction"]
+    )
     for key, n in sorted(status["records"].items()):  # "kind/direction"
         records.add_metric(key.split("/"), n)
     yield records
-    data = CounterMetricFamily(PREFIX + "bytes", "Group record bytes produced (out) and read (in)", labels=["direction"])
+    data = CounterMetricFamily(
+        PREFIX + "bytes", "Group record bytes produced (out) and read (in)", labels=["direction"]
+    )
     data.add_metric(["out"], status["bytes_out"])
     data.add_metric(["in"], status["bytes_in"])
     yield data

@@ -63,7 +63,9 @@ class SignalThread:
             signal.signal(signum, _ignore)
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         self._sockets = (reader, writer)  # kept open for the life of the process
-        self.thread = threading.Thread(target=self._wait, args=(reader,), name="iolstream-signals", daemon=True)
+        self.thread = threading.Thread(
+            target=self._wait, args=(reader,), name="iolstream-signals", daemon=True
+        )
         self.thread.start()
 
     def _wait(self, reader: socket.socket) -> None:
@@ -120,9 +122,14 @@ class LoopWatchdog:
             stalled = time.monotonic() - self.last_tick()
             if stalled > self.bound and not self._stop.is_set():
                 where = self.doing() or main_thread_frame()
-                log.critical("the loop has not ticked for %.1f s (bound %.1f s), stuck in %s: exiting with %d",
-                             stalled, self.bound, where, EXIT_STUCK,
-                             extra={"event": "stuck", "stuck_in": where, "seconds": round(stalled, 1)})  # fmt: skip
+                log.critical(
+                    "the loop has not ticked for %.1f s (bound %.1f s), stuck in %s: exiting with %d",
+                    stalled,
+                    self.bound,
+                    where,
+                    EXIT_STUCK,
+                    extra={"event": "stuck", "stuck_in": where, "seconds": round(stalled, 1)},
+                )
                 _flush_logs()
                 os._exit(EXIT_STUCK)
 

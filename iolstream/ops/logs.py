@@ -124,7 +124,9 @@ class RepeatFilter(logging.Filter):
                 return False
             dropped = seen[1] if seen is not None else 0
             self._kinds[kind] = [now, 0]
-            if len(self._kinds) > 1000:  # kinds that vary without bound (e.g. ids in messages): forget the oldest
+            if (
+                len(self._kinds) > 1000
+            ):  # kinds that vary without bound (e.g. ids in messages): forget the oldest
                 for old in sorted(self._kinds, key=lambda k: self._kinds[k][0])[:500]:
                     del self._kinds[old]
         if dropped:
@@ -172,12 +174,19 @@ def _log_uncaught(exc_type, exc, tb) -> None:
     if issubclass(exc_type, KeyboardInterrupt):
         sys.__excepthook__(exc_type, exc, tb)
         return
-    logging.getLogger("iolstream").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb),
-                                            extra={"event": "crash"})  # fmt: skip
+    logging.getLogger("iolstream").critical(
+        "uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb), extra={"event": "crash"}
+    )
 
 
-def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: float | None = None,
-                    waiting_for: str | None = None, *, group: dict | None = None) -> None:  # fmt: skip
+def log_status_line(
+    log: logging.Logger,
+    processor,
+    broker_unreachable_seconds: float | None = None,
+    waiting_for: str | None = None,
+    *,
+    group: dict | None = None,
+) -> None:
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
     prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
     how long the broker has been unreachable, and what the loop waits for."""
@@ -186,13 +195,28 @@ def log_status_line(log: logging.Logger, processor, broker_unreachable_seconds: 
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
     eff = processor.model.effective
-    tail = "" if eff["forgetting"] is None and "candidates" not in eff else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
+    tail = (
+        ""
+        if eff["forgetting"] is None and "candidates" not in eff
+        else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
+    )
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
         tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
-    log.info("rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
-             "version=%d%s", s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"], s["dead_letters"],
-             metric, s["metric"], s["metric_window"], s["model_version"], tail,
-             extra={"event": "status", "status": s})  # fmt: skip
+    log.info(
+        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
+        "version=%d%s",
+        s["rows_in"],
+        s["predictions_out"],
+        s["rows_learned"],
+        s["pending"],
+        s["dead_letters"],
+        metric,
+        s["metric"],
+        s["metric_window"],
+        s["model_version"],
+        tail,
+        extra={"event": "status", "status": s},
+    )

@@ -84,14 +84,35 @@ from iolstream.stream import codec
 log = logging.getLogger("iolstream.metrics")
 
 PREFIX = "iolstream_"
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 REFRESH_SECONDS = 0.5  # staleness of the state copy a scrape sees
 REGRET_SECONDS = 5.0  # the regret costs one Cholesky per layer: recomputed at most this often
 HEALTH_MIN_SECONDS = 10.0
 
 # label value -> state counter; labels_early_held is no outcome (those end joined or orphan)
-LABEL_OUTCOMES = {"joined": "join_labels_joined", "duplicate": "join_labels_duplicate",
-                  "expired": "join_labels_expired_id", "orphan": "join_labels_orphan"}  # fmt: skip
+LABEL_OUTCOMES = {
+    "joined": "join_labels_joined",
+    "duplicate": "join_labels_duplicate",
+    "expired": "join_labels_expired_id",
+    "orphan": "join_labels_orphan",
+}
 UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
 PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "rows_in": ("rows_in", "Feature rows accepted"),
@@ -126,7 +147,9 @@ class _Histogram:
         with self._lock:
             cumulative, total = np.cumsum(self.counts).tolist(), self.sum
         les = [_le(b) for b in self.bounds] + ["+Inf"]
-        return HistogramMetricFamily(PREFIX + self.name, self.doc, buckets=list(zip(les, cumulative)), sum_value=total)
+        return HistogramMetricFamily(
+            PREFIX + self.name, self.doc, buckets=list(zip(les, cumulative)), sum_value=total
+        )
 
 
 def _le(bound: float) -> str:
@@ -206,7 +229,9 @@ class _WorkerCollector:
         for outcome, key in LABEL_OUTCOMES.items():
             labels.add_metric([outcome], totals.get(key, 0))
         yield labels
-        unlabelled = CounterMetricFamily(PREFIX + "rows_unlabelled", "Rows that left the join buffer unlabelled", labels=["why"])
+        unlabelled = CounterMetricFamily(
+            PREFIX + "rows_unlabelled", "Rows that left the join buffer unlabelled", labels=["why"]
+        )
         for why, key in UNLABELLED.items():
             unlabelled.add_metric([why], totals.get(key, 0))
         yield unlabelled
@@ -216,35 +241,67 @@ class _WorkerCollector:
         yield gauge("held_rows", "Rows waiting for the warm-up scaler (not predicted yet)", v["held"])
         yield gauge("early_labels", "Labels waiting for their feature row", v["early_labels"])
         yield gauge("model_version", "Model version (changes of β)", v["model_version"])
-        preq = GaugeMetricFamily(PREFIX + "prequential", "Prequential metric of the emitted predictions",
-                                 labels=["metric", "window", "mode"])  # fmt: skip
+        preq = GaugeMetricFamily(
+            PREFIX + "prequential",
+            "Prequential metric of the emitted predictions",
+            labels=["metric", "window", "mode"],
+        )
         preq.add_metric([v["metric_name"], "all", mode], _finite(v["metric"]))
         preq.add_metric([v["metric_name"], "sliding", mode], _finite(v["metric_window"]))
         yield preq
-        yield gauge("immediate_loss", "½‖Dβ − Y‖² of the last label batch, mean over layers (SPEC §3)",
-                    v["immediate_loss"], mode=mode)  # fmt: skip
+        yield gauge(
+            "immediate_loss",
+            "½‖Dβ − Y‖² of the last label batch, mean over layers (SPEC §3)",
+            v["immediate_loss"],
+            mode=mode,
+        )
         yield gauge("label_batch_rows", "Rows in the last label batch", v["label_batch_rows"])
-        yield gauge("cumulative_loss", "Σ_t ½‖D_t β_t − Y_t‖², mean over layers", v["cumulative_loss"], mode=mode)
-        yield gauge("cumulative_regret", "Cumulative regret vs the offline expert, mean over layers (SPEC §3)",
-                    v["regret"], mode=mode)  # fmt: skip
-        yield gauge("regret_bound", "Theorem 4 (-R) / 5 (-F) bound on the cumulative regret", v["regret_bound"], mode=mode)
+        yield gauge(
+            "cumulative_loss", "Σ_t ½‖D_t β_t − Y_t‖², mean over layers", v["cumulative_loss"], mode=mode
+        )
+        yield gauge(
+            "cumulative_regret",
+            "Cumulative regret vs the offline expert, mean over layers (SPEC §3)",
+            v["regret"],
+            mode=mode,
+        )
+        yield gauge(
+            "regret_bound",
+            "Theorem 4 (-R) / 5 (-F) bound on the cumulative regret",
+            v["regret_bound"],
+            mode=mode,
+        )
         eff = v["effective"]  # the λ and half-life in force (model.lam / model.forgetting: auto picks them)
         yield gauge("effective_lambda", "The ridge λ in force", eff["lam"])
-        yield gauge("effective_half_life_rows", "The forgetting half-life in force, in rows (NaN: no forgetting)",
-                    float("nan") if eff["forgetting"] is None else eff["forgetting"])  # fmt: skip
-        loss = GaugeMetricFamily(PREFIX + "candidate_recent_loss", "auto: each candidate's recent loss per row",
-                                 labels=["lam", "half_life"])  # fmt: skip
+        yield gauge(
+            "effective_half_life_rows",
+            "The forgetting half-life in force, in rows (NaN: no forgetting)",
+            float("nan") if eff["forgetting"] is None else eff["forgetting"],
+        )
+        loss = GaugeMetricFamily(
+            PREFIX + "candidate_recent_loss",
+            "auto: each candidate's recent loss per row",
+            labels=["lam", "half_life"],
+        )
         for c in eff.get("candidates", []):
-            loss.add_metric([f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}"],
-                            _finite(c["recent_loss"]))  # fmt: skip
+            loss.add_metric(
+                [f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}"],
+                _finite(c["recent_loss"]),
+            )
         yield loss
         written = v["snapshot_written_at"]
-        yield gauge("snapshot_age_seconds", "Seconds since the newest durable snapshot",
-                    time.time() - written if written else float("nan"))  # fmt: skip
+        yield gauge(
+            "snapshot_age_seconds",
+            "Seconds since the newest durable snapshot",
+            time.time() - written if written else float("nan"),
+        )
         yield gauge("snapshot_duration_seconds", "Write time of the last snapshot", v["snapshot_seconds"])
         yield gauge("snapshot_bytes", "Size of the last snapshot", v["snapshot_bytes"])
-        lag_family = GaugeMetricFamily(PREFIX + "consumer_lag", "Messages behind the end of each consumed partition "
-                                       "(librdkafka statistics)", labels=["topic", "partition"])  # fmt: skip
+        lag_family = GaugeMetricFamily(
+            PREFIX + "consumer_lag",
+            "Messages behind the end of each consumed partition (librdkafka statistics)",
+            labels=["topic", "partition"],
+        )
         for (topic, part), value in sorted(lag.items()):
             lag_family.add_metric([topic, str(part)], value)
         yield lag_family
@@ -262,25 +319,42 @@ class Metrics:
         self.cfg = cfg
         self.registry = CollectorRegistry()
         self.predictions = Counter(PREFIX + "predictions", "Predictions produced", registry=self.registry)
-        self.rows_replayed = Counter(PREFIX + "rows_replayed", "Rows predicted during replay and not emitted "
-                                     "(a committed transaction already covered them)", registry=self.registry)  # fmt: skip
+        self.rows_replayed = Counter(
+            PREFIX + "rows_replayed",
+            "Rows predicted during replay and not emitted (a committed transaction already covered them)",
+            registry=self.registry,
+        )
         by_reason = {"labelnames": ["reason"], "registry": self.registry}
         self.dead_letters = Counter(PREFIX + "dead_letters", "Dead letters produced, by reason", **by_reason)
-        self.dead_letters_truncated = Counter(PREFIX + "dead_letters_truncated", "Dead letters written as an excerpt "
-                                              "(too large as they were), by reason", **by_reason)  # fmt: skip
-        self.dead_letters_dropped = Counter(PREFIX + "dead_letters_dropped", "Dead letters not written (the limits "
-                                            "refused even an excerpt), by reason", **by_reason)  # fmt: skip
+        self.dead_letters_truncated = Counter(
+            PREFIX + "dead_letters_truncated",
+            "Dead letters written as an excerpt (too large as they were), by reason",
+            **by_reason,
+        )
+        self.dead_letters_dropped = Counter(
+            PREFIX + "dead_letters_dropped",
+            "Dead letters not written (the limits refused even an excerpt), by reason",
+            **by_reason,
+        )
         for reason in codec.REASONS:
             self.dead_letters.labels(reason)
             self.dead_letters_truncated.labels(reason)
             self.dead_letters_dropped.labels(reason)
-        self.transactions = Counter(PREFIX + "transactions", "Kafka transactions", ["outcome"], registry=self.registry)
+        self.transactions = Counter(
+            PREFIX + "transactions", "Kafka transactions", ["outcome"], registry=self.registry
+        )
         self.transactions_committed = self.transactions.labels("committed")
         self.transactions_aborted = self.transactions.labels("aborted")
-        self.batch_seconds = _Histogram("batch_update_seconds", "Duration of one step (forward update, predict, fold-in)")
-        self.latency = _Histogram("prediction_latency_seconds", "Kafka produce timestamp of the features message "
-                                  "to prediction produced")  # fmt: skip
-        self.event_latency = _Histogram("event_latency_seconds", "Event time (ts on the feature row) to prediction produced")
+        self.batch_seconds = _Histogram(
+            "batch_update_seconds", "Duration of one step (forward update, predict, fold-in)"
+        )
+        self.latency = _Histogram(
+            "prediction_latency_seconds",
+            "Kafka produce timestamp of the features message to prediction produced",
+        )
+        self.event_latency = _Histogram(
+            "event_latency_seconds", "Event time (ts on the feature row) to prediction produced"
+        )
         self.registry.register(_WorkerCollector(self))
 
         self._lock = threading.Lock()
@@ -334,7 +408,9 @@ class Metrics:
             return
         self.predictions.inc(out.rows_predicted)
         now_ms = time.time() * 1000.0
-        known = [(n, ts) for n, ts in taken if ts is not None]  # one entry per message: 256 for one-row messages
+        known = [
+            (n, ts) for n, ts in taken if ts is not None
+        ]  # one entry per message: 256 for one-row messages
         if known:
             counts, stamps = zip(*known)
             waited = np.repeat(now_ms - np.array(stamps, dtype=np.float64), counts)
@@ -387,15 +463,25 @@ class Metrics:
         view = {
             "mode": mc.mode,
             "metric_name": "accuracy" if mc.task == "classification" else "rmse",
-            "pending": s["pending"], "held": s["held"], "early_labels": s["early_labels"],
-            "model_version": s["model_version"], "metric": s["metric"], "metric_window": s["metric_window"],
-            "immediate_loss": float(proc.last_losses.mean()) if len(proc.last_losses) and proc.last_label_rows else float("nan"),
+            "pending": s["pending"],
+            "held": s["held"],
+            "early_labels": s["early_labels"],
+            "model_version": s["model_version"],
+            "metric": s["metric"],
+            "metric_window": s["metric_window"],
+            "immediate_loss": float(proc.last_losses.mean())
+            if len(proc.last_losses) and proc.last_label_rows
+            else float("nan"),
             "label_batch_rows": proc.last_label_rows,
-            "cumulative_loss": self._regret[0], "regret": self._regret[1], "regret_bound": self._regret[2],
+            "cumulative_loss": self._regret[0],
+            "regret": self._regret[1],
+            "regret_bound": self._regret[2],
             "effective": proc.model.effective,
-            "snapshot_written_at": cp.written_at, "snapshot_seconds": cp.snapshot_seconds, "snapshot_bytes": cp.snapshot_bytes,
+            "snapshot_written_at": cp.written_at,
+            "snapshot_seconds": cp.snapshot_seconds,
+            "snapshot_bytes": cp.snapshot_bytes,
             "group": getattr(worker, "group_status", None),  # group learning (ops.group_metrics)
-        }  # fmt: skip
+        }
         with self._lock:
             self._view, self._totals = view, totals
         self._refreshed_at = time.monotonic()
@@ -448,10 +534,18 @@ class Metrics:
             def do_GET(self):  # noqa: N802 (http.server API)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    body, status, ctype = generate_latest(metrics.registry), 200, "text/plain; version=0.0.4; charset=utf-8"
+                    body, status, ctype = (
+                        generate_latest(metrics.registry),
+                        200,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )
                 elif path in ("/healthz", "/readyz"):
                     ok, why = metrics.healthy() if path == "/healthz" else metrics.ready()
-                    body, status, ctype = (why + "\n").encode(), (200 if ok else 503), "text/plain; charset=utf-8"
+                    body, status, ctype = (
+                        (why + "\n").encode(),
+                        (200 if ok else 503),
+                        "text/plain; charset=utf-8",
+                    )
                 else:
                     body, status, ctype = b"not found\n", 404, "text/plain; charset=utf-8"
                 self.send_response(status)

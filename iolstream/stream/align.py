@@ -77,7 +77,9 @@ class Aligner:
         self.queued = 0  # messages queued over all partitions
         self._seq = 0  # arrival order
         self._releases = 0
-        self._wait_since: dict[Hashable, float] = {}  # lagging empty partition -> when something began to wait for it
+        self._wait_since: dict[
+            Hashable, float
+        ] = {}  # lagging empty partition -> when something began to wait for it
         # waited max_wait_ms for these: not again until they get data or catch up, or until the
         # messages / bytes left here went past them
         self._gave_up: dict[Hashable, list[int]] = {}
@@ -126,7 +128,9 @@ class Aligner:
             part = self.partitions[key] = _Partition()
         if part.next_offset is not None and offset < part.next_offset:
             self.counters["duplicates_dropped"] += 1
-            log.warning("%s: offset %d delivered again (next expected %d): dropped", key, offset, part.next_offset)
+            log.warning(
+                "%s: offset %d delivered again (next expected %d): dropped", key, offset, part.next_offset
+            )
             return False
         part.next_offset = offset + 1
         sort_time = NO_TIME if timestamp is None else timestamp
@@ -202,8 +206,13 @@ class Aligner:
             if since is None:
                 since = self._wait_since[other] = now_ms
                 self.counters["waits"] += 1
-                log.debug("waiting up to %d ms for %s (lag %s) before messages from %s", self.max_wait_ms, other,
-                          "unknown" if behind is None else behind, key)  # fmt: skip
+                log.debug(
+                    "waiting up to %d ms for %s (lag %s) before messages from %s",
+                    self.max_wait_ms,
+                    other,
+                    "unknown" if behind is None else behind,
+                    key,
+                )
             if now_ms - since >= self.max_wait_ms:
                 self._wait_since.pop(other, None)
                 self._gave_up[other] = [self.max_messages, self.max_bytes]
@@ -238,7 +247,9 @@ class Aligner:
         """Partitions whose queue went over a bound since the last call: the caller pauses them."""
         out = []
         for key, part in self.partitions.items():
-            if key not in self.paused and (len(part.queue) > self.max_messages or part.bytes > self.max_bytes):
+            if key not in self.paused and (
+                len(part.queue) > self.max_messages or part.bytes > self.max_bytes
+            ):
                 self.paused.add(key)
                 self.counters["pauses"] += 1
                 out.append(key)
@@ -249,7 +260,9 @@ class Aligner:
         out = []
         for key in list(self.paused):
             part = self.partitions.get(key)
-            if part is None or (2 * len(part.queue) <= self.max_messages and 2 * part.bytes <= self.max_bytes):
+            if part is None or (
+                2 * len(part.queue) <= self.max_messages and 2 * part.bytes <= self.max_bytes
+            ):
                 self.paused.discard(key)
                 out.append(key)
         return out

@@ -44,7 +44,9 @@ class MicroBatcher:
 
     def due(self, now_ms: int) -> bool:
         """Full, or the oldest row has waited at least max_latency_ms."""
-        return self._n >= self.max_rows or (self._n > 0 and now_ms - self._chunks[0][1] >= self.max_latency_ms)
+        return self._n >= self.max_rows or (
+            self._n > 0 and now_ms - self._chunks[0][1] >= self.max_latency_ms
+        )
 
     def time_to_due(self, now_ms: int) -> int | None:
         """Milliseconds until due (0 when due), None when empty: a poll timeout."""
@@ -103,4 +105,3 @@ class MicroBatcher:
             if b > a:
                 mb.add(FeatureRows(ids[a:b], X[a:b], ts[a:b].copy()), int(arrival[a]))
         return mb
-

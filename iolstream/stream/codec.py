@@ -71,7 +71,14 @@ import orjson
 from iolstream.stream.encoding import row_message
 from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 
-__all__ = ["REASONS", "decode_features", "decode_labels", "dead_letter_headers", "dead_letter_excerpt", "headers_bytes"]
+__all__ = [
+    "REASONS",
+    "decode_features",
+    "decode_labels",
+    "dead_letter_headers",
+    "dead_letter_excerpt",
+    "headers_bytes",
+]
 
 MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
 MAX_TS_MS = 2**62  # event times beyond this are not milliseconds
@@ -147,9 +154,17 @@ def _batch_columns(obj: dict, raw: bytes, key: str):
     ids, values = obj["ids"], obj.get(key)
     if type(ids) is not list or type(values) is not list:
         which = "ids" if type(ids) is not list else key
-        return None, None, _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw)
+        return (
+            None,
+            None,
+            _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw),
+        )
     if len(ids) != len(values):
-        return None, None, _whole("bad_schema", f"'ids' has {len(ids)} entries but '{key}' has {len(values)}", raw)
+        return (
+            None,
+            None,
+            _whole("bad_schema", f"'ids' has {len(ids)} entries but '{key}' has {len(values)}", raw),
+        )
     if not ids:
         return None, None, _whole("bad_schema", "empty batch", raw)
     return ids, values, None
@@ -193,7 +208,6 @@ def _fast_ids(ids: list) -> bool:
     if len(unique) != len(ids) or "" in unique:
         return False
     return max(map(len, ids)) <= MAX_ID_CHARS and "\x00" not in "".join(ids)
-
 
 
 def _batch_ts(obj: dict, b: int, raw: bytes):
@@ -268,7 +282,9 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
     b = len(ids)
     if set(map(type, x)) != {list}:
         j = next(j for j, row in enumerate(x) if type(row) is not list)
-        return None, _whole("bad_schema", f"x[{j}] is {_json_type(x[j])}: 'x' must be an array of arrays", raw)
+        return None, _whole(
+            "bad_schema", f"x[{j}] is {_json_type(x[j])}: 'x' must be an array of arrays", raw
+        )
     ts_values, ts_raw, dead = _batch_ts(obj, b, raw)
     if dead:
         return None, dead
@@ -454,7 +470,9 @@ def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
 # ---------------------------------------------------------------- dead letters
 
 
-def dead_letter_headers(bad: BadInput, source_topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+def dead_letter_headers(
+    bad: BadInput, source_topic: str, partition: int, offset: int
+) -> list[tuple[str, bytes]]:
     """Kafka headers for a dead letter; its value is the raw (or re-encoded row) bytes.
 
     >>> dead_letter_headers(BadInput("missing_id", "row 2: id is empty"), "features", 0, 41)[:2]

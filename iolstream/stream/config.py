@@ -49,9 +49,13 @@ class StreamConfig:
     early_label_ttl_ms: int = 60_000
     max_early_labels: int = 100_000
     remember_done: int = 200_000
-    forget_expired: bool = False  # downdate the Gram of rows whose label never came (default: keep it, SPEC §2)
+    forget_expired: bool = (
+        False  # downdate the Gram of rows whose label never came (default: keep it, SPEC §2)
+    )
     align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
-    align_max_queued_messages: int = 20_000  # per partition, consumed but not yet processed: pause it above this ...
+    align_max_queued_messages: int = (
+        20_000  # per partition, consumed but not yet processed: pause it above this ...
+    )
     align_max_queued_bytes: int = 16 * 2**20  # ... or above this many bytes
 
     def __post_init__(self):

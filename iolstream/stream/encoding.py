@@ -101,7 +101,9 @@ def encode_predictions(
     # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
     if proba is None:
         return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
-    return [with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)]
+    return [
+        with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
+    ]
 
 
 def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:
@@ -122,4 +124,3 @@ def _rows_json(values: np.ndarray) -> list[bytes]:
 @lru_cache(maxsize=32)
 def _class_json(classes: tuple) -> list[bytes]:
     return [orjson.dumps(c) for c in classes]
-

@@ -72,7 +72,9 @@ class GroupState:
         self.target_proposal: dict[str, np.ndarray] | None = None  # regression: this member's target scaling
         self.target_proposed = False
         self.handovers = 0  # sequence of this member's handed-over rows records
-        self.adopted: tuple | None = None  # (sums, rows, label_rows) of the own record taken back (no snapshot)
+        self.adopted: tuple | None = (
+            None  # (sums, rows, label_rows) of the own record taken back (no snapshot)
+        )
         self.counters = {"published": 0, "applied": 0, "skipped": 0, "adopted": 0}
 
     # ------------------------------------------------------------ own sums
@@ -105,8 +107,12 @@ class GroupState:
     def next_record(self) -> tuple[int, dict[str, np.ndarray], dict]:
         """(sequence, own sums, clocks) of the next record; call ``published`` once it is produced. Clocks:
         {"clock", "rows", "label_clock", "label_rows"}: this member's clocks and its own shares of them."""
-        clocks = {"clock": contribution.clock(self.model), "rows": self.own_rows(),
-                  "label_clock": contribution.label_clock(self.model), "label_rows": self.own_label_rows()}  # fmt: skip
+        clocks = {
+            "clock": contribution.clock(self.model),
+            "rows": self.own_rows(),
+            "label_clock": contribution.label_clock(self.model),
+            "label_rows": self.own_label_rows(),
+        }
         return self.own_seq + 1, self.own(), clocks
 
     def published(self, seq: int) -> None:
@@ -115,8 +121,20 @@ class GroupState:
         self.counters["published"] += 1
 
     # ------------------------------------------------------------ others
-    def apply(self, member: str, seq: int, sums: dict[str, np.ndarray], *, clock: int, rows: int, published_ms: int,
-              now_ms: int, label_clock: int = 0, label_rows: int = 0, adopt_own: bool = False) -> str:  # fmt: skip
+    def apply(
+        self,
+        member: str,
+        seq: int,
+        sums: dict[str, np.ndarray],
+        *,
+        clock: int,
+        rows: int,
+        published_ms: int,
+        now_ms: int,
+        label_clock: int = 0,
+        label_rows: int = 0,
+        adopt_own: bool = False,
+    ) -> str:
         """A record read from the log. Returns what was done: "applied" (another member's newer sums replaced its
         older ones here), "stale" (not newer than the one applied: skipped), "own" (this member's: its sequence
         is noted), "adopted" (``adopt_own``, a member starting with no state: its own newest sums become its
@@ -140,20 +158,44 @@ class GroupState:
             self.counters["skipped"] += 1
             return "stale"
         contribution.check_layout(self.model, sums)
-        unchanged = self.published_version == self.model.version  # nothing of its own learned since the last publish
-        rows = max(int(rows), 0 if old is None else old.rows)  # a member restarted from an older state re-counts
+        unchanged = (
+            self.published_version == self.model.version
+        )  # nothing of its own learned since the last publish
+        rows = max(
+            int(rows), 0 if old is None else old.rows
+        )  # a member restarted from an older state re-counts
         label_rows = max(int(label_rows), 0 if old is None else old.label_rows)
-        contribution.advance(self.model, rows - (0 if old is None else old.rows),
-                             label_rows - (0 if old is None else old.label_rows))  # the group's clocks move on
+        contribution.advance(
+            self.model,
+            rows - (0 if old is None else old.rows),
+            label_rows - (0 if old is None else old.label_rows),
+        )  # the group's clocks move on
         now, labels = contribution.clock(self.model), contribution.label_clock(self.model)
         new = contribution.decayed(self.model, sums, now - clock, labels - label_clock)
-        before = None if old is None else contribution.decayed(self.model, old.sums, now - old.clock, labels - old.label_clock)
+        before = (
+            None
+            if old is None
+            else contribution.decayed(self.model, old.sums, now - old.clock, labels - old.label_clock)
+        )
         contribution.add(self.model, contribution.difference(new, before))
         if unchanged:
             self.published_version = self.model.version
-        rate = None if old is None or published_ms <= old.published_ms else (rows - old.rows) / (published_ms - old.published_ms)
-        self.members[member] = MemberSums(seq, {k: v.copy() for k, v in sums.items()}, published_ms, now_ms, rows, int(clock),
-                                          label_rows, int(label_clock), rate)  # fmt: skip
+        rate = (
+            None
+            if old is None or published_ms <= old.published_ms
+            else (rows - old.rows) / (published_ms - old.published_ms)
+        )
+        self.members[member] = MemberSums(
+            seq,
+            {k: v.copy() for k, v in sums.items()},
+            published_ms,
+            now_ms,
+            rows,
+            int(clock),
+            label_rows,
+            int(label_clock),
+            rate,
+        )
         self.counters["applied"] += 1
         return "applied"
 
@@ -176,8 +218,14 @@ class GroupState:
             return False
         proposal = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows)
         proposal.load_state(state)  # checked before the model's scaler takes it
-        if not proposal.frozen or proposal.mean.shape != (scaler.n_features,) or proposal.scale.shape != (scaler.n_features,):
-            raise ValueError(f"scaling record of {member!r}: not a frozen scaler of {scaler.n_features} features")
+        if (
+            not proposal.frozen
+            or proposal.mean.shape != (scaler.n_features,)
+            or proposal.scale.shape != (scaler.n_features,)
+        ):
+            raise ValueError(
+                f"scaling record of {member!r}: not a frozen scaler of {scaler.n_features} features"
+            )
         scaler.load_state(state)
         self.scaling_from = member
         self.proposal = None
@@ -186,7 +234,10 @@ class GroupState:
     def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:
         """The target scaler's warm-up hook (``TargetScaler.propose``): this member's first labels' scaling."""
         if self.target_proposal is None and not self.target_proposed and not self.model.targets.frozen:
-            self.target_proposal = {"mean": np.asarray(mean, dtype=np.float64), "std": np.asarray(std, dtype=np.float64)}
+            self.target_proposal = {
+                "mean": np.asarray(mean, dtype=np.float64),
+                "std": np.asarray(std, dtype=np.float64),
+            }
 
     def agree_targets(self, member: str, state: dict[str, np.ndarray]) -> bool:
         """The first target-scaling proposal in the log is the group's: the labels held for it enter now."""
@@ -218,12 +269,18 @@ class GroupState:
     def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """(manifest part, arrays) for the snapshot: sequences and every other member's newest sums."""
         manifest = {
-            "member": self.member, "own_seq": self.own_seq, "scaling_from": self.scaling_from, "proposed": self.proposed,
-            "target_proposed": self.target_proposed, "handovers": self.handovers,
-            "members": {m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock]
-                        for m, s in self.members.items()},
+            "member": self.member,
+            "own_seq": self.own_seq,
+            "scaling_from": self.scaling_from,
+            "proposed": self.proposed,
+            "target_proposed": self.target_proposed,
+            "handovers": self.handovers,
+            "members": {
+                m: [s.seq, s.published_ms, s.rows, s.clock, s.label_rows, s.label_clock]
+                for m, s in self.members.items()
+            },
             "counters": dict(self.counters),
-        }  # fmt: skip
+        }
         arrays = {}
         for index, (m, s) in enumerate(sorted(self.members.items())):
             manifest["members"][m].append(index)
@@ -232,20 +289,36 @@ class GroupState:
 
     def load_state(self, manifest: dict, arrays: dict[str, np.ndarray], now_ms: int) -> None:
         if manifest["member"] != self.member:
-            raise ValueError(f"the snapshot is member {manifest['member']!r}'s, this worker is {self.member!r} (group.member_id)")
+            raise ValueError(
+                f"the snapshot is member {manifest['member']!r}'s, this worker is {self.member!r} (group.member_id)"
+            )
         self.own_seq = int(manifest["own_seq"])
         self.scaling_from = manifest.get("scaling_from")
         self.proposed = bool(manifest.get("proposed", False))
         self.target_proposed = bool(manifest.get("target_proposed", False))
-        self.handovers = int(manifest.get("handovers", 0))  # saved since a reused sequence could mix two records' chunks
+        self.handovers = int(
+            manifest.get("handovers", 0)
+        )  # saved since a reused sequence could mix two records' chunks
         self.counters.update(manifest.get("counters", {}))
         self.members = {}
-        for m, (seq, published_ms, rows, clock, label_rows, label_clock, index) in manifest["members"].items():
+        for m, (seq, published_ms, rows, clock, label_rows, label_clock, index) in manifest[
+            "members"
+        ].items():
             prefix = f"group/{index}/"
             sums = {k[len(prefix) :]: np.array(v) for k, v in arrays.items() if k.startswith(prefix)}
-            self.members[m] = MemberSums(int(seq), sums, int(published_ms), now_ms, int(rows), int(clock), int(label_rows),
-                                         int(label_clock))  # fmt: skip
-        self.published_version = None  # published again after a restart: the log may hold an older record of it
+            self.members[m] = MemberSums(
+                int(seq),
+                sums,
+                int(published_ms),
+                now_ms,
+                int(rows),
+                int(clock),
+                int(label_rows),
+                int(label_clock),
+            )
+        self.published_version = (
+            None  # published again after a restart: the log may hold an older record of it
+        )
 
 
 def _plus(a: dict, b: dict) -> dict:

@@ -30,11 +30,15 @@ def adopt_rows(proc, ids: list[str], payload: np.ndarray, now_ms: int) -> int:
     if not ids:
         return 0
     if payload.shape != (len(ids), proc.join.n_features):
-        raise ValueError(f"handed-over rows: payload shape {payload.shape}, expected ({len(ids)}, {proc.join.n_features})")
+        raise ValueError(
+            f"handed-over rows: payload shape {payload.shape}, expected ({len(ids)}, {proc.join.n_features})"
+        )
     screened = proc.join.unseen(ids)
     if not screened:
         return 0
     keep = np.array(screened, dtype=np.int64)
-    result = proc.join.add_rows([ids[i] for i in screened], np.ascontiguousarray(payload[keep]), HANDED_OVER_BATCH, now_ms)
+    result = proc.join.add_rows(
+        [ids[i] for i in screened], np.ascontiguousarray(payload[keep]), HANDED_OVER_BATCH, now_ms
+    )
     proc.queue_joined(result, now_ms)
     return len(screened)

@@ -50,7 +50,6 @@ back, rows expire late, never early).
     (['a'], [0], [1], 1)
 """
 
-
 from __future__ import annotations
 
 import numpy as np
@@ -76,7 +75,6 @@ COUNTERS = (
     "labels_orphan",  # early labels rejected as unknown_id (ttl or capacity)
     "labels_expired_id",  # labels rejected as expired_id
 )
-
 
 
 class JoinBuffer:
@@ -105,10 +103,14 @@ class JoinBuffer:
         remember_done: int,
     ):
         for name, value, low in (
-            ("n_features", n_features, 1), ("max_pending_rows", max_pending_rows, 1),
-            ("early_label_ttl_ms", early_label_ttl_ms, 0), ("max_early_labels", max_early_labels, 0),
-            ("remember_done", remember_done, 0), ("row_ttl_ms", row_ttl_ms, 0), ("row_ttl_batches", row_ttl_batches, 0),
-        ):  # fmt: skip
+            ("n_features", n_features, 1),
+            ("max_pending_rows", max_pending_rows, 1),
+            ("early_label_ttl_ms", early_label_ttl_ms, 0),
+            ("max_early_labels", max_early_labels, 0),
+            ("remember_done", remember_done, 0),
+            ("row_ttl_ms", row_ttl_ms, 0),
+            ("row_ttl_batches", row_ttl_batches, 0),
+        ):
             if value is None and name.startswith("row_ttl"):
                 continue
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -164,7 +166,11 @@ class JoinBuffer:
     # ----------------------------------------------------------- helpers
     def _unseen(self, ids: list[str]) -> bool:
         """No id is pending, remembered, or repeated (some may have early labels): checked in C loops."""
-        return len(set(ids)) == len(ids) and self._pending.keys().isdisjoint(ids) and not self._done.remembers_any(ids)
+        return (
+            len(set(ids)) == len(ids)
+            and self._pending.keys().isdisjoint(ids)
+            and not self._done.remembers_any(ids)
+        )
 
     def _y_array(self, values: list) -> np.ndarray:
         if not values:
@@ -209,9 +215,11 @@ class JoinBuffer:
         """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""
         pending = self._pending
         if (
-            self.fast_paths and len(set(rows.ids)) == len(rows.ids) and pending.keys().isdisjoint(rows.ids)
+            self.fast_paths
+            and len(set(rows.ids)) == len(rows.ids)
+            and pending.keys().isdisjoint(rows.ids)
             and not self._done.remembers_any(rows.ids)
-        ):  # fmt: skip
+        ):
             return rows, []
         kinds = self._done.kinds(self._done.fingerprints_of(rows.ids)).tolist()
         seen: set[str] = set()
@@ -249,7 +257,12 @@ class JoinBuffer:
         for i, row_id in enumerate(ids):
             kind = done.get(row_id)
             if row_id in pending or kind:
-                rejected.append((BadInput("duplicate_id", self._duplicate_why(row_id, kind)), feature_message(row_id, X[i])))
+                rejected.append(
+                    (
+                        BadInput("duplicate_id", self._duplicate_why(row_id, kind)),
+                        feature_message(row_id, X[i]),
+                    )
+                )
                 continue
             held = early.pop(row_id)
             if held is not None:
@@ -280,9 +293,13 @@ class JoinBuffer:
         c["labels_joined"] += len(join_rows)
         c["labels_early_joined"] += len(join_rows)
         return JoinResult(
-            [ids[i] for i in join_rows], X[join_rows], self._y_array(join_y),
-            np.full(len(join_rows), batch_seq, dtype=np.int64), rejected, evicted,
-        )  # fmt: skip
+            [ids[i] for i in join_rows],
+            X[join_rows],
+            self._y_array(join_y),
+            np.full(len(join_rows), batch_seq, dtype=np.int64),
+            rejected,
+            evicted,
+        )
 
     def _add_new_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
         """add_rows when every id is new and the buffer has room: no per-row Python."""
@@ -293,7 +310,9 @@ class JoinBuffer:
         empty = self._empty_rows()
         return JoinResult([], empty.X, self._no_y, empty.batch_seq, [], empty)
 
-    def _add_rows_joining_early(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
+    def _add_rows_joining_early(
+        self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int
+    ) -> JoinResult:
         """add_rows when every id is new, the buffer has room, and some ids have early labels (with
         one-row label messages nearly all do: they come while their rows wait for their batch): those
         join now, the others become pending, without the id memory's row-by-row session."""
@@ -311,7 +330,14 @@ class JoinBuffer:
         c["labels_joined"] += len(join_ids)
         c["labels_early_joined"] += len(join_ids)
         y = join_y if len(join_ids) else self._no_y
-        return JoinResult(join_ids, X[join_rows], y, np.full(len(join_ids), batch_seq, dtype=np.int64), [], self._empty_rows())
+        return JoinResult(
+            join_ids,
+            X[join_rows],
+            y,
+            np.full(len(join_ids), batch_seq, dtype=np.int64),
+            [],
+            self._empty_rows(),
+        )
 
     # ----------------------------------------------------------- labels
     def add_labels(self, labels: LabelRows, now_ms: int, waiting=frozenset(), source=None) -> JoinResult:
@@ -335,7 +361,9 @@ class JoinBuffer:
             raise ValueError(f"labels.Y of shape {Y.shape} and dtype {Y.dtype} does not fit {self.target}")
         pending, early = self._pending, self._early
         ids = labels.ids
-        all_pending_once = ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)
+        all_pending_once = (
+            ids[0] in pending if len(ids) == 1 else len(set(ids)) == len(ids) and pending.keys() >= set(ids)
+        )
         if self.fast_paths and all_pending_once:
             slots = list(map(pending.pop, ids))
             self._done.remember(ids, LABELLED)
@@ -344,7 +372,9 @@ class JoinBuffer:
             self.counters["labels_joined"] += len(ids)
             y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
-        held_at_once = len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
+        held_at_once = (
+            len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
+        )
         if self.fast_paths and held_at_once:  # one label of a row waiting for its batch: held, nothing else
             early.add(ids[0], Y.tolist()[0], now_ms, source)
             self.counters["labels_received"] += 1
@@ -379,8 +409,11 @@ class JoinBuffer:
                 while len(early) > self.max_early_labels:
                     old_id, old_y, _, old_source = early.pop_oldest()
                     n_orphan += 1
-                    bad = BadInput("unknown_id", f"label for id {old_id!r} pushed out of the full early-label buffer "
-                                                 f"({self.max_early_labels}) before its row came")  # fmt: skip
+                    bad = BadInput(
+                        "unknown_id",
+                        f"label for id {old_id!r} pushed out of the full early-label buffer "
+                        f"({self.max_early_labels}) before its row came",
+                    )
                     rejected.append((bad, label_message(old_id, old_y, self.target)))
                     orphan_sources.append(old_source)
         if done is not None:
@@ -393,8 +426,15 @@ class JoinBuffer:
         c["labels_expired_id"] += n_expired
         c["labels_early_held"] += n_held
         c["labels_orphan"] += n_orphan
-        return JoinResult(joined.ids, joined.X, self._y_array(join_y), joined.batch_seq, rejected, self._empty_rows(),
-                          orphan_sources)  # fmt: skip
+        return JoinResult(
+            joined.ids,
+            joined.X,
+            self._y_array(join_y),
+            joined.batch_seq,
+            rejected,
+            self._empty_rows(),
+            orphan_sources,
+        )
 
     # ----------------------------------------------------------- expiry
     def expire(self, now_ms: int, batch_seq: int) -> ExpireResult:
@@ -410,8 +450,11 @@ class JoinBuffer:
             if now_ms - added_ms <= self.early_label_ttl_ms:
                 break
             _, y, _, source = early.pop_oldest()
-            bad = BadInput("unknown_id", f"label for id {row_id!r} waited {now_ms - added_ms} ms "
-                                         f"(limit {self.early_label_ttl_ms}) and its row never came")  # fmt: skip
+            bad = BadInput(
+                "unknown_id",
+                f"label for id {row_id!r} waited {now_ms - added_ms} ms "
+                f"(limit {self.early_label_ttl_ms}) and its row never came",
+            )
             rejected.append((bad, label_message(row_id, y, self.target)))
             sources.append(source)
         self.counters["labels_orphan"] += len(rejected)
@@ -458,18 +501,26 @@ class JoinBuffer:
         if "done_fingerprints" in state:
             version = int(np.asarray(state.get("done_fingerprint_version", -1)))
             if version != FINGERPRINT_VERSION:
-                raise ValueError(f"remembered ids in state are fingerprints of version {version}; "
-                                 f"this build reads version {FINGERPRINT_VERSION}")  # fmt: skip
+                raise ValueError(
+                    f"remembered ids in state are fingerprints of version {version}; "
+                    f"this build reads version {FINGERPRINT_VERSION}"
+                )
             fps = np.asarray(state["done_fingerprints"])
             if fps.ndim != 2 or fps.shape[1] != 2 or fps.dtype.kind not in "iu":
-                raise ValueError(f"remembered ids in state: fingerprints of shape {fps.shape} and dtype {fps.dtype}")
-            fps = np.ascontiguousarray(fps).view(np.int64) if fps.dtype.itemsize == 8 else fps.astype(np.int64)
+                raise ValueError(
+                    f"remembered ids in state: fingerprints of shape {fps.shape} and dtype {fps.dtype}"
+                )
+            fps = (
+                np.ascontiguousarray(fps).view(np.int64) if fps.dtype.itemsize == 8 else fps.astype(np.int64)
+            )
         else:  # written before fingerprints: the ids themselves
             fps = fingerprints(np.asarray(state["done_ids"]))
         kinds = np.asarray(state["done_kind"])
         if kinds.shape != (len(fps),) or not set(np.unique(kinds).tolist()) <= {LABELLED, EXPIRED}:
             raise ValueError("inconsistent remembered ids in state")
-        buf._done.add_many(fps, kinds.astype(np.int8))  # oldest first: past remember_done the oldest are forgotten
+        buf._done.add_many(
+            fps, kinds.astype(np.int8)
+        )  # oldest first: past remember_done the oldest are forgotten
 
         names = [str(s) for s in state["counter_names"].tolist()]
         buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))

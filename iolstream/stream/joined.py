@@ -56,4 +56,3 @@ class JoinResult:
 
     def __len__(self) -> int:
         return len(self.ids)
-

@@ -33,7 +33,9 @@ class StepOutput:
     rows_learned: int = 0
     batch_seconds: float = 0.0
     event_ts: np.ndarray | None = None  # input event times of the predicted rows (ms, -1 unknown)
-    _unencoded: list[tuple[list, dict]] = field(default_factory=list, repr=False)  # (ids, encode_predictions kwargs)
+    _unencoded: list[tuple[list, dict]] = field(
+        default_factory=list, repr=False
+    )  # (ids, encode_predictions kwargs)
     _encoded: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     def add_predictions(self, ids: list[str], **encode_kwargs) -> None:

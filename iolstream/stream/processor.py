@@ -60,13 +60,18 @@ import numpy as np
 
 from iolstream.core import state_io
 from iolstream.stream import codec, encoding
-from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
-from iolstream.stream.config import StreamConfig
 from iolstream.stream.batcher import MicroBatcher
+from iolstream.stream.config import StreamConfig
 from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.stream.outputs import DeadLetter, PrequentialMetric, StepOutput
+from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
 
-__all__ = ["StreamProcessor", "DeadLetter", "StepOutput", "PAYLOAD"]  # the step's outputs, re-exported for the adapter
+__all__ = [
+    "StreamProcessor",
+    "DeadLetter",
+    "StepOutput",
+    "PAYLOAD",
+]  # the step's outputs, re-exported for the adapter
 from iolstream.core.model import EdRVFL
 
 FEATURE_CACHE_BYTES = 256 * 2**20  # features of recent batches kept for their labels (bounded)
@@ -91,16 +96,25 @@ class StreamProcessor:
         self.batcher = MicroBatcher(cfg.batch_rows, cfg.max_batch_latency_ms)
         self.join = JoinBuffer(**self._join_settings())
         self.held: list[FeatureRows] = []  # batches waiting for the warm-up scaler
-        self.propose_scaling = None  # group learning: gets the warm-up rows; the group freezes the scaler (stream.group)
+        self.propose_scaling = (
+            None  # group learning: gets the warm-up rows; the group freezes the scaler (stream.group)
+        )
         self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
         self.label_queue: list = []  # joined rows waiting to be folded in: (payload (j, w), Y, batch_seq)
         self.label_queue_rows = 0
         self.label_queue_since_ms: int | None = None
         self.batch_seq = 0
         self.counters: dict[str, int] = {
-            "messages_features": 0, "messages_labels": 0, "rows_in": 0, "predictions_out": 0,
-            "labels_in": 0, "rows_learned": 0, "batches": 0, "label_batches": 0, "rows_forgotten": 0,
-        }  # fmt: skip
+            "messages_features": 0,
+            "messages_labels": 0,
+            "rows_in": 0,
+            "predictions_out": 0,
+            "labels_in": 0,
+            "rows_learned": 0,
+            "batches": 0,
+            "label_batches": 0,
+            "rows_forgotten": 0,
+        }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
         self.metric = PrequentialMetric(mc.task, window_rows)
         self.last_losses = np.zeros(mc.n_layers)
@@ -141,10 +155,13 @@ class StreamProcessor:
         """Split off rows whose id already waits in the batcher or the warm-up hold."""
         keep = [i for i, row_id in enumerate(rows.ids) if row_id not in self._queued_ids]
         rejected = [
-            (BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-             encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])))
-            for i, row_id in enumerate(rows.ids) if row_id in self._queued_ids
-        ]  # fmt: skip
+            (
+                BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
+                encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])),
+            )
+            for i, row_id in enumerate(rows.ids)
+            if row_id in self._queued_ids
+        ]
         self.join.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
@@ -158,9 +175,13 @@ class StreamProcessor:
         if labels is None or not len(labels.ids):
             return dead
         self.counters["labels_in"] += len(labels.ids)
-        result = self.join.add_labels(labels, now_ms, waiting=self._queued_ids, source=source)  # held early: kept with its source
+        result = self.join.add_labels(
+            labels, now_ms, waiting=self._queued_ids, source=source
+        )  # held early: kept with its source
         self.queue_joined(result, now_ms)
-        mine = [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"]  # this message's labels
+        mine = [
+            (bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"
+        ]  # this message's labels
         if mine:
             single = len(labels.ids) == 1 and not rejected
             dead += self._dead(mine, source, raw=value if single else None)
@@ -193,7 +214,9 @@ class StreamProcessor:
         t0 = time.perf_counter()
         if self.held and self.model.ready:  # frozen from outside (group learning): the held batches go first
             self._release_held(now_ms, out)
-        self._fold_if_due(now_ms, out, force=False)  # labels that came since the last batch, before the next one
+        self._fold_if_due(
+            now_ms, out, force=False
+        )  # labels that came since the last batch, before the next one
         while len(self.batcher) and (force or self.batcher.due(now_ms)):
             rows = self.batcher.take()
             if not self.model.ready:
@@ -247,10 +270,15 @@ class StreamProcessor:
         self.counters["batches"] += 1
         b = len(rows.ids)
         out.add_predictions(
-            rows.ids, y_hat=pred.index if pred.index is not None else pred.value, proba=pred.proba,
-            model_version=pred.version, ts_in=rows.ts, ts_out_ms=now_ms, mode=self.model.config.mode,
+            rows.ids,
+            y_hat=pred.index if pred.index is not None else pred.value,
+            proba=pred.proba,
+            model_version=pred.version,
+            ts_in=rows.ts,
+            ts_out_ms=now_ms,
+            mode=self.model.config.mode,
             classes=self.model.config.classes,
-        )  # fmt: skip
+        )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
         mc = self.model.config
@@ -289,7 +317,9 @@ class StreamProcessor:
         seqs = np.concatenate([q[2] for q in self.label_queue])
         cut = len(seqs)
         if not everything and seqs[0] != seqs[-1]:
-            cut = len(seqs) - int(np.argmax(seqs[::-1] != seqs[-1]))  # where the trailing run of that batch begins
+            cut = len(seqs) - int(
+                np.argmax(seqs[::-1] != seqs[-1])
+            )  # where the trailing run of that batch begins
         if cut < len(seqs):
             self.label_queue = [(payload[cut:], y[cut:], seqs[cut:])]
             self.label_queue_rows = len(seqs) - cut
@@ -298,12 +328,18 @@ class StreamProcessor:
             self.label_queue, self.label_queue_rows, self.label_queue_since_ms = [], 0, None
         mc = self.model.config
         k, b = mc.n_inputs, len(y)
-        targets = self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)
-        outputs = payload[:, k + 3 :].reshape(b, self.n_candidates, mc.n_layers, mc.m).transpose(1, 2, 0, 3)  # (K, L, b, m)
+        targets = (
+            self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)
+        )
+        outputs = (
+            payload[:, k + 3 :].reshape(b, self.n_candidates, mc.n_layers, mc.m).transpose(1, 2, 0, 3)
+        )  # (K, L, b, m)
         chosen = payload[:, k + 2].astype(np.int64)
         stamps = payload[:, k + 1].astype(np.int64)
         # what was emitted: each row's outputs of the candidate in force when it was predicted
-        emitted_outputs = outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
+        emitted_outputs = (
+            outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
+        )
         features_t, emitted = self._features_for(payload[:, :k], seqs, payload[:, k].astype(np.int64))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
@@ -346,9 +382,11 @@ class StreamProcessor:
         first = int(seqs[0])
         entry = self._cache.get(first)
         whole = (
-            entry is not None and entry[0].shape[2] == len(seqs) and (seqs == first).all()
+            entry is not None
+            and entry[0].shape[2] == len(seqs)
+            and (seqs == first).all()
             and (positions == np.arange(len(seqs))).all()
-        )  # fmt: skip
+        )
         for seq in np.unique(seqs).tolist():
             self._cache_drop(seq)
         return (entry[0], entry[1]) if whole else (self.model.features(x), None)
@@ -365,7 +403,9 @@ class StreamProcessor:
                 self._cache_drop(seq)
             if self.cfg.forget_expired and self.model.config.mode == "forward":
                 k = self.n_features  # Gram out again, of every candidate, at the weight it has now
-                self.model.forget(self.model.features(result.X[:, :k]), observed_at=result.X[:, k + 1].astype(np.int64))
+                self.model.forget(
+                    self.model.features(result.X[:, :k]), observed_at=result.X[:, k + 1].astype(np.int64)
+                )
                 self.counters["rows_forgotten"] += len(result.ids)
 
     # ------------------------------------------------------------ status
@@ -395,10 +435,15 @@ class StreamProcessor:
         """The JoinBuffer's keyword arguments: the target, the payload width and the stream's bounds."""
         cfg = self.cfg
         return dict(
-            target=self.target, n_features=self._payload_width, max_pending_rows=cfg.max_pending_rows, row_ttl_ms=cfg.row_ttl_ms,
-            row_ttl_batches=cfg.row_ttl_batches, early_label_ttl_ms=cfg.early_label_ttl_ms,
-            max_early_labels=cfg.max_early_labels, remember_done=cfg.remember_done,
-        )  # fmt: skip
+            target=self.target,
+            n_features=self._payload_width,
+            max_pending_rows=cfg.max_pending_rows,
+            row_ttl_ms=cfg.row_ttl_ms,
+            row_ttl_batches=cfg.row_ttl_batches,
+            early_label_ttl_ms=cfg.early_label_ttl_ms,
+            max_early_labels=cfg.max_early_labels,
+            remember_done=cfg.remember_done,
+        )
 
     def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """(manifest, arrays) of everything consumed so far; the feature cache is not kept (recomputable)."""
@@ -421,13 +466,17 @@ class StreamProcessor:
             "metric": {"n": self.metric.n, "total": self.metric.total},
             "label_queue_since_ms": self.label_queue_since_ms,
             "last_label_rows": self.last_label_rows,
-            "early_sources": [[row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None],
+            "early_sources": [
+                [row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None
+            ],
             "payload": list(PAYLOAD),
         }
         return manifest, arrays
 
     @classmethod
-    def from_state(cls, manifest: dict, arrays: dict, cfg: StreamConfig, *, window_rows: int = 1000) -> StreamProcessor:
+    def from_state(
+        cls, manifest: dict, arrays: dict, cfg: StreamConfig, *, window_rows: int = 1000
+    ) -> StreamProcessor:
         model = state_io.model_from_arrays(manifest, arrays)
         proc = cls(model, cfg, window_rows=window_rows)
         st = manifest["stream"]
@@ -446,15 +495,19 @@ class StreamProcessor:
             proc.held = [rows.take(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
         proc.batcher = MicroBatcher.from_state(
             {k[len("batcher/") :]: v for k, v in arrays.items() if k.startswith("batcher/")},
-            max_rows=cfg.batch_rows, max_latency_ms=cfg.max_batch_latency_ms,
-        )  # fmt: skip
+            max_rows=cfg.batch_rows,
+            max_latency_ms=cfg.max_batch_latency_ms,
+        )
         proc._queued_ids = {i for rows in proc.held for i in rows.ids}
         if "batcher/ids" in arrays:
             proc._queued_ids.update(str(i) for i in arrays["batcher/ids"].tolist())
         proc.join = JoinBuffer.from_state(
-            {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")}, **proc._join_settings()
+            {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")},
+            **proc._join_settings(),
         )
-        proc.join.set_early_sources((row_id, _tuples(source)) for row_id, source in st.get("early_sources", []))
+        proc.join.set_early_sources(
+            (row_id, _tuples(source)) for row_id, source in st.get("early_sources", [])
+        )
         if "queue/payload" in arrays:
             proc.label_queue = [(arrays["queue/payload"], arrays["queue/y"], arrays["queue/seq"])]
             proc.label_queue_rows = len(arrays["queue/y"])
@@ -468,7 +521,9 @@ def _payload_of_this_version(arrays: dict, version: int, layout, model: EdRVFL) 
     clock (weight 1; such a state never forgets) and the candidate column 0."""
     if version != 1:
         if layout is None or list(layout) != list(PAYLOAD):
-            raise ValueError(f"pending rows saved with the payload layout {layout}; this build reads {list(PAYLOAD)}")
+            raise ValueError(
+                f"pending rows saved with the payload layout {layout}; this build reads {list(PAYLOAD)}"
+            )
         return arrays
     if len(model.learners) != 1 or model.learner.half_life is not None:
         raise ValueError("a version-1 state has no row stamps: it cannot forget nor hold auto candidates")

@@ -38,7 +38,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-FINGERPRINT_VERSION = 1  # stored with the fingerprints in snapshots: a change of the hash must not load silently
+FINGERPRINT_VERSION = (
+    1  # stored with the fingerprints in snapshots: a change of the hash must not load silently
+)
 _JIT = dict(cache=True, nogil=True)
 _EMPTY = -1
 FINGERPRINT_BATCHES = 4  # id lists whose fingerprints RecentIds.fingerprints_of keeps
@@ -75,7 +77,9 @@ def _fingerprint_codes(codes):
         h1 = _murmur_mix(h1 ^ c)
         h2 = _splitmix_mix(h2 ^ (c * np.uint64(0xD6E8FEB86659FD93)))
     n_chars = np.uint64(len(codes))
-    return np.int64(_murmur_mix(h1 ^ (n_chars * np.uint64(0xA0761D6478BD642F)))), np.int64(_splitmix_mix(h2 ^ n_chars))
+    return np.int64(_murmur_mix(h1 ^ (n_chars * np.uint64(0xA0761D6478BD642F)))), np.int64(
+        _splitmix_mix(h2 ^ n_chars)
+    )
 
 
 @nb.njit(**_JIT)
@@ -258,7 +262,9 @@ class RecentIds:
         self._ring = np.zeros((max(self.capacity, 1), 2), dtype=np.int64)
         self._kinds = np.zeros(max(self.capacity, 1), dtype=np.int8)
         self._state = np.zeros(2, dtype=np.int64)  # head (oldest), size
-        self._recent_fps: dict[tuple, np.ndarray] = {}  # ids -> fingerprints, the last few batches (``fingerprints_of``)
+        self._recent_fps: dict[
+            tuple, np.ndarray
+        ] = {}  # ids -> fingerprints, the last few batches (``fingerprints_of``)
 
     def __len__(self) -> int:
         return int(self._state[1])

@@ -113,14 +113,18 @@ class TargetSpec:
     def __post_init__(self):
         if self.task == "classification":
             classes = tuple(self.classes) if self.classes is not None else ()
-            all_int = all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes)
+            all_int = all(
+                isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes
+            )
             all_str = all(isinstance(c, str) for c in classes)
             if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str):
                 raise ValueError(f"classes must be at least 2 distinct ints or strings, got {self.classes!r}")
             classes = tuple(int(c) for c in classes) if all_int else classes
             object.__setattr__(self, "classes", classes)
             if self.n_outputs != len(classes):
-                raise ValueError(f"n_outputs must equal the number of classes ({len(classes)}), got {self.n_outputs}")
+                raise ValueError(
+                    f"n_outputs must equal the number of classes ({len(classes)}), got {self.n_outputs}"
+                )
         elif self.task == "regression":
             if self.classes is not None:
                 raise ValueError("regression takes no classes")
@@ -137,5 +141,3 @@ class TargetSpec:
     @classmethod
     def regression(cls, n_outputs: int = 1) -> TargetSpec:
         return cls("regression", None, n_outputs)
-
-

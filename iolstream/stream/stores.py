@@ -115,7 +115,6 @@ class ArrivalOrder:
         return slot
 
 
-
 class PendingRows:
     """Feature rows waiting for their label, oldest first: a plain dict ``index`` id -> slot (insertion =
     arrival order) over growable preallocated arrays ``X`` (n, k) float64, ``seq`` / ``added_ms`` (n,)
@@ -180,7 +179,9 @@ class PendingRows:
     def fill(self, slots: list[int], X: np.ndarray, batch_seq: int, now_ms: int) -> None:
         """Write (n, k) rows ``X`` added in ``batch_seq`` at ``now_ms`` into n taken slots."""
         self._grow(self.high)
-        rows = np.array(slots, dtype=np.intp)  # one conversion for the three scatters (a list is converted each time)
+        rows = np.array(
+            slots, dtype=np.intp
+        )  # one conversion for the three scatters (a list is converted each time)
         self.X[rows] = X
         self.seq[rows] = batch_seq
         self.added_ms[rows] = now_ms
@@ -189,7 +190,9 @@ class PendingRows:
         """Slots (already filled) of new pending rows, in arrival order."""
         rows = np.array(slots, dtype=np.intp)
         self.index.update(zip(ids, slots))
-        self.ids[rows] = ids if len(ids) > 1 else ids[0]  # (a list of one str would not be taken as one object)
+        self.ids[rows] = (
+            ids if len(ids) > 1 else ids[0]
+        )  # (a list of one str would not be taken as one object)
         self.order.push_many(rows)
 
     def release(self, slots: list[int], *, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +214,9 @@ class PendingRows:
             del self.index[row_id]
         return ids, slots
 
-    def expire(self, now_ms: int, batch_seq: int, ttl_ms: int | None, ttl_batches: int | None) -> tuple[list, list[int]]:
+    def expire(
+        self, now_ms: int, batch_seq: int, ttl_ms: int | None, ttl_batches: int | None
+    ) -> tuple[list, list[int]]:
         """(ids, slots) of the rows older than ``ttl_ms`` or ``ttl_batches``, oldest first, taken out as by
         ``pop_oldest``. The scan stops at the first young row (times do not go backwards)."""
         index, out_ids, out_slots = self.index, [], []
@@ -245,7 +250,9 @@ class PendingRows:
         n = len(ids)
         seq, added = np.asarray(state["pending_batch_seq"]), np.asarray(state["pending_added_ms"])
         if X.shape != (n, self.X.shape[1]) or seq.shape != (n,) or added.shape != (n,):
-            raise ValueError(f"inconsistent pending rows in state: {n} ids, X {X.shape}, n_features {self.X.shape[1]}")
+            raise ValueError(
+                f"inconsistent pending rows in state: {n} ids, X {X.shape}, n_features {self.X.shape[1]}"
+            )
         self._grow(n)
         self.X[:n], self.seq[:n], self.added_ms[:n] = X, seq, added
         self.high = n
@@ -362,4 +369,3 @@ class EarlyLabels:
         slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
         sources = [self._sources[s] for s in slots.tolist()]
         return list(zip(self.index, self._y[slots].tolist(), self._ms[slots].tolist(), sources))
-

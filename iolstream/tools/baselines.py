@@ -19,16 +19,15 @@ river is imported only when a river baseline is built.
 from __future__ import annotations
 
 import numpy as np
-
 from threadpoolctl import threadpool_limits
 
 from iolstream.core import learner as learner_mod
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
-from iolstream.tools.datasets import DataError
 from iolstream.core.model import ModelConfig
 from iolstream.core.network import RandomNetwork
 from iolstream.core.scaling import Scaler
+from iolstream.tools.datasets import DataError
 
 BASELINES = ("os-elm", "river-softmax", "river-arf", "river-hat")
 
@@ -64,7 +63,9 @@ class OSELM:
     def start(self, x_head):
         runtime.configure_blas()
         if runtime.blas_threads_for(self.config.n_nodes) == 1:
-            threadpool_limits(limits=1, user_api="blas")  # as runtime.configure_for_model does for small models
+            threadpool_limits(
+                limits=1, user_api="blas"
+            )  # as runtime.configure_for_model does for small models
         if not self.scaler.frozen:
             self.scaler.partial_fit(x_head[: self.config.warmup_rows])
             self.scaler.freeze()
@@ -89,20 +90,31 @@ class OSELM:
 
     def predict(self, x):
         chunks = (x[i : i + 4096] for i in range(0, len(x), 4096))
-        return np.concatenate([self._decide(self.learner.layer_outputs(self._hidden_t(c))[0]) for c in chunks])
+        return np.concatenate(
+            [self._decide(self.learner.layer_outputs(self._hidden_t(c))[0]) for c in chunks]
+        )
 
     def regret(self):
         st = self.learner.state
         ls = st.layers[0]
         expert = regret_mod.expert_loss(ls.rhs, ls.gram, st.sum_y2)
         n_nodes = self.config.n_nodes  # (N + k) of Theorem 4 becomes N: no direct link
-        bound = regret_mod.bound_ridge(st.y_max, st.max_label_batch, n_nodes, st.label_batches, st.d_max, self.lam)
+        bound = regret_mod.bound_ridge(
+            st.y_max, st.max_label_batch, n_nodes, st.label_batches, st.d_max, self.lam
+        )
         return ls.loss_sum - expert, bound
 
     def describe(self) -> dict:
         c = self.config
-        return {"learner": "OS-ELM (RLS, prior (λI)^-1)", "n_nodes": c.n_nodes, "lam": self.lam,
-                "activation": c.activation, "init": c.init, "seed": c.seed, "scaler": c.scaler}  # fmt: skip
+        return {
+            "learner": "OS-ELM (RLS, prior (λI)^-1)",
+            "n_nodes": c.n_nodes,
+            "lam": self.lam,
+            "activation": c.activation,
+            "init": c.init,
+            "seed": c.seed,
+            "scaler": c.scaler,
+        }
 
 
 class RiverLearner:
@@ -119,15 +131,23 @@ class RiverLearner:
         if not self._classification and self.m != 1:
             raise DataError(f"baseline {name!r} supports one regression target, the data set has {self.m}")
         if name == "river-softmax":
-            estimator = linear_model.SoftmaxRegression() if self._classification else linear_model.LinearRegression()
+            estimator = (
+                linear_model.SoftmaxRegression() if self._classification else linear_model.LinearRegression()
+            )
             self.model = preprocessing.StandardScaler() | estimator
             self._label = f"river StandardScaler | {type(estimator).__name__}"
         elif name == "river-hat":
-            kind = tree.HoeffdingAdaptiveTreeClassifier if self._classification else tree.HoeffdingAdaptiveTreeRegressor
+            kind = (
+                tree.HoeffdingAdaptiveTreeClassifier
+                if self._classification
+                else tree.HoeffdingAdaptiveTreeRegressor
+            )
             self.model = estimator = kind(seed=seed)
             self._label = f"river {type(estimator).__name__}"
         else:
-            estimator = forest.ARFClassifier(seed=seed) if self._classification else forest.ARFRegressor(seed=seed)
+            estimator = (
+                forest.ARFClassifier(seed=seed) if self._classification else forest.ARFRegressor(seed=seed)
+            )
             self.model = estimator
             self._label = f"river {type(estimator).__name__}"
         self.seed = seed

@@ -64,10 +64,20 @@ def run_poker(args) -> dict:
     test, train = order[:n_test], order[n_test:]
     b = max(int(round(args.batch_fraction * len(train))), 1)
     cfg = ModelConfig(
-        n_inputs=data.X.shape[1], classes=data.classes, n_nodes=989, n_layers=5, lam=4.0, activation="relu",
-        init="xavier", seed=args.seed, mode="forward", dtype=args.dtype, scaler="warmup", warmup_rows=min(10_000, len(train)),
+        n_inputs=data.X.shape[1],
+        classes=data.classes,
+        n_nodes=989,
+        n_layers=5,
+        lam=4.0,
+        activation="relu",
+        init="xavier",
+        seed=args.seed,
+        mode="forward",
+        dtype=args.dtype,
+        scaler="warmup",
+        warmup_rows=min(10_000, len(train)),
         track_regret=False,
-    )  # fmt: skip
+    )
     model = EdRVFL(cfg)
     from iolstream.core import runtime
 
@@ -86,7 +96,11 @@ def run_poker(args) -> dict:
         prev, prev_y = pred, y
         if args.progress and (start // b) % 20 == 0:
             done = start + len(y)
-            print(f"\r{done:>9d}/{len(train)} rows  {done / (time.perf_counter() - t0):8.0f} rows/s", end="", file=sys.stderr)
+            print(
+                f"\r{done:>9d}/{len(train)} rows  {done / (time.perf_counter() - t0):8.0f} rows/s",
+                end="",
+                file=sys.stderr,
+            )
     model.learn(prev.features_t, prev_y, predicted=prev.layer_outputs)
     seconds = time.perf_counter() - t0
     if args.progress:
@@ -96,12 +110,19 @@ def run_poker(args) -> dict:
     )
     test_acc = float((np.asarray(data.classes)[test_pred] == data.y[test]).mean())
     return {
-        "suite": "poker", "rows": int(len(data.y)), "train_rows": int(len(train)), "test_rows": int(n_test),
-        "batch": b, "dtype": args.dtype, "seconds": seconds, "minutes": seconds / 60.0,
-        "rows_per_second": len(train) / seconds, "prequential_accuracy": correct / len(train),
+        "suite": "poker",
+        "rows": int(len(data.y)),
+        "train_rows": int(len(train)),
+        "test_rows": int(n_test),
+        "batch": b,
+        "dtype": args.dtype,
+        "seconds": seconds,
+        "minutes": seconds / 60.0,
+        "rows_per_second": len(train) / seconds,
+        "prequential_accuracy": correct / len(train),
         "test_accuracy": test_acc,
         "paper": {"minutes": 4.91, "test_accuracy_forward": 0.9352, "hardware": "64-core CPU + 4 GPUs"},
-    }  # fmt: skip
+    }
 
 
 def add_parser(subparsers):
@@ -112,24 +133,61 @@ def add_parser(subparsers):
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"], help="poker suite")
     p.add_argument("--seconds", type=float, default=5.0, help="core suite: seconds per measurement")
-    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
-                   help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)")
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        default=list(SETTINGS),
+        choices=list(SETTINGS),
+        help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)",
+    )
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")
-    p.add_argument("--batch-fraction", type=float, default=0.0027, help="poker suite: b as a fraction of the training rows")
+    p.add_argument(
+        "--batch-fraction",
+        type=float,
+        default=0.0027,
+        help="poker suite: b as a fraction of the training rows",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--bootstrap", default=None, help="kafka suite: broker (default: the local one)")
-    p.add_argument("--kafka-scale", type=float, default=1.0, help="kafka suite: scale every row count (e.g. 0.1 for a quick run)")
-    p.add_argument("--no-memory", dest="memory", action="store_false", help="kafka suite: skip the 100k vs 1M rows RSS runs")
-    p.add_argument("--group-rows", type=int, default=120_000, help="group suite: rows pre-produced (times --kafka-scale)")
+    p.add_argument(
+        "--kafka-scale",
+        type=float,
+        default=1.0,
+        help="kafka suite: scale every row count (e.g. 0.1 for a quick run)",
+    )
+    p.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="kafka suite: skip the 100k vs 1M rows RSS runs",
+    )
+    p.add_argument(
+        "--group-rows", type=int, default=120_000, help="group suite: rows pre-produced (times --kafka-scale)"
+    )
     p.add_argument("--partitions", type=int, default=4, help="group suite: partitions of the input topics")
-    p.add_argument("--group-workers", type=int, default=2, help="group suite: workers in the group (against 1)")
-    p.add_argument("--no-group-quality", dest="group_quality", action="store_false", help="group suite: skip the quality table")
-    p.add_argument("--group-poker-rows", type=int, default=0,
-                   help="group suite: also the quality table on this many poker rows (1000000: ~30 min on 2 cores)")
-    p.add_argument("--group-sync-rows", type=int, default=10_000,
-                   help="group suite: poker quality, a member syncs every S rows of its own")
+    p.add_argument(
+        "--group-workers", type=int, default=2, help="group suite: workers in the group (against 1)"
+    )
+    p.add_argument(
+        "--no-group-quality",
+        dest="group_quality",
+        action="store_false",
+        help="group suite: skip the quality table",
+    )
+    p.add_argument(
+        "--group-poker-rows",
+        type=int,
+        default=0,
+        help="group suite: also the quality table on this many poker rows (1000000: ~30 min on 2 cores)",
+    )
+    p.add_argument(
+        "--group-sync-rows",
+        type=int,
+        default=10_000,
+        help="group suite: poker quality, a member syncs every S rows of its own",
+    )
     p.add_argument("--memory-messages", type=int, default=600_000, help="memory suite: messages a flood")
     p.set_defaults(func=run)
     return p

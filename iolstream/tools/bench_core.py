@@ -27,7 +27,9 @@ CONFIGS = {
 }
 
 
-def minimal_flops_per_row(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True) -> dict:
+def minimal_flops_per_row(
+    k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True
+) -> dict:
     """FLOPs per row of one -F step, the least the algorithm needs (issue #5's accounting).
 
     Per layer: features 2·fan_in·N; Gram n² (symmetric rank-b update, b·n² per batch);
@@ -98,14 +100,27 @@ class CoreResult:
 
 
 def bench_core_step(
-    name: str, dtype: str, *, seconds: float = 5.0, solver: str = "auto", setting: str = "fixed", gemm: float | None = None
+    name: str,
+    dtype: str,
+    *,
+    seconds: float = 5.0,
+    solver: str = "auto",
+    setting: str = "fixed",
+    gemm: float | None = None,
 ) -> CoreResult:
     """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
     cfg = ModelConfig(
-        n_inputs=k, n_outputs=m, n_nodes=n_nodes, n_layers=n_layers, scaler="none", dtype=dtype, solver=solver,
-        track_regret=False, **SETTINGS[setting],
-    )  # fmt: skip
+        n_inputs=k,
+        n_outputs=m,
+        n_nodes=n_nodes,
+        n_layers=n_layers,
+        scaler="none",
+        dtype=dtype,
+        solver=solver,
+        track_regret=False,
+        **SETTINGS[setting],
+    )
     model = EdRVFL(cfg)
     from iolstream.core import runtime
 
@@ -117,9 +132,23 @@ def bench_core_step(
         gemm = gemm_rate(shapes, np.float64 if dtype == "float64" else np.float32)
     achieved = flops["total"] * rows_s / 1e9
     return CoreResult(
-        name, dtype, k, m, n_nodes, n_layers, b, rows_s, flops["total"], achieved, gemm, achieved / gemm, elapsed, flops,
-        setting, len(model.learners),
-    )  # fmt: skip
+        name,
+        dtype,
+        k,
+        m,
+        n_nodes,
+        n_layers,
+        b,
+        rows_s,
+        flops["total"],
+        achieved,
+        gemm,
+        achieved / gemm,
+        elapsed,
+        flops,
+        setting,
+        len(model.learners),
+    )
 
 
 def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[float, float]:

@@ -49,7 +49,10 @@ from iolstream.tools.group_sim import quality_table
 
 BATCH = 256  # rows per input message and the worker's batch_rows
 CHUNK_BYTES = 900_000  # group.chunk_bytes' default
-SYNC_CONFIGS = {"default": (512, 2, 256), "poker": (989, 5, 2200)}  # (n_nodes, n_layers, batch_rows); k = 10, m = 10
+SYNC_CONFIGS = {
+    "default": (512, 2, 256),
+    "poker": (989, 5, 2200),
+}  # (n_nodes, n_layers, batch_rows); k = 10, m = 10
 
 
 def _poker(rows: int, seed: int = 0):
@@ -62,13 +65,24 @@ def _poker(rows: int, seed: int = 0):
 # ---------------------------------------------------------------------------------------------- throughput
 
 
-def _worker_cfg(bootstrap: str, topics: dict, group_id: str, snap_dir: Path, partitions: int, group: bool,
-                scaling: tuple | None = None) -> dict:  # fmt: skip
+def _worker_cfg(
+    bootstrap: str,
+    topics: dict,
+    group_id: str,
+    snap_dir: Path,
+    partitions: int,
+    group: bool,
+    scaling: tuple | None = None,
+) -> dict:
     """``scaling``: (mean, std) of a fixed scaler. The group suite fixes it, the same for both runs: with a warm-up
     scaler a group member holds its rows until the group's scaling has gone round the deltas topic."""
     model = {"n_inputs": 10, "classes": list(range(10)), "track_regret": False}
     if scaling is not None:
-        model.update(scaler="fixed", scaler_mean=[float(v) for v in scaling[0]], scaler_std=[float(v) for v in scaling[1]])
+        model.update(
+            scaler="fixed",
+            scaler_mean=[float(v) for v in scaling[0]],
+            scaler_std=[float(v) for v in scaling[1]],
+        )
     return {
         "model": model,
         "kafka": {"bootstrap_servers": bootstrap, "group_id": group_id},
@@ -77,13 +91,19 @@ def _worker_cfg(bootstrap: str, topics: dict, group_id: str, snap_dir: Path, par
         "snapshot": {"dir": str(snap_dir), "every_seconds": 30, "every_batches": 100_000},
         "group": {"enabled": group},
         "metrics": {"port": 0},
-        "logging": {"level": "INFO", "format": "json", "status_every_seconds": 5},  # INFO: when it was assigned
-    }  # fmt: skip
+        "logging": {
+            "level": "INFO",
+            "format": "json",
+            "status_every_seconds": 5,
+        },  # INFO: when it was assigned
+    }
 
 
 def _produce_input(bootstrap: str, features: str, labels: str, X, y) -> None:
     """Batch messages of BATCH rows keyed by batch; each batch's labels one message later, same key."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000})
+    p = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000}
+    )
     prev = None
     for i, start in enumerate(range(0, len(X), BATCH)):
         ids = [f"r{j}" for j in range(start, min(start + BATCH, len(X)))]
@@ -109,8 +129,14 @@ def _send(p: Producer, topic: str, value: bytes, key: bytes) -> None:
 def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, np.ndarray]:
     """(predicted rows, first and last Kafka timestamp in s, (messages, 2) array of [timestamp s, rows]) over every
     partition of ``topic``."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         c.assign([TopicPartition(topic, p, 0) for p in parts])
@@ -133,16 +159,24 @@ def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, n
         c.close()
 
 
-def _run_workers(bootstrap, topics, workdir: Path, partitions: int, n_workers: int, tag: str, n_rows: int, scaling) -> dict:
+def _run_workers(
+    bootstrap, topics, workdir: Path, partitions: int, n_workers: int, tag: str, n_rows: int, scaling
+) -> dict:
     group_id = f"bench-group-{tag}-{uuid.uuid4().hex[:6]}"
-    cfg = _worker_cfg(bootstrap, topics, group_id, workdir / f"snap-{tag}", partitions, group=n_workers > 1, scaling=scaling)
+    cfg = _worker_cfg(
+        bootstrap, topics, group_id, workdir / f"snap-{tag}", partitions, group=n_workers > 1, scaling=scaling
+    )
     workers = []
     for i in range(n_workers):
-        member_cfg = dict(cfg, group={**cfg["group"], "member_id": f"m{i}"} if n_workers > 1 else cfg["group"])
+        member_cfg = dict(
+            cfg, group={**cfg["group"], "member_id": f"m{i}"} if n_workers > 1 else cfg["group"]
+        )
         workers.append(WorkerProcess(member_cfg, workdir, stop_at_end=True))
     codes = [None] * n_workers
 
-    def wait(i: int) -> None:  # each sampled while it runs (CPU, RSS): waited for side by side, not one after the other
+    def wait(
+        i: int,
+    ) -> None:  # each sampled while it runs (CPU, RSS): waited for side by side, not one after the other
         codes[i] = workers[i].wait(timeout=1800)
 
     threads = [threading.Thread(target=wait, args=(i,)) for i in range(n_workers)]
@@ -154,7 +188,9 @@ def _run_workers(bootstrap, topics, workdir: Path, partitions: int, n_workers: i
         w.check(-1 if code is None else code)
     rows, t0, t1, stamps = _prediction_window(bootstrap, topics["predictions"])
     if rows < n_rows:
-        raise RuntimeError(f"{tag}: {rows} predictions for {n_rows} rows; logs: {[str(w.log) for w in workers]}")
+        raise RuntimeError(
+            f"{tag}: {rows} predictions for {n_rows} rows; logs: {[str(w.log) for w in workers]}"
+        )
     cpu = sum(w.cpu_between(t0, t1) for w in workers)
     seconds = max(t1 - t0, 1e-3)
     # from the moment every worker holds partitions: a member that joins late (its group join lost the race to
@@ -163,17 +199,26 @@ def _run_workers(bootstrap, topics, workdir: Path, partitions: int, n_workers: i
     joined = float("inf") if None in firsts else max(firsts)
     after = stamps[stamps[:, 0] >= joined]
     steady_seconds = t1 - max(joined, t0)
-    if steady_seconds < 1.0:  # a member got partitions only once (nearly) every row was predicted, or never: no group at work
+    if (
+        steady_seconds < 1.0
+    ):  # a member got partitions only once (nearly) every row was predicted, or never: no group at work
         steady_rate = steady_cores = None
     else:
         steady_rate = after[:, 1].sum() / steady_seconds
         steady_cores = sum(w.cpu_between(max(joined, t0), t1) for w in workers) / steady_seconds
-    return {"workers": n_workers, "rows_predicted": rows, "seconds": seconds, "rows_per_second": n_rows / seconds,
-            "worker_cpu_seconds": cpu, "cores_used_by_workers": cpu / seconds,
-            "all_joined_after_first_prediction_s": None if joined == float("inf") else max(joined - t0, 0.0),
-            "rows_after_all_joined": int(after[:, 1].sum()),
-            "rows_per_second_after_all_joined": steady_rate, "cores_used_after_all_joined": steady_cores,
-            "peak_rss_mb": [round((w.peak_rss_bytes or 0) / 2**20, 1) for w in workers]}  # fmt: skip
+    return {
+        "workers": n_workers,
+        "rows_predicted": rows,
+        "seconds": seconds,
+        "rows_per_second": n_rows / seconds,
+        "worker_cpu_seconds": cpu,
+        "cores_used_by_workers": cpu / seconds,
+        "all_joined_after_first_prediction_s": None if joined == float("inf") else max(joined - t0, 0.0),
+        "rows_after_all_joined": int(after[:, 1].sum()),
+        "rows_per_second_after_all_joined": steady_rate,
+        "cores_used_after_all_joined": steady_cores,
+        "peak_rss_mb": [round((w.peak_rss_bytes or 0) / 2**20, 1) for w in workers],
+    }
 
 
 def _first_assignment(log_path: Path) -> float | None:
@@ -188,14 +233,18 @@ def _first_assignment(log_path: Path) -> float | None:
     return None
 
 
-def run_throughput(bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, created: list) -> dict:
+def run_throughput(
+    bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, created: list
+) -> dict:
     X, y, _ = _poker(rows, seed=1)
     head = X[:256]
     scaling = (head.mean(axis=0), np.where(head.std(axis=0, ddof=1) > 0, head.std(axis=0, ddof=1), 1.0))
     u = uuid.uuid4().hex[:8]
     features, labels = f"bench-group-{u}-features", f"bench-group-{u}-labels"
     created += [features, labels]
-    base = _worker_cfg(bootstrap, {"features": features, "labels": labels}, "x", workdir, partitions, group=False)
+    base = _worker_cfg(
+        bootstrap, {"features": features, "labels": labels}, "x", workdir, partitions, group=False
+    )
     from iolstream.kafka.clients import ensure_topics
     from iolstream.kafka.config import config_from_dict
 
@@ -203,16 +252,29 @@ def run_throughput(bootstrap: str, rows: int, partitions: int, group_workers: in
     created += [base["topics"]["predictions"], base["topics"]["dead_letters"]]
     ensure_topics(config_from_dict(base, environ={}))
     _produce_input(bootstrap, features, labels, X, y)
-    out = {"rows": rows, "partitions": partitions, "cpu_count": os.cpu_count(),
-           "note": "the broker and the benchmark process share these cores with the workers"}  # fmt: skip
+    out = {
+        "rows": rows,
+        "partitions": partitions,
+        "cpu_count": os.cpu_count(),
+        "note": "the broker and the benchmark process share these cores with the workers",
+    }
     for n_workers in (1, group_workers):
         tag = f"w{n_workers}"
-        topics = {"features": features, "labels": labels, "predictions": f"bench-group-{u}-{tag}-predictions",
-                  "dead_letters": f"bench-group-{u}-{tag}-dead", "model_deltas": f"bench-group-{u}-{tag}-deltas"}  # fmt: skip
+        topics = {
+            "features": features,
+            "labels": labels,
+            "predictions": f"bench-group-{u}-{tag}-predictions",
+            "dead_letters": f"bench-group-{u}-{tag}-dead",
+            "model_deltas": f"bench-group-{u}-{tag}-deltas",
+        }
         created += [topics["predictions"], topics["dead_letters"], topics["model_deltas"]]
         out[tag] = _run_workers(bootstrap, topics, workdir, partitions, n_workers, tag, rows, scaling)
-        print(f"group bench: {n_workers} worker(s): {out[tag]['rows_per_second']:.0f} rows/s, "
-              f"{out[tag]['cores_used_by_workers']:.2f} cores", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"group bench: {n_workers} worker(s): {out[tag]['rows_per_second']:.0f} rows/s, "
+            f"{out[tag]['cores_used_by_workers']:.2f} cores",
+            file=sys.stderr,
+            flush=True,
+        )
     group, one = out[f"w{group_workers}"], out["w1"]
     out["ratio_vs_one_worker"] = group["rows_per_second"] / one["rows_per_second"]
     steady = group["rows_per_second_after_all_joined"], one["rows_per_second_after_all_joined"]
@@ -236,7 +298,9 @@ def _timed(fn, repeat: int) -> tuple[float, object]:
 def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3) -> dict:
     """One record of config ``name`` (SYNC_CONFIGS): bytes and the seconds of each step (best of ``repeat``)."""
     n_nodes, n_layers, batch = SYNC_CONFIGS[name]
-    cfg = ModelConfig(n_inputs=10, classes=tuple(range(10)), n_nodes=n_nodes, n_layers=n_layers, track_regret=False)
+    cfg = ModelConfig(
+        n_inputs=10, classes=tuple(range(10)), n_nodes=n_nodes, n_layers=n_layers, track_regret=False
+    )
     X, y, _ = _poker(max(4 * BATCH, batch), seed=2)
     sender, receiver = EdRVFL(cfg), EdRVFL(cfg)
     runtime.configure_for_model(sender)
@@ -250,17 +314,30 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     encode_s, blob = _timed(lambda: snapshots.encode(manifest, sums), repeat)
     decode_s, (_, arrays) = _timed(lambda: snapshots.decode(blob), repeat)
     n = receiver.network.n_columns
-    out = {"config": name, "n_nodes": n_nodes, "n_layers": n_layers, "n_columns": n, "record_bytes": len(blob),
-           "formula_bytes": n_layers * (n * (n + 1) // 2 + n * 10) * 8,
-           "build_own_sums_ms": build_s * 1e3, "encode_ms": encode_s * 1e3, "decode_ms": decode_s * 1e3}  # fmt: skip
+    out = {
+        "config": name,
+        "n_nodes": n_nodes,
+        "n_layers": n_layers,
+        "n_columns": n,
+        "record_bytes": len(blob),
+        "formula_bytes": n_layers * (n * (n + 1) // 2 + n * 10) * 8,
+        "build_own_sums_ms": build_s * 1e3,
+        "encode_ms": encode_s * 1e3,
+        "decode_ms": decode_s * 1e3,
+    }
     if bootstrap is not None:
         topic = f"bench-group-sync-{uuid.uuid4().hex[:8]}"
         created.append(topic)
-        from iolstream.kafka.group import delta_topic_config
         from iolstream.kafka import topics as topics_mod
+        from iolstream.kafka.group import delta_topic_config
 
-        topics_mod.create_topics(AdminClient({"bootstrap.servers": bootstrap}), [topic], partitions=1, replication_factor=1,
-                                 configs={topic: delta_topic_config(CHUNK_BYTES)})  # fmt: skip
+        topics_mod.create_topics(
+            AdminClient({"bootstrap.servers": bootstrap}),
+            [topic],
+            partitions=1,
+            replication_factor=1,
+            configs={topic: delta_topic_config(CHUNK_BYTES)},
+        )
         p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
 
         def produce():
@@ -317,12 +394,20 @@ def projection(cost: dict, members=(4, 16, 64), sync_seconds: float = 1.0) -> li
         busy = publish + (k - 1) * merge + cost["resolve_ms"] / 1e3
         share = max(0.0, 1.0 - busy / sync_seconds)
         per_member = share / (cost["row_us"] / 1e6)
-        out.append({"members": k, "sync_share": min(busy / sync_seconds, 1.0), "rows_per_second_per_member": per_member,
-                    "rows_per_second_total": k * per_member, "vs_one_worker": k * share,
-                    "deltas_in_mb_per_s": k * cost["record_bytes"] / sync_seconds / 1e6,
-                    "deltas_out_mb_per_s": k * (k - 1) * cost["record_bytes"] / sync_seconds / 1e6,
-                    "memory_mb_per_member": k * cost["record_bytes"] / 1e6,
-                    "members_where_merging_fills_the_interval": 1 + (sync_seconds - publish - cost["resolve_ms"] / 1e3) / merge})
+        out.append(
+            {
+                "members": k,
+                "sync_share": min(busy / sync_seconds, 1.0),
+                "rows_per_second_per_member": per_member,
+                "rows_per_second_total": k * per_member,
+                "vs_one_worker": k * share,
+                "deltas_in_mb_per_s": k * cost["record_bytes"] / sync_seconds / 1e6,
+                "deltas_out_mb_per_s": k * (k - 1) * cost["record_bytes"] / sync_seconds / 1e6,
+                "memory_mb_per_member": k * cost["record_bytes"] / 1e6,
+                "members_where_merging_fills_the_interval": 1
+                + (sync_seconds - publish - cost["resolve_ms"] / 1e3) / merge,
+            }
+        )
     return out
 
 
@@ -341,8 +426,13 @@ def quality(poker_rows: int, sync_rows: int) -> dict:
         sets.append(("poker", load("poker", rows=poker_rows, seed=0), BATCH, sync_rows, False))
     for name, d, batch, sync, split in sets:
         cfg = ModelConfig(n_inputs=d.X.shape[1], classes=d.classes, track_regret=False)
-        out[name] = {"rows": len(d.y), "batch_rows": batch, "sync_rows": sync, "split_batch": split,
-                     **quality_table(d.X, d.y, cfg, batch_rows=batch, sync_rows=sync, split_batch=split)}  # fmt: skip
+        out[name] = {
+            "rows": len(d.y),
+            "batch_rows": batch,
+            "sync_rows": sync,
+            "split_batch": split,
+            **quality_table(d.X, d.y, cfg, batch_rows=batch, sync_rows=sync, split_batch=split),
+        }
     return out
 
 
@@ -357,7 +447,9 @@ def run_group(args) -> dict:
     out = {"suite": "group", "bootstrap": bootstrap, "cpu_count": os.cpu_count()}
     try:
         rows = max(int(args.group_rows * scale), 8 * BATCH)
-        out["throughput"] = run_throughput(bootstrap, rows, args.partitions, args.group_workers, workdir, created)
+        out["throughput"] = run_throughput(
+            bootstrap, rows, args.partitions, args.group_workers, workdir, created
+        )
         out["sync_costs"] = [sync_costs(name, bootstrap, created) for name in SYNC_CONFIGS]
         out["projection"] = {c["config"]: projection(c) for c in out["sync_costs"]}
         if args.group_quality:

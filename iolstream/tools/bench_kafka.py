@@ -36,7 +36,14 @@ from pathlib import Path
 import numpy as np
 import orjson
 import yaml
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iolstream.tools.bench_core import bench_core_step
@@ -57,7 +64,9 @@ def _data(rows: int, seed: int = 0):
 
 
 def _producer(bootstrap: str) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000})
+    return Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000}
+    )
 
 
 def _messages(X, y, batch_rows: int, ids_from: int = 0):
@@ -72,7 +81,9 @@ def _messages(X, y, batch_rows: int, ids_from: int = 0):
             yield {"ids": ids, "x": X[start:stop].tolist()}, {"ids": ids, "y": lab}
 
 
-def _produce_stream(p: Producer, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0):
+def _produce_stream(
+    p: Producer, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0
+):
     """Features in messages of ``batch_rows`` rows, each label message one message later, event
     time ("ts") stamped at send; paced to ``rate`` rows/s if given."""
     t0 = time.monotonic()
@@ -104,15 +115,26 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
 
 def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256) -> dict:
     return {
-        "model": {"n_inputs": K, "classes": list(classes), "n_nodes": n_nodes, "n_layers": n_layers,
-                  "warmup_rows": 256, "track_regret": False},
+        "model": {
+            "n_inputs": K,
+            "classes": list(classes),
+            "n_nodes": n_nodes,
+            "n_layers": n_layers,
+            "warmup_rows": 256,
+            "track_regret": False,
+        },
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
-        "topics": {"features": topics[0], "labels": topics[1], "predictions": topics[2], "dead_letters": topics[3]},
+        "topics": {
+            "features": topics[0],
+            "labels": topics[1],
+            "predictions": topics[2],
+            "dead_letters": topics[3],
+        },
         "stream": {"batch_rows": batch_rows, "label_batch_rows": batch_rows},
         "snapshot": {"dir": str(snap_dir), "every_seconds": 30, "every_batches": 100_000},
         "metrics": {"port": 0},
         "logging": {"level": "WARNING"},
-    }  # fmt: skip
+    }
 
 
 _created: list[str] = []  # topic names handed out in this run, deleted at its end (run_kafka)
@@ -167,7 +189,9 @@ class WorkerProcess:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.peak_rss_bytes: int | None = None
-        self.cpu_samples: list[tuple[float, float]] = []  # (wall clock s, the process's CPU s so far), every 20 ms
+        self.cpu_samples: list[
+            tuple[float, float]
+        ] = []  # (wall clock s, the process's CPU s so far), every 20 ms
 
     def _high_water_mark(self) -> int | None:
         """The process's peak RSS so far (Linux VmHWM, bytes), None once it is gone."""
@@ -232,8 +256,13 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
     """(predictions on ``topic``, rows/s between the prediction at offset ``skip`` and the last, the
     wall-clock times (s) of those two), from the messages' Kafka timestamps (the worker's produce
     times), reading just those two."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         n = high - low
@@ -259,7 +288,9 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     """Pre-produce X, y, run a worker process over them; rows/s and peak RSS."""
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-{tag}")
-    cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-{tag}", tuple(range(M)), BATCH[name])
+    cfg = _worker_cfg(
+        bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-{tag}", tuple(range(M)), BATCH[name]
+    )
     _ensure(cfg)
     _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
     worker = WorkerProcess(cfg, workdir, stop_at_end=True)
@@ -269,22 +300,35 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
         raise RuntimeError(f"{tag}: {n} predictions for {len(X)} rows; worker log: {worker.log}")
     cpu = worker.cpu_between(t0, t1)  # over the timed rows only: no start-up, no idle tail
     timed_rows = n - BATCH[name] - 1
-    return {"rows": n, "rows_per_second": rate, "peak_rss_mb": (worker.peak_rss_bytes or 0) / 2**20,
-            "cpu_seconds_per_100k_rows": cpu / timed_rows * 1e5, "cores_used": cpu / max(t1 - t0, 1e-3),
-            "topics": topics}  # fmt: skip
+    return {
+        "rows": n,
+        "rows_per_second": rate,
+        "peak_rss_mb": (worker.peak_rss_bytes or 0) / 2**20,
+        "cpu_seconds_per_100k_rows": cpu / timed_rows * 1e5,
+        "cores_used": cpu / max(t1 - t0, 1e-3),
+        "topics": topics,
+    }
 
 
 def _processor_rate(name: str, X, y) -> float:
     """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches."""
-    from iolstream.stream.config import StreamConfig
-    from iolstream.core.model import EdRVFL, ModelConfig
-    from iolstream.stream.processor import StreamProcessor
     from iolstream.core import runtime
+    from iolstream.core.model import EdRVFL, ModelConfig
+    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.processor import StreamProcessor
 
     n_nodes, n_layers = CONFIGS[name]
     b = BATCH[name]
-    model = EdRVFL(ModelConfig(n_inputs=K, classes=tuple(range(M)), n_nodes=n_nodes, n_layers=n_layers,
-                               warmup_rows=256, track_regret=False))  # fmt: skip
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=K,
+            classes=tuple(range(M)),
+            n_nodes=n_nodes,
+            n_layers=n_layers,
+            warmup_rows=256,
+            track_regret=False,
+        )
+    )
     runtime.configure_for_model(model)
     proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
     pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b)]
@@ -307,8 +351,14 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     from river import linear_model, optim, preprocessing
 
     model = preprocessing.StandardScaler() | linear_model.SoftmaxRegression(optimizer=optim.SGD(0.01))
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"river-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"river-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([features, labels])
     pending: dict[str, dict] = {}
     early: dict[str, object] = {}
@@ -352,7 +402,9 @@ def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
     try:
         deadline = time.monotonic() + timeout
-        while (n := c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]) < count and time.monotonic() < deadline:
+        while (
+            n := c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        ) < count and time.monotonic() < deadline:
             time.sleep(0.1)
         return n
     finally:
@@ -370,9 +422,13 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     (in one run it alone raised p99 from ~30 to ~70 ms) and add its own fetch wait."""
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-latency")
-    cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name])
+    cfg = _worker_cfg(
+        bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name]
+    )
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    created = admin.create_topics([NewTopic(topics[2], 1, 1, config={"message.timestamp.type": "LogAppendTime"})])
+    created = admin.create_topics(
+        [NewTopic(topics[2], 1, 1, config={"message.timestamp.type": "LogAppendTime"})]
+    )
     created[topics[2]].result(30)
     _ensure(cfg)
     worker = WorkerProcess(cfg, workdir)
@@ -382,7 +438,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
         # the producer too: a new idempotent producer's first messages wait ~60 ms for its
         # producer id and metadata, which is not the worker's latency
         producer = _producer(bootstrap)
-        _produce_stream(producer, topics[0], topics[1], X[:warm], y[:warm], batch_rows=256, ids_from=-10**6)
+        _produce_stream(producer, topics[0], topics[1], X[:warm], y[:warm], batch_rows=256, ids_from=-(10**6))
         if _wait_for(bootstrap, topics[2], warm, 120) < warm:
             raise RuntimeError(f"latency: the worker did not predict the warm-up rows; log: {worker.log}")
         _produce_stream(producer, topics[0], topics[1], X, y, batch_rows=256, rate=rate)
@@ -391,7 +447,13 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
         code = worker.stop()
     worker.check(code)
     latencies = []
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"lat-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         c.assign([TopicPartition(topics[2], 0, warm)])
         deadline = time.monotonic() + 60
@@ -408,11 +470,18 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     finally:
         c.close()
     if len(latencies) < len(X):
-        raise RuntimeError(f"latency: {len(latencies)} predictions of {len(X)} rows; worker log: {worker.log}")
+        raise RuntimeError(
+            f"latency: {len(latencies)} predictions of {len(X)} rows; worker log: {worker.log}"
+        )
     lat = np.asarray(latencies, dtype=np.float64)
-    return {"rate_rows_per_second": rate, "rows": len(latencies), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max()),
-            "measured": "broker append time of the prediction - event time stamped at send"}  # fmt: skip
+    return {
+        "rate_rows_per_second": rate,
+        "rows": len(latencies),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "max_ms": float(lat.max()),
+        "measured": "broker append time of the prediction - event time stamped at send",
+    }
 
 
 def run_kafka(args) -> dict:
@@ -434,10 +503,15 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
         rows = max(int(ROWS[name] * scale), 4 * BATCH[name])
         X, y = _data(rows)
         learner = bench_core_step(name, "float64", seconds=4.0)
-        entry = {"learner_rows_per_second": learner.rows_per_second, "processor_rows_per_second": _processor_rate(name, X, y)}
+        entry = {
+            "learner_rows_per_second": learner.rows_per_second,
+            "processor_rows_per_second": _processor_rate(name, X, y),
+        }
         batch = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="batch")
         entry["worker_batch_messages"] = {k: v for k, v in batch.items() if k != "topics"}
-        entry["river_softmax_rows_per_second"] = _river_loop(bootstrap, *batch["topics"][:2], min(rows, 40_000), 120)
+        entry["river_softmax_rows_per_second"] = _river_loop(
+            bootstrap, *batch["topics"][:2], min(rows, 40_000), 120
+        )
         n_rows = max(rows // 4, 4 * BATCH[name])
         row = _worker_run(bootstrap, name, X[:n_rows], y[:n_rows], workdir, batch_rows=1, tag="rows")
         entry["worker_row_messages"] = {k: v for k, v in row.items() if k != "topics"}
@@ -453,7 +527,9 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
             memory = {}
             for n in (int(r * scale) for r in MEMORY_ROWS):
                 Xm, ym = _data(n, seed=1)
-                memory[str(n)] = _worker_run(bootstrap, name, Xm, ym, workdir, batch_rows=256, tag=f"mem{n}")["peak_rss_mb"]
+                memory[str(n)] = _worker_run(bootstrap, name, Xm, ym, workdir, batch_rows=256, tag=f"mem{n}")[
+                    "peak_rss_mb"
+                ]
             entry["peak_rss_mb_by_rows"] = memory
         results[name] = entry
         if not args.json:

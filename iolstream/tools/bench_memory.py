@@ -37,8 +37,8 @@ def _rss() -> int:
 
 
 def _processor():
-    from iolstream.stream.config import StreamConfig
     from iolstream.core.model import EdRVFL, ModelConfig
+    from iolstream.stream.config import StreamConfig
     from iolstream.stream.processor import StreamProcessor
 
     model = EdRVFL(ModelConfig(n_inputs=10, classes=tuple(range(10)), n_nodes=128, n_layers=4, scaler="none"))
@@ -89,8 +89,14 @@ def _mark(proc, messages: int, rss0: int, traced0: int, peak_rss: int, trace: bo
     import tracemalloc
 
     waiting = proc.join.n_early if proc.join.n_early > len(proc.join) else len(proc.join)
-    out = {"messages": messages, "waiting": waiting, "pending": len(proc.join), "early": proc.join.n_early,
-           "rss_mb": (_rss() - rss0) / 1e6, "peak_rss_mb": (peak_rss - rss0) / 1e6}  # fmt: skip
+    out = {
+        "messages": messages,
+        "waiting": waiting,
+        "pending": len(proc.join),
+        "early": proc.join.n_early,
+        "rss_mb": (_rss() - rss0) / 1e6,
+        "peak_rss_mb": (peak_rss - rss0) / 1e6,
+    }
     if trace:
         current, peak = tracemalloc.get_traced_memory()
         out["traced_mb"] = (current - traced0) / 1e6
@@ -105,28 +111,40 @@ def _mark(proc, messages: int, rss0: int, traced0: int, peak_rss: int, trace: bo
 
 
 def _child(kind: str, n: int, trace: bool) -> dict:
-    cmd = [sys.executable, "-m", "iolstream.tools.bench_memory", kind, str(n)] + (["--trace"] if trace else [])
+    cmd = [sys.executable, "-m", "iolstream.tools.bench_memory", kind, str(n)] + (
+        ["--trace"] if trace else []
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"memory flood {kind} {n} (trace={trace}) failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"memory flood {kind} {n} (trace={trace}) failed ({done.returncode}): {done.stderr[-2000:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_memory(args) -> dict:
     """Both floods, each in its own processes (RSS, then tracemalloc); a summary line per mark unless --json."""
     n = args.memory_messages
-    out = {"suite": "memory", "messages": n, "config": "small (k=10, m=10, N=128, L=4, b=256), default bounds",
-           "floods": {}}  # fmt: skip
+    out = {
+        "suite": "memory",
+        "messages": n,
+        "config": "small (k=10, m=10, N=128, L=4, b=256), default bounds",
+        "floods": {},
+    }
     for kind in ("labels", "rows"):
         rss, traced = _child(kind, n, False), _child(kind, n, True)
         out["floods"][kind] = {"rss": rss, "traced": traced}
         if not args.json:
             for a, b in zip(rss["marks"] + [rss["drained"]], traced["marks"] + [traced["drained"]]):
                 tag = "drained" if a is rss["drained"] else f"{a['messages']:>7d}"
-                print(f"{kind:6s} {tag:>7s}  waiting {a['waiting']:>7d}  RSS +{a['rss_mb']:6.1f} MB"
-                      f" (peak +{a['peak_rss_mb']:6.1f})  {a['rss_bytes_per_item']:6.0f} B/item  traced +{b['traced_mb']:6.1f} MB"
-                      f" (peak +{b['traced_peak_mb']:6.1f}, cache {b['feature_cache_mb']:5.1f})"
-                      f"  {b['traced_bytes_per_item']:6.0f} B/item", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{kind:6s} {tag:>7s}  waiting {a['waiting']:>7d}  RSS +{a['rss_mb']:6.1f} MB"
+                    f" (peak +{a['peak_rss_mb']:6.1f})  {a['rss_bytes_per_item']:6.0f} B/item  traced +{b['traced_mb']:6.1f} MB"
+                    f" (peak +{b['traced_peak_mb']:6.1f}, cache {b['feature_cache_mb']:5.1f})"
+                    f"  {b['traced_bytes_per_item']:6.0f} B/item",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return out
 
 

@@ -22,12 +22,18 @@ import sys
 
 # Subcommand -> (module defining add_parser(subparsers), one-line summary for --help), in --help order.
 COMMANDS = {
-    "evaluate": ("iolstream.tools.evaluate", "run the IOL process over a data set and report it as the paper does"),
+    "evaluate": (
+        "iolstream.tools.evaluate",
+        "run the IOL process over a data set and report it as the paper does",
+    ),
     "simulate": ("iolstream.tools.simulate", "the paper's Supplementary F simulation: regrets of -R and -F"),
     "bench": ("iolstream.tools.bench", "throughput benchmarks against baselines measured in the same run"),
     "run": ("iolstream.tools.run", "run the Kafka worker: features and labels in, predictions out"),
     "produce": ("iolstream.tools.produce", "replay a data set into the features and labels topics"),
-    "snapshot": ("iolstream.tools.snapshot", "inspect worker snapshots: format, config, counters, offsets, checksum"),
+    "snapshot": (
+        "iolstream.tools.snapshot",
+        "inspect worker snapshots: format, config, counters, offsets, checksum",
+    ),
 }
 
 EXIT_USAGE = 2

@@ -32,7 +32,9 @@ def model_defaults() -> dict:
     """ModelConfig's field defaults, the single source of the CLI's model defaults."""
     from iolstream.core.model import ModelConfig
 
-    return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+    return {
+        f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING
+    }
 
 
 def add_data_source(parser):

@@ -52,7 +52,9 @@ class Dataset:
         if self.y.ndim not in (1, 2) or len(self.y) != len(self.X):
             raise DataError(f"{self.name}: y has shape {self.y.shape}, X has {self.X.shape[0]} rows")
         if len(self.feature_names) != self.X.shape[1]:
-            raise DataError(f"{self.name}: {len(self.feature_names)} feature names for {self.X.shape[1]} columns")
+            raise DataError(
+                f"{self.name}: {len(self.feature_names)} feature names for {self.X.shape[1]} columns"
+            )
         if (self.classes is None) != (self.task == "regression"):
             raise DataError(f"{self.name}: classes must be given for classification and only then")
 

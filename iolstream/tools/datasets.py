@@ -102,7 +102,9 @@ def load(
     elif name in drift.STREAMS:
         ds = _load_drift(name, drift.N_ROWS if n_rows is None else n_rows, seed)
     elif n_rows is not None:
-        raise DataError(f"n_rows applies only to the generated sets (poker, friedman, the drift streams), not {name!r}; use rows")
+        raise DataError(
+            f"n_rows applies only to the generated sets (poker, friedman, the drift streams), not {name!r}; use rows"
+        )
     elif name == "segment":
         ds = _load_segment()
     else:
@@ -113,9 +115,25 @@ def load(
 def _load_drift(name: str, n_rows: int, seed: int) -> Dataset:
     X, y, names = drift.make(name, n_rows, seed)
     if name == "friedman-drift":
-        return Dataset(name=name, X=X, y=y, task="regression", classes=None, feature_names=names, description=DATASETS[name])
+        return Dataset(
+            name=name,
+            X=X,
+            y=y,
+            task="regression",
+            classes=None,
+            feature_names=names,
+            description=DATASETS[name],
+        )
     classes = tuple(int(c) for c in np.unique(y))
-    return Dataset(name=name, X=X, y=y, task="classification", classes=classes, feature_names=names, description=DATASETS[name])
+    return Dataset(
+        name=name,
+        X=X,
+        y=y,
+        task="classification",
+        classes=classes,
+        feature_names=names,
+        description=DATASETS[name],
+    )
 
 
 def _load_sklearn(name: str) -> Dataset:
@@ -144,8 +162,12 @@ def _load_segment() -> Dataset:
     else:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-    ds = parse_csv(io.StringIO(text), "category", task="classification", rows=None, label=os.path.basename(path))
-    description = f"river ImageSegments: {ds.n_rows} rows, {ds.n_features} features, {len(ds.classes)} classes"
+    ds = parse_csv(
+        io.StringIO(text), "category", task="classification", rows=None, label=os.path.basename(path)
+    )
+    description = (
+        f"river ImageSegments: {ds.n_rows} rows, {ds.n_features} features, {len(ds.classes)} classes"
+    )
     return dataclasses.replace(ds, name="segment", description=description)
 
 

@@ -38,20 +38,37 @@ def _generator(name: str, n_rows: int, seed: int):
     from river.datasets import synth
 
     if name == "hyperplane":
-        return synth.Hyperplane(seed=seed, n_features=10, n_drift_features=5, mag_change=0.001, noise_percentage=0.05)
+        return synth.Hyperplane(
+            seed=seed, n_features=10, n_drift_features=5, mag_change=0.001, noise_percentage=0.05
+        )
     if name == "sea":
         # River's sigmoid overflows math.exp for 4·position/width > 709: the narrowest change it can make
         width = max(1, -(-4 * (n_rows // 2) // 700))  # 143 rows of 50,000
-        return synth.ConceptDriftStream(synth.SEA(variant=0, seed=seed), synth.SEA(variant=2, seed=seed + 1),
-                                        position=n_rows // 2, width=width, seed=seed)  # fmt: skip
+        return synth.ConceptDriftStream(
+            synth.SEA(variant=0, seed=seed),
+            synth.SEA(variant=2, seed=seed + 1),
+            position=n_rows // 2,
+            width=width,
+            seed=seed,
+        )
     if name == "agrawal":
         return synth.ConceptDriftStream(
-            synth.Agrawal(classification_function=0, seed=seed), synth.Agrawal(classification_function=2, seed=seed + 1),
-            position=n_rows // 2, width=5000, seed=seed,
-        )  # fmt: skip
+            synth.Agrawal(classification_function=0, seed=seed),
+            synth.Agrawal(classification_function=2, seed=seed + 1),
+            position=n_rows // 2,
+            width=5000,
+            seed=seed,
+        )
     if name == "rbf-drift":
-        return synth.RandomRBFDrift(seed_model=seed, seed_sample=seed + 1, n_classes=5, n_features=10, n_centroids=50,
-                                    change_speed=0.001, n_drift_centroids=50)  # fmt: skip
+        return synth.RandomRBFDrift(
+            seed_model=seed,
+            seed_sample=seed + 1,
+            n_classes=5,
+            n_features=10,
+            n_centroids=50,
+            change_speed=0.001,
+            n_drift_centroids=50,
+        )
     return synth.FriedmanDrift(drift_type="gra", position=(n_rows // 3, 2 * n_rows // 3), seed=seed)
 
 

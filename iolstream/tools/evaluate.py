@@ -1,6 +1,7 @@
 """``iolstream evaluate``: the command line over the evaluation protocol (``tools.protocol``): data set,
 model and protocol options, baselines, the summary table, JSON and the plots.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,15 @@ from iolstream.tools.baselines import BASELINES, make_baseline
 from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.protocol import (
-    DEFAULT_BATCH, ORDERS, EdRVFLLearner, Protocol, make_split, model_config, plain_label, run_protocol,
-)  # fmt: skip
+    DEFAULT_BATCH,
+    ORDERS,
+    EdRVFLLearner,
+    Protocol,
+    make_split,
+    model_config,
+    plain_label,
+    run_protocol,
+)
 
 
 def add_parser(subparsers):
@@ -31,67 +39,157 @@ def add_parser(subparsers):
         ),
     )
     src = add_data_source(p)
-    src.add_argument("--task", choices=("auto", "classification", "regression"), default="auto",
-                     help="--csv only: classification or regression (default: auto)")  # fmt: skip
-    src.add_argument("--classes", metavar="A,B,...",
-                     help="declare the class list (comma-separated); a label outside it is an error")  # fmt: skip
-    src.add_argument("--rows", type=positive_int, metavar="N", help="use at most N rows (after shuffling; poker: generate N)")
-    src.add_argument("--no-sort-cards", dest="sort_cards", action="store_false",
-                     help="poker: keep the cards in draw order (default: sorted, as the paper did)")  # fmt: skip
+    src.add_argument(
+        "--task",
+        choices=("auto", "classification", "regression"),
+        default="auto",
+        help="--csv only: classification or regression (default: auto)",
+    )
+    src.add_argument(
+        "--classes",
+        metavar="A,B,...",
+        help="declare the class list (comma-separated); a label outside it is an error",
+    )
+    src.add_argument(
+        "--rows",
+        type=positive_int,
+        metavar="N",
+        help="use at most N rows (after shuffling; poker: generate N)",
+    )
+    src.add_argument(
+        "--no-sort-cards",
+        dest="sort_cards",
+        action="store_false",
+        help="poker: keep the cards in draw order (default: sorted, as the paper did)",
+    )
 
     mdl = p.add_argument_group("model (defaults: ModelConfig)")
-    mdl.add_argument("--mode", choices=("forward", "ridge", "both"), default="both", help="-F, -R or both (default: both)")
-    mdl.add_argument("--layers", type=positive_int, default=defaults["n_layers"], metavar="L",
-                     help="hidden layers L (default: %(default)s)")  # fmt: skip
-    mdl.add_argument("--nodes", type=positive_int, default=defaults["n_nodes"], metavar="N",
-                     help="nodes per layer N (default: %(default)s)")  # fmt: skip
+    mdl.add_argument(
+        "--mode", choices=("forward", "ridge", "both"), default="both", help="-F, -R or both (default: both)"
+    )
+    mdl.add_argument(
+        "--layers",
+        type=positive_int,
+        default=defaults["n_layers"],
+        metavar="L",
+        help="hidden layers L (default: %(default)s)",
+    )
+    mdl.add_argument(
+        "--nodes",
+        type=positive_int,
+        default=defaults["n_nodes"],
+        metavar="N",
+        help="nodes per layer N (default: %(default)s)",
+    )
     lam = mdl.add_mutually_exclusive_group()
-    lam.add_argument("--lam", type=_auto_or(positive_float), metavar="λ",
-                     help=f"ridge prior λ, or auto (chosen online among {', '.join(map(str, LAM_CANDIDATES))}) "
-                          f"(default: {defaults['lam']})")  # fmt: skip
+    lam.add_argument(
+        "--lam",
+        type=_auto_or(positive_float),
+        metavar="λ",
+        help=f"ridge prior λ, or auto (chosen online among {', '.join(map(str, LAM_CANDIDATES))}) "
+        f"(default: {defaults['lam']})",
+    )
     lam.add_argument("--log2-inv-lam", type=float, metavar="V", help="λ = 2^-V, as in the paper's tables")
-    mdl.add_argument("--forgetting", type=_auto_or(positive_float), metavar="H",
-                     help="half-life in rows: a row seen H rows ago weighs 1/2; auto: chosen online among "
-                          f"{', '.join(map(str, HALF_LIFE_CANDIDATES))} (default: none, never forget)")  # fmt: skip
-    mdl.add_argument("--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)")
-    mdl.add_argument("--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)")
-    mdl.add_argument("--scaler", choices=("warmup", "fixed", "none"), default=defaults["scaler"],
-                     help="z-score from the first --warmup-rows training rows, from the whole training part "
-                          "(fixed), or none (default: %(default)s)")  # fmt: skip
-    mdl.add_argument("--warmup-rows", type=positive_int, default=defaults["warmup_rows"], metavar="W",
-                     help="(default: %(default)s)")  # fmt: skip
-    mdl.add_argument("--dtype", choices=("float64", "float32"), default=defaults["dtype"], help="(default: %(default)s)")
-    mdl.add_argument("--no-regret", dest="track_regret", action="store_false",
-                     help="do not track the regret (-F then skips one Gram update per labelled batch: faster; "
-                          "its cumulative regret and both bounds are reported as null)")  # fmt: skip
+    mdl.add_argument(
+        "--forgetting",
+        type=_auto_or(positive_float),
+        metavar="H",
+        help="half-life in rows: a row seen H rows ago weighs 1/2; auto: chosen online among "
+        f"{', '.join(map(str, HALF_LIFE_CANDIDATES))} (default: none, never forget)",
+    )
+    mdl.add_argument(
+        "--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)"
+    )
+    mdl.add_argument(
+        "--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)"
+    )
+    mdl.add_argument(
+        "--scaler",
+        choices=("warmup", "fixed", "none"),
+        default=defaults["scaler"],
+        help="z-score from the first --warmup-rows training rows, from the whole training part "
+        "(fixed), or none (default: %(default)s)",
+    )
+    mdl.add_argument(
+        "--warmup-rows",
+        type=positive_int,
+        default=defaults["warmup_rows"],
+        metavar="W",
+        help="(default: %(default)s)",
+    )
+    mdl.add_argument(
+        "--dtype", choices=("float64", "float32"), default=defaults["dtype"], help="(default: %(default)s)"
+    )
+    mdl.add_argument(
+        "--no-regret",
+        dest="track_regret",
+        action="store_false",
+        help="do not track the regret (-F then skips one Gram update per labelled batch: faster; "
+        "its cumulative regret and both bounds are reported as null)",
+    )
 
     prot = p.add_argument_group("protocol")
-    prot.add_argument("--batch", type=_batch, default=DEFAULT_BATCH, metavar="B",
-                      help="rows per batch, or a fraction of the training set if < 1, e.g. 0.0027 "
-                           "(default: %(default)s)")  # fmt: skip
-    prot.add_argument("--label-delay", type=int, default=1, metavar="D",
-                      help="labels of batch t arrive before batch t+D is predicted; 1 is the paper's "
-                           "(default: 1)")  # fmt: skip
-    prot.add_argument("--order", choices=ORDERS, default="shuffle",
-                      help="shuffle (test set held out, the paper's protocol) or stream: the rows in their own order, "
-                           "test-then-train, no test set; reports the prequential metric overall, over the first 20 %% "
-                           "after the warm-up, over the last 20 %%, and a windowed curve (default: %(default)s)")  # fmt: skip
+    prot.add_argument(
+        "--batch",
+        type=_batch,
+        default=DEFAULT_BATCH,
+        metavar="B",
+        help="rows per batch, or a fraction of the training set if < 1, e.g. 0.0027 (default: %(default)s)",
+    )
+    prot.add_argument(
+        "--label-delay",
+        type=int,
+        default=1,
+        metavar="D",
+        help="labels of batch t arrive before batch t+D is predicted; 1 is the paper's (default: 1)",
+    )
+    prot.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="shuffle",
+        help="shuffle (test set held out, the paper's protocol) or stream: the rows in their own order, "
+        "test-then-train, no test set; reports the prequential metric overall, over the first 20 %% "
+        "after the warm-up, over the last 20 %%, and a windowed curve (default: %(default)s)",
+    )
     prot.add_argument("--test-fraction", type=float, default=0.2, metavar="F", help="(default: %(default)s)")
-    prot.add_argument("--seed", type=int, default=defaults["seed"],
-                      help="shuffle, random weights and generated data (default: %(default)s)")  # fmt: skip
-    prot.add_argument("--curve-points", type=positive_int, default=20, metavar="P",
-                      help="about P log-spaced test points (default: %(default)s)")  # fmt: skip
-    prot.add_argument("--curve-test-rows", type=int, default=20_000, metavar="R",
-                      help="test rows used for the curve, 0 = all; the final metric uses all "
-                           "(default: %(default)s)")  # fmt: skip
-    prot.add_argument("--baseline", action="append", default=[], metavar="NAME", choices=BASELINES,
-                      help="also run a comparison learner on the same stream (repeatable): "
-                           + ", ".join(BASELINES))  # fmt: skip
+    prot.add_argument(
+        "--seed",
+        type=int,
+        default=defaults["seed"],
+        help="shuffle, random weights and generated data (default: %(default)s)",
+    )
+    prot.add_argument(
+        "--curve-points",
+        type=positive_int,
+        default=20,
+        metavar="P",
+        help="about P log-spaced test points (default: %(default)s)",
+    )
+    prot.add_argument(
+        "--curve-test-rows",
+        type=int,
+        default=20_000,
+        metavar="R",
+        help="test rows used for the curve, 0 = all; the final metric uses all (default: %(default)s)",
+    )
+    prot.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME",
+        choices=BASELINES,
+        help="also run a comparison learner on the same stream (repeatable): " + ", ".join(BASELINES),
+    )
 
     out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true",
-                     help="one JSON object per mode/baseline on stdout (the table goes to stderr)")  # fmt: skip
-    out.add_argument("--per-batch", action="store_true", help="with --json: add the per-batch prequential metric and loss")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per mode/baseline on stdout (the table goes to stderr)",
+    )
+    out.add_argument(
+        "--per-batch", action="store_true", help="with --json: add the per-batch prequential metric and loss"
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the test-metric curves over rows seen")
     out.add_argument("--quiet", action="store_true", help="no table, no progress bar")
     p.set_defaults(func=main)
@@ -103,10 +201,9 @@ def main(args) -> int:
     import json
     import sys
 
-    from iolstream.tools import datasets
-    from iolstream.tools.csvdata import load_csv
-    from iolstream.tools import drift
+    from iolstream.tools import datasets, drift
     from iolstream.tools.common import model_defaults
+    from iolstream.tools.csvdata import load_csv
     from iolstream.tools.progress import ProgressBar, Table
 
     defaults = model_defaults()
@@ -122,16 +219,29 @@ def main(args) -> int:
         raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
     try:
         protocol = Protocol(
-            batch=args.batch, label_delay=args.label_delay, test_fraction=args.test_fraction, seed=args.seed,
-            rows=args.rows, curve_points=args.curve_points, curve_test_rows=args.curve_test_rows or None, order=args.order,
-        )  # fmt: skip
+            batch=args.batch,
+            label_delay=args.label_delay,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            rows=args.rows,
+            curve_points=args.curve_points,
+            curve_test_rows=args.curve_test_rows or None,
+            order=args.order,
+        )
     except ValueError as exc:  # "label_delay: ..." -> "--label-delay: ..."
         key, _, rest = str(exc).partition(":")
         raise ValueError(f"--{key.replace('_', '-')}:{rest}") from None
     model = dict(
-        n_nodes=args.nodes, n_layers=args.layers, activation=args.activation, init=args.init, seed=args.seed,
-        scaler=args.scaler, warmup_rows=args.warmup_rows, dtype=args.dtype, track_regret=args.track_regret,
-    )  # fmt: skip
+        n_nodes=args.nodes,
+        n_layers=args.layers,
+        activation=args.activation,
+        init=args.init,
+        seed=args.seed,
+        scaler=args.scaler,
+        warmup_rows=args.warmup_rows,
+        dtype=args.dtype,
+        track_regret=args.track_regret,
+    )
     if args.forgetting is not None:
         model["forgetting"] = args.forgetting
     if args.lam is not None:
@@ -156,7 +266,9 @@ def main(args) -> int:
     split = make_split(dataset, protocol, classes=classes)
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]
     if args.baseline:
-        learners += [make_baseline(name, split, model_config(split, "ridge", model)) for name in args.baseline]
+        learners += [
+            make_baseline(name, split, model_config(split, "ridge", model)) for name in args.baseline
+        ]
 
     table_stream = sys.stderr if args.json else sys.stdout
     b = protocol.batch_rows(len(split.x_train))
@@ -172,18 +284,31 @@ def main(args) -> int:
     for learner in learners:
         bar = ProgressBar(n_batches, learner.name, enabled=None if not args.quiet else False)
         table = Table(
-            [("model", 9), ("batch", 11), ("rows", 9), (f"test {metric[:3]}", 8, ".4f"),
-             (f"preq {metric[:3]}", 8, ".4f"), ("rows/s", 9, ",.0f")],
-            stream=table_stream, bar=bar,
-        )  # fmt: skip
+            [
+                ("model", 9),
+                ("batch", 11),
+                ("rows", 9),
+                (f"test {metric[:3]}", 8, ".4f"),
+                (f"preq {metric[:3]}", 8, ".4f"),
+                ("rows/s", 9, ",.0f"),
+            ],
+            stream=table_stream,
+            bar=bar,
+        )
         if not args.quiet:
             print(file=table_stream)
             table.header()
 
         def on_point(pt, table=table):
             if not args.quiet:
-                table.row(pt.name, f"{pt.t}/{pt.n_batches}", pt.rows_seen, pt.test_metric, pt.prequential_metric,
-                          pt.rows_per_second)  # fmt: skip
+                table.row(
+                    pt.name,
+                    f"{pt.t}/{pt.n_batches}",
+                    pt.rows_seen,
+                    pt.test_metric,
+                    pt.prequential_metric,
+                    pt.rows_per_second,
+                )
 
         def on_batch(t, total, bar=bar):
             bar.update(t, f"batch {t}/{total}")
@@ -205,8 +330,9 @@ def main(args) -> int:
         _summary(results, table_stream)
     if args.plot and protocol.order == "stream":
         drifts = drift.drift_points(dataset.name, len(split.x_train)) if dataset.name in drift.STREAMS else []
-        plot_windows(results, args.plot, drifts,
-                     title=f"{dataset.name}: prequential {metric} per window, stream order")  # fmt: skip
+        plot_windows(
+            results, args.plot, drifts, title=f"{dataset.name}: prequential {metric} per window, stream order"
+        )
     elif args.plot:
         plot_curves(results, args.plot, title=f"{dataset.name}: test {metric} over the stream")
         if not args.quiet:
@@ -220,18 +346,40 @@ def _summary(results, stream) -> None:
     metric = results[0].metric
     print(file=stream)
     table = Table(
-        [("model", 9), (f"test {metric}", 13, ".4f"), (f"preq {metric}", 13, ".4f"), ("cum. regret", 12, ".4g"),
-         ("bound", 10, ".4g"), ("rows/s", 9, ",.0f"), ("seconds", 8, ".2f")],
+        [
+            ("model", 9),
+            (f"test {metric}", 13, ".4f"),
+            (f"preq {metric}", 13, ".4f"),
+            ("cum. regret", 12, ".4g"),
+            ("bound", 10, ".4g"),
+            ("rows/s", 9, ",.0f"),
+            ("seconds", 8, ".2f"),
+        ],
         stream=stream,
-    )  # fmt: skip
+    )
     table.header()
     for r in results:
-        table.row(r.name, r.test_metric, r.prequential_metric, r.cumulative_regret, r.regret_bound,
-                  r.rows_per_second, r.seconds)  # fmt: skip
+        table.row(
+            r.name,
+            r.test_metric,
+            r.prequential_metric,
+            r.cumulative_regret,
+            r.regret_bound,
+            r.rows_per_second,
+            r.seconds,
+        )
     if results[0].order == "stream":
         print(file=stream)
-        table = Table([("model", 14), ("preq all", 10, ".4f"), ("first 20%", 10, ".4f"), ("last 20%", 10, ".4f"),
-                       ("in force", 30)], stream=stream)  # fmt: skip
+        table = Table(
+            [
+                ("model", 14),
+                ("preq all", 10, ".4f"),
+                ("first 20%", 10, ".4f"),
+                ("last 20%", 10, ".4f"),
+                ("in force", 30),
+            ],
+            stream=stream,
+        )
         table.header()
         for r in results:
             eff = r.config.get("effective", {})
@@ -311,6 +459,7 @@ def _match_classes(classes: list[str], dataset: Dataset) -> list:
         try:
             return [int(c) for c in classes]
         except ValueError:
-            raise DataError(f"--classes: the labels of {dataset.name} are integers, got {','.join(classes)!r}") from None
+            raise DataError(
+                f"--classes: the labels of {dataset.name} are integers, got {','.join(classes)!r}"
+            ) from None
     return classes
-

@@ -61,15 +61,22 @@ class Follower:
     def _run(self) -> None:
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        consumer = Consumer({
-            "group.id": f"iolstream-produce-follow-{time.time_ns()}", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "fetch.wait.max.ms": 100, **self.consumer_conf,
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                "group.id": f"iolstream-produce-follow-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 100,
+                **self.consumer_conf,
+            }
+        )
         try:
             md = consumer.list_topics(self.topic, timeout=30)
             t = md.topics.get(self.topic)
             if t is None or t.error is not None:
-                raise RuntimeError(f"predictions topic {self.topic!r} not found: {t.error if t else 'no metadata'}")
+                raise RuntimeError(
+                    f"predictions topic {self.topic!r} not found: {t.error if t else 'no metadata'}"
+                )
             parts = []
             for p in sorted(t.partitions):
                 parts.append(TopicPartition(self.topic, p, _end(consumer, TopicPartition(self.topic, p))))
@@ -138,7 +145,9 @@ class Follower:
         return True
 
 
-def learning_curve(errors: np.ndarray, task: str, window: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def learning_curve(
+    errors: np.ndarray, task: str, window: int = 200
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows, cumulative prequential metric, metric over the last ``window`` rows), in stream order,
     over the rows that have a prediction."""
     e = errors[~np.isnan(errors)]

@@ -72,7 +72,9 @@ class GroupSimResult:
     def summary(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k not in ("models", "correct")}
         out["rows_per_second"] = self.rows / max(self.seconds, 1e-12)
-        if self.correct is not None and len(self.correct) >= 2:  # early rows weigh the most where learning is steep
+        if (
+            self.correct is not None and len(self.correct) >= 2
+        ):  # early rows weigh the most where learning is steep
             out["accuracy_second_half"] = float(self.correct[len(self.correct) // 2 :].mean())
         return out
 
@@ -84,7 +86,10 @@ def owners(n_rows: int, members: int, partitions: int | None = None) -> np.ndarr
     partitions = members if partitions is None else partitions
     if partitions < members:
         raise ValueError(f"partitions: must be ≥ members ({members}), got {partitions!r}")
-    part = np.fromiter((zlib.crc32(f"r{i}".encode()) for i in range(n_rows)), dtype=np.int64, count=n_rows) % partitions
+    part = (
+        np.fromiter((zlib.crc32(f"r{i}".encode()) for i in range(n_rows)), dtype=np.int64, count=n_rows)
+        % partitions
+    )
     return part % members
 
 
@@ -125,7 +130,10 @@ def simulate_group(
     runtime.configure_for_model(models[0])
     warm = config.warmup_rows
     if exchange:  # the first proposal in the log: the member whose warm-up rows are in first
-        first = min(range(members), key=lambda j: own_rows[j][min(warm, len(own_rows[j])) - 1] if len(own_rows[j]) else n)
+        first = min(
+            range(members),
+            key=lambda j: own_rows[j][min(warm, len(own_rows[j])) - 1] if len(own_rows[j]) else n,
+        )
         _fit_scaler(models[first], x[own_rows[first]])
         state = models[first].scaler.to_state()
         for m in models:
@@ -159,7 +167,10 @@ def simulate_group(
         tic = time.perf_counter()
         st = states[j]
         for member, (seq, sums, meta) in log.items():
-            if member != st.member and st.apply(member, seq, sums, published_ms=clock, now_ms=clock, **meta) == "applied":
+            if (
+                member != st.member
+                and st.apply(member, seq, sums, published_ms=clock, now_ms=clock, **meta) == "applied"
+            ):
                 applied += 1
         sync_seconds += time.perf_counter() - tic
 
@@ -200,10 +211,20 @@ def simulate_group(
             sync(j, n)
     seconds = time.perf_counter() - t0
     return GroupSimResult(
-        members=members, exchange=exchange, sync_rows=sync_rows if exchange else None, batch_rows=batch_rows, rows=n,
-        accuracy=float(hits.mean()) if n else 0.0, member_rows=[len(r) for r in own_rows], records_published=published,
-        records_applied=applied, seconds=seconds, sync_seconds=sync_seconds, models=models, correct=hits,
-    )  # fmt: skip
+        members=members,
+        exchange=exchange,
+        sync_rows=sync_rows if exchange else None,
+        batch_rows=batch_rows,
+        rows=n,
+        accuracy=float(hits.mean()) if n else 0.0,
+        member_rows=[len(r) for r in own_rows],
+        records_published=published,
+        records_applied=applied,
+        seconds=seconds,
+        sync_seconds=sync_seconds,
+        models=models,
+        correct=hits,
+    )
 
 
 def final_sums_gap(result: GroupSimResult, single: GroupSimResult) -> float:
@@ -220,11 +241,17 @@ def final_sums_gap(result: GroupSimResult, single: GroupSimResult) -> float:
     return gap
 
 
-
 def quality_table(
-    x: np.ndarray, y: np.ndarray, config: ModelConfig, *, batch_rows: int, sync_rows: int | None, member_counts=(2, 3),
-    split_batch: bool = False, on_result=None,
-) -> dict:  # fmt: skip
+    x: np.ndarray,
+    y: np.ndarray,
+    config: ModelConfig,
+    *,
+    batch_rows: int,
+    sync_rows: int | None,
+    member_counts=(2, 3),
+    split_batch: bool = False,
+    on_result=None,
+) -> dict:
     """The single worker, then for every K in ``member_counts`` the group (syncing every ``sync_rows`` own rows)
     and the independent members, on the same stream. Returns {"single": summary, "runs": [summary + gaps]}, where
     ``gap`` = the single worker's accuracy − this run's (positive: behind it); ``on_result(summary)`` after each.
@@ -241,10 +268,14 @@ def quality_table(
         member_batch = max(1, batch_rows // k) if split_batch else batch_rows
         sync = member_batch if sync_rows is None else sync_rows
         for exchange in (True, False):
-            r = simulate_group(x, y, config, members=k, batch_rows=member_batch, sync_rows=sync, exchange=exchange)
+            r = simulate_group(
+                x, y, config, members=k, batch_rows=member_batch, sync_rows=sync, exchange=exchange
+            )
             summary = r.summary()
             summary["gap"] = single.accuracy - r.accuracy
-            summary["gap_second_half"] = out["single"]["accuracy_second_half"] - summary["accuracy_second_half"]
+            summary["gap_second_half"] = (
+                out["single"]["accuracy_second_half"] - summary["accuracy_second_half"]
+            )
             summary["kind"] = "group" if exchange else "independent"
             if exchange:
                 summary["final_sums_gap"] = final_sums_gap(r, single) if config.scaler == "none" else None

@@ -9,7 +9,6 @@ stamped when a features message is sent. ``--follow`` reads the predictions back
     (2, b'{"id":"r0","x":[0.0,1.0]}')
 """
 
-
 from __future__ import annotations
 
 import os
@@ -24,7 +23,15 @@ import numpy as np
 from iolstream.tools.follow import Follower, plot_curve
 from iolstream.tools.plan import Message, PlanOptions, iter_plan, plan, plan_summary, row_ids
 
-__all__ = ["PlanOptions", "iter_plan", "plan", "send", "create_topics", "resolve_target", "load_rows"]  # plan: re-exported
+__all__ = [
+    "PlanOptions",
+    "iter_plan",
+    "plan",
+    "send",
+    "create_topics",
+    "resolve_target",
+    "load_rows",
+]  # plan: re-exported
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
@@ -96,12 +103,22 @@ def send(
         produce(m)
     remaining = producer.flush(60)
     if remaining or errors:
-        raise RuntimeError(f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})")
+        raise RuntimeError(
+            f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})"
+        )
     return {**summary, "seconds": time.monotonic() - started}
 
 
-def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, replication_factor: int = 1,
-                  timeout: float = 30.0, sized=(), max_message_bytes: int | None = None) -> list[str]:  # fmt: skip
+def create_topics(
+    admin_conf: dict,
+    names: list[str],
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    timeout: float = 30.0,
+    sized=(),
+    max_message_bytes: int | None = None,
+) -> list[str]:
     """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
     which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
     that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
@@ -112,8 +129,14 @@ def create_topics(admin_conf: dict, names: list[str], *, partitions: int = 1, re
     from iolstream.stream.config import StreamConfig
 
     limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
-    return topics.create_topics(AdminClient(admin_conf), names, partitions=partitions, replication_factor=replication_factor,
-                                configs=topics.topic_configs(limit, sized), timeout=timeout)  # fmt: skip
+    return topics.create_topics(
+        AdminClient(admin_conf),
+        names,
+        partitions=partitions,
+        replication_factor=replication_factor,
+        configs=topics.topic_configs(limit, sized),
+        timeout=timeout,
+    )
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -134,44 +157,101 @@ def add_parser(subparsers):
     )
     src = add_data_source(p)
     src.add_argument("--rows", type=positive_int, metavar="N", help="send at most N rows (after --shuffle)")
-    src.add_argument("--seed", type=int, default=0, help="--shuffle and the label faults (default: %(default)s)")
-    src.add_argument("--shuffle", action="store_true",
-                     help="shuffle the rows with the seed first (the order `evaluate --seed` streams)")  # fmt: skip
-    src.add_argument("--id-prefix", default="r", help="row ids are PREFIX0, PREFIX1, ... (default: %(default)s)")
+    src.add_argument(
+        "--seed", type=int, default=0, help="--shuffle and the label faults (default: %(default)s)"
+    )
+    src.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="shuffle the rows with the seed first (the order `evaluate --seed` streams)",
+    )
+    src.add_argument(
+        "--id-prefix", default="r", help="row ids are PREFIX0, PREFIX1, ... (default: %(default)s)"
+    )
 
     kafka = p.add_argument_group("kafka")
-    kafka.add_argument("-c", "--config", metavar="YAML",
-                       help="worker config: bootstrap servers, topic names and kafka.client settings from it")  # fmt: skip
-    kafka.add_argument("--bootstrap", metavar="HOST:PORT", help=f"(default: the config's, else {DEFAULT_BOOTSTRAP})")
+    kafka.add_argument(
+        "-c",
+        "--config",
+        metavar="YAML",
+        help="worker config: bootstrap servers, topic names and kafka.client settings from it",
+    )
+    kafka.add_argument(
+        "--bootstrap", metavar="HOST:PORT", help=f"(default: the config's, else {DEFAULT_BOOTSTRAP})"
+    )
     kafka.add_argument("--features-topic", metavar="TOPIC", help="(default: the config's, else iol.features)")
     kafka.add_argument("--labels-topic", metavar="TOPIC", help="(default: the config's, else iol.labels)")
-    kafka.add_argument("--predictions-topic", metavar="TOPIC",
-                       help="for --follow (default: the config's, else iol.predictions)")  # fmt: skip
-    kafka.add_argument("--create-topics", action="store_true",
-                       help="create missing topics first: features, labels, predictions (and dead letters with -c)")  # fmt: skip
+    kafka.add_argument(
+        "--predictions-topic",
+        metavar="TOPIC",
+        help="for --follow (default: the config's, else iol.predictions)",
+    )
+    kafka.add_argument(
+        "--create-topics",
+        action="store_true",
+        help="create missing topics first: features, labels, predictions (and dead letters with -c)",
+    )
 
     how = p.add_argument_group("replay")
-    how.add_argument("--batch-rows", type=positive_int, default=1, metavar="B",
-                     help="rows per message: 1 = row messages, more = batch messages (default: %(default)s)")  # fmt: skip
-    how.add_argument("--label-delay-rows", type=non_negative_int, default=0, metavar="D",
-                     help="a label goes out once D later rows went out (default: %(default)s)")  # fmt: skip
-    how.add_argument("--label-delay-seconds", type=non_negative_float, default=0.0, metavar="S",
-                     help="... and S seconds after that (default: %(default)s)")  # fmt: skip
-    how.add_argument("--missing-fraction", type=float, default=0.0, metavar="F", help="labels never sent (default: 0)")
-    how.add_argument("--duplicate-fraction", type=float, default=0.0, metavar="F", help="labels sent twice (default: 0)")
-    how.add_argument("--shuffle-window", type=non_negative_int, default=0, metavar="W",
-                     help="labels shuffled within windows of W rows: out of order (default: 0)")  # fmt: skip
-    how.add_argument("--rate", type=non_negative_float, default=0.0, metavar="ROWS_PER_S",
-                     help="feature rows per second; 0 = as fast as possible (default: 0)")  # fmt: skip
+    how.add_argument(
+        "--batch-rows",
+        type=positive_int,
+        default=1,
+        metavar="B",
+        help="rows per message: 1 = row messages, more = batch messages (default: %(default)s)",
+    )
+    how.add_argument(
+        "--label-delay-rows",
+        type=non_negative_int,
+        default=0,
+        metavar="D",
+        help="a label goes out once D later rows went out (default: %(default)s)",
+    )
+    how.add_argument(
+        "--label-delay-seconds",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="... and S seconds after that (default: %(default)s)",
+    )
+    how.add_argument(
+        "--missing-fraction", type=float, default=0.0, metavar="F", help="labels never sent (default: 0)"
+    )
+    how.add_argument(
+        "--duplicate-fraction", type=float, default=0.0, metavar="F", help="labels sent twice (default: 0)"
+    )
+    how.add_argument(
+        "--shuffle-window",
+        type=non_negative_int,
+        default=0,
+        metavar="W",
+        help="labels shuffled within windows of W rows: out of order (default: 0)",
+    )
+    how.add_argument(
+        "--rate",
+        type=non_negative_float,
+        default=0.0,
+        metavar="ROWS_PER_S",
+        help="feature rows per second; 0 = as fast as possible (default: 0)",
+    )
     how.add_argument("--no-ts", dest="with_ts", action="store_false", help="no event time on features")
 
     out = p.add_argument_group("follow the worker")
-    out.add_argument("--follow", action="store_true",
-                     help="read the predictions meanwhile: live prequential metric; "
-                          "wait until every row is predicted")  # fmt: skip
-    out.add_argument("--follow-timeout", type=non_negative_float, default=30.0, metavar="S",
-                     help="stop waiting after S seconds without a new prediction (default: %(default)s)")  # fmt: skip
-    out.add_argument("--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions")
+    out.add_argument(
+        "--follow",
+        action="store_true",
+        help="read the predictions meanwhile: live prequential metric; wait until every row is predicted",
+    )
+    out.add_argument(
+        "--follow-timeout",
+        type=non_negative_float,
+        default=30.0,
+        metavar="S",
+        help="stop waiting after S seconds without a new prediction (default: %(default)s)",
+    )
+    out.add_argument(
+        "--plot", metavar="FILE.png", help="with --follow: the learning curve of the worker's predictions"
+    )
     out.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=main)
     return p
@@ -201,9 +281,14 @@ def resolve_target(args) -> KafkaTarget:
         dead = cfg.topics.dead_letters
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
     target = KafkaTarget(
-        conf, args.features_topic or topics.features, args.labels_topic or topics.labels,
-        args.predictions_topic or topics.predictions, dead, topics.partitions, topics.replication_factor,
-    )  # fmt: skip
+        conf,
+        args.features_topic or topics.features,
+        args.labels_topic or topics.labels,
+        args.predictions_topic or topics.predictions,
+        dead,
+        topics.partitions,
+        topics.replication_factor,
+    )
     names = [target.features, target.labels, target.predictions]
     if len(set(names)) != 3:
         raise ValueError(f"the features, labels and predictions topics must differ, got {names}")
@@ -222,7 +307,9 @@ def load_rows(args):
     if args.csv is not None:
         ds = load_csv(args.csv, args.target)
     elif args.dataset not in datasets.DATASETS:
-        raise datasets.DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
+        raise datasets.DataError(
+            f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}"
+        )
     elif args.dataset == "poker":
         ds = datasets.load("poker", rows=args.rows, seed=args.seed)
     else:
@@ -241,22 +328,39 @@ def main(args) -> int:
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
     options = PlanOptions(
-        batch_rows=args.batch_rows, label_delay_rows=args.label_delay_rows, label_delay_seconds=args.label_delay_seconds,
-        missing_fraction=args.missing_fraction, duplicate_fraction=args.duplicate_fraction,
-        shuffle_window=args.shuffle_window, with_ts=args.with_ts, id_prefix=args.id_prefix, seed=args.seed,
-    )  # fmt: skip
+        batch_rows=args.batch_rows,
+        label_delay_rows=args.label_delay_rows,
+        label_delay_seconds=args.label_delay_seconds,
+        missing_fraction=args.missing_fraction,
+        duplicate_fraction=args.duplicate_fraction,
+        shuffle_window=args.shuffle_window,
+        with_ts=args.with_ts,
+        id_prefix=args.id_prefix,
+        seed=args.seed,
+    )
     target = resolve_target(args)
     X, y, task, description = load_rows(args)
     n = len(X)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    say(f"{description}\nsending {n} rows to {target.features} (labels to {target.labels}) "
-        f"via {target.client_conf['bootstrap.servers']}")  # fmt: skip
+    say(
+        f"{description}\nsending {n} rows to {target.features} (labels to {target.labels}) "
+        f"via {target.client_conf['bootstrap.servers']}"
+    )
 
     if args.create_topics:
-        names = [target.features, target.labels, target.predictions] + ([target.dead_letters] if target.dead_letters else [])
-        sized = [n for n in names if n != target.predictions]  # input and dead letters: room for the largest message
-        created = create_topics(target.client_conf, names, partitions=target.partitions,
-                                replication_factor=target.replication_factor, sized=sized)  # fmt: skip
+        names = [target.features, target.labels, target.predictions] + (
+            [target.dead_letters] if target.dead_letters else []
+        )
+        sized = [
+            n for n in names if n != target.predictions
+        ]  # input and dead letters: room for the largest message
+        created = create_topics(
+            target.client_conf,
+            names,
+            partitions=target.partitions,
+            replication_factor=target.replication_factor,
+            sized=sized,
+        )
         if created:
             say(f"created topics {', '.join(created)}")
 
@@ -269,8 +373,10 @@ def main(args) -> int:
     def status(rows_sent: int) -> str:
         if follower is None:
             return f"{rows_sent}/{n} rows sent"
-        return (f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
-                f"prequential {metric_name} {follower.metric():.4f}")  # fmt: skip
+        return (
+            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
+            f"prequential {metric_name} {follower.metric():.4f}"
+        )
 
     sent_rows = [0]
 
@@ -280,33 +386,45 @@ def main(args) -> int:
 
     try:
         summary = send(
-            iter_plan(X, y, options), producer_conf=target.client_conf, features_topic=target.features,
-            labels_topic=target.labels, rate=args.rate or None, label_delay_seconds=args.label_delay_seconds,
+            iter_plan(X, y, options),
+            producer_conf=target.client_conf,
+            features_topic=target.features,
+            labels_topic=target.labels,
+            rate=args.rate or None,
+            label_delay_seconds=args.label_delay_seconds,
             progress=progress,
-        )  # fmt: skip
+        )
         reporter.update(n, status(n), force=True)
         if follower is not None:
-            done = follower.wait(n, timeout=args.follow_timeout,
-                                 on_tick=lambda: reporter.update(follower.predicted, status(n)))  # fmt: skip
+            done = follower.wait(
+                n, timeout=args.follow_timeout, on_tick=lambda: reporter.update(follower.predicted, status(n))
+            )
             reporter.update(follower.predicted, status(n), force=True)
     finally:
         reporter.close()
         if follower is not None:
             follower.stop()
-    say(f"sent {summary['feature_rows']} rows in {summary['feature_messages']} messages and "
-        f"{summary['label_rows']} labels in {summary['label_messages']} messages in {summary['seconds']:.1f} s")  # fmt: skip
+    say(
+        f"sent {summary['feature_rows']} rows in {summary['feature_messages']} messages and "
+        f"{summary['label_rows']} labels in {summary['label_messages']} messages in {summary['seconds']:.1f} s"
+    )
     if follower is None:
         return 0
     modes = ",".join(sorted(follower.modes)) or "-"
-    say(f"{follower.predicted}/{n} rows predicted (mode {modes}), prequential {metric_name} "
-        f"{follower.metric():.4f}, {follower.duplicates} duplicate predictions")  # fmt: skip
+    say(
+        f"{follower.predicted}/{n} rows predicted (mode {modes}), prequential {metric_name} "
+        f"{follower.metric():.4f}, {follower.duplicates} duplicate predictions"
+    )
     if args.plot and follower.predicted:
         name = args.dataset or os.path.basename(args.csv)
         plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
         say(f"learning curve written to {args.plot}")
     if not done:
-        print(f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
-              f"{args.follow_timeout:.0f} s of the last one", file=sys.stderr)  # fmt: skip
+        print(
+            f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
+            f"{args.follow_timeout:.0f} s of the last one",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -21,7 +21,9 @@ import time
 class ProgressBar:
     """``[#####.....]  50%  label  extra`` on one terminal line, redrawn in place."""
 
-    def __init__(self, total: int, label: str = "", *, stream=None, enabled: bool | None = None, width: int = 30):
+    def __init__(
+        self, total: int, label: str = "", *, stream=None, enabled: bool | None = None, width: int = 30
+    ):
         self.total = max(int(total), 1)
         self.label = label
         self.stream = sys.stderr if stream is None else stream

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol as TypingProtocol
+from typing import Protocol as TypingProtocol
 
 import numpy as np
 
@@ -41,9 +42,12 @@ from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.tools.baselines import make_baseline
 from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
-    CurvePoint, EvaluationResult, error_sums, metric_from, score,
-)  # fmt: skip
-
+    CurvePoint,
+    EvaluationResult,
+    error_sums,
+    metric_from,
+    score,
+)
 
 MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
 ORDERS = ("shuffle", "stream")
@@ -82,18 +86,24 @@ class Protocol:
         if self.order not in ORDERS:
             raise ValueError(f"order: must be one of {ORDERS}, got {self.order!r}")
         if not (isinstance(self.batch, (int, float)) and math.isfinite(self.batch) and self.batch > 0):
-            raise ValueError(f"batch: must be a number of rows ≥ 1 or a fraction in (0, 1), got {self.batch!r}")
+            raise ValueError(
+                f"batch: must be a number of rows ≥ 1 or a fraction in (0, 1), got {self.batch!r}"
+            )
         if self.batch >= 1 and self.batch != int(self.batch):
             raise ValueError(f"batch: a number of rows must be an integer, got {self.batch!r}")
         if not (isinstance(self.label_delay, int) and self.label_delay >= 1):
-            raise ValueError(f"label_delay: must be an integer ≥ 1 (1 = the paper's setting), got {self.label_delay!r}")
+            raise ValueError(
+                f"label_delay: must be an integer ≥ 1 (1 = the paper's setting), got {self.label_delay!r}"
+            )
         if not (0 < self.test_fraction < 1):
             raise ValueError(f"test_fraction: must be in (0, 1), got {self.test_fraction!r}")
         if self.rows is not None and not (isinstance(self.rows, int) and self.rows >= 1):
             raise ValueError(f"rows: must be a positive integer, got {self.rows!r}")
         if not (isinstance(self.curve_points, int) and self.curve_points >= 1):
             raise ValueError(f"curve_points: must be an integer ≥ 1, got {self.curve_points!r}")
-        if self.curve_test_rows is not None and not (isinstance(self.curve_test_rows, int) and self.curve_test_rows >= 1):
+        if self.curve_test_rows is not None and not (
+            isinstance(self.curve_test_rows, int) and self.curve_test_rows >= 1
+        ):
             raise ValueError(f"curve_test_rows: must be a positive integer, got {self.curve_test_rows!r}")
 
     def batch_rows(self, n_train: int) -> int:
@@ -187,9 +197,15 @@ def make_split(dataset: Dataset, protocol: Protocol, *, classes=None) -> Split:
         )
     train, test = order[:n_train], order[n_train:]
     return Split(
-        dataset.name, dataset.task, declared, dataset.feature_names,
-        np.ascontiguousarray(dataset.X[train]), y[train], np.ascontiguousarray(dataset.X[test]), y[test],
-    )  # fmt: skip
+        dataset.name,
+        dataset.task,
+        declared,
+        dataset.feature_names,
+        np.ascontiguousarray(dataset.X[train]),
+        y[train],
+        np.ascontiguousarray(dataset.X[test]),
+        y[test],
+    )
 
 
 def plain_label(label):
@@ -239,7 +255,9 @@ class EdRVFLLearner:
             scaler.partial_fit(x_head[: self.config.warmup_rows])
             scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
         targets = self.model.targets
-        targets.warmup_rows = min(targets.warmup_rows, max(len(x_head), 2))  # and the targets on every label there is
+        targets.warmup_rows = min(
+            targets.warmup_rows, max(len(x_head), 2)
+        )  # and the targets on every label there is
 
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
@@ -254,7 +272,9 @@ class EdRVFLLearner:
 
     def predict(self, x):
         out = []
-        for chunk in _chunks(x, TEST_CHUNK_BYTES // (8 * self.config.n_layers * self.model.network.n_columns)):
+        for chunk in _chunks(
+            x, TEST_CHUNK_BYTES // (8 * self.config.n_layers * self.model.network.n_columns)
+        ):
             pred = self.model.predict_batch(chunk)
             out.append(pred.index if self._classification else pred.value)
         return np.concatenate(out)
@@ -268,7 +288,9 @@ class EdRVFLLearner:
         for key in ("scaler_mean", "scaler_std"):
             if cfg[key] is not None:
                 cfg[key] = "(from the training rows)"
-        cfg["effective"] = self.model.effective  # λ and half-life in force (auto: each candidate's recent loss)
+        cfg["effective"] = (
+            self.model.effective
+        )  # λ and half-life in force (auto: each candidate's recent loss)
         return cfg
 
 
@@ -339,8 +361,17 @@ def run_protocol(
             curve.append((t, test_value))
             curve_rows.append(rows_seen)
             if on_point is not None:
-                on_point(CurvePoint(learner.name, t, n_batches, rows_seen, test_value, metric_from(task, error_sum, count),
-                                    rows_seen / max(learn_seconds, 1e-12)))  # fmt: skip
+                on_point(
+                    CurvePoint(
+                        learner.name,
+                        t,
+                        n_batches,
+                        rows_seen,
+                        test_value,
+                        metric_from(task, error_sum, count),
+                        rows_seen / max(learn_seconds, 1e-12),
+                    )
+                )
         if on_batch is not None:
             on_batch(t, n_batches)
 
@@ -360,17 +391,37 @@ def run_protocol(
         fifth = n_train // 5
         window = max(n_train // STREAM_WINDOWS, b)
         extra = dict(
-            order="stream", prequential_first20=over(warm, warm + fifth), prequential_last20=over(n_train - fifth, n_train),
+            order="stream",
+            prequential_first20=over(warm, warm + fifth),
+            prequential_last20=over(n_train - fifth, n_train),
             window_curve=[(hi, over(hi - window, hi)) for hi in range(window, n_train + 1, window)],
-        )  # fmt: skip
+        )
     return EvaluationResult(
-        name=learner.name, dataset=split.name, task=task, metric=split.metric, test_metric=test_metric,
-        prequential_metric=metric_from(task, error_sum, count), cumulative_regret=regret, regret_bound=bound,
-        rows_per_second=n_train / max(learn_seconds, 1e-12), seconds=learn_seconds, test_seconds=test_seconds,
-        rows=n_train, test_rows=len(split.x_test), batch=b, batches=n_batches, label_delay=delay, seed=protocol.seed,
-        curve=curve, curve_rows=curve_rows, curve_test_rows=len(curve_x), batch_prequential=batch_prequential,
-        batch_loss=batch_loss, config=learner.describe(), **extra,
-    )  # fmt: skip
+        name=learner.name,
+        dataset=split.name,
+        task=task,
+        metric=split.metric,
+        test_metric=test_metric,
+        prequential_metric=metric_from(task, error_sum, count),
+        cumulative_regret=regret,
+        regret_bound=bound,
+        rows_per_second=n_train / max(learn_seconds, 1e-12),
+        seconds=learn_seconds,
+        test_seconds=test_seconds,
+        rows=n_train,
+        test_rows=len(split.x_test),
+        batch=b,
+        batches=n_batches,
+        label_delay=delay,
+        seed=protocol.seed,
+        curve=curve,
+        curve_rows=curve_rows,
+        curve_test_rows=len(curve_x),
+        batch_prequential=batch_prequential,
+        batch_loss=batch_loss,
+        config=learner.describe(),
+        **extra,
+    )
 
 
 def model_config(split: Split, mode: str, model: dict | None = None) -> ModelConfig:
@@ -409,10 +460,21 @@ def evaluate(
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]  # validate all first
     if baselines:
         learners += [make_baseline(name, split, model_config(split, "ridge", model)) for name in baselines]
-    return [run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch) for learner in learners]
+    return [
+        run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch) for learner in learners
+    ]
 
 
 # --------------------------------------------------------------------------------- CLI
 
 
-__all__ = ["EvaluationResult", "Protocol", "Split", "evaluate", "make_split", "model_config", "run_protocol", "time_points"]
+__all__ = [
+    "EvaluationResult",
+    "Protocol",
+    "Split",
+    "evaluate",
+    "make_split",
+    "model_config",
+    "run_protocol",
+    "time_points",
+]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+
 @dataclass
 class CurvePoint:
     """One time point of the test curve, as reported while running."""
@@ -55,21 +56,45 @@ class EvaluationResult:
     batch_loss: np.ndarray
     config: dict = field(default_factory=dict)
     order: str = "shuffle"
-    prequential_first20: float | None = None  # --order stream: over the first 20 % of the rows after the warm-up
+    prequential_first20: float | None = (
+        None  # --order stream: over the first 20 % of the rows after the warm-up
+    )
     prequential_last20: float | None = None  # --order stream: over the last 20 % of the rows
-    window_curve: list = field(default_factory=list)  # --order stream: [(rows seen, prequential metric of the window)]
+    window_curve: list = field(
+        default_factory=list
+    )  # --order stream: [(rows seen, prequential metric of the window)]
 
     def to_json(self, per_batch: bool = False) -> dict:
         """A JSON-ready dict (NaN becomes None); per-batch arrays only when asked."""
         out = {
             key: getattr(self, key)
             for key in (
-                "name", "dataset", "task", "metric", "test_metric", "prequential_metric", "cumulative_regret",
-                "regret_bound", "rows_per_second", "seconds", "test_seconds", "rows", "test_rows", "batch",
-                "batches", "label_delay", "seed", "curve", "curve_rows", "curve_test_rows", "config",
-                "order", "prequential_first20", "prequential_last20",
+                "name",
+                "dataset",
+                "task",
+                "metric",
+                "test_metric",
+                "prequential_metric",
+                "cumulative_regret",
+                "regret_bound",
+                "rows_per_second",
+                "seconds",
+                "test_seconds",
+                "rows",
+                "test_rows",
+                "batch",
+                "batches",
+                "label_delay",
+                "seed",
+                "curve",
+                "curve_rows",
+                "curve_test_rows",
+                "config",
+                "order",
+                "prequential_first20",
+                "prequential_last20",
             )
-        }  # fmt: skip
+        }
         out["curve"] = [[int(t), finite_or_none(v)] for t, v in self.curve]
         out["window_curve"] = [[int(r), finite_or_none(v)] for r, v in self.window_curve]
         if per_batch:

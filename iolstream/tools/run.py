@@ -11,13 +11,16 @@ def add_parser(subparsers):
     p.add_argument("--bootstrap", help="override kafka.bootstrap_servers")
     p.add_argument("--max-seconds", type=float, help="stop (cleanly) after this long")
     p.add_argument(
-        "--idle-stop-seconds", type=float, help="stop (cleanly) after this long without input while partitions are assigned"
+        "--idle-stop-seconds",
+        type=float,
+        help="stop (cleanly) after this long without input while partitions are assigned",
     )
     p.add_argument(
-        "--stop-at-end", action="store_true",
+        "--stop-at-end",
+        action="store_true",
         help="stop (cleanly) once every assigned partition has reached the end it had when assigned (a finite input, "
         "as kcat -e does)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
     return p
 
@@ -26,11 +29,11 @@ def run(args) -> int:
     import dataclasses
     import os
 
-    from iolstream.ops import logs
-    from iolstream.ops.process import configure_worker_threads
     from iolstream.kafka.config import load_config
-    from iolstream.ops.lifecycle import EXIT_OK, SignalThread
     from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
+    from iolstream.ops import logs
+    from iolstream.ops.lifecycle import EXIT_OK, SignalThread
+    from iolstream.ops.process import configure_worker_threads
 
     # SIGTERM/SIGINT on a thread of their own, which a stuck main thread does not hold up
     worker: Worker | None = None
@@ -68,8 +71,12 @@ def run(args) -> int:
             return EXIT_FATAL
         if metrics is not None:
             metrics.attach(worker)
-        return worker.run(max_seconds=args.max_seconds, idle_stop_seconds=args.idle_stop_seconds,
-                          stop_at_end=args.stop_at_end, freeze_startup=True)  # fmt: skip
+        return worker.run(
+            max_seconds=args.max_seconds,
+            idle_stop_seconds=args.idle_stop_seconds,
+            stop_at_end=args.stop_at_end,
+            freeze_startup=True,
+        )
     finally:
         if metrics is not None:
             metrics.close()

@@ -47,14 +47,13 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from threadpoolctl import threadpool_limits
 
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
+from iolstream.core.learner import OnlineLearner
 from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.protocol import time_points
-from iolstream.core.learner import OnlineLearner
 
 STREAMS = ("single", "batch")
 MODE_NAMES = {"ridge": "-R", "forward": "-F"}
@@ -133,12 +132,16 @@ class SimulationResult:
     def to_json(self) -> dict:
         points = [t for t, _ in self.cumulative_regret_curve]
         return {
-            "stream": self.stream, "mode": self.mode, "lam": self.lam, "rows_per_step": self.rows_per_step,
-            "cumulative_regret": self.cumulative_regret, "cumulative_regret_std": self.cumulative_regret_std,
+            "stream": self.stream,
+            "mode": self.mode,
+            "lam": self.lam,
+            "rows_per_step": self.rows_per_step,
+            "cumulative_regret": self.cumulative_regret,
+            "cumulative_regret_std": self.cumulative_regret_std,
             "beta_error": self.beta_error,
             "immediate_regret": [[t, float(self.immediate_regret[t - 1])] for t in points],
             "cumulative_regret_curve": [[t, float(v)] for t, v in self.cumulative_regret_curve],
-        }  # fmt: skip
+        }
 
 
 def _stream(cfg: SimulationConfig, stream: str, rep: int):
@@ -182,7 +185,10 @@ def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResul
     points = time_points(cfg.horizon, cfg.curve_points)
     cells = [(s, lam, m) for s in cfg.streams for lam in cfg.resolved_lams for m in ("ridge", "forward")]
     reps = cfg.repetitions
-    acc = {c: {"ir": np.zeros(cfg.horizon), "cr": np.zeros((reps, len(points))), "err": np.zeros(reps)} for c in cells}
+    acc = {
+        c: {"ir": np.zeros(cfg.horizon), "cr": np.zeros((reps, len(points))), "err": np.zeros(reps)}
+        for c in cells
+    }
     total, done = len(cells) * cfg.repetitions, 0
     for stream in cfg.streams:
         for rep in range(cfg.repetitions):
@@ -203,10 +209,18 @@ def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResul
         final = a["cr"][:, -1]
         results.append(
             SimulationResult(
-                stream, mode, lam, cfg.rows_per_step(stream), a["ir"] / cfg.repetitions, float(final.mean()),
-                float(final.std()), list(zip(points, a["cr"].mean(axis=0).tolist())), float(a["err"].mean()), final,
+                stream,
+                mode,
+                lam,
+                cfg.rows_per_step(stream),
+                a["ir"] / cfg.repetitions,
+                float(final.mean()),
+                float(final.std()),
+                list(zip(points, a["cr"].mean(axis=0).tolist())),
+                float(a["err"].mean()),
+                final,
             )
-        )  # fmt: skip
+        )
     return results
 
 
@@ -225,14 +239,37 @@ def add_parser(subparsers):
     )
     d = SimulationConfig()
     p.add_argument("--horizon", "-T", type=int, default=d.horizon, help="steps T (default: %(default)s)")
-    p.add_argument("--batch", "-b", type=int, default=d.batch, help="rows per step of the batch stream (default: %(default)s)")
-    p.add_argument("--dim", type=int, default=d.dim, help="features per row, not given by the paper (default: %(default)s)")
+    p.add_argument(
+        "--batch",
+        "-b",
+        type=int,
+        default=d.batch,
+        help="rows per step of the batch stream (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dim",
+        type=int,
+        default=d.dim,
+        help="features per row, not given by the paper (default: %(default)s)",
+    )
     p.add_argument("--noise", type=float, default=d.noise, help="noise factor (default: %(default)s)")
-    p.add_argument("--noise-mode", choices=("relative", "absolute"), default=d.noise_mode,
-                   help="noise std = factor × ‖β°‖ (relative) or = factor (default: %(default)s)")  # fmt: skip
-    p.add_argument("--lam", type=_lam, nargs="+", default=list(d.lams), metavar="λ",
-                   help="λ values; '1/T' for 1/T (default: 0.005 0.01 0.02 1/T)")  # fmt: skip
-    p.add_argument("--repetitions", "-n", type=int, default=d.repetitions, help="n_t (default: the paper's %(default)s)")
+    p.add_argument(
+        "--noise-mode",
+        choices=("relative", "absolute"),
+        default=d.noise_mode,
+        help="noise std = factor × ‖β°‖ (relative) or = factor (default: %(default)s)",
+    )
+    p.add_argument(
+        "--lam",
+        type=_lam,
+        nargs="+",
+        default=list(d.lams),
+        metavar="λ",
+        help="λ values; '1/T' for 1/T (default: 0.005 0.01 0.02 1/T)",
+    )
+    p.add_argument(
+        "--repetitions", "-n", type=int, default=d.repetitions, help="n_t (default: the paper's %(default)s)"
+    )
     p.add_argument("--streams", nargs="+", choices=STREAMS, default=list(STREAMS), help="(default: both)")
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON object per (stream, λ, mode) on stdout")
@@ -265,9 +302,16 @@ def main(args) -> int:
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
     cfg = SimulationConfig(
-        horizon=args.horizon, batch=args.batch, dim=args.dim, noise=args.noise, noise_mode=args.noise_mode,
-        lams=tuple(args.lam), repetitions=args.repetitions, seed=args.seed, streams=tuple(args.streams),
-    )  # fmt: skip
+        horizon=args.horizon,
+        batch=args.batch,
+        dim=args.dim,
+        noise=args.noise,
+        noise_mode=args.noise_mode,
+        lams=tuple(args.lam),
+        repetitions=args.repetitions,
+        seed=args.seed,
+        streams=tuple(args.streams),
+    )
     out = sys.stderr if args.json else sys.stdout
     bar = ProgressBar(1, "simulate", enabled=None if not args.quiet else False)
 
@@ -311,11 +355,19 @@ def print_table(cfg: SimulationConfig, results, stream) -> None:
             share = f"{np.mean(f_res.regrets < r_res.regrets):.0%}"
             for r in (r_res, f_res):
                 table.row(
-                    f"{lam:.4g}", MODE_NAMES[r.mode], *[r.immediate_regret[t - 1] for t in points],
-                    r.cumulative_regret, r.cumulative_regret_std, r.beta_error, share if r is f_res else "",
-                )  # fmt: skip
-    print("\nIR@t: mean immediate regret 2(L_t(β_t) − L_t(β°)) at step t; CR_T: cumulative regret against the "
-          "best offline expert;\nF<R: share of repetitions where -F's CR_T is below -R's.", file=stream)  # fmt: skip
+                    f"{lam:.4g}",
+                    MODE_NAMES[r.mode],
+                    *[r.immediate_regret[t - 1] for t in points],
+                    r.cumulative_regret,
+                    r.cumulative_regret_std,
+                    r.beta_error,
+                    share if r is f_res else "",
+                )
+    print(
+        "\nIR@t: mean immediate regret 2(L_t(β_t) − L_t(β°)) at step t; CR_T: cumulative regret against the "
+        "best offline expert;\nF<R: share of repetitions where -F's CR_T is below -R's.",
+        file=stream,
+    )
 
 
 def _log_binned(values: np.ndarray, n_bins: int = 40):
@@ -342,10 +394,16 @@ def plot(cfg: SimulationConfig, results, path: str) -> None:
                 axes[row, 0].plot(*_log_binned(r.immediate_regret), style, color=color, lw=1, label=label)
                 xs, ys = zip(*r.cumulative_regret_curve)
                 axes[row, 1].plot(xs, ys, style, marker="o", ms=2, color=color, label=label)
-        axes[row, 0].set(xscale="log", xlabel="t", ylabel="mean IR_t (log-spaced bins)",
-                         title=f"{name} stream: immediate regret")  # fmt: skip
+        axes[row, 0].set(
+            xscale="log",
+            xlabel="t",
+            ylabel="mean IR_t (log-spaced bins)",
+            title=f"{name} stream: immediate regret",
+        )
         axes[row, 0].set_yscale("symlog", linthresh=1.0)  # the mean IR_t dips below 0 late in the stream
-        axes[row, 1].set(xscale="log", xlabel="t", ylabel="mean CR_t", title=f"{name} stream: cumulative regret")
+        axes[row, 1].set(
+            xscale="log", xlabel="t", ylabel="mean CR_t", title=f"{name} stream: cumulative regret"
+        )
         for ax in axes[row]:
             ax.grid(True, which="both", alpha=0.3)
         axes[row, 1].legend(fontsize=7)

@@ -20,7 +20,9 @@ def add_parser(subparsers):
     p = subparsers.add_parser("snapshot", help="inspect worker snapshots")
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     actions.required = True
-    i = actions.add_parser("inspect", help="print what a snapshot holds: format, config, counters, offsets, sizes, checksum")
+    i = actions.add_parser(
+        "inspect", help="print what a snapshot holds: format, config, counters, offsets, sizes, checksum"
+    )
     i.add_argument("path", help="a snapshot file (snap-*.iolsnap) or a snapshot directory")
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     i.set_defaults(func=inspect)
@@ -50,7 +52,8 @@ def describe(path: Path) -> dict:
     out["read_seconds"] = round(time.perf_counter() - t0, 4)
     out["manifest"] = manifest
     out["arrays"] = {
-        k: {"dtype": str(v.dtype), "shape": list(v.shape), "bytes": int(v.nbytes)} for k, v in sorted(arrays.items())
+        k: {"dtype": str(v.dtype), "shape": list(v.shape), "bytes": int(v.nbytes)}
+        for k, v in sorted(arrays.items())
     }
     return out
 
@@ -63,13 +66,18 @@ def _print_detail(d: dict) -> None:
     print(f"snapshot   {d['path']}")
     if not d["valid"]:
         version = d.get("format_version")
-        print(f"status     DAMAGED: {d['error']}" + (f" (header: format version {version})" if version is not None else ""))
+        print(
+            f"status     DAMAGED: {d['error']}"
+            + (f" (header: format version {version})" if version is not None else "")
+        )
         if "bytes" in d:
             print(f"size       {_mb(d['bytes'])} ({d['bytes']:,} bytes)")
         return
     m = d["manifest"]
     print(f"status     valid: format version {d['format_version']}, SHA-256 checksum ok")
-    print(f"size       {_mb(d['bytes'])} ({d['bytes']:,} bytes), read and verified in {d['read_seconds']:.3f} s")
+    print(
+        f"size       {_mb(d['bytes'])} ({d['bytes']:,} bytes), read and verified in {d['read_seconds']:.3f} s"
+    )
     written = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(m.get("written_at_ms", 0) / 1000))
     print(f"sequence   {m.get('sequence')}, written {written}")
     if "worker" in m:
@@ -81,13 +89,18 @@ def _print_detail(d: dict) -> None:
     dead = {k: v for k, v in stream.get("dead_letters", {}).items() if v}
     print("dead       " + (" ".join(f"{k}={v}" for k, v in dead.items()) or "none"))
     offsets = m.get("offsets", [])
-    print("offsets    " + ("(none: nothing consumed)" if not offsets else f"next offset to read, {len(offsets)} partitions"))
+    print(
+        "offsets    "
+        + ("(none: nothing consumed)" if not offsets else f"next offset to read, {len(offsets)} partitions")
+    )
     for topic, partition, offset in offsets:
         print(f"           {topic}[{partition}] {offset}")
     total = sum(a["bytes"] for a in d["arrays"].values())
     print(f"arrays     {len(d['arrays'])} arrays, {_mb(total)}")
     for name, a in d["arrays"].items():
-        print(f"           {name:<32} {a['dtype']:<8} {'×'.join(map(str, a['shape'])) or 'scalar':<12} {_mb(a['bytes'])}")
+        print(
+            f"           {name:<32} {a['dtype']:<8} {'×'.join(map(str, a['shape'])) or 'scalar':<12} {_mb(a['bytes'])}"
+        )
 
 
 def inspect(args) -> int:

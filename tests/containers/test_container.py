@@ -35,9 +35,9 @@ from kafka_util import unique_group
 from prometheus_client.parser import text_string_to_metric_families
 
 from iolstream.core import kernels
+from iolstream.kafka.config import load_config
 from iolstream.stream import recent_ids
 from iolstream.tools.cli import build_parser
-from iolstream.kafka.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -123,11 +123,27 @@ def promql_metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\{[^}]*\}", "", expr)
     expr = re.sub(r"\[[^\]]*\]", "", expr)
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
-    keywords = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+    keywords = {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+    }
     names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
         following = expr[m.end() :].lstrip()
-        if following.startswith("(") or m.group() in keywords or re.fullmatch(r"e\d*|inf|nan", m.group(), re.I):
+        if (
+            following.startswith("(")
+            or m.group() in keywords
+            or re.fullmatch(r"e\d*|inf|nan", m.group(), re.I)
+        ):
             continue
         names.add(m.group())
     return names
@@ -157,9 +173,16 @@ def test_compose_services_and_worker_configs():
     assert default_image(kafka["image"]).startswith("apache/kafka:")
     assert default_image(c["services"]["prometheus"]["image"]).startswith("prom/prometheus:")
     # the locally built images (scripts/containers.sh) are taken through these variables
-    images = {name: re.fullmatch(r"\$\{(\w+):-[^}]+\}", svc["image"]).group(1)
-              for name, svc in c["services"].items() if name not in ("grafana",)}  # fmt: skip
-    assert set(images.values()) == {"IOLSTREAM_IMAGE", "IOLSTREAM_KAFKA_IMAGE", "IOLSTREAM_PROMETHEUS_IMAGE"}, images
+    images = {
+        name: re.fullmatch(r"\$\{(\w+):-[^}]+\}", svc["image"]).group(1)
+        for name, svc in c["services"].items()
+        if name not in ("grafana",)
+    }
+    assert set(images.values()) == {
+        "IOLSTREAM_IMAGE",
+        "IOLSTREAM_KAFKA_IMAGE",
+        "IOLSTREAM_PROMETHEUS_IMAGE",
+    }, images
     assert set(kafka["environment"]["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}  # KRaft
     base = load_config(DOCKER / "worker.yaml", environ={})
     cfgs = {}
@@ -180,8 +203,14 @@ def test_compose_services_and_worker_configs():
     assert dataclasses.replace(f, group=f2.group) == f2  # the same config otherwise
     assert f.member_id != f2.member_id and f.transactional_id != f2.transactional_id
     assert c["services"]["worker-forward-1"]["volumes"] != c["services"]["worker-forward-2"]["volumes"]
-    assert f.model.to_dict() | {"mode": None} == r.model.to_dict() | {"mode": None}  # the same network otherwise
-    assert (f.topics.features, f.topics.labels) == (r.topics.features, r.topics.labels) == (base.topics.features, base.topics.labels)
+    assert f.model.to_dict() | {"mode": None} == r.model.to_dict() | {
+        "mode": None
+    }  # the same network otherwise
+    assert (
+        (f.topics.features, f.topics.labels)
+        == (r.topics.features, r.topics.labels)
+        == (base.topics.features, base.topics.labels)
+    )
     for key in ("predictions", "dead_letters"):
         assert getattr(f.topics, key) != getattr(r.topics, key), key
     assert f.kafka.group_id != r.kafka.group_id and f.transactional_id != r.transactional_id
@@ -189,7 +218,10 @@ def test_compose_services_and_worker_configs():
     producer = c["services"]["producer"]
     args = build_parser("produce").parse_args(producer["command"])
     assert args.command == "produce" and image_copies()[args.config] == DOCKER / "worker.yaml"
-    assert load_config(DOCKER / "worker.yaml", environ=producer["environment"]).kafka.bootstrap_servers == "kafka:9092"
+    assert (
+        load_config(DOCKER / "worker.yaml", environ=producer["environment"]).kafka.bootstrap_servers
+        == "kafka:9092"
+    )
     assert args.dataset == "poker" and base.model.n_inputs == 10 and base.model.classes == tuple(range(10))
     # group learning needs a row and its label in the same partition: one-row messages keyed by id, several partitions
     assert args.batch_rows == 1
@@ -201,8 +233,10 @@ def test_prometheus_and_grafana_provisioning():
     prom = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
     (job,) = prom["scrape_configs"]
     targets = {t for sc in job["static_configs"] for t in sc["targets"]}
-    ports = {name: load_config(DOCKER / "worker.yaml", environ=c["services"][name]["environment"]).metrics.port
-             for name in WORKERS}  # fmt: skip
+    ports = {
+        name: load_config(DOCKER / "worker.yaml", environ=c["services"][name]["environment"]).metrics.port
+        for name in WORKERS
+    }
     assert targets == {f"{name}:{port}" for name, port in ports.items()}
     assert {sc["labels"]["variant"] for sc in job["static_configs"]} == {"F", "R"}
     mounts = dict(v.split(":")[:2] for v in c["services"]["prometheus"]["volumes"] if v.startswith("./"))
@@ -210,9 +244,13 @@ def test_prometheus_and_grafana_provisioning():
 
     grafana = c["services"]["grafana"]
     mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
-    (source,) = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())["datasources"]
+    (source,) = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())[
+        "datasources"
+    ]
     assert source["url"] == "http://prometheus:9090" and "prometheus" in c["services"]
-    (provider,) = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/iolstream.yaml").read_text())["providers"]
+    (provider,) = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/iolstream.yaml").read_text())[
+        "providers"
+    ]
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
     assert mounts["./grafana/dashboards"] == provider["options"]["path"]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
@@ -241,18 +279,24 @@ def hadolint() -> str:
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "kafka/Dockerfile", "prometheus/Dockerfile"])
 def test_dockerfile_passes_hadolint(dockerfile):
-    r = subprocess.run([hadolint(), str(DOCKER / dockerfile)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [hadolint(), str(DOCKER / dockerfile)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     # a standard public base by default, any other (e.g. a local Debian image) as a build argument
     base = global_args(DOCKER / dockerfile)["BASE_IMAGE"]
-    assert re.fullmatch(r"python:3\.\d+-slim-bookworm" if dockerfile == "Dockerfile" else r"debian:bookworm-slim", base), base
+    assert re.fullmatch(
+        r"python:3\.\d+-slim-bookworm" if dockerfile == "Dockerfile" else r"debian:bookworm-slim", base
+    ), base
     froms = re.findall(r"^FROM\s+(\S+)", (DOCKER / dockerfile).read_text(), re.M)
     assert froms and set(froms) == {"${BASE_IMAGE}"}, froms
 
 
 def test_dockerfile_shape():
     stage = final_stage()
-    assert stage[0][1] == "${BASE_IMAGE}" and re.fullmatch(r"python:[\d.]+-slim-\w+", global_args()["BASE_IMAGE"])
+    assert stage[0][1] == "${BASE_IMAGE}" and re.fullmatch(
+        r"python:[\d.]+-slim-\w+", global_args()["BASE_IMAGE"]
+    )
     (user,) = [a for i, a in stage if i == "USER"]
     assert user.split(":")[0] not in ("0", "root")
     runs = [a for i, a in stage if i == "RUN"]
@@ -313,9 +357,13 @@ def container_env(service: str, tmp: Path, overrides: dict) -> dict[str, str]:
     """What the process sees in the container: the image's ENV, then the compose service's
     environment, then ``overrides``; container directories become directories under ``tmp``."""
     env = {"HOME": str(tmp), "LANG": "C.UTF-8", "PATH": os.environ["PATH"]}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")})  # this machine's BLAS settings
+    env.update(
+        {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")}
+    )  # this machine's BLAS settings
     for key, value in image_env().items():
-        value = value.replace("/opt/venv/bin", str(Path(sys.executable).parent)).replace("$PATH", os.environ["PATH"])
+        value = value.replace("/opt/venv/bin", str(Path(sys.executable).parent)).replace(
+            "$PATH", os.environ["PATH"]
+        )
         if value.startswith("/var/"):
             value = str(tmp / value.strip("/").replace("/", "_"))
         env[key] = value
@@ -331,17 +379,29 @@ def container_argv(argv: list[str]) -> list[str]:
 @pytest.mark.kafka
 def test_entrypoint_serves_the_dashboard_metrics(kafka_bootstrap, kafka_topics, numba_cache, tmp_path):
     features, labels, predictions, dead = kafka_topics("features", "labels", "predictions", "dead")
-    (deltas,) = kafka_topics("deltas", config={"cleanup.policy": "compact"})  # group learning: this test's own
+    (deltas,) = kafka_topics(
+        "deltas", config={"cleanup.policy": "compact"}
+    )  # group learning: this test's own
     port = free_port()
     kafka_env = {
-        "IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "IOLSTREAM_KAFKA__GROUP_ID": unique_group("image"),
-        "IOLSTREAM_TOPICS__FEATURES": features, "IOLSTREAM_TOPICS__LABELS": labels,
-        "IOLSTREAM_TOPICS__PREDICTIONS": predictions, "IOLSTREAM_TOPICS__DEAD_LETTERS": dead,
+        "IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "IOLSTREAM_KAFKA__GROUP_ID": unique_group("image"),
+        "IOLSTREAM_TOPICS__FEATURES": features,
+        "IOLSTREAM_TOPICS__LABELS": labels,
+        "IOLSTREAM_TOPICS__PREDICTIONS": predictions,
+        "IOLSTREAM_TOPICS__DEAD_LETTERS": dead,
         "IOLSTREAM_TOPICS__MODEL_DELTAS": deltas,
-    }  # fmt: skip
-    env = container_env("worker-forward-1", tmp_path, {
-        **kafka_env, "IOLSTREAM_METRICS__PORT": str(port), "NUMBA_CACHE_DIR": str(numba_cache), "NUMBA_DEBUG_CACHE": "1",
-    })  # fmt: skip
+    }
+    env = container_env(
+        "worker-forward-1",
+        tmp_path,
+        {
+            **kafka_env,
+            "IOLSTREAM_METRICS__PORT": str(port),
+            "NUMBA_CACHE_DIR": str(numba_cache),
+            "NUMBA_DEBUG_CACHE": "1",
+        },
+    )
     argv = container_argv(exec_form("ENTRYPOINT") + exec_form("CMD"))
     url = f"http://127.0.0.1:{port}"
     out, err = (tmp_path / "worker.out").open("w+"), (tmp_path / "worker.err").open("w+")
@@ -349,7 +409,9 @@ def test_entrypoint_serves_the_dashboard_metrics(kafka_bootstrap, kafka_topics, 
     try:
         deadline = time.monotonic() + 60
         while http_get(url + "/readyz")[0] != 200:
-            assert worker.poll() is None, f"the worker exited with {worker.returncode}: {(tmp_path / 'worker.err').read_text()}"
+            assert worker.poll() is None, (
+                f"the worker exited with {worker.returncode}: {(tmp_path / 'worker.err').read_text()}"
+            )
             assert time.monotonic() < deadline, f"not ready after 60 s: {http_get(url + '/readyz')}"
             time.sleep(0.2)
         assert http_get(url + "/healthz")[0] == 200
@@ -357,17 +419,25 @@ def test_entrypoint_serves_the_dashboard_metrics(kafka_bootstrap, kafka_topics, 
         check = [sys.executable if a == "python" else a for a in container_argv(check)]
         assert subprocess.run(check, env=env, timeout=30, check=False).returncode == 0
         dead_env = {**env, "IOLSTREAM_METRICS__PORT": str(free_port())}
-        assert subprocess.run(check, env=dead_env, capture_output=True, timeout=30, check=False).returncode == 1
+        assert (
+            subprocess.run(check, env=dead_env, capture_output=True, timeout=30, check=False).returncode == 1
+        )
 
         # the compose file's producer, with fewer rows and no rate limit
         rows = 3000
         command = compose()["services"]["producer"]["command"]
-        command = [str(rows) if command[i - 1] == "--rows" else "0" if command[i - 1] == "--rate" else a
-                   for i, a in enumerate(command)]  # fmt: skip
+        command = [
+            str(rows) if command[i - 1] == "--rows" else "0" if command[i - 1] == "--rate" else a
+            for i, a in enumerate(command)
+        ]
         producer = subprocess.run(
-            container_argv(exec_form("ENTRYPOINT") + command), env=container_env("producer", tmp_path, kafka_env),
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            container_argv(exec_form("ENTRYPOINT") + command),
+            env=container_env("producer", tmp_path, kafka_env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert producer.returncode == 0, producer.stderr
 
         def scrape() -> dict:
@@ -375,21 +445,31 @@ def test_entrypoint_serves_the_dashboard_metrics(kafka_bootstrap, kafka_topics, 
             return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
         deadline = time.monotonic() + 60
-        while not (scrape().get("iolstream_predictions_total") == rows and "iolstream_consumer_lag" in scrape()):
-            assert time.monotonic() < deadline, f"not all rows predicted: {scrape().get('iolstream_predictions_total')}"
+        while not (
+            scrape().get("iolstream_predictions_total") == rows and "iolstream_consumer_lag" in scrape()
+        ):
+            assert time.monotonic() < deadline, (
+                f"not all rows predicted: {scrape().get('iolstream_predictions_total')}"
+            )
             time.sleep(0.2)
         exported = set(scrape())
         wanted = set().union(*map(promql_metric_names, dashboard_exprs()))
-        assert wanted <= exported, f"the dashboard queries metrics the worker does not export: {sorted(wanted - exported)}"
+        assert wanted <= exported, (
+            f"the dashboard queries metrics the worker does not export: {sorted(wanted - exported)}"
+        )
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
         code = worker.wait(40)
     assert code == 0
     err.seek(0)
-    records = [orjson.loads(line) for line in err.read().splitlines()]  # every line is JSON (logging.format: json)
+    records = [
+        orjson.loads(line) for line in err.read().splitlines()
+    ]  # every line is JSON (logging.format: json)
     events = {r["event"] for r in records}
     assert {"assigned", "snapshot", "status", "stopped"} <= events, events
     out.seek(0)
     cache_log = out.read()
-    assert "data loaded" in cache_log and "data saved" not in cache_log, "the worker compiled kernels the warm-up missed"
+    assert "data loaded" in cache_log and "data saved" not in cache_log, (
+        "the worker compiled kernels the warm-up missed"
+    )

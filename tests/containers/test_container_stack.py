@@ -59,7 +59,9 @@ class Podman:
         self.env = {**os.environ, "CONTAINERS_CONF": conf}
 
     def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"podman {shlex.join(args)} -> {r.returncode}: {r.stderr.strip()[-2000:]}")
         return r
@@ -119,12 +121,19 @@ class Stack:
     @classmethod
     def sweep(cls, podman: Podman) -> None:
         """Remove what an earlier run left behind when its process was killed (its pid is gone)."""
+
         def stale(name: str) -> bool:
             pid = name[len(cls.PREFIX) :].split("-")[0]
             return name.startswith(cls.PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists()
 
-        for kind, listing in (("container", ["ps", "-a"]), ("volume", ["volume", "ls"]), ("network", ["network", "ls"])):
-            names = podman(*listing, "--format", "{{.Names}}" if kind == "container" else "{{.Name}}", check=False).stdout
+        for kind, listing in (
+            ("container", ["ps", "-a"]),
+            ("volume", ["volume", "ls"]),
+            ("network", ["network", "ls"]),
+        ):
+            names = podman(
+                *listing, "--format", "{{.Names}}" if kind == "container" else "{{.Name}}", check=False
+            ).stdout
             for name in filter(stale, names.split()):
                 args = ["rm", "-f", "-v", name] if kind == "container" else [kind, "rm", "-f", name]
                 podman(*args, check=False, timeout=60)
@@ -182,7 +191,9 @@ class Stack:
         args += ["--stop-timeout", str(int(grace.rstrip("s")))]
         return args
 
-    def start(self, name: str, extra_env: dict[str, str] | None = None, command: list[str] | None = None) -> str:
+    def start(
+        self, name: str, extra_env: dict[str, str] | None = None, command: list[str] | None = None
+    ) -> str:
         container = f"{self.project}-{name}"
         cmd = command if command is not None else self.service(name).get("command", [])
         self.podman("run", "-d", "--name", container, *self.run_args(name, extra_env), self.image(name), *cmd)
@@ -191,7 +202,9 @@ class Stack:
 
     def run_once(self, name: str, command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
         """A one-off container of the service (foreground, removed after)."""
-        return self.podman("run", "--rm", *self.run_args(name), self.image(name), *command, timeout=timeout, check=False)
+        return self.podman(
+            "run", "--rm", *self.run_args(name), self.image(name), *command, timeout=timeout, check=False
+        )
 
     def healthy(self, container: str) -> bool:
         return self.podman("healthcheck", "run", container, check=False).returncode == 0
@@ -203,7 +216,9 @@ class Stack:
         """True while ``container`` runs; AssertionError with its last log lines once it has exited."""
         state = self.state(container)
         if not state["Running"]:
-            raise AssertionError(f"{container} exited with {state['ExitCode']}: {self.logs(container)[-3000:]}")
+            raise AssertionError(
+                f"{container} exited with {state['ExitCode']}: {self.logs(container)[-3000:]}"
+            )
         return True
 
     def logs(self, container: str) -> str:
@@ -212,7 +227,9 @@ class Stack:
 
     def down(self) -> None:
         for container in reversed(self.containers):
-            self.podman("rm", "-f", "-v", "-t", "5", container, check=False, timeout=60)  # -v: its anonymous volumes
+            self.podman(
+                "rm", "-f", "-v", "-t", "5", container, check=False, timeout=60
+            )  # -v: its anonymous volumes
         for volume in self.volumes:
             self.podman("volume", "rm", "-f", volume, check=False)
         self.podman("network", "rm", "-f", self.network, check=False)
@@ -226,7 +243,9 @@ def built() -> tuple[Podman, dict[str, str], float]:
     if policy == "skip":
         pytest.skip("IOLSTREAM_CONTAINER_TEST=skip")
     t0 = time.monotonic()
-    r = subprocess.run(["bash", str(SCRIPT), "build"], capture_output=True, text=True, timeout=3000, check=False)
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "build"], capture_output=True, text=True, timeout=3000, check=False
+    )
     seconds = time.monotonic() - t0
     if r.returncode == 3:  # no podman and no way to install it here
         reason = f"no container runtime: {r.stderr.strip().splitlines()[-1]}"
@@ -239,7 +258,9 @@ def built() -> tuple[Podman, dict[str, str], float]:
 
 
 def build_times() -> str:
-    state = Path(os.environ.get("IOLSTREAM_CONTAINER_STATE", Path.home() / ".cache" / "iolstream" / "containers"))
+    state = Path(
+        os.environ.get("IOLSTREAM_CONTAINER_STATE", Path.home() / ".cache" / "iolstream" / "containers")
+    )
     parts = []
     for name in ("iolstream-base", "iolstream", "iolstream-kafka", "iolstream-prometheus"):
         f = state / f"{name}.build"
@@ -260,15 +281,23 @@ def test_compose_stack_in_podman(built, capsys):
         stack.up_network()
         t = time.monotonic()
         kafka = stack.start("kafka")
-        wait_for("kafka healthy", lambda: stack.running(kafka) and stack.healthy(kafka), 120, 1,
-                 lambda: stack.logs(kafka)[-3000:])  # fmt: skip
+        wait_for(
+            "kafka healthy",
+            lambda: stack.running(kafka) and stack.healthy(kafka),
+            120,
+            1,
+            lambda: stack.logs(kafka)[-3000:],
+        )
         timings["kafka_healthy"] = time.monotonic() - t
 
         # the compose producer's command, fewer rows and no rate limit; sent before the worker
         # starts, so that start -> first prediction is the worker's own start-up
         def producer_command(rows: int, prefix: str) -> list[str]:
             cmd = stack.service("producer")["command"]
-            cmd = [str(rows) if cmd[i - 1] == "--rows" else "0" if cmd[i - 1] == "--rate" else a for i, a in enumerate(cmd)]
+            cmd = [
+                str(rows) if cmd[i - 1] == "--rows" else "0" if cmd[i - 1] == "--rate" else a
+                for i, a in enumerate(cmd)
+            ]
             return [*cmd, "--id-prefix", prefix]
 
         r = stack.run_once("producer", producer_command(ROWS, "a"))
@@ -300,13 +329,24 @@ def test_compose_stack_in_podman(built, capsys):
         timings["start_to_first_prediction"] = time.monotonic() - t
         wait_for("workers healthy", lambda: all(stack.healthy(w) for w in workers), 60, 0.5, logs)
         timings["start_to_healthy"] = time.monotonic() - t
-        wait_for(f"{ROWS} rows predicted", lambda: predicted() == ROWS, 120, 0.5,
-                 lambda: f"predicted {per_member('iolstream_predictions_total')}")  # fmt: skip
+        wait_for(
+            f"{ROWS} rows predicted",
+            lambda: predicted() == ROWS,
+            120,
+            0.5,
+            lambda: f"predicted {per_member('iolstream_predictions_total')}",
+        )
         timings["start_to_all_predicted"] = time.monotonic() - t
         # not asserted: that each member predicted a share. The input is all there before the members start, and the
         # first member to join can predict all of it before the second one is assigned anything (seen in CI);
         # the group's exactness is tests/kafka/test_group_kafka.py's. Both must be in one group of 2:
-        wait_for("each member in a group of 2", lambda: group_sizes() == [2, 2], 60, 1, lambda: f"sizes {group_sizes()}")
+        wait_for(
+            "each member in a group of 2",
+            lambda: group_sizes() == [2, 2],
+            60,
+            1,
+            lambda: f"sizes {group_sizes()}",
+        )
 
         prometheus = stack.start("prometheus")
         prom = f"http://127.0.0.1:{stack.ports[('prometheus', 9090)]}"
@@ -317,8 +357,13 @@ def test_compose_stack_in_podman(built, capsys):
             return json.loads(body)["data"]["result"] if status == 200 else []
 
         t = time.monotonic()
-        wait_for("prometheus scrapes both -F workers", lambda: len(query('up{job="iolstream",variant="F"} == 1')) == 2, 120, 1,
-                 lambda: http_get(f"{prom}/api/v1/targets")[1][:3000])  # fmt: skip
+        wait_for(
+            "prometheus scrapes both -F workers",
+            lambda: len(query('up{job="iolstream",variant="F"} == 1')) == 2,
+            120,
+            1,
+            lambda: http_get(f"{prom}/api/v1/targets")[1][:3000],
+        )
         # bad messages on the features topic once Prometheus scrapes the worker: dead letters, and the
         # dashboard's dead-letter panel (a rate > 0) gets data
         features = json.dumps(yaml.safe_load((DOCKER / "worker.yaml").read_text())["topics"]["features"])
@@ -328,21 +373,46 @@ def test_compose_stack_in_podman(built, capsys):
             f"for i in range({BAD_MESSAGES}): p.produce({features}, value=b'not json %d' % i, key=b'bad')\n"
             "assert p.flush(30) == 0\n"
         )
-        r = podman("run", "--rm", "--network", stack.network, "--entrypoint", "python", stack.image("producer"), "-c", send_bad,
-                   check=False)  # fmt: skip
+        r = podman(
+            "run",
+            "--rm",
+            "--network",
+            stack.network,
+            "--entrypoint",
+            "python",
+            stack.image("producer"),
+            "-c",
+            send_bad,
+            check=False,
+        )
         assert r.returncode == 0, r.stderr
         malformed = 'iolstream_dead_letters_total{reason="malformed_json"}'
-        wait_for("dead letters counted", lambda: sum(per_member(malformed)) == BAD_MESSAGES, 60, 0.5,
-                 lambda: str([{k: v for k, v in scrape(p).items() if "dead" in k} for p in ports]))  # fmt: skip
+        wait_for(
+            "dead letters counted",
+            lambda: sum(per_member(malformed)) == BAD_MESSAGES,
+            60,
+            0.5,
+            lambda: str([{k: v for k, v in scrape(p).items() if "dead" in k} for p in ports]),
+        )
 
-        wait_for("prometheus has every prediction", lambda: query('sum(iolstream_predictions_total{variant="F"})'), 60, 1)
+        wait_for(
+            "prometheus has every prediction",
+            lambda: query('sum(iolstream_predictions_total{variant="F"})'),
+            60,
+            1,
+        )
         assert query('sum(iolstream_predictions_total{variant="F"})')[0]["value"][1] == str(ROWS)
         dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "iolstream.json").read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
         # Grafana's $__rate_interval is at least four scrape intervals (5 s here); 1m spans the whole stream
         exprs = [e.replace("$__rate_interval", "1m") for e in exprs]
-        wait_for("every dashboard expression returns data", lambda: all(query(e) for e in exprs), 90, 2,
-                 lambda: f"empty: {[e for e in exprs if not query(e)]}")  # fmt: skip
+        wait_for(
+            "every dashboard expression returns data",
+            lambda: all(query(e) for e in exprs),
+            90,
+            2,
+            lambda: f"empty: {[e for e in exprs if not query(e)]}",
+        )
         timings["prometheus_all_panels"] = time.monotonic() - t
 
         # SIGTERM: a clean stop (exit 0), the final snapshot in the member's own named volume (under its member id),
@@ -351,7 +421,9 @@ def test_compose_stack_in_podman(built, capsys):
         for worker in workers:
             stack.podman("stop", worker, timeout=120)
         timings["stop"] = time.monotonic() - t
-        user = stack.podman("image", "inspect", "--format", "{{.Config.User}}", stack.image(MEMBERS[0])).stdout.strip()
+        user = stack.podman(
+            "image", "inspect", "--format", "{{.Config.User}}", stack.image(MEMBERS[0])
+        ).stdout.strip()
         uid = int(user.split(":")[0])
         assert uid != 0
         before = {}
@@ -359,7 +431,9 @@ def test_compose_stack_in_podman(built, capsys):
             assert stack.state(worker)["ExitCode"] == 0, stack.logs(worker)[-3000:]
             member = stack.environment(name)["IOLSTREAM_GROUP__MEMBER_ID"]
             (volume,) = [v for v in stack.volumes if v.endswith(f"-{name.removeprefix('worker-')}-state")]
-            mountpoint = Path(stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout.strip())
+            mountpoint = Path(
+                stack.podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout.strip()
+            )
             snapshots = [p for p in (mountpoint / "snapshots" / member).rglob("*") if p.is_file()]
             assert snapshots, f"no snapshot of {member} in the volume {volume} ({mountpoint})"
             assert {p.stat().st_uid for p in snapshots} == {uid}, {p.name: p.stat().st_uid for p in snapshots}
@@ -369,7 +443,9 @@ def test_compose_stack_in_podman(built, capsys):
             records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
             events = [r.get("event") for r in records]
             assert "stopped" in events and "snapshot" in events, sorted(set(map(str, events)))
-            loaded_lines = [re.fullmatch(r"kernels loaded in ([\d.]+) s", r.get("message", "")) for r in records]
+            loaded_lines = [
+                re.fullmatch(r"kernels loaded in ([\d.]+) s", r.get("message", "")) for r in records
+            ]
             kernels = [float(m.group(1)) for m in loaded_lines if m]
             assert kernels, f"no 'kernels loaded' line in {worker}'s log"
             timings.setdefault("kernels_loaded_in_container", kernels[0])
@@ -382,13 +458,18 @@ def test_compose_stack_in_podman(built, capsys):
         t = time.monotonic()
         for worker in workers:
             stack.podman("start", worker)
-        wait_for(f"{MORE_ROWS} more rows predicted after the restart", lambda: predicted() == MORE_ROWS, 120, 0.2,
-                 lambda: f"predicted {per_member('iolstream_predictions_total')}; {logs()}")  # fmt: skip
+        wait_for(
+            f"{MORE_ROWS} more rows predicted after the restart",
+            lambda: predicted() == MORE_ROWS,
+            120,
+            0.2,
+            lambda: f"predicted {per_member('iolstream_predictions_total')}; {logs()}",
+        )
         timings["restart_to_all_predicted"] = time.monotonic() - t
         wait_for("workers healthy after the restart", lambda: all(stack.healthy(w) for w in workers), 60, 0.5)
         rows_in = 0
         for worker in workers:
-            after = stack.logs(worker).splitlines()[before[worker]:]
+            after = stack.logs(worker).splitlines()[before[worker] :]
             restarted = [json.loads(line) for line in after if line.startswith("{")]
             loaded = [r for r in restarted if r.get("event") == "snapshot_loaded"]
             assert loaded, f"no snapshot_loaded event after {worker}'s restart: {after[-40:]}"
@@ -405,4 +486,6 @@ def test_compose_stack_in_podman(built, capsys):
     finally:
         stack.down()
     with capsys.disabled():
-        print(f"\ncontainer stack ({build_times()}): " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+        print(
+            f"\ncontainer stack ({build_times()}): " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+        )

@@ -18,11 +18,22 @@ from __future__ import annotations
 import sys
 import time
 
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 from naive import label_messages
-from test_learner import K, M, N_COLUMNS, N_LAYERS, N_NODES, SMALL, assert_close, layer_rows, make_batches, snapshot
+from test_learner import (
+    N_COLUMNS,
+    N_LAYERS,
+    N_NODES,
+    SMALL,
+    K,
+    M,
+    assert_close,
+    layer_rows,
+    make_batches,
+    snapshot,
+)
 from threadpoolctl import threadpool_limits
 
 from iolstream.core import linalg
@@ -50,7 +61,9 @@ def weighted_expert(entered, labelled, lam, clock, half_life, layer):
     return np.linalg.solve(a, c)
 
 
-def run_delayed_stream(seed_, mode, solver, half_life, check, *, layout="contiguous", parallel=False, dtype=np.float64):
+def run_delayed_stream(
+    seed_, mode, solver, half_life, check, *, layout="contiguous", parallel=False, dtype=np.float64
+):
     """Like test_learner's delayed stream, with forgetting: label delays of 0–5 batches, shuffled and
     split label messages, unobserved batches (seen via ``advance``, their Gram enters with their labels),
     unlabelled rows. ``layout`` "strided" hands the learner non-contiguous features (the layer-by-layer route)."""
@@ -124,8 +137,15 @@ def test_weighted_theorem_1_at_every_step(mode, path, half_life):
             want = weighted_expert(entered, labelled, lam, learner.state.clock, half_life, layer)
             assert_close(learner.state.layers[layer].beta, want, f"{msg} layer {layer}")
 
-    learner = run_delayed_stream(seed_, mode, kwargs["solver"], half_life, check, layout=kwargs.get("layout", "contiguous"),
-                                 parallel=kwargs.get("parallel", False))  # fmt: skip
+    learner = run_delayed_stream(
+        seed_,
+        mode,
+        kwargs["solver"],
+        half_life,
+        check,
+        layout=kwargs.get("layout", "contiguous"),
+        parallel=kwargs.get("parallel", False),
+    )
     assert learner.state.rows_labelled > 0 and learner.state.clock > learner.state.rows_observed - 1
 
 
@@ -138,7 +158,12 @@ def test_weighted_theorem_1_float32_features(mode):
     def check(learner, entered, labelled, step):
         for layer, lam in enumerate(LAMS):
             want = weighted_expert(entered, labelled, lam, learner.state.clock, 20.0, layer)
-            assert_close(learner.state.layers[layer].beta, want, f"mode={mode} step={step} layer {layer} seed={seed_}", rtol=1e-4)
+            assert_close(
+                learner.state.layers[layer].beta,
+                want,
+                f"mode={mode} step={step} layer {layer} seed={seed_}",
+                rtol=1e-4,
+            )
 
     run_delayed_stream(seed_, mode, "cholesky", 20.0, check, dtype=np.float32)
 
@@ -148,10 +173,14 @@ def test_parallel_equals_serial_bitwise_with_forgetting(mode):
     seed_ = 19
     states = []
     for parallel in (False, True):
-        states.append(snapshot(run_delayed_stream(seed_, mode, "cholesky", 10.0, lambda *a: None, parallel=parallel)))
+        states.append(
+            snapshot(run_delayed_stream(seed_, mode, "cholesky", 10.0, lambda *a: None, parallel=parallel))
+        )
     for key in states[0]:
         a, b = states[0][key], states[1][key]
-        assert (np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b), f"{key} differs, mode={mode} seed={seed_}"
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, (
+            f"{key} differs, mode={mode} seed={seed_}"
+        )
 
 
 # --------------------------------------------------------------------------- scale and add
@@ -160,9 +189,11 @@ def test_parallel_equals_serial_bitwise_with_forgetting(mode):
 def _fed(mode, batches, *, half_life=None, own=None, lam=LAMS):
     """A learner fed ``batches`` [(features_t, Y)] in order, labels one batch late; with ``own`` a set of
     batch numbers, the other batches only advance the clock (another member's share: a shared clock)."""
-    learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, lam=lam, mode=mode, solver="cholesky", half_life=half_life)
+    learner = OnlineLearner(
+        N_COLUMNS, M, N_LAYERS, lam=lam, mode=mode, solver="cholesky", half_life=half_life
+    )
     stamps = []
-    for t, (f, y) in enumerate(batches):
+    for t, (f, _y) in enumerate(batches):
         mine = own is None or t in own
         if mine:
             learner.observe(f)
@@ -182,7 +213,9 @@ def _assert_same_sums(a: OnlineLearner, b: OnlineLearner, msg: str, rtol=1e-12, 
         assert_close(x.rhs, y.rhs, f"{msg}: layer {layer} c", rtol=rtol)
         assert_close(x.beta, y.beta, f"{msg}: layer {layer} β", rtol=1e-9)
         if x.gram_labelled is not None:
-            assert_close(np.tril(x.gram_labelled), np.tril(y.gram_labelled), f"{msg}: layer {layer} A_r", rtol=rtol)
+            assert_close(
+                np.tril(x.gram_labelled), np.tril(y.gram_labelled), f"{msg}: layer {layer} A_r", rtol=rtol
+            )
         if losses:
             assert_close(x.loss_sum, y.loss_sum, f"{msg}: layer {layer} Σ loss", rtol=rtol)
     assert_close(a.state.sum_y2, b.state.sum_y2, f"{msg}: Σ‖y‖²", rtol=rtol)
@@ -204,7 +237,9 @@ def test_members_on_a_shared_clock_add_up_to_one_learner(mode, half_life):
     # The last batch's labels are still pending in every learner: counters add up as well.
     for key in ("rows_observed", "rows_labelled", "label_batches"):
         assert getattr(even.state, key) == getattr(whole.state, key), f"{key}, mode={mode} seed={seed_}"
-    _assert_same_sums(even, whole, f"mode={mode} h={half_life} seed={seed_}", losses=False)  # each predicted with its own β
+    _assert_same_sums(
+        even, whole, f"mode={mode} h={half_life} seed={seed_}", losses=False
+    )  # each predicted with its own β
 
 
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
@@ -236,7 +271,9 @@ def test_add_with_a_factor_decays_a_state_from_an_earlier_clock():
     whole = _fed("ridge", batches, half_life=h)  # labels of batches 0–2 in (3's pending)
     early = _fed("ridge", batches[:2], half_life=h)  # stops at τ₀ after batch 1, batch 0's labels in
     early.learn(feats[1], ys[1], observed_at=early.state.clock)  # and batch 1's
-    late = _fed("ridge", batches, half_life=h, own={2, 3})  # the clock of all four batches, batch 2's labels in
+    late = _fed(
+        "ridge", batches, half_life=h, own={2, 3}
+    )  # the clock of all four batches, batch 2's labels in
     late.state.add(early.state, factor=float(np.exp2(-(late.state.clock - early.state.clock) / h)))
     _assert_same_sums(late, whole, f"seed={seed_}", losses=False)
 
@@ -279,8 +316,14 @@ def test_learn_rows_held_for_the_target_scaling_enter_at_their_decayed_weight():
     cfg = ModelConfig(n_inputs=3, n_nodes=8, n_layers=1, scaler="none", forgetting=64.0, warmup_rows=16)
     held = EdRVFL(cfg)
     y = np.concatenate([y1, y2])
-    fixed = EdRVFL(dataclasses.replace(cfg, target_scaler="fixed", target_mean=tuple(y.mean(axis=0)),
-                                       target_std=tuple(y.std(axis=0, ddof=1))))  # fmt: skip
+    fixed = EdRVFL(
+        dataclasses.replace(
+            cfg,
+            target_scaler="fixed",
+            target_mean=tuple(y.mean(axis=0)),
+            target_std=tuple(y.std(axis=0, ddof=1)),
+        )
+    )
     for model in (held, fixed):
         model.learn_rows(x1, y1)  # held: 8 of 16 warm-up labels
         model.observe(seen)  # x1's rows are 512 rows (8 half-lives) old when the scaling is known
@@ -312,7 +355,18 @@ def test_regret_with_forgetting_is_the_discounted_regret():
     one batch late; each batch's loss with the β that predicted it)."""
     seed_ = 25
     h = 300.0
-    model = EdRVFL(ModelConfig(n_inputs=4, n_nodes=16, n_layers=2, lam=0.7, scaler="none", target_scaler="none", forgetting=h, seed=seed_))
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=4,
+            n_nodes=16,
+            n_layers=2,
+            lam=0.7,
+            scaler="none",
+            target_scaler="none",
+            forgetting=h,
+            seed=seed_,
+        )
+    )
     rng = np.random.default_rng(seed_)
     rows = []  # (features_t, Y, predicted, stamp)
     prev = None
@@ -321,7 +375,9 @@ def test_regret_with_forgetting_is_the_discounted_regret():
         y = (x[:, :1] - x[:, 1:2]) + 0.1 * rng.standard_normal((40, 1))
         pred = model.observe(x)
         if prev is not None:
-            model.learn(prev[0].features_t, prev[1], predicted=prev[0].layer_outputs, observed_at=prev[0].clock)
+            model.learn(
+                prev[0].features_t, prev[1], predicted=prev[0].layer_outputs, observed_at=prev[0].clock
+            )
             rows.append((prev[0].features_t, prev[1], prev[0].layer_outputs, prev[0].clock))
         prev = (pred, y)
     report = model.regret()
@@ -400,8 +456,11 @@ if __name__ == "__main__":
         for h in (50_000.0, 5_000.0):
             start = time.perf_counter()
             errs = measure_float32_forgetting((100, 1000, 5000), half_life=h)
-            print(f"float32 -F, h={h:g}: " + " / ".join(f"{t}: {e:.2e}" for t, e in errs.items())
-                  + f"  ({time.perf_counter() - start:.1f} s)")  # fmt: skip
+            print(
+                f"float32 -F, h={h:g}: "
+                + " / ".join(f"{t}: {e:.2e}" for t, e in errs.items())
+                + f"  ({time.perf_counter() - start:.1f} s)"
+            )
             sys.stdout.flush()
 
 
@@ -413,8 +472,7 @@ def _stream_auto(model: EdRVFL, x, y, b=100):
     for start in range(0, len(x), b):
         pred = model.observe(x[start : start + b])
         if prev is not None:
-            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted,
-                        observed_at=prev[0].clock)  # fmt: skip
+            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
         prev = (pred, model.encode_labels(y[start : start + b]))
     return model
 
@@ -446,7 +504,11 @@ def test_forgetting_auto_picks_a_half_life_after_a_concept_flip():
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((12_000, 3))
     y = _flip(x, 4000)
-    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none", forgetting="auto", seed=seed_))
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=3, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none", forgetting="auto", seed=seed_
+        )
+    )
     _stream_auto(model, x[:4000], y[:4000])
     assert model.effective["forgetting"] is None, f"before the flip: {model.effective}, seed={seed_}"
     _stream_auto(model, x[4000:], y[4000:])
@@ -466,13 +528,24 @@ def test_auto_survives_a_state_round_trip():
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((3000, 3))
     y = _flip(x, 1500)
-    cfg = ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto", forgetting="auto", seed=seed_)
+    cfg = ModelConfig(
+        n_inputs=3,
+        classes=(0, 1),
+        n_nodes=16,
+        n_layers=2,
+        scaler="none",
+        lam="auto",
+        forgetting="auto",
+        seed=seed_,
+    )
     model = _stream_auto(EdRVFL(cfg), x[:2000], y[:2000])
     buf = io.BytesIO()
     save_model(buf, model)
     buf.seek(0)
     restored = load_model(buf)
-    assert restored.selector.chosen == model.selector.chosen and np.array_equal(restored.selector.loss, model.selector.loss)
+    assert restored.selector.chosen == model.selector.chosen and np.array_equal(
+        restored.selector.loss, model.selector.loss
+    )
     assert np.array_equal(restored.selector.pair, model.selector.pair)
     assert restored.candidates == model.candidates
     assert [ln.half_life for ln in restored.learners] == [h for _, h in model.candidates]
@@ -493,8 +566,16 @@ def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((3000, 3))
     y = _flip(x, 1500)
-    cfg = ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto", forgetting="auto",
-                      seed=seed_)  # fmt: skip
+    cfg = ModelConfig(
+        n_inputs=3,
+        classes=(0, 1),
+        n_nodes=16,
+        n_layers=2,
+        scaler="none",
+        lam="auto",
+        forgetting="auto",
+        seed=seed_,
+    )
     first = candidate_grid("auto", "auto", *FIRST_GRID)
     assert 16384.0 not in HALF_LIFE_CANDIDATES and first != cfg.candidates  # else this tests nothing
     model = _stream_auto(EdRVFL(cfg, candidates=first), x[:2000], y[:2000])
@@ -502,7 +583,9 @@ def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
     assert manifest["selection"]["grid"] == [list(c) for c in first]
     del manifest["selection"]["grid"]  # as written before the grid was saved
     restored = model_from_arrays(manifest, arrays)
-    assert restored.candidates == first and [ln.half_life for ln in restored.learners] == [h for _, h in first]
+    assert restored.candidates == first and [ln.half_life for ln in restored.learners] == [
+        h for _, h in first
+    ]
     for m in (model, restored):
         _stream_auto(m, x[2000:], y[2000:])
     assert restored.effective == model.effective, f"seed={seed_}"
@@ -530,17 +613,37 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((1200, 4))
     y = (x[:, 0] * x[:, 1] > 0).astype(int)
-    model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", lam="auto",
-                               forgetting="auto", mode=mode, seed=seed_))  # fmt: skip
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=4,
+            classes=(0, 1),
+            n_nodes=24,
+            n_layers=2,
+            scaler="none",
+            lam="auto",
+            forgetting="auto",
+            mode=mode,
+            seed=seed_,
+        )
+    )
     shared = [ln for ln in model.learners if isinstance(ln, SharedGramLearner)]
     assert len(shared) == 6 and {id(ln.primary) for ln in shared} == {id(ln) for ln in model.learners[::3]}
     calls = []
-    for name in ("observe_serial", "observe_parallel", "forward_serial", "forward_parallel", "learn_serial", "learn_parallel"):
+    for name in (
+        "observe_serial",
+        "observe_parallel",
+        "forward_serial",
+        "forward_parallel",
+        "learn_serial",
+        "learn_parallel",
+    ):
         kernel = getattr(fused, name)
         monkeypatch.setattr(fused, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     _stream_auto(model, x, y)
     batches = len(range(0, 1200, 100))
-    assert len(calls) == (3 * batches + 3 * (batches - 1) if mode == "forward" else 3 * (batches - 1)), f"{calls}, seed={seed_}"
+    assert len(calls) == (3 * batches + 3 * (batches - 1) if mode == "forward" else 3 * (batches - 1)), (
+        f"{calls}, seed={seed_}"
+    )
     for ln in shared:
         for a, p in zip(ln.state.layers, ln.primary.state.layers):
             np.testing.assert_array_equal(a.rhs, p.rhs)
@@ -579,7 +682,9 @@ def test_selector_pair_sums_are_formed_in_chunks(monkeypatch):
     chunked = candidates.CandidateSelector(4, start=0)
     chunked.record(losses)
     np.testing.assert_allclose(chunked.pair, whole.pair, rtol=1e-14)
-    np.testing.assert_allclose(whole.pair, ((losses[:, None, :] - losses[None, :, :]) ** 2).sum(axis=2), rtol=1e-14)
+    np.testing.assert_allclose(
+        whole.pair, ((losses[:, None, :] - losses[None, :, :]) ** 2).sum(axis=2), rtol=1e-14
+    )
 
 
 def test_selector_returns_to_the_default_when_the_edge_fades():
@@ -611,8 +716,18 @@ def test_auto_model_version_never_goes_back_when_the_candidate_changes():
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((6000, 3))
     y = _flip(x, 2000)
-    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=16, n_layers=2, scaler="none", lam="auto",
-                               forgetting="auto", seed=seed_))  # fmt: skip
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=3,
+            classes=(0, 1),
+            n_nodes=16,
+            n_layers=2,
+            scaler="none",
+            lam="auto",
+            forgetting="auto",
+            seed=seed_,
+        )
+    )
     versions, prev = [], None
     for start in range(0, len(x), 100):
         pred = model.observe(x[start : start + 100])

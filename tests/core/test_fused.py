@@ -7,14 +7,12 @@ Seeds are fixed and appear in every assertion message.
 from __future__ import annotations
 
 import naive
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numba
 import numpy as np
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import blaslib
-from iolstream.core import fused
-from iolstream.core import kernels
+from iolstream.core import blaslib, fused
 from iolstream.core.learner_state import LayerArrays
 from iolstream.core.network import RandomNetwork
 
@@ -41,7 +39,10 @@ def test_gemm_on_blocks_of_larger_matrices(dtype, trans_a, trans_b):
     b = b_big[3 : 3 + (n if trans_b else k), 2 : 2 + (k if trans_b else n)]
     c = c_big[4 : 4 + m, 1 : 1 + n]
     before = c_big.copy()
-    want = 2.0 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64) + 0.5 * c
+    want = (
+        2.0 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
+        + 0.5 * c
+    )
     blaslib.gemm(2.0, a, trans_a, b, trans_b, 0.5, c)
     np.testing.assert_allclose(c, want, rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}")
     outside = np.ones(c_big.shape, dtype=bool)
@@ -58,7 +59,9 @@ def test_syrk_lower_touches_the_lower_triangle_only(dtype):
     before = c.copy()
     blaslib.syrk_lower(1.5, np.asfortranarray(d), 2.0, c)
     want = 1.5 * d.astype(np.float64).T @ d.astype(np.float64) + 2.0 * before
-    np.testing.assert_allclose(np.tril(c), np.tril(want), rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        np.tril(c), np.tril(want), rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}"
+    )
     assert np.array_equal(np.triu(c, 1), np.triu(before, 1))
 
 
@@ -96,13 +99,23 @@ def test_parallel_features_equal_serial_bitwise(dtype, shape):
         parallel = np.full_like(serial, np.nan)
         fused.features_serial(x, *net.kernel_weights, serial)
         fused.features_parallel(x, *net.kernel_weights, parallel)
-        assert np.array_equal(serial, parallel), f"b={b} {shape} seed={seed}"  # every entry written, same bits
-        assert np.array_equal(net.features(x, parallel=True), serial) and np.array_equal(net.features(x), serial)
+        assert np.array_equal(serial, parallel), (
+            f"b={b} {shape} seed={seed}"
+        )  # every entry written, same bits
+        assert np.array_equal(net.features(x, parallel=True), serial) and np.array_equal(
+            net.features(x), serial
+        )
         if b in (17, 256):
-            want = naive.edrvfl_features(x.astype(np.float64), [w.astype(np.float64) for w in net.weights_t],
-                                         [v.astype(np.float64) for v in net.biases], "selu")  # fmt: skip
+            want = naive.edrvfl_features(
+                x.astype(np.float64),
+                [w.astype(np.float64) for w in net.weights_t],
+                [v.astype(np.float64) for v in net.biases],
+                "selu",
+            )
             for layer in range(n_layers):
-                np.testing.assert_allclose(serial[layer].T, want[layer], rtol=_tol(dtype), atol=_tol(dtype) * 10)
+                np.testing.assert_allclose(
+                    serial[layer].T, want[layer], rtol=_tol(dtype), atol=_tol(dtype) * 10
+                )
 
 
 # --------------------------------------------------------------------------- the update phases
@@ -132,7 +145,7 @@ def test_forward_and_learn_equal_twins_and_parallel_equals_serial(dtype):
     feats, ys = _stream(seed, dtype, n_layers, n, m)
     serial, parallel = _arrays(n_layers, n, m), _arrays(n_layers, n, m)
     twins = [(np.eye(n) * (0.5 + layer), np.zeros((n, m))) for layer in range(n_layers)]
-    for t, (f, y) in enumerate(zip(feats, ys)):
+    for t, (f, _y) in enumerate(zip(feats, ys)):
         outs = []
         for arrays, shared in ((serial, False), (parallel, True)):
             out, info = np.empty((n_layers, f.shape[2], m)), np.zeros(n_layers, dtype=np.int32)
@@ -146,7 +159,9 @@ def test_forward_and_learn_equal_twins_and_parallel_equals_serial(dtype):
             twins[layer] = (a, twins[layer][1])
             rtol = _tol(dtype) if dtype == np.float64 else 1e-4
             msg = f"t={t} layer {layer} {dtype.__name__} seed={seed}"
-            np.testing.assert_allclose(np.tril(serial.gram[layer].T), np.tril(a), rtol=rtol, atol=rtol, err_msg=msg)
+            np.testing.assert_allclose(
+                np.tril(serial.gram[layer].T), np.tril(a), rtol=rtol, atol=rtol, err_msg=msg
+            )
             rtol = 1e-9 if dtype == np.float64 else 1e-3
             np.testing.assert_allclose(serial.beta[layer].T, beta, rtol=rtol, atol=1e-9, err_msg=msg)
             np.testing.assert_allclose(outs[0][layer], pred, rtol=rtol, atol=1e-6, err_msg=msg)
@@ -165,9 +180,13 @@ def test_forward_and_learn_equal_twins_and_parallel_equals_serial(dtype):
             for layer in range(n_layers):
                 c = naive.fold_labels(twins[layer][1], prev[layer].T.astype(np.float64), y_prev)
                 twins[layer] = (twins[layer][0], c)
-                np.testing.assert_allclose(serial.rhs[layer].T, c, rtol=_tol(dtype) * 10, atol=_tol(dtype) * 10)
+                np.testing.assert_allclose(
+                    serial.rhs[layer].T, c, rtol=_tol(dtype) * 10, atol=_tol(dtype) * 10
+                )
         for name in ("gram", "factor", "rhs", "beta", "gram_labelled"):
-            assert np.array_equal(getattr(serial, name), getattr(parallel, name)), f"t={t}: {name} differs, seed={seed}"
+            assert np.array_equal(getattr(serial, name), getattr(parallel, name)), (
+                f"t={t}: {name} differs, seed={seed}"
+            )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -184,7 +203,11 @@ def test_observe_kernels_equal_the_phases_bitwise(dtype):
     for variant in ("phases", "serial", "parallel"):
         arrays = _arrays(n_layers, n, m)
         arrays.rhs[:] = rhs
-        f, out, info = np.empty((n_layers, n, b), dtype=dtype), np.empty((n_layers, b, m)), np.zeros(n_layers, np.int32)
+        f, out, info = (
+            np.empty((n_layers, n, b), dtype=dtype),
+            np.empty((n_layers, b, m)),
+            np.zeros(n_layers, np.int32),
+        )
         state = (arrays.gram, _scratch(n), arrays.rhs, arrays.beta, out, info)
         if variant == "phases":
             fused.features_serial(x, *net.kernel_weights, f)
@@ -211,7 +234,9 @@ def test_learn_with_gram_entering_refactors():
     assert not info.any()
     for layer in range(n_layers):
         a = (0.5 + layer) * np.eye(n) + f[layer] @ f[layer].T
-        np.testing.assert_allclose(np.tril(arrays.factor[layer].T), np.linalg.cholesky(a), rtol=1e-12, err_msg=f"seed={seed}")
+        np.testing.assert_allclose(
+            np.tril(arrays.factor[layer].T), np.linalg.cholesky(a), rtol=1e-12, err_msg=f"seed={seed}"
+        )
         np.testing.assert_allclose(arrays.rhs[layer].T, f[layer] @ y, rtol=1e-12, err_msg=f"seed={seed}")
 
 
@@ -221,7 +246,12 @@ def test_failed_cholesky_is_reported_per_layer():
     arrays.gram[1] = -np.eye(n)  # layer 1 can never be factored
     info = np.zeros(n_layers, dtype=np.int32)
     f = np.zeros((n_layers, n, 3))
-    assert fused.forward_serial(f, arrays.gram, _scratch(n), arrays.rhs, arrays.beta, np.empty((n_layers, 3, m)), info) == 1
+    assert (
+        fused.forward_serial(
+            f, arrays.gram, _scratch(n), arrays.rhs, arrays.beta, np.empty((n_layers, 3, m)), info
+        )
+        == 1
+    )
     assert info[0] == 0 and info[1] == 1
 
 
@@ -231,7 +261,9 @@ def test_label_losses_and_abs_max_equal_numpy():
     predicted, targets = rng.standard_normal((3, 20, 4)), rng.standard_normal((20, 4))
     losses = np.empty(3)
     sum_y2 = fused.label_losses(predicted, targets, losses)
-    np.testing.assert_allclose(losses, 0.5 * ((predicted - targets) ** 2).sum(axis=(1, 2)), rtol=1e-13, err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        losses, 0.5 * ((predicted - targets) ** 2).sum(axis=(1, 2)), rtol=1e-13, err_msg=f"seed={seed}"
+    )
     np.testing.assert_allclose(sum_y2, (targets**2).sum(), rtol=1e-13)
     x = rng.standard_normal((3, 5, 7)).astype(np.float32)
     assert fused.abs_max(x) == np.abs(x).max()

@@ -10,13 +10,11 @@ from __future__ import annotations
 import warnings
 
 import naive
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import fused
-from iolstream.core import kernels
-from iolstream.core import linalg
+from iolstream.core import fused, kernels, linalg
 from iolstream.core.network import INITS, RandomNetwork
 
 
@@ -60,9 +58,13 @@ def test_hidden_layer_equals_twin(activation, dtype):
     bias = rng.standard_normal(n_nodes).astype(dtype)
     got = _forward(w_t, x_t, bias, activation)
     assert got.dtype == dtype
-    want = naive.activation(x_t.T.astype(np.float64) @ w_t.T.astype(np.float64) + bias.astype(np.float64), activation).T
+    want = naive.activation(
+        x_t.T.astype(np.float64) @ w_t.T.astype(np.float64) + bias.astype(np.float64), activation
+    ).T
     rtol, atol = _tol(dtype)
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{activation} {dtype.__name__} seed={seed}")
+    np.testing.assert_allclose(
+        got, want, rtol=rtol, atol=atol, err_msg=f"{activation} {dtype.__name__} seed={seed}"
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -77,7 +79,9 @@ def test_hidden_layer_extreme_inputs(activation, dtype):
     with np.errstate(over="ignore"):
         want = naive.activation(z, activation)
     tiny = np.finfo(dtype).tiny  # float32 results below it are subnormal: absolute precision only
-    np.testing.assert_allclose(got[inner], want[inner], rtol=_tol(dtype)[0], atol=tiny, err_msg=f"{activation} {dtype}")
+    np.testing.assert_allclose(
+        got[inner], want[inner], rtol=_tol(dtype)[0], atol=tiny, err_msg=f"{activation} {dtype}"
+    )
     limits = {  # g(-1e4), g(1e4)
         "relu": (0.0, 1e4),
         "sigmoid": (0.0, 1.0),
@@ -104,11 +108,15 @@ def test_woodbury_update_equals_twin(b):
     want = naive.woodbury(eta, d)
     got = eta.copy(order="F")
     kernels.woodbury_update(got, np.ascontiguousarray(d.T))
-    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max(), err_msg=f"b={b} seed={seed}")
+    np.testing.assert_allclose(
+        got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max(), err_msg=f"b={b} seed={seed}"
+    )
     assert np.array_equal(got, got.T), f"P not exactly symmetric, seed={seed}"
     np.linalg.cholesky(got)  # still positive definite
     # η_new = (η⁻¹ + DᵀD)⁻¹: the identity the update stands for
-    np.testing.assert_allclose(got @ (np.linalg.inv(eta) + d.T @ d), np.eye(n), atol=1e-9, err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        got @ (np.linalg.inv(eta) + d.T @ d), np.eye(n), atol=1e-9, err_msg=f"seed={seed}"
+    )
 
 
 # --------------------------------------------------------------------------- softmax_rows
@@ -144,7 +152,14 @@ def test_network_features_equal_twin(activation, dtype, bias_column):
     seed = 3
     k, n_nodes, n_layers, b = 6, 11, 3, 20
     net = RandomNetwork.create(
-        k, n_nodes, n_layers, activation=activation, init="xavier", seed=seed, dtype=dtype, bias_column=bias_column
+        k,
+        n_nodes,
+        n_layers,
+        activation=activation,
+        init="xavier",
+        seed=seed,
+        dtype=dtype,
+        bias_column=bias_column,
     )
     x = np.random.default_rng(seed + 1).standard_normal((b, k))
     got = net.features(x)
@@ -154,13 +169,18 @@ def test_network_features_equal_twin(activation, dtype, bias_column):
     w64 = [w.astype(np.float64) for w in net.weights_t]
     b64 = [v.astype(np.float64) for v in net.biases]
     # The twin in float64 on the same (dtype-rounded) weights and inputs.
-    want = naive.edrvfl_features(x.astype(dtype).astype(np.float64), w64, b64, activation, bias_column=bias_column)
+    want = naive.edrvfl_features(
+        x.astype(dtype).astype(np.float64), w64, b64, activation, bias_column=bias_column
+    )
     rtol, atol = _tol(dtype)
     for layer in range(n_layers):
         np.testing.assert_allclose(
-            got[layer].T, want[layer], rtol=rtol, atol=atol * max(1.0, np.abs(want[layer]).max()),
+            got[layer].T,
+            want[layer],
+            rtol=rtol,
+            atol=atol * max(1.0, np.abs(want[layer]).max()),
             err_msg=f"layer {layer}, {activation}, {dtype.__name__}, bias_column={bias_column}, seed={seed}",
-        )  # fmt: skip
+        )
 
 
 @pytest.mark.parametrize("init", INITS)
@@ -194,7 +214,9 @@ def test_one_seed_reproduces_the_whole_network():
     for layer in range(3):
         assert np.array_equal(one.weights_t[layer], two.weights_t[layer]), f"layer {layer}, seed=7"
         assert np.array_equal(one.biases[layer], two.biases[layer]), f"layer {layer}, seed=7"
-        assert not np.array_equal(one.weights_t[layer], other.weights_t[layer]), f"layer {layer}, seeds 7 vs 8"
+        assert not np.array_equal(one.weights_t[layer], other.weights_t[layer]), (
+            f"layer {layer}, seeds 7 vs 8"
+        )
     x = np.random.default_rng(0).standard_normal((5, 4))
     assert np.array_equal(one.features(x), two.features(x))
     # float32 weights are the float64 draws rounded: the dtype does not change the random stream.
@@ -216,7 +238,9 @@ def test_ensemble_kernels_equal_numpy_bitwise():
     assert np.array_equal(kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
     want = sum(kernels.softmax_rows(out) for out in outputs) / 4
     assert np.array_equal(kernels.softmax_mean(outputs), want), f"seed={seed}"
-    np.testing.assert_allclose(kernels.softmax_mean(outputs), np.mean([naive.softmax(o) for o in outputs], axis=0), rtol=1e-14)
+    np.testing.assert_allclose(
+        kernels.softmax_mean(outputs), np.mean([naive.softmax(o) for o in outputs], axis=0), rtol=1e-14
+    )
 
 
 # --------------------------------------------------------------------------- linalg
@@ -237,13 +261,17 @@ def test_gram_update_equals_dtd(dtype, order):
         want = want + d.astype(np.float64).T @ d.astype(np.float64)
     assert gram.dtype == np.float64
     rtol = 1e-13 if dtype == np.float64 else 1e-6  # float32 products, accumulated in float64
-    np.testing.assert_allclose(np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
+    )
     np.testing.assert_allclose(linalg.symmetric(gram), want, rtol=rtol, atol=rtol * np.abs(want).max())
     # sign = -1 removes a batch again (the downdate of ``forget``)
     d = batches[1].astype(dtype)
     linalg.gram_update(gram, np.ascontiguousarray(d.T), sign=-1.0)
     want = want - d.astype(np.float64).T @ d.astype(np.float64)
-    np.testing.assert_allclose(np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
+    )
     # an empty batch changes nothing
     before = gram.copy()
     linalg.gram_update(gram, np.empty((n, 0), dtype=dtype))
@@ -268,12 +296,16 @@ def test_cholesky_helpers_equal_numpy():
     factor = linalg.cholesky(lower_only)
     np.testing.assert_allclose(np.tril(factor), np.linalg.cholesky(spd), rtol=1e-12, err_msg=f"seed={seed}")
     rhs = rng.standard_normal((n, m))
-    np.testing.assert_allclose(linalg.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}")
+    np.testing.assert_allclose(
+        linalg.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}"
+    )
     inv = linalg.inverse_from_cholesky(factor)
     assert inv.flags.f_contiguous and np.array_equal(inv, inv.T)
     np.testing.assert_allclose(inv, np.linalg.inv(spd), rtol=1e-10, atol=1e-13, err_msg=f"seed={seed}")
     np.testing.assert_allclose(linalg.product(spd, rhs), spd @ rhs, rtol=1e-13)
-    np.testing.assert_allclose(linalg.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4)
+    np.testing.assert_allclose(
+        linalg.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4
+    )
     with pytest.raises(linalg.NotPositiveDefinite):
         linalg.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
 
@@ -290,7 +322,9 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
 
     from iolstream.core import kernel_cache
 
-    assert isinstance(fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator))
+    assert isinstance(
+        fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator)
+    )
     package = tmp_path / "copy" / "iolstream"
     shutil.copytree(kernel_cache.HERE.parent, package, ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
@@ -300,10 +334,14 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     code = "import numpy as np\nfrom iolstream.core import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
 
     def run() -> str:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+        )
         assert out.returncode == 0, out.stderr
         lines = [line for line in out.stdout.splitlines() if "layer_mean" in line and "data " in line]
-        return lines[0].split()[1] + " " + lines[0].split()[2] if lines else "?"  # "data saved" / "data loaded"
+        return (
+            lines[0].split()[1] + " " + lines[0].split()[2] if lines else "?"
+        )  # "data saved" / "data loaded"
 
     assert run() == "data saved"
     assert run() == "data loaded"

@@ -18,9 +18,9 @@ import sys
 import time
 
 import naive
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
@@ -32,9 +32,16 @@ from iolstream.core.network import RandomNetwork
 
 RTOL = 1e-9  # the exactness bar of issue #2 (float64)
 COUNTERS = (
-    "rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch",
-    "sum_y2", "d_max", "y_max", "version",
-)  # fmt: skip
+    "rows_observed",
+    "rows_labelled",
+    "rows_forgotten",
+    "label_batches",
+    "max_label_batch",
+    "sum_y2",
+    "d_max",
+    "y_max",
+    "version",
+)
 
 # A small network: n = N + k + 1 = 25 columns, so "auto" picks Woodbury for b ≤ 4 (b·6 ≤ n).
 K, N_NODES, N_LAYERS, M = 4, 20, 3, 2
@@ -97,12 +104,19 @@ def assert_solves(learner: OnlineLearner, msg: str, rtol=RTOL):
         a = linalg.symmetric(ls.gram)
         resid = np.linalg.norm(a @ ls.beta - ls.rhs)
         scale = np.linalg.norm(a) * np.linalg.norm(ls.beta) + np.linalg.norm(ls.rhs)
-        assert resid <= rtol * max(scale, 1e-300), f"{msg}: layer {i} ‖Aβ − c‖ = {resid:.3e}, scale {scale:.3e}"
+        assert resid <= rtol * max(scale, 1e-300), (
+            f"{msg}: layer {i} ‖Aβ − c‖ = {resid:.3e}, scale {scale:.3e}"
+        )
 
 
 # --------------------------------------------------------------------------- the paper's recursions
 
-BATCH_SIZES = {"b=1": [1] * 30, "b=4 (small)": [4] * 20, "b=31 (>= n)": [31] * 12, "mixed": [1, 31, 4, 2, 40, 3, 1, 26, 5, 9]}
+BATCH_SIZES = {
+    "b=1": [1] * 30,
+    "b=4 (small)": [4] * 20,
+    "b=31 (>= n)": [31] * 12,
+    "mixed": [1, 31, 4, 2, 40, 3, 1, 26, 5, 9],
+}
 LAMS = {"lam=1": 1.0, "lam per layer": (0.3, 1.0, 4.0)}
 
 
@@ -131,7 +145,11 @@ def test_ridge_equals_algorithm_1(solver, sizes_name, lam_name):
             assert_close(predicted[layer], d @ used[t], f"{msg} layer {layer}: prediction with β_t")
             assert_close(losses[layer], 0.5 * ((d @ used[t] - y) ** 2).sum(), f"{msg} layer {layer}: loss")
             assert_close(learner.state.layers[layer].beta, betas[t], f"{msg} layer {layer}: β_(t+1)")
-            assert_close(np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)), etas[layer][t], f"{msg} η_t")
+            assert_close(
+                np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)),
+                etas[layer][t],
+                f"{msg} η_t",
+            )
     assert learner.state.rows_observed == learner.state.rows_labelled == sum(sizes)
 
 
@@ -152,7 +170,11 @@ def test_forward_equals_algorithm_2(solver, sizes_name, lam_name):
     learner.observe(feats[0])
     for layer in range(N_LAYERS):  # β_1 = 0, η_1 = (λI + D_1ᵀD_1)⁻¹
         assert not learner.state.layers[layer].beta.any()
-        assert_close(np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)), etas[layer][0], f"η_1 seed={seed_}")
+        assert_close(
+            np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)),
+            etas[layer][0],
+            f"η_1 seed={seed_}",
+        )
     for t in range(len(feats) - 1):
         msg = f"forward solver={solver} {sizes_name} {lam_name} t={t} seed={seed_}"
         learner.observe(feats[t + 1])
@@ -166,11 +188,16 @@ def test_forward_equals_algorithm_2(solver, sizes_name, lam_name):
     learner.learn(feats[-1], ys[-1])
     for layer, lam_l in enumerate(lams_for(lam)):
         ds = [layer_rows(f, layer) for f in feats]
-        assert_close(learner.state.layers[layer].beta, naive.offline_expert(ds, ds, ys, lam_l), f"final, seed={seed_}")
+        assert_close(
+            learner.state.layers[layer].beta, naive.offline_expert(ds, ds, ys, lam_l), f"final, seed={seed_}"
+        )
     assert learner.state.rows_observed == learner.state.rows_labelled == sum(sizes)
 
 
-@pytest.mark.parametrize("n_rows,expected", [(1, "inverse"), (N_COLUMNS // WOODBURY_RATIO, "inverse"), (5, "cholesky"), (40, "cholesky")])
+@pytest.mark.parametrize(
+    "n_rows,expected",
+    [(1, "inverse"), (N_COLUMNS // WOODBURY_RATIO, "inverse"), (5, "cholesky"), (40, "cholesky")],
+)
 def test_auto_solver_picks_by_batch_size(n_rows, expected):
     feats, _ = make_batches(3, [n_rows, n_rows])
     learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, solver="auto")
@@ -199,7 +226,9 @@ def run_delayed_stream(seed_: int, mode: str, solver: str, check=None, n_batches
         if rng.random() < 0.15:
             continue  # never labelled
         due.setdefault(t + int(rng.integers(0, 6)), []).append((t, i))
-    learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, lam=(0.5, 1.0, 2.0), mode=mode, solver=solver, refactor_every=5)
+    learner = OnlineLearner(
+        N_COLUMNS, M, N_LAYERS, lam=(0.5, 1.0, 2.0), mode=mode, solver=solver, refactor_every=5
+    )
     entered, labelled = [], []
     step = 0
     for s in range(n_batches + 6):
@@ -233,9 +262,12 @@ def test_theorem_1_closed_form_at_every_step(mode, solver, seed_):
         msg = f"mode={mode} solver={solver} step={step} seed={seed_}"
         for layer, lam in enumerate(lams):
             want = naive.offline_expert(
-                [layer_rows(f, layer) for f in entered], [layer_rows(f, layer) for f, _ in labelled],
-                [y for _, y in labelled], lam, shape=(N_COLUMNS, M),
-            )  # fmt: skip
+                [layer_rows(f, layer) for f in entered],
+                [layer_rows(f, layer) for f, _ in labelled],
+                [y for _, y in labelled],
+                lam,
+                shape=(N_COLUMNS, M),
+            )
             assert_close(learner.state.layers[layer].beta, want, f"{msg} layer {layer}")
         assert learner.state.rows_observed == sum(f.shape[2] for f in entered), msg
         assert learner.state.rows_labelled == sum(f.shape[2] for f, _ in labelled), msg
@@ -283,7 +315,11 @@ def play(events, order, mode, solver):
 
 @seed(20261125)
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), mode=st.sampled_from(["forward", "ridge"]), solver=st.sampled_from(["cholesky", "woodbury", "auto"]))
+@given(
+    data=st.data(),
+    mode=st.sampled_from(["forward", "ridge"]),
+    solver=st.sampled_from(["cholesky", "woodbury", "auto"]),
+)
 def test_final_state_independent_of_arrival_order(data, mode, solver):
     events = fixed_events()
     order = data.draw(st.permutations(range(len(events))), label="order")
@@ -298,15 +334,20 @@ def test_final_state_independent_of_arrival_order(data, mode, solver):
         assert_close(a.rhs, b.rhs, f"{msg} layer {layer} c", rtol=1e-13)
         assert_close(a.beta, b.beta, f"{msg} layer {layer} β")
         if a.gram_labelled is not None:
-            assert_close(np.tril(a.gram_labelled), np.tril(b.gram_labelled), f"{msg} layer {layer} A_r", rtol=1e-13)
+            assert_close(
+                np.tril(a.gram_labelled), np.tril(b.gram_labelled), f"{msg} layer {layer} A_r", rtol=1e-13
+            )
 
 
 # --------------------------------------------------------------------------- invariants
 
 op_strategy = st.lists(
-    st.tuples(st.sampled_from(["observe", "learn", "learn_new", "learn_mixed", "forget"]), st.integers(1, 12)),
-    min_size=1, max_size=15,
-)  # fmt: skip
+    st.tuples(
+        st.sampled_from(["observe", "learn", "learn_new", "learn_mixed", "forget"]), st.integers(1, 12)
+    ),
+    min_size=1,
+    max_size=15,
+)
 
 
 @seed(777)
@@ -321,7 +362,9 @@ def test_a_beta_equals_c_after_any_sequence(ops, mode, solver, data_seed):
     """A β = c to 1e-9 relative, and P (when kept) symmetric positive definite and = A⁻¹."""
     rng = np.random.default_rng(data_seed)
     net = RandomNetwork.create(K, N_NODES, N_LAYERS, activation="relu", seed=data_seed)
-    learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, lam=(0.1, 1.0, 10.0), mode=mode, solver=solver, refactor_every=4)
+    learner = OnlineLearner(
+        N_COLUMNS, M, N_LAYERS, lam=(0.1, 1.0, 10.0), mode=mode, solver=solver, refactor_every=4
+    )
     unlabelled = []  # observed batches whose labels have not come: candidates for forget
     for step, (op, b) in enumerate(ops):
         f = net.features(rng.standard_normal((b, K)) * 2)
@@ -348,7 +391,9 @@ def test_a_beta_equals_c_after_any_sequence(ops, mode, solver, data_seed):
             if ls.factor_kind == "inverse":
                 assert np.array_equal(ls.factor, ls.factor.T), f"{msg}: layer {i} P not symmetric"
                 np.linalg.cholesky(ls.factor)  # raises if not positive definite
-                assert_close(ls.factor @ linalg.symmetric(ls.gram), np.eye(N_COLUMNS), f"{msg}: layer {i} P A ≠ I")
+                assert_close(
+                    ls.factor @ linalg.symmetric(ls.gram), np.eye(N_COLUMNS), f"{msg}: layer {i} P A ≠ I"
+                )
             else:
                 c = np.tril(ls.factor)
                 assert_close(c @ c.T, linalg.symmetric(ls.gram), f"{msg}: layer {i} C Cᵀ ≠ A", rtol=1e-12)
@@ -358,7 +403,9 @@ def test_woodbury_p_stays_spd_on_a_long_stream():
     """600 Woodbury steps without a rebuild: P symmetric, positive definite, equal to A⁻¹."""
     seed_ = 55
     rng = np.random.default_rng(seed_)
-    net = RandomNetwork.create(K, N_NODES, 1, activation="relu", init="normal", seed=seed_)  # the paper's N(0, 1)
+    net = RandomNetwork.create(
+        K, N_NODES, 1, activation="relu", init="normal", seed=seed_
+    )  # the paper's N(0, 1)
     learner = OnlineLearner(N_COLUMNS, M, 1, lam=1e-2, solver="woodbury", refactor_every=10**6)
     for _ in range(600):
         f = net.features(rng.standard_normal((2, K)) * 3)
@@ -427,7 +474,9 @@ def _mixed_stream(learner: OnlineLearner, seed_: int, *, read_beta: bool):
 def test_lazy_beta_equals_eager_beta(mode, solver):
     """A β solved only when read is bitwise the β solved right after every update (issue #5)."""
     seed_ = 81
-    lazy, eager = (OnlineLearner(N_COLUMNS, M, N_LAYERS, mode=mode, solver=solver, lam=(0.3, 1.0, 4.0)) for _ in range(2))
+    lazy, eager = (
+        OnlineLearner(N_COLUMNS, M, N_LAYERS, mode=mode, solver=solver, lam=(0.3, 1.0, 4.0)) for _ in range(2)
+    )
     _mixed_stream(lazy, seed_, read_beta=False)
     _mixed_stream(eager, seed_, read_beta=True)
     assert lazy.state.arrays.beta_stale.all(), "learn leaves β to be solved on demand"
@@ -549,7 +598,16 @@ def test_learner_rejects_bad_arguments(kwargs, key):
 
 # --------------------------------------------------------------------------- long streams
 
-SMALL = dict(n_inputs=10, classes=tuple(range(10)), n_nodes=128, n_layers=4, lam=1.0, init="xavier", scaler="none", seed=0)
+SMALL = dict(
+    n_inputs=10,
+    classes=tuple(range(10)),
+    n_nodes=128,
+    n_layers=4,
+    lam=1.0,
+    init="xavier",
+    scaler="none",
+    seed=0,
+)
 
 
 def _relative_errors(model, gram64, rhs64):
@@ -629,7 +687,9 @@ def test_float32_path_stays_close_to_float64_closed_form():
     """
     errors = measure_float32((100, 1000))
     for t, err in errors.items():
-        assert err <= 10 * FLOAT32_MEASURED[t], f"after {t} batches: {err:.2e} (measured {FLOAT32_MEASURED[t]:.1e}), data_seed=1"
+        assert err <= 10 * FLOAT32_MEASURED[t], (
+            f"after {t} batches: {err:.2e} (measured {FLOAT32_MEASURED[t]:.1e}), data_seed=1"
+        )
 
 
 @pytest.mark.slow
@@ -669,5 +729,9 @@ if __name__ == "__main__":  # reproduce the measurements in the docstrings above
         ]:
             start = time.perf_counter()
             errs = fn((100, 1000, 5000), **kwargs)
-            print(f"{name}: " + " / ".join(f"{t}: {e:.2e}" for t, e in errs.items()) + f"  ({time.perf_counter() - start:.1f} s)")
+            print(
+                f"{name}: "
+                + " / ".join(f"{t}: {e:.2e}" for t, e in errs.items())
+                + f"  ({time.perf_counter() - start:.1f} s)"
+            )
             sys.stdout.flush()

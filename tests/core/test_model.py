@@ -6,15 +6,14 @@ Seeds are fixed and printed in every assertion message.
 from __future__ import annotations
 
 import naive
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import numpy as np
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import kernels
-from iolstream.core import regret
-from iolstream.ops import process
+from iolstream.core import kernels, regret
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.scaling import Scaler, ScalerNotReady
+from iolstream.ops import process
 
 K = 5
 
@@ -32,7 +31,17 @@ def state_copy(model: EdRVFL) -> dict:
     st = model.learner.state
     out = {k: v for k, v in vars(st).items() if k not in ("layers", "extra", "arrays")}
     for i, ls in enumerate(st.layers):  # β is read (solved if stale) before anything else is copied
-        for k in ("beta", "gram", "rhs", "factor", "gram_labelled", "lam", "factor_kind", "loss_sum", "woodbury_steps"):
+        for k in (
+            "beta",
+            "gram",
+            "rhs",
+            "factor",
+            "gram_labelled",
+            "lam",
+            "factor_kind",
+            "loss_sum",
+            "woodbury_steps",
+        ):
             v = getattr(ls, k)
             out[f"{i}/{k}"] = v.copy() if isinstance(v, np.ndarray) else v
     out.update({f"scaler/{k}": v.copy() for k, v in model.scaler.to_state().items()})
@@ -242,8 +251,15 @@ def test_config_errors_name_the_key(key, kwargs):
 
 
 def test_good_configs_are_stored_as_given():
-    cfg = small(classes=["x", "y"], lam=[0.5, 1, 2], scaler="fixed", scaler_mean=[0.0] * K, scaler_std=[2.0] * K)
-    assert cfg.classes == ("x", "y") and cfg.lam == (0.5, 1.0, 2.0) and cfg.m == 2 and cfg.task == "classification"
+    cfg = small(
+        classes=["x", "y"], lam=[0.5, 1, 2], scaler="fixed", scaler_mean=[0.0] * K, scaler_std=[2.0] * K
+    )
+    assert (
+        cfg.classes == ("x", "y")
+        and cfg.lam == (0.5, 1.0, 2.0)
+        and cfg.m == 2
+        and cfg.task == "classification"
+    )
     assert small(n_outputs=3).m == 3 and small().task == "regression"
     assert cfg.to_dict()["scaler_mean"] == [0.0] * K
 
@@ -298,7 +314,9 @@ def test_warmup_scaler_freezes_on_the_first_w_rows(sizes):
     head = x[:256]
     std = head.std(axis=0, ddof=1)
     std[3] = 1.0
-    np.testing.assert_allclose(model.scaler.mean, head.mean(axis=0), rtol=1e-12, err_msg=f"sizes={sizes} seed={seed}")
+    np.testing.assert_allclose(
+        model.scaler.mean, head.mean(axis=0), rtol=1e-12, err_msg=f"sizes={sizes} seed={seed}"
+    )
     np.testing.assert_allclose(model.scaler.scale, std, rtol=1e-10, err_msg=f"sizes={sizes} seed={seed}")
     z = model.scaler.transform(head)
     assert np.isfinite(z).all() and (z[:, 3] == 0).all()
@@ -327,7 +345,9 @@ def test_target_scaling_is_the_first_w_labels_wherever_the_label_batches_end(siz
 def test_one_output_regression_targets_of_shape_b_are_one_column():
     """``predict`` gives (b,) for one output, and users pass labels back the same way: learned as (b, 1), the
     same β and the same choice among the auto candidates (the row losses must not broadcast to (b, b))."""
-    models = [EdRVFL(small(scaler="none", classes=None, n_outputs=1, lam="auto", warmup_rows=32)) for _ in range(2)]
+    models = [
+        EdRVFL(small(scaler="none", classes=None, n_outputs=1, lam="auto", warmup_rows=32)) for _ in range(2)
+    ]
     rng = np.random.default_rng(0)
     for _ in range(30):
         x = rng.standard_normal((16, K))
@@ -362,11 +382,13 @@ def _stream_with_regret(mode: str, seed: int, classification: bool, lam=(0.5, 1.
     """-F: observe, then labels two batches late with the predictions made at observe time.
     -R: predict with the β in force, then learn. Returns the model and the stored stream."""
     rng = np.random.default_rng(seed)
-    kwargs = dict(classes=(0, 1, 2)) if classification else dict(n_outputs=2, target_scaler="none")  # regret in the units of the raw targets
+    kwargs = (
+        dict(classes=(0, 1, 2)) if classification else dict(n_outputs=2, target_scaler="none")
+    )  # regret in the units of the raw targets
     model = EdRVFL(small(mode=mode, lam=lam, **kwargs))
     stored = []  # (features_t, Y, [β_l used for the prediction])
     pending = []
-    for t in range(14):
+    for _ in range(14):
         b = int(rng.integers(1, 12))
         x = rng.standard_normal((b, K))
         y = model.one_hot(rng.integers(0, 3, b)) if classification else rng.standard_normal((b, 2))
@@ -395,13 +417,17 @@ def test_regret_equals_brute_force(mode, classification):
         expert = naive.expert_objective(ds, ys, lam[layer])
         np.testing.assert_allclose(report.cumulative_loss[layer], losses, rtol=1e-10, err_msg=msg)
         np.testing.assert_allclose(report.expert_loss[layer], expert, rtol=1e-9, err_msg=msg)
-        np.testing.assert_allclose(report.cumulative_regret[layer], losses - expert, rtol=1e-9, atol=1e-9 * losses, err_msg=msg)
+        np.testing.assert_allclose(
+            report.cumulative_regret[layer], losses - expert, rtol=1e-9, atol=1e-9 * losses, err_msg=msg
+        )
     assert np.isfinite(report.bound) and report.bound >= 0
     assert np.isfinite(report.mean_regret)
     st = model.learner.state
     # The reported bound holds for every layer: the largest of the per-layer bounds (smallest λ_l).
     bound_fn = regret.bound_forward if mode == "forward" else regret.bound_ridge
-    per_layer = [bound_fn(st.y_max, st.max_label_batch, 16 + K, st.label_batches, st.d_max, lam_l) for lam_l in lam]
+    per_layer = [
+        bound_fn(st.y_max, st.max_label_batch, 16 + K, st.label_batches, st.d_max, lam_l) for lam_l in lam
+    ]
     assert report.bound == max(per_layer), f"{report.bound} vs per layer {per_layer}"
     assert (report.cumulative_regret <= np.array(per_layer)).all(), f"Theorems 4–5 violated? seed={seed}"
     assert st.label_batches == len(stored) and st.rows_labelled == sum(y.shape[0] for _, y, _ in stored)
@@ -456,7 +482,10 @@ def test_step_settings_by_size_and_cores():
     from iolstream.core.runtime import SINGLE_THREAD_BELOW_COLUMNS, StepSetting, step_settings
 
     assert step_settings(139, cores=1) == [StepSetting(1, False)]
-    assert step_settings(139, cores=2) == [StepSetting(1, False), StepSetting(1, True)]  # small: BLAS stays single
+    assert step_settings(139, cores=2) == [
+        StepSetting(1, False),
+        StepSetting(1, True),
+    ]  # small: BLAS stays single
     large = step_settings(SINGLE_THREAD_BELOW_COLUMNS, cores=2)
     assert large == [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
 
@@ -537,11 +566,13 @@ def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wi
 
 @pytest.mark.parametrize(
     "environ, expected",
-    [({}, {"GOMP_SPINCOUNT": "3000"}), ({"GOMP_SPINCOUNT": "77"}, {"GOMP_SPINCOUNT": "77"}),
-     ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"})],
-)  # fmt: skip
+    [
+        ({}, {"GOMP_SPINCOUNT": "3000"}),
+        ({"GOMP_SPINCOUNT": "77"}, {"GOMP_SPINCOUNT": "77"}),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
+    ],
+)
 def test_worker_omp_spin_is_short_unless_the_user_chose(environ, expected):
-    from iolstream.core import runtime
 
     env = dict(environ)
     set_to = process.configure_worker_threads(env)
@@ -569,9 +600,15 @@ def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_pa
         "    pass\n"
     )
     cfg = tmp_path / "w.yaml"
-    cfg.write_text("model: {n_inputs: 2, classes: [a, b]}\nkafka: {bootstrap_servers: '127.0.0.1:1'}\nmetrics: {port: 0}\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env, timeout=120)
+    cfg.write_text(
+        "model: {n_inputs: 2, classes: [a, b]}\nkafka: {bootstrap_servers: '127.0.0.1:1'}\nmetrics: {port: 0}\n"
+    )
+    env = {
+        k: v for k, v in __import__("os").environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.stdout.split() == ["3000", "False"], out.stderr
 
 
@@ -624,7 +661,9 @@ def test_the_run_command_freezes_the_start_up_objects_once_the_kernels_are_loade
         "    pass\n"
     )
     cfg = tmp_path / "w.yaml"
-    cfg.write_text(f"model: {{n_inputs: 2, classes: [a, b]}}\nkafka: {{bootstrap_servers: '127.0.0.1:1'}}\n"
-                   f"metrics: {{port: 0}}\nsnapshot: {{dir: '{tmp_path / 'snap'}'}}\n")  # fmt: skip
+    cfg.write_text(
+        f"model: {{n_inputs: 2, classes: [a, b]}}\nkafka: {{bootstrap_servers: '127.0.0.1:1'}}\n"
+        f"metrics: {{port: 0}}\nsnapshot: {{dir: '{tmp_path / 'snap'}'}}\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["0", "True"], out.stderr

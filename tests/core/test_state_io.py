@@ -9,8 +9,8 @@ import io
 import json
 
 import numpy as np
-from blas_util import one_blas_thread  # noqa: F401 (autouse)
 import pytest
+from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.state_io import FORMAT_VERSION, StateFormatError, load_model, model_to_arrays, save_model
@@ -20,7 +20,9 @@ SEED = 20261125
 
 
 def config(**kwargs) -> ModelConfig:
-    base = dict(n_inputs=K, classes=(0, 1, 2), n_nodes=16, n_layers=3, scaler="none", refactor_every=4, seed=3)
+    base = dict(
+        n_inputs=K, classes=(0, 1, 2), n_nodes=16, n_layers=3, scaler="none", refactor_every=4, seed=3
+    )
     return ModelConfig(**{**base, **kwargs})
 
 
@@ -42,12 +44,18 @@ class Stream:
                 if not model.ready:
                     continue
             m = model.config.m
-            y = model.encode_labels(rng.integers(0, m, b)) if model.config.classes else rng.standard_normal((b, m))
+            y = (
+                model.encode_labels(rng.integers(0, m, b))
+                if model.config.classes
+                else rng.standard_normal((b, m))
+            )
             pred = model.observe(x)  # -R: a pure prediction with the β in force
             self.pending.append((pred, y))
             if t % 3 == 2:  # some rows arrive with their labels and were never observed
                 x_new = rng.standard_normal((2, K))
-                model.learn_rows(x_new, rng.integers(0, m, 2) if model.config.classes else rng.standard_normal((2, m)))
+                model.learn_rows(
+                    x_new, rng.integers(0, m, 2) if model.config.classes else rng.standard_normal((2, m))
+                )
             while len(self.pending) > 2:  # labels two batches late
                 pred, y = self.pending.pop(0)
                 model.learn(pred.features_t, y, predicted=pred.layer_outputs)
@@ -62,14 +70,26 @@ def assert_bitwise(a: EdRVFL, b: EdRVFL, msg: str):
         if key not in ("layers", "arrays"):  # the arrays are compared layer by layer below
             assert value == getattr(sb, key), f"{msg}: counter {key}: {value} != {getattr(sb, key)}"
     for i, (la, lb) in enumerate(zip(sa.layers, sb.layers)):
-        assert np.array_equal(la.beta, lb.beta), f"{msg}: layer {i} β differs by {np.abs(la.beta - lb.beta).max():.3e}"
+        assert np.array_equal(la.beta, lb.beta), (
+            f"{msg}: layer {i} β differs by {np.abs(la.beta - lb.beta).max():.3e}"
+        )
         assert np.array_equal(la.rhs, lb.rhs), f"{msg}: layer {i} c"
         assert np.array_equal(np.tril(la.gram), np.tril(lb.gram)), f"{msg}: layer {i} A"
-        assert (la.factor_kind, la.woodbury_steps, la.loss_sum) == (lb.factor_kind, lb.woodbury_steps, lb.loss_sum), msg
-        factor_a, factor_b = (la.factor, lb.factor) if la.factor_kind == "inverse" else (np.tril(la.factor), np.tril(lb.factor))
+        assert (la.factor_kind, la.woodbury_steps, la.loss_sum) == (
+            lb.factor_kind,
+            lb.woodbury_steps,
+            lb.loss_sum,
+        ), msg
+        factor_a, factor_b = (
+            (la.factor, lb.factor)
+            if la.factor_kind == "inverse"
+            else (np.tril(la.factor), np.tril(lb.factor))
+        )
         assert np.array_equal(factor_a, factor_b), f"{msg}: layer {i} factor"
         if la.gram_labelled is not None:
-            assert np.array_equal(np.tril(la.gram_labelled), np.tril(lb.gram_labelled)), f"{msg}: layer {i} A_r"
+            assert np.array_equal(np.tril(la.gram_labelled), np.tril(lb.gram_labelled)), (
+                f"{msg}: layer {i} A_r"
+            )
     for key, value in a.scaler.to_state().items():
         assert np.array_equal(value, b.scaler.to_state()[key]), f"{msg}: scaler {key}"
 
@@ -84,7 +104,12 @@ CASES = {
     "ridge-mid-warmup": dict(mode="ridge", solver="cholesky", scaler="warmup", warmup_rows=30),
     "float32-lam-per-layer": dict(mode="forward", dtype="float32", lam=(0.5, 1.0, 2.0), ensemble="vote"),
     "regression-fixed-scaler": dict(
-        classes=None, n_outputs=3, scaler="fixed", scaler_mean=(1.0,) * K, scaler_std=(2.0,) * K, ensemble="median",
+        classes=None,
+        n_outputs=3,
+        scaler="fixed",
+        scaler_mean=(1.0,) * K,
+        scaler_std=(2.0,) * K,
+        ensemble="median",
         warmup_rows=40,  # the target scaling freezes after the save: held labels are saved and restored
     ),
 }
@@ -101,7 +126,9 @@ def test_save_load_continue_is_bitwise(case, tmp_path):
     if "warmup" in case:
         assert not first_half.ready and 0 < first_half.scaler.count < 30, f"{case}: not mid-warmup"
     if "regression" in case:
-        assert first_half.targets.held and not first_half.targets.frozen, f"{case}: labels not held at the save"
+        assert first_half.targets.held and not first_half.targets.frozen, (
+            f"{case}: labels not held at the save"
+        )
     path = tmp_path / "model.npz"
     save_model(path, first_half)
     resumed = load_model(path)
@@ -111,7 +138,9 @@ def test_save_load_continue_is_bitwise(case, tmp_path):
     assert never_stopped.learner.state.rows_labelled > 0 and never_stopped.ready
     assert_bitwise(never_stopped, resumed, f"{case}: continued, seed={SEED}")
     x = np.random.default_rng(SEED).standard_normal((7, K))
-    assert np.array_equal(never_stopped.predict_batch(x).layer_outputs, resumed.predict_batch(x).layer_outputs)
+    assert np.array_equal(
+        never_stopped.predict_batch(x).layer_outputs, resumed.predict_batch(x).layer_outputs
+    )
 
 
 @pytest.mark.parametrize("case", ["forward-woodbury", "ridge-cholesky"])

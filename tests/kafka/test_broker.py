@@ -20,7 +20,9 @@ from kafka_util import (
 
 pytestmark = pytest.mark.kafka
 
-KAFKA_SH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "kafka.sh")
+KAFKA_SH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "kafka.sh"
+)
 
 
 def test_kafka_topics_creates_fresh_topics(kafka_topics, kafka_admin):

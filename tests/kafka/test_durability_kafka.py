@@ -29,20 +29,28 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from kafka_util import set_topic_limit, committed_offsets, consume_all, create_topics, delete_topics, produce_json, unique_group
+from kafka_util import (
+    committed_offsets,
+    consume_all,
+    create_topics,
+    delete_topics,
+    produce_json,
+    set_topic_limit,
+    unique_group,
+)
 
-from iolstream.tools import produce
-from iolstream.kafka import snapshots as snapshot
-from iolstream.ops import faults
-from iolstream.kafka.config import config_from_dict
 from iolstream.core.model import EdRVFL
-from iolstream.stream.processor import StreamProcessor
-from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
+from iolstream.kafka import snapshots as snapshot
 from iolstream.kafka.calls import ClientCalls
+from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.offsets import OffsetBook
 from iolstream.kafka.output import Output
 from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
+from iolstream.ops import faults
+from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
+from iolstream.stream.processor import StreamProcessor
+from iolstream.tools import produce
 
 REPO = Path(__file__).resolve().parents[2]
 CRASH_WORKER = REPO / "tests" / "crash_worker.py"
@@ -50,8 +58,17 @@ N_ROWS = 50_000
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261125"))
 CRASHED = faults.CRASH_EXIT_CODE
 KILLED = -signal.SIGKILL
-MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$")  # cand: lam / forgetting auto
-STREAM_COUNTERS = ("messages_features", "messages_labels", "rows_in", "predictions_out", "labels_in", "rows_learned")
+MODEL_ARRAYS = re.compile(
+    r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$"
+)  # cand: lam / forgetting auto
+STREAM_COUNTERS = (
+    "messages_features",
+    "messages_labels",
+    "rows_in",
+    "predictions_out",
+    "labels_in",
+    "rows_learned",
+)
 LEARNER_COUNTERS = ("rows_observed", "rows_labelled", "sum_y2")
 JOIN_COUNTERS = ("rows_added", "rows_duplicate", "labels_received", "labels_joined", "labels_duplicate")
 
@@ -62,14 +79,28 @@ def make_stream(seed: int = SEED):
     X = rng.normal(size=(N_ROWS, 8))
     y = (X @ rng.normal(size=(8, 3)) + 0.3 * rng.normal(size=(N_ROWS, 3))).argmax(axis=1)
     options = produce.PlanOptions(
-        batch_rows=100, label_delay_rows=500, missing_fraction=0.02, duplicate_fraction=0.02, shuffle_window=50, seed=seed
+        batch_rows=100,
+        label_delay_rows=500,
+        missing_fraction=0.02,
+        duplicate_fraction=0.02,
+        shuffle_window=50,
+        seed=seed,
     )
     return produce.plan(X, y, options)
 
 
-def base_config(bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool, scaler="warmup") -> dict:
+def base_config(
+    bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool, scaler="warmup"
+) -> dict:
     return {
-        "model": {"n_inputs": 8, "classes": [0, 1, 2], "n_nodes": 32, "n_layers": 2, "warmup_rows": 256, "scaler": scaler},
+        "model": {
+            "n_inputs": 8,
+            "classes": [0, 1, 2],
+            "n_nodes": 32,
+            "n_layers": 2,
+            "warmup_rows": 256,
+            "scaler": scaler,
+        },
         "kafka": {"bootstrap_servers": bootstrap, "group_id": group},
         "topics": {**topics, "create": False},
         # no expiry: a wall-clock ttl running out during a restart is a documented limit, not tested here
@@ -102,19 +133,28 @@ def assert_same_model(snap: snapshot.Snapshot, reference, context: str) -> None:
     why = f"{context} (seed {SEED}, snapshot {snap.path.name})"
     for name, ref in ref_arrays.items():
         if MODEL_ARRAYS.match(name):
-            np.testing.assert_allclose(got[name], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max(), err_msg=f"{name}: {why}")
+            np.testing.assert_allclose(
+                got[name], ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max(), err_msg=f"{name}: {why}"
+            )
         elif name.startswith("model/scaler/"):
             np.testing.assert_array_equal(got[name], ref, err_msg=f"{name}: {why}")
     ours, theirs = snap.manifest["stream"]["counters"], ref_manifest["stream"]["counters"]
     assert {k: ours[k] for k in STREAM_COUNTERS} == {k: theirs[k] for k in STREAM_COUNTERS}, why
     assert sum(bool(MODEL_ARRAYS.match(name)) for name in ref_arrays) >= 4, f"no model arrays compared: {why}"
-    learners = [(snap.manifest, ref_manifest)] if "counters" in ref_manifest else list(
-        zip(snap.manifest["candidates"], ref_manifest["candidates"]))  # auto: every candidate's, and the selector
+    learners = (
+        [(snap.manifest, ref_manifest)]
+        if "counters" in ref_manifest
+        else list(zip(snap.manifest["candidates"], ref_manifest["candidates"]))
+    )  # auto: every candidate's, and the selector
     for ours, theirs in learners:
-        assert {k: ours["counters"][k] for k in LEARNER_COUNTERS} == {k: theirs["counters"][k] for k in LEARNER_COUNTERS}, why
+        assert {k: ours["counters"][k] for k in LEARNER_COUNTERS} == {
+            k: theirs["counters"][k] for k in LEARNER_COUNTERS
+        }, why
     if "selection" in ref_manifest:
         assert snap.manifest["selection"]["chosen"] == ref_manifest["selection"]["chosen"], why
-        np.testing.assert_allclose(snap.manifest["selection"]["loss"], ref_manifest["selection"]["loss"], rtol=1e-9, err_msg=why)
+        np.testing.assert_allclose(
+            snap.manifest["selection"]["loss"], ref_manifest["selection"]["loss"], rtol=1e-9, err_msg=why
+        )
     ours, theirs = join_counters(got), join_counters(ref_arrays)
     assert {k: ours[k] for k in JOIN_COUNTERS} == {k: theirs[k] for k in JOIN_COUNTERS}, why
     assert sorted(got["join/pending_ids"].tolist()) == sorted(ref_arrays["join/pending_ids"].tolist()), why
@@ -128,13 +168,17 @@ def row_ids(messages) -> list[str]:
 class WorkerRig:
     """One worker's config, snapshot directory and topics, and its successive processes."""
 
-    def __init__(self, tmp_path: Path, bootstrap: str, topics: dict, *, exactly_once: bool, group=None, **cfg_kw):
+    def __init__(
+        self, tmp_path: Path, bootstrap: str, topics: dict, *, exactly_once: bool, group=None, **cfg_kw
+    ):
         self.dir = tmp_path
         self.bootstrap = bootstrap
         self.topics = topics
         self.group = group or unique_group("dur")
         self.snap_dir = tmp_path / "snapshots"
-        self.raw = base_config(bootstrap, topics, self.snap_dir, self.group, exactly_once=exactly_once, **cfg_kw)
+        self.raw = base_config(
+            bootstrap, topics, self.snap_dir, self.group, exactly_once=exactly_once, **cfg_kw
+        )
         self.runs = 0
         self.write_config()
 
@@ -142,14 +186,25 @@ class WorkerRig:
         self.config_path = self.dir / "worker.yaml"
         self.config_path.write_text(yaml.safe_dump(self.raw))
 
-    def start(self, crash: str | None = None, idle: float = 2.0, extra_args=()) -> tuple[subprocess.Popen, Path]:
+    def start(
+        self, crash: str | None = None, idle: float = 2.0, extra_args=()
+    ) -> tuple[subprocess.Popen, Path]:
         self.runs += 1
         log_path = self.dir / f"run{self.runs}.log"
         env = {k: v for k, v in os.environ.items() if k != faults.CRASH_ENV}
         if crash:
             env[faults.CRASH_ENV] = crash
-        cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", str(idle), *extra_args]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+        cmd = [
+            sys.executable,
+            str(CRASH_WORKER),
+            str(self.config_path),
+            "--idle-stop-seconds",
+            str(idle),
+            *extra_args,
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb")
+        )
         return proc, log_path
 
     def run(self, crash: str | None = None, timeout: float = 60.0) -> tuple[int, str]:
@@ -159,7 +214,9 @@ class WorkerRig:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"worker run {self.runs} did not end within {timeout} s:\n{log_path.read_text()[-3000:]}")
+            raise AssertionError(
+                f"worker run {self.runs} did not end within {timeout} s:\n{log_path.read_text()[-3000:]}"
+            ) from None
         return rc, log_path.read_text()
 
     def store(self) -> snapshot.SnapshotStore:
@@ -191,7 +248,9 @@ def assert_commits_covered(rig: WorkerRig, context: str) -> None:
     snap = rig.store().load_latest()
     snap_offsets = snapshot_offsets(snap) if snap is not None else {}
     for key, offset in rig.committed().items():
-        assert offset <= snap_offsets.get(key, 0), f"{context}: committed {key}@{offset} ahead of {snap_offsets}"
+        assert offset <= snap_offsets.get(key, 0), (
+            f"{context}: committed {key}@{offset} ahead of {snap_offsets}"
+        )
 
 
 def assert_one_prediction_per_row(bootstrap: str, topic: str, ids: list[str], context: str) -> None:
@@ -199,16 +258,21 @@ def assert_one_prediction_per_row(bootstrap: str, topic: str, ids: list[str], co
     counts = Counter(orjson.loads(value)["id"] for _, value, _, _, _ in got)
     dupes = [i for i, n in counts.items() if n > 1]
     missing = set(ids) - set(counts)
-    assert not dupes and not missing, f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+    assert not dupes and not missing, (
+        f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+    )
     extra = consume_all(bootstrap, topic, timeout=1, isolation_level="read_committed")
     assert len(extra) == len(ids), f"{context}: {len(extra)} predictions for {len(ids)} rows"
 
 
 def send_stream(bootstrap: str, topics: dict, messages, rate: float | None = None) -> dict:
     return produce.send(
-        messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=topics["features"],
-        labels_topic=topics["labels"], rate=rate,
-    )  # fmt: skip
+        messages,
+        producer_conf={"bootstrap.servers": bootstrap},
+        features_topic=topics["features"],
+        labels_topic=topics["labels"],
+        rate=rate,
+    )
 
 
 def wait_for(log_path: Path, pattern: str, timeout: float = 30.0, count: int = 1, poll=None) -> float:
@@ -218,7 +282,9 @@ def wait_for(log_path: Path, pattern: str, timeout: float = 30.0, count: int = 1
         if len(re.findall(pattern, log_path.read_text(errors="replace"))) >= count:
             return time.monotonic()
         poll() if poll is not None else time.sleep(0.02)
-    raise AssertionError(f"{pattern!r} not logged {count}× within {timeout} s:\n{log_path.read_text()[-3000:]}")
+    raise AssertionError(
+        f"{pattern!r} not logged {count}× within {timeout} s:\n{log_path.read_text()[-3000:]}"
+    )
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -251,7 +317,6 @@ def reference(stream):
     return reference_state(raw, stream[0])
 
 
-
 # ------------------------------------------------------------------------- kill -9 tests
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
@@ -263,10 +328,22 @@ def test_kill_at_chosen_points_then_model_is_exact(
     messages, ids = stream
     rig = WorkerRig(tmp_path, kafka_bootstrap, {**backlog, **outputs}, exactly_once=exactly_once)
     if exactly_once:
-        crashes = ["abort_txn:2,mid_batch:150", "after_produce:3", "before_txn_commit:4", "after_txn_commit:6",
-                   "in_snapshot:3", "mid_batch:60"]  # fmt: skip
+        crashes = [
+            "abort_txn:2,mid_batch:150",
+            "after_produce:3",
+            "before_txn_commit:4",
+            "after_txn_commit:6",
+            "in_snapshot:3",
+            "mid_batch:60",
+        ]
     else:
-        crashes = ["mid_batch:150", "after_produce:3", "fail_commit:2,before_commit:4", "in_snapshot:3", "mid_batch:60"]
+        crashes = [
+            "mid_batch:150",
+            "after_produce:3",
+            "fail_commit:2,before_commit:4",
+            "in_snapshot:3",
+            "mid_batch:60",
+        ]
     for crash in crashes:
         rc, log = rig.run(crash)
         assert rc == CRASHED, f"{crash}: exit {rc}, expected the crash point to be reached\n{log[-3000:]}"
@@ -287,7 +364,9 @@ def test_kill_at_chosen_points_then_model_is_exact(
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
-def test_forgetting_and_auto_survive_kills_exactly(tmp_path, kafka_bootstrap, backlog, outputs, stream, exactly_once):
+def test_forgetting_and_auto_survive_kills_exactly(
+    tmp_path, kafka_bootstrap, backlog, outputs, stream, exactly_once
+):
     """model.forgetting and lam auto in the worker: killed twice (one aborted transaction), restarted from
     its snapshots, it ends with the counters and clock of one uninterrupted pass, every row predicted once
     (exactly-once). The sums are not bitwise those of the uninterrupted pass: rows of one micro-batch share
@@ -309,10 +388,16 @@ def test_forgetting_and_auto_survive_kills_exactly(tmp_path, kafka_bootstrap, ba
     for ours, theirs in zip(snap.manifest["candidates"], ref_manifest["candidates"]):
         counted = ("rows_observed", "rows_labelled")  # sum_y2 is weighted too
         assert {k: ours["counters"][k] for k in counted} == {k: theirs["counters"][k] for k in counted}
-    assert snap.manifest["stream"]["counters"]["rows_in"] == ref_manifest["stream"]["counters"]["rows_in"] == len(set(ids))
+    assert (
+        snap.manifest["stream"]["counters"]["rows_in"]
+        == ref_manifest["stream"]["counters"]["rows_in"]
+        == len(set(ids))
+    )
     for name, ref in ref_arrays.items():
         if MODEL_ARRAYS.match(name) and name.endswith("/gram"):
-            np.testing.assert_allclose(snap.arrays[name], ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max(), err_msg=name)
+            np.testing.assert_allclose(
+                snap.arrays[name], ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max(), err_msg=name
+            )
     if exactly_once:
         assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, "forgetting, kills")
 
@@ -377,7 +462,9 @@ def test_damaged_newest_snapshot_falls_back_to_the_previous(
             newest.write_bytes(blob)
         rc, log = rig.run(crash)
         assert rc == (CRASHED if crash else 0), log[-3000:]
-        assert f"skipping damaged snapshot {newest.name}" in log and f"loaded snapshot {previous.name}" in log, log[:2000]
+        assert (
+            f"skipping damaged snapshot {newest.name}" in log and f"loaded snapshot {previous.name}" in log
+        ), log[:2000]
     assert_same_model(rig.newest(), reference, "after a truncated and a bit-flipped newest snapshot")
     assert rig.committed() == snapshot_offsets(rig.newest())
     if exactly_once:
@@ -399,7 +486,9 @@ def test_sigterm_finishes_the_batch_snapshots_commits_and_exits_0(
     try:
         proc, log_path = rig.start(idle=60)
         wait_for(log_path, r"snapshot snap-000000000002")
-        wait_for(log_path, r"snapshot snap-\d+\.iolsnap: .*features\[0\]@[1-9]")  # features consumed (a loaded box lags)
+        wait_for(
+            log_path, r"snapshot snap-\d+\.iolsnap: .*features\[0\]@[1-9]"
+        )  # features consumed (a loaded box lags)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
@@ -414,7 +503,9 @@ def test_sigterm_finishes_the_batch_snapshots_commits_and_exits_0(
     assert rig.committed() == snapshot_offsets(final), "committed offsets must equal the final snapshot's"
     counters = final.manifest["stream"]["counters"]
     assert counters["rows_in"] == counters["predictions_out"] > 0  # the current batch was finished
-    predictions = consume_all(kafka_bootstrap, outputs["predictions"], timeout=2, isolation_level="read_committed")
+    predictions = consume_all(
+        kafka_bootstrap, outputs["predictions"], timeout=2, isolation_level="read_committed"
+    )
     assert len(predictions) >= counters["predictions_out"]
     if exactly_once:
         assert len(predictions) == counters["predictions_out"]
@@ -444,8 +535,12 @@ def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(
     commits nothing past a snapshot, exactly-once commits nothing at all."""
     features, labels, predictions, dead = kafka_topics("features", "labels", "predictions", "dead")
     inputs = {"features": features, "labels": labels}
-    rig = WorkerRig(tmp_path, kafka_bootstrap, {**inputs, "predictions": predictions, "dead_letters": dead},
-                    exactly_once=exactly_once)  # fmt: skip
+    rig = WorkerRig(
+        tmp_path,
+        kafka_bootstrap,
+        {**inputs, "predictions": predictions, "dead_letters": dead},
+        exactly_once=exactly_once,
+    )
     proc, log_path = rig.start(idle=10)
     wait_for(log_path, r"assigned ")
     set_topic_limit(kafka_admin, predictions, 100)
@@ -467,7 +562,9 @@ def test_failing_flush_commits_nothing_the_snapshot_does_not_cover(
 
 # ---------------------------------------------------------------- fencing and rebalancing
 @pytest.mark.kafka
-def test_fenced_worker_exits_non_zero_with_a_clear_line(tmp_path, kafka_bootstrap, kafka_topics, outputs, stream):
+def test_fenced_worker_exits_non_zero_with_a_clear_line(
+    tmp_path, kafka_bootstrap, kafka_topics, outputs, stream
+):
     """A second worker with the same transactional.id fences the first: its next transaction fails
     fatally and it exits EXIT_FATAL, saying so."""
     features, labels = kafka_topics("features", "labels")
@@ -475,7 +572,9 @@ def test_fenced_worker_exits_non_zero_with_a_clear_line(tmp_path, kafka_bootstra
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = WorkerRig(tmp_path / "a", kafka_bootstrap, topics, exactly_once=True)
-    second = WorkerRig(tmp_path / "b", kafka_bootstrap, topics, exactly_once=True)  # another group, the same transactional.id
+    second = WorkerRig(
+        tmp_path / "b", kafka_bootstrap, topics, exactly_once=True
+    )  # another group, the same transactional.id
     second.raw["durability"]["transactional_id"] = first.raw["durability"]["transactional_id"]
     second.write_config()
     send_stream(kafka_bootstrap, {"features": features, "labels": labels}, stream[0][:50])
@@ -485,7 +584,9 @@ def test_fenced_worker_exits_non_zero_with_a_clear_line(tmp_path, kafka_bootstra
     wait_for(log_b, r"assigned ")
     produce_json(kafka_bootstrap, features, [{"id": "late-1", "x": [0.0] * 8}])
     assert proc_a.wait(30) == EXIT_FATAL
-    assert re.search(r"fatal: producer fenced: another worker with transactional.id '.*' has started", log_a.read_text())
+    assert re.search(
+        r"fatal: producer fenced: another worker with transactional.id '.*' has started", log_a.read_text()
+    )
     assert proc_b.wait(30) == 0
 
 
@@ -506,8 +607,14 @@ def test_rebalance_keeps_offsets_behind_the_state(tmp_path, kafka_bootstrap, kaf
     try:
         proc, log_path = rig.start(idle=5)
         wait_for(log_path, r"snapshot snap-000000000001")
-        other = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": rig.group, "enable.auto.commit": False,
-                          "auto.offset.reset": "earliest"})  # fmt: skip
+        other = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": rig.group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
         other.subscribe([features, labels])
         wait_for(log_path, r"assigned ", count=2, poll=lambda: other.poll(0.1))
         assert other.assignment(), "the second member got no partitions"
@@ -570,7 +677,12 @@ class FakeConsumer:
         return "group-metadata"
 
     def committed(self, tps, timeout):
-        return [TopicPartition(tp.topic, tp.partition, self.committed_offsets.get((tp.topic, tp.partition), -1001)) for tp in tps]
+        return [
+            TopicPartition(
+                tp.topic, tp.partition, self.committed_offsets.get((tp.topic, tp.partition), -1001)
+            )
+            for tp in tps
+        ]
 
     def seek(self, tp):
         self.seeks.append((tp.topic, tp.partition, tp.offset))
@@ -598,7 +710,9 @@ def test_abortable_commit_error_aborts_and_the_worker_rolls_the_model_back(tmp_p
     assert txn.output.producer.calls[-2:] == ["commit", "abort"] and not txn.open
     with pytest.raises(WorkerError, match="transactions in a row aborted"):
         for _ in range(3):
-            txn.output.producer.commit_errors.append(KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True))
+            txn.output.producer.commit_errors.append(
+                KafkaError(KafkaError._STATE, "broken", txn_requires_abort=True)
+            )
             txn.commit([("f", 0, 12)], lambda: "group-metadata")
     # the roll-back: the newest snapshot (none: a fresh model), every assigned partition sought to its position
     raw = base_config("127.0.0.1:1", {"features": "f", "labels": "l"}, tmp_path, "g", exactly_once=True)
@@ -617,7 +731,9 @@ def test_abortable_commit_error_aborts_and_the_worker_rolls_the_model_back(tmp_p
 @pytest.mark.parametrize("code", [KafkaError._FENCED, KafkaError.PRODUCER_FENCED])
 def test_fenced_producer_is_fatal(tmp_path, code):
     txn = eos_transactions(tmp_path, [KafkaError(code, "fenced by a newer instance", fatal=True)])
-    with pytest.raises(WorkerError, match="producer fenced: another worker with transactional.id 'g-txn' has started"):
+    with pytest.raises(
+        WorkerError, match="producer fenced: another worker with transactional.id 'g-txn' has started"
+    ):
         txn.commit([("f", 0, 12)], lambda: "group-metadata")
     assert "abort" not in txn.output.producer.calls
 
@@ -626,8 +742,13 @@ def test_start_offsets_come_from_the_state_and_replay_stops_at_the_committed_off
     book = OffsetBook(exactly_once=True, positions={("f", 0): 5})
     book.assign(("f", 0), 9)
     book.assign(("l", 0), 4)
-    assert book.start(("f", 0)) == 5 and book.start(("l", 0)) is None  # never read by this state: its beginning
-    assert book.replay_until == {("f", 0): 9, ("l", 0): 4} and book.committed_floor == {("f", 0): 9, ("l", 0): 4}
+    assert (
+        book.start(("f", 0)) == 5 and book.start(("l", 0)) is None
+    )  # never read by this state: its beginning
+    assert book.replay_until == {("f", 0): 9, ("l", 0): 4} and book.committed_floor == {
+        ("f", 0): 9,
+        ("l", 0): 4,
+    }
     assert book.to_commit() == []  # 5 is not past the floor 9: commits never go backwards
     assert not book.processed(("f", 0), 7) and book.processed(("f", 0), 8) and book.to_commit() == []
     book.processed(("f", 0), 9)

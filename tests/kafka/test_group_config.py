@@ -23,7 +23,9 @@ def test_member_id_gives_the_transactional_id_and_the_snapshot_directory():
 
 def test_regression_and_forgetting_are_group_learning_too():
     cfg = _cfg(model={"classes": None, "n_outputs": 1, "forgetting": 5000})
-    assert cfg.model.target_scaler == "warmup" and cfg.model.forgetting == 5000  # the group agrees on the scaling
+    assert (
+        cfg.model.target_scaler == "warmup" and cfg.model.forgetting == 5000
+    )  # the group agrees on the scaling
 
 
 def test_env_overrides_the_member_id():
@@ -31,12 +33,15 @@ def test_env_overrides_the_member_id():
     assert cfg.member_id == "w7"
 
 
-@pytest.mark.parametrize(("sections", "key"), [
-    ({"stream": {"forget_expired": True}}, "stream.forget_expired"),
-    ({"group": {"member_id": "a/b"}}, "group.member_id"),
-    ({"group": {"sync_every_ms": 0}}, "group.sync_every_ms"),
-    ({"topics": {"model_deltas": "iol.labels"}}, "topics.model_deltas"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("sections", "key"),
+    [
+        ({"stream": {"forget_expired": True}}, "stream.forget_expired"),
+        ({"group": {"member_id": "a/b"}}, "group.member_id"),
+        ({"group": {"sync_every_ms": 0}}, "group.sync_every_ms"),
+        ({"topics": {"model_deltas": "iol.labels"}}, "topics.model_deltas"),
+    ],
+)
 def test_what_group_learning_cannot_take_is_named(sections, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(**sections)
@@ -48,7 +53,9 @@ def test_a_partition_another_member_learned_starts_at_its_committed_offset():
     assert book.start(("f", 0)) == 40 and not book.replay_until
     book.assign(("f", 1), committed=30, by_other=True)  # never consumed here
     assert book.start(("f", 1)) == 30
-    book.assign(("f", 2), committed=30, by_other=False)  # this member's own commit: replayed from the beginning
+    book.assign(
+        ("f", 2), committed=30, by_other=False
+    )  # this member's own commit: replayed from the beginning
     assert book.start(("f", 2)) is None and book.replay_until[("f", 2)] == 30
     single = OffsetBook(exactly_once=True, positions={("f", 0): 5})
     single.assign(("f", 0), committed=40, by_other=True)  # without group learning nothing changes
@@ -72,7 +79,9 @@ def test_a_partition_taken_over_resumes_at_the_take_over_after_a_roll_back_or_re
     book.assign(("f", 1), committed=250, by_other=False)
     assert book.start(("f", 1)) == 200
     assert book.replay_until.get(("f", 1)) == (250 if exactly_once else None)  # re-learned without emitting
-    restarted = OffsetBook(exactly_once=exactly_once, positions=snapshot, group=True)  # a new process: from the commit
+    restarted = OffsetBook(
+        exactly_once=exactly_once, positions=snapshot, group=True
+    )  # a new process: from the commit
     member, base = parse_metadata(book.metadata("w1", ("f", 1)))
     restarted.assign(("f", 1), committed=250, by_other=member != "w1", base=base)
     assert restarted.start(("f", 1)) == 200 and restarted.bases == {("f", 1): 200}
@@ -88,4 +97,3 @@ def test_commit_metadata_names_the_member_and_the_take_over():
     assert parse_metadata(commit_metadata("w1", None)) == ("w1", None)
     assert parse_metadata("") == parse_metadata(None) == ("", None)  # a commit of an older iolstream, or none
     assert parse_metadata("some/other-tool") == ("some/other-tool", None)
-

@@ -49,21 +49,34 @@ def make_stream(seed: int = 7, regression: bool = False):
     y = (x @ rng.normal(size=(6, 3)) + 0.3 * rng.normal(size=(N_ROWS, 3))).argmax(axis=1)
     if regression:  # targets far from 0: the group's target scaling matters
         y = 40.0 + 5.0 * np.sin(x[:, 0]) + 3.0 * x[:, 1] * x[:, 2] + 0.3 * rng.normal(size=N_ROWS)
-    options = produce.PlanOptions(batch_rows=1, label_delay_rows=300, missing_fraction=0.02, duplicate_fraction=0.02,
-                                  shuffle_window=50, seed=seed)  # fmt: skip
+    options = produce.PlanOptions(
+        batch_rows=1,
+        label_delay_rows=300,
+        missing_fraction=0.02,
+        duplicate_fraction=0.02,
+        shuffle_window=50,
+        seed=seed,
+    )
     return produce.plan(x, y, options)
 
 
 def group_config(bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool) -> dict:
     return {
         "model": {"n_inputs": 6, "classes": [0, 1, 2], "n_nodes": 24, "n_layers": 2, "warmup_rows": 128},
-        "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
-                  "consumer": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 500}},  # fmt: skip
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "group_id": group,
+            "consumer": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 500},
+        },
         "topics": {**topics, "create": True, "partitions": PARTITIONS},
         "stream": {"batch_rows": 64, "row_ttl_ms": None, "early_label_ttl_ms": 3_600_000},
         "snapshot": {"dir": str(snap_dir), "every_batches": 20, "every_seconds": 1.0, "keep": 3},
         "durability": {"exactly_once": exactly_once},
-        "group": {"enabled": True, "sync_every_ms": 200, "chunk_bytes": 4096},  # small chunks: several per record
+        "group": {
+            "enabled": True,
+            "sync_every_ms": 200,
+            "chunk_bytes": 4096,
+        },  # small chunks: several per record
         "metrics": {"port": 0},
         "logging": {"status_every_seconds": 2},
     }
@@ -82,7 +95,9 @@ class Member:
         self.log = self.tmp / f"{self.member}-run{self.runs}.log"
         env = {**os.environ, "IOLSTREAM_GROUP__MEMBER_ID": self.member}
         cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", "600"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb")
+        )
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
         self.proc.send_signal(sig)
@@ -90,7 +105,9 @@ class Member:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"{self.member} did not stop within {timeout} s:\n{self.log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"{self.member} did not stop within {timeout} s:\n{self.log.read_text()[-3000:]}"
+            ) from None
 
     def newest(self, snap_dir: Path) -> snapshots.Snapshot:
         snap = snapshots.SnapshotStore(snap_dir / self.member, keep=3).load_latest()
@@ -100,11 +117,18 @@ class Member:
 
 def agreed_model(raw_cfg: dict, snap) -> dict:
     """The model section with the scaling the group agreed on (a member's snapshot) fixed: inputs, and targets."""
-    model = {**raw_cfg["model"], "scaler": "fixed", "scaler_mean": snap.arrays["model/scaler/mean"].tolist(),
-             "scaler_std": snap.arrays["model/scaler/scale"].tolist()}  # fmt: skip
+    model = {
+        **raw_cfg["model"],
+        "scaler": "fixed",
+        "scaler_mean": snap.arrays["model/scaler/mean"].tolist(),
+        "scaler_std": snap.arrays["model/scaler/scale"].tolist(),
+    }
     if model.get("classes") is None:
-        model.update(target_scaler="fixed", target_mean=snap.arrays["model/targets/mean"].tolist(),
-                     target_std=snap.arrays["model/targets/std"].tolist())  # fmt: skip
+        model.update(
+            target_scaler="fixed",
+            target_mean=snap.arrays["model/targets/mean"].tolist(),
+            target_std=snap.arrays["model/targets/std"].tolist(),
+        )
     return model
 
 
@@ -150,16 +174,33 @@ def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context
         compared = 0
         for name, want in ref.items():
             if MODEL_ARRAYS.match(name):
-                np.testing.assert_allclose(snap.arrays[name], want, rtol=1e-9, atol=1e-9 * np.abs(want).max(),
-                                           err_msg=f"{name}: {why}")  # fmt: skip
+                np.testing.assert_allclose(
+                    snap.arrays[name],
+                    want,
+                    rtol=1e-9,
+                    atol=1e-9 * np.abs(want).max(),
+                    err_msg=f"{name}: {why}",
+                )
                 compared += 1
         assert compared >= 6, why
-        for layer, (a, c) in enumerate(closed):  # the offline solution over every row seen, every label joined
+        for layer, (a, c) in enumerate(
+            closed
+        ):  # the offline solution over every row seen, every label joined
             got = np.tril(snap.arrays[f"model/layer{layer}/gram"])  # the authoritative triangle
-            np.testing.assert_allclose(got, np.tril(a), rtol=1e-9, atol=1e-9 * np.abs(a).max(),
-                                       err_msg=f"closed-form A, layer {layer}: {why}")  # fmt: skip
-            np.testing.assert_allclose(snap.arrays[f"model/layer{layer}/beta"], np.linalg.solve(a, c), rtol=1e-6,
-                                       atol=1e-9, err_msg=f"closed-form β, layer {layer}: {why}")  # fmt: skip
+            np.testing.assert_allclose(
+                got,
+                np.tril(a),
+                rtol=1e-9,
+                atol=1e-9 * np.abs(a).max(),
+                err_msg=f"closed-form A, layer {layer}: {why}",
+            )
+            np.testing.assert_allclose(
+                snap.arrays[f"model/layer{layer}/beta"],
+                np.linalg.solve(a, c),
+                rtol=1e-6,
+                atol=1e-9,
+                err_msg=f"closed-form β, layer {layer}: {why}",
+            )
         for key in ("rows_observed", "rows_labelled"):
             assert snap.manifest["counters"][key] == ref_manifest["counters"][key], f"{key}: {why}"
         assert snap.manifest["group"]["member"] == member.member
@@ -170,15 +211,24 @@ def wait_quiet(members, bootstrap: str, raw: dict, timeout: float = 120.0) -> No
     enough for queued labels to fold in (max_label_latency_ms) and the last sums to go round (sync_every_ms)."""
     topics = [raw["topics"]["features"], raw["topics"]["labels"]]
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
-    ends = {(t, p): probe.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in range(PARTITIONS)}
+    ends = {
+        (t, p): probe.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+        for t in topics
+        for p in range(PARTITIONS)
+    }
     probe.close()
     deadline = time.monotonic() + timeout
     behind = ends
     while time.monotonic() < deadline:
         for m in members:
-            assert m.proc.poll() is None, f"{m.member} exited {m.proc.returncode}:\n{m.log.read_text()[-3000:]}"
-        committed = {(t, p): o for t in topics for p, o in committed_offsets(bootstrap, raw["kafka"]["group_id"], t,
-                                                                             PARTITIONS).items()}  # fmt: skip
+            assert m.proc.poll() is None, (
+                f"{m.member} exited {m.proc.returncode}:\n{m.log.read_text()[-3000:]}"
+            )
+        committed = {
+            (t, p): o
+            for t in topics
+            for p, o in committed_offsets(bootstrap, raw["kafka"]["group_id"], t, PARTITIONS).items()
+        }
         behind = {key: end for key, end in ends.items() if (committed[key] or 0) < end}
         if not behind:
             break
@@ -209,16 +259,25 @@ def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str)
     counts = Counter(orjson.loads(v)["id"] for _, v, _, _, _ in got)
     dupes = [i for i, n in counts.items() if n > 1]
     missing = set(ids) - set(counts)
-    assert not dupes and not missing, f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+    assert not dupes and not missing, (
+        f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+    )
 
 
 @pytest.fixture
 def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
     def make(exactly_once: bool):
         names = kafka_topics("features", "labels", partitions=PARTITIONS)
-        extra = kafka_topics("predictions", "dead", "deltas")  # the deltas topic is made by the first member (create)
-        topics = {"features": names[0], "labels": names[1], "predictions": extra[0], "dead_letters": extra[1],
-                  "model_deltas": extra[2] + "-group"}  # fmt: skip
+        extra = kafka_topics(
+            "predictions", "dead", "deltas"
+        )  # the deltas topic is made by the first member (create)
+        topics = {
+            "features": names[0],
+            "labels": names[1],
+            "predictions": extra[0],
+            "dead_letters": extra[1],
+            "model_deltas": extra[2] + "-group",
+        }
         snap_dir = tmp_path / "snapshots"
         raw = group_config(kafka_bootstrap, topics, snap_dir, unique_group("grp"), exactly_once=exactly_once)
         path = tmp_path / "worker.yaml"
@@ -229,8 +288,13 @@ def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
 
 
 def send(bootstrap: str, topics: dict, messages, rate: float | None = None):
-    return produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=topics["features"],
-                        labels_topic=topics["labels"], rate=rate)  # fmt: skip
+    return produce.send(
+        messages,
+        producer_conf={"bootstrap.servers": bootstrap},
+        features_topic=topics["features"],
+        labels_topic=topics["labels"],
+        rate=rate,
+    )
 
 
 def assert_members_agree(members, snap_dir: Path, n_rows: int, context: str) -> None:
@@ -245,22 +309,38 @@ def assert_members_agree(members, snap_dir: Path, n_rows: int, context: str) -> 
         if AUTO_ARRAYS.match(name):
             compared += 1
             for m, snap in zip(members[1:], snaps[1:]):
-                np.testing.assert_allclose(snap.arrays[name], want, rtol=1e-9, atol=1e-9 * np.abs(want).max(),
-                                           err_msg=f"{name}: {context}, {m.member} against {members[0].member}")  # fmt: skip
+                np.testing.assert_allclose(
+                    snap.arrays[name],
+                    want,
+                    rtol=1e-9,
+                    atol=1e-9 * np.abs(want).max(),
+                    err_msg=f"{name}: {context}, {m.member} against {members[0].member}",
+                )
     assert compared >= 6 * 9, context  # auto: every candidate's A, c, β
     for m, snap in zip(members[1:], snaps[1:]):  # one selector for the group: the same recent losses
-        np.testing.assert_allclose(snap.manifest["selection"]["loss"], snaps[0].manifest["selection"]["loss"], rtol=1e-9,
-                                   err_msg=f"{context}: {m.member}'s selector")  # fmt: skip
+        np.testing.assert_allclose(
+            snap.manifest["selection"]["loss"],
+            snaps[0].manifest["selection"]["loss"],
+            rtol=1e-9,
+            err_msg=f"{context}: {m.member}'s selector",
+        )
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(("exactly_once", "variant"), [(False, None), (True, None), (False, "auto"), (True, "regression")],
-                         ids=["at-least-once", "exactly-once", "auto", "regression"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("exactly_once", "variant"),
+    [(False, None), (True, None), (False, "auto"), (True, "regression")],
+    ids=["at-least-once", "exactly-once", "auto", "regression"],
+)
 def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exactly_once, variant):
     raw, path, snap_dir, topics = group_rig(exactly_once)
-    if variant == "auto":  # forgetting and λ chosen online: every candidate's sums and the selector's are shared
+    if (
+        variant == "auto"
+    ):  # forgetting and λ chosen online: every candidate's sums and the selector's are shared
         raw["model"].update(forgetting="auto", lam="auto")
-    if variant == "regression":  # the group agrees on the target scaling too (the first warm-up labels' proposal)
+    if (
+        variant == "regression"
+    ):  # the group agrees on the target scaling too (the first warm-up labels' proposal)
         raw["model"].update(classes=None, n_outputs=1)
     path.write_text(yaml.safe_dump(raw))
     messages = make_stream(regression=variant == "regression")
@@ -301,7 +381,9 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
     time.sleep(1.0)
     members[1].start()  # static membership: its partitions wait for it (session timeout 10 s)
     time.sleep(2.0)
-    assert members[2].stop() == 0, members[2].log.read_text()[-3000:]  # for good: a rebalance hands its partitions over
+    assert members[2].stop() == 0, members[2].log.read_text()[
+        -3000:
+    ]  # for good: a rebalance hands its partitions over
     sender.join()
     survivors = members[:2]
     wait_quiet(survivors, kafka_bootstrap, raw, timeout=180)
@@ -314,7 +396,9 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
 
 
 @pytest.mark.kafka
-def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(group_rig, kafka_bootstrap, tmp_path):
+def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(
+    group_rig, kafka_bootstrap, tmp_path
+):
     """Its snapshot directory lost: it takes back its newest record (sums and the input positions they cover) and
     the rows it was waiting on (its last handover), so the group's state stays exact, nothing learned twice."""
     raw, path, snap_dir, topics = group_rig(True)
@@ -339,7 +423,9 @@ def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(group_r
     assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "a restart without a snapshot")
 
 
-def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_began(kafka_bootstrap, kafka_topics):
+def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_began(
+    kafka_bootstrap, kafka_topics
+):
     """Which ranges a restarted exactly-once member re-learns (``relearn.own_commits_ahead``), from commits on a real
     broker: a partition in its snapshot, from the snapshot's position; one taken over from another member after the
     snapshot, from the take-over its commit names; one it read from the beginning after the snapshot, from there;
@@ -349,15 +435,30 @@ def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_
 
     features, labels = kafka_topics("features", "labels", partitions=4)
     group = unique_group("relearn")
-    cfg = config_from_dict({"model": {"n_inputs": 3, "classes": [0, 1]}, "group": {"enabled": True, "member_id": "w1"},
-                            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group},
-                            "topics": {"features": features, "labels": labels}}, environ={})  # fmt: skip
-    commits = {(features, 0): (90, commit_metadata("w1", None)), (features, 1): (250, commit_metadata("w1", 200)),
-               (features, 2): (40, commit_metadata("w1", None)), (features, 3): (70, commit_metadata("w2", None)),
-               (labels, 0): (30, commit_metadata("w1", None))}  # fmt: skip
-    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    cfg = config_from_dict(
+        {
+            "model": {"n_inputs": 3, "classes": [0, 1]},
+            "group": {"enabled": True, "member_id": "w1"},
+            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group},
+            "topics": {"features": features, "labels": labels},
+        },
+        environ={},
+    )
+    commits = {
+        (features, 0): (90, commit_metadata("w1", None)),
+        (features, 1): (250, commit_metadata("w1", 200)),
+        (features, 2): (40, commit_metadata("w1", None)),
+        (features, 3): (70, commit_metadata("w2", None)),
+        (labels, 0): (30, commit_metadata("w1", None)),
+    }
+    committer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
     try:
-        committer.commit(offsets=[TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in commits.items()], asynchronous=False)
+        committer.commit(
+            offsets=[TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in commits.items()],
+            asynchronous=False,
+        )
     finally:
         committer.close()
     positions = {(features, 0): 60, (labels, 0): 30}  # the snapshot's
@@ -365,4 +466,7 @@ def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_
     ahead = relearn.own_commits_ahead(cfg, positions, bases)
     assert ahead == {(features, 0): 90, (features, 1): 250, (features, 2): 40}
     assert bases == {(features, 1): 200}
-    assert positions == {(features, 0): 60, (labels, 0): 30}  # moved by the re-learning itself, message by message
+    assert positions == {
+        (features, 0): 60,
+        (labels, 0): 30,
+    }  # moved by the re-learning itself, message by message

@@ -44,15 +44,30 @@ class _Msg:
 
 
 def _headers(kind: str, member: str, seq: int, chunk: str, size: int) -> list:
-    return [("iolstream.kind", kind.encode()), ("iolstream.member", member.encode()), ("iolstream.seq", str(seq).encode()),
-            ("iolstream.chunk", chunk.encode()), ("iolstream.size", str(size).encode())]  # fmt: skip
+    return [
+        ("iolstream.kind", kind.encode()),
+        ("iolstream.member", member.encode()),
+        ("iolstream.seq", str(seq).encode()),
+        ("iolstream.chunk", chunk.encode()),
+        ("iolstream.size", str(size).encode()),
+    ]
 
 
-def _record(sync, member: str, seq: int, arrays: dict, digest: str | None = None, kind: str = "sums", **manifest) -> _Msg:
+def _record(
+    sync, member: str, seq: int, arrays: dict, digest: str | None = None, kind: str = "sums", **manifest
+) -> _Msg:
     fields = {"published_ms": 1, "positions": [], **CLOCKS} if kind == "sums" else {"published_ms": 1}
     fields.update(manifest)
-    blob = snapshots.encode({**fields, "kind": kind, "member": member, "seq": seq,
-                             "model": sync.model_digest if digest is None else digest}, arrays)  # fmt: skip
+    blob = snapshots.encode(
+        {
+            **fields,
+            "kind": kind,
+            "member": member,
+            "seq": seq,
+            "model": sync.model_digest if digest is None else digest,
+        },
+        arrays,
+    )
     return _Msg(blob, _headers(kind, member, seq, "0/1", len(blob)))
 
 
@@ -101,11 +116,17 @@ def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
     cfg = _cfg(lam="auto", forgetting="auto")
     fresh, fresh_proc = _attached(cfg)
     old, old_proc = _attached(cfg, candidates=candidate_grid("auto", "auto", *FIRST_GRID))
-    assert contribution.layout(fresh_proc.model) == contribution.layout(old_proc.model)  # alike: shapes tell nothing
+    assert contribution.layout(fresh_proc.model) == contribution.layout(
+        old_proc.model
+    )  # alike: shapes tell nothing
     assert fresh.model_digest != old.model_digest
-    assert fresh.model_digest != model_digest(cfg.model)  # records of a release whose default grid was another
+    assert fresh.model_digest != model_digest(
+        cfg.model
+    )  # records of a release whose default grid was another
     fixed = _cfg()
-    assert _attached(fixed)[0].model_digest == model_digest(fixed.model)  # one candidate: the config's digest, as before
+    assert _attached(fixed)[0].model_digest == model_digest(
+        fixed.model
+    )  # one candidate: the config's digest, as before
     before = contribution.sums(fresh_proc.model)["p0.gram"].copy()
     assert fresh._take(_record(fresh, "restored", 1, _ones(fresh_proc), old.model_digest)) == 0
     assert old._take(_record(old, "fresh", 1, _ones(old_proc), fresh.model_digest)) == 0
@@ -124,15 +145,34 @@ def test_sums_that_do_not_fit_the_model_are_refused_not_fatal(caplog):
     assert "p0.gram has shape (3, 3)" in caplog.text
 
 
-@pytest.mark.parametrize(("kind", "member", "arrays", "manifest"), [
-    ("sums", "w2", None, {"label_clock": None}),  # a clock that is not a number
-    ("sums", "w1", None, {"positions": [["f", 0]]}),  # its own, taken back without a snapshot: positions unreadable
-    ("scaling", "w2", {"count": np.array(5), "sum": np.zeros(2), "sumsq_dev": np.zeros(2), "mean": np.zeros(2),
-                       "scale": np.ones(2), "frozen": np.array(True)}, {}),  # 2 features, the model has 3
-    ("scaling", "w2", {"mean": np.zeros(3)}, {}),
-    ("rows", "w2", {"ids": np.array(["a"]), "payload": np.zeros((1, 1))}, {}),  # rows of another width
-    ("rows", "w2", {"ids": np.array(["a"]), "payload": np.zeros((1, 3))}, {"published_ms": None}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "member", "arrays", "manifest"),
+    [
+        ("sums", "w2", None, {"label_clock": None}),  # a clock that is not a number
+        (
+            "sums",
+            "w1",
+            None,
+            {"positions": [["f", 0]]},
+        ),  # its own, taken back without a snapshot: positions unreadable
+        (
+            "scaling",
+            "w2",
+            {
+                "count": np.array(5),
+                "sum": np.zeros(2),
+                "sumsq_dev": np.zeros(2),
+                "mean": np.zeros(2),
+                "scale": np.ones(2),
+                "frozen": np.array(True),
+            },
+            {},
+        ),  # 2 features, the model has 3
+        ("scaling", "w2", {"mean": np.zeros(3)}, {}),
+        ("rows", "w2", {"ids": np.array(["a"]), "payload": np.zeros((1, 1))}, {}),  # rows of another width
+        ("rows", "w2", {"ids": np.array(["a"]), "payload": np.zeros((1, 3))}, {"published_ms": None}),
+    ],
+)
 def test_a_record_that_does_not_load_changes_nothing_and_stops_nothing(kind, member, arrays, manifest):
     sync, proc = _attached(_cfg(scaler="warmup"))
     sync.restored = False  # a member with no snapshot takes its own newest sums back
@@ -156,11 +196,26 @@ def test_unreadable_headers_are_skipped():
 
 
 def _chunked(sync, proc, member: str, seq: int, chunk_bytes: int) -> list[_Msg]:
-    blob = snapshots.encode({"published_ms": 1, "positions": [], **CLOCKS, "kind": "sums", "member": member,
-                             "seq": seq, "model": sync.model_digest}, _ones(proc))  # fmt: skip
+    blob = snapshots.encode(
+        {
+            "published_ms": 1,
+            "positions": [],
+            **CLOCKS,
+            "kind": "sums",
+            "member": member,
+            "seq": seq,
+            "model": sync.model_digest,
+        },
+        _ones(proc),
+    )
     count = -(-len(blob) // chunk_bytes)
-    return [_Msg(blob[i * chunk_bytes : (i + 1) * chunk_bytes], _headers("sums", member, seq, f"{i}/{count}", len(blob)))
-            for i in range(count)]  # fmt: skip
+    return [
+        _Msg(
+            blob[i * chunk_bytes : (i + 1) * chunk_bytes],
+            _headers("sums", member, seq, f"{i}/{count}", len(blob)),
+        )
+        for i in range(count)
+    ]
 
 
 def test_chunks_of_two_records_under_one_sequence_are_not_joined():

@@ -21,13 +21,13 @@ import orjson
 import pytest
 from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
 
-from iolstream.stream import codec
-from iolstream.tools import produce
+from iolstream.core.model import EdRVFL
 from iolstream.kafka import topics
 from iolstream.kafka.config import ConfigError, config_from_dict
-from iolstream.core.model import EdRVFL
-from iolstream.stream.processor import StreamProcessor
 from iolstream.kafka.worker import EXIT_FATAL, EXIT_OK, Worker, WorkerError, ensure_topics
+from iolstream.stream import codec
+from iolstream.stream.processor import StreamProcessor
+from iolstream.tools import produce
 
 N_ROWS = 2000
 BIG_TOPIC = {"max.message.bytes": "8388608"}
@@ -70,7 +70,9 @@ def assert_same_model(got: EdRVFL, want: EdRVFL) -> None:
         for name in MODEL_ARRAYS:
             x, z = getattr(a, name), getattr(b, name)
             x, z = (np.tril(x), np.tril(z)) if name == "gram" else (x, z)
-            np.testing.assert_allclose(x, z, rtol=1e-9, atol=1e-9 * np.abs(z).max(), err_msg=f"layer {layer} {name}")
+            np.testing.assert_allclose(
+                x, z, rtol=1e-9, atol=1e-9 * np.abs(z).max(), err_msg=f"layer {layer} {name}"
+            )
     assert got.learner.state.rows_labelled == want.learner.state.rows_labelled
 
 
@@ -89,8 +91,12 @@ class Running:
     def wait(self, condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not condition(self.worker):
-            assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.worker.processor.status()}"
+            assert self.thread.is_alive(), (
+                f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
+            )
+            assert time.monotonic() < deadline, (
+                f"timed out waiting for {what}: {self.worker.processor.status()}"
+            )
             time.sleep(0.05)
 
     def stop(self) -> int:
@@ -101,8 +107,12 @@ class Running:
 
 
 def send(bootstrap: str, names: dict, messages) -> None:
-    produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=names["features"],
-                 labels_topic=names["labels"])  # fmt: skip
+    produce.send(
+        messages,
+        producer_conf={"bootstrap.servers": bootstrap},
+        features_topic=names["features"],
+        labels_topic=names["labels"],
+    )
 
 
 @pytest.mark.kafka
@@ -111,12 +121,19 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
     kafka_bootstrap, kafka_topics, kafka_admin, tmp_path, caplog, exactly_once
 ):
     (features,) = kafka_topics("features", config=BIG_TOPIC)
-    labels, predictions, dead = kafka_topics("labels", "predictions", "dead")  # Kafka's default limit (1,048,588)
+    labels, predictions, dead = kafka_topics(
+        "labels", "predictions", "dead"
+    )  # Kafka's default limit (1,048,588)
     names = {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead}
-    cfg = config_from_dict(raw_config(kafka_bootstrap, names, tmp_path / "snap", exactly_once=exactly_once), environ={})
+    cfg = config_from_dict(
+        raw_config(kafka_bootstrap, names, tmp_path / "snap", exactly_once=exactly_once), environ={}
+    )
     messages = good_stream()
-    parts = [messages[: len(messages) // 3], messages[len(messages) // 3 : 2 * len(messages) // 3],
-             messages[2 * len(messages) // 3 :]]  # fmt: skip
+    parts = [
+        messages[: len(messages) // 3],
+        messages[len(messages) // 3 : 2 * len(messages) // 3],
+        messages[2 * len(messages) // 3 :],
+    ]
     ids = [i for m in messages if m.kind == "features" for i in m.obj["ids"]]
     big_json = orjson.dumps({"id": "big", "x": [0.5] * 8, "pad": "z" * 1_100_000})  # (a) 1.1 MB, valid JSON
     not_json = b"\x00not json " * 102_000  # (b) 1,020,000 bytes
@@ -130,22 +147,36 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
     (where_b,) = produce_json(kafka_bootstrap, labels, [not_json], conf=big_conf)
     (where_c,) = produce_json(kafka_bootstrap, features, [huge], conf=big_conf)
     send(kafka_bootstrap, names, parts[1])
-    run.wait(lambda w: w.processor.counters["predictions_out"] >= 2 * N_ROWS // 3 and sum(w.processor.dead_letters.values()) == 3,
-             90, "the first two parts and three dead letters")  # fmt: skip
+    run.wait(
+        lambda w: (
+            w.processor.counters["predictions_out"] >= 2 * N_ROWS // 3
+            and sum(w.processor.dead_letters.values()) == 3
+        ),
+        90,
+        "the first two parts and three dead letters",
+    )
     assert run.worker.output.dead_letter_limit.counts == {"truncated": 2, "dropped": 0}
 
     # the dead-letter topic's limit lowered under the worker's feet: not even the headers fit any more
     set_topic_limit(kafka_admin, dead, 200)
     produce_json(kafka_bootstrap, features, [b"{bad 1", b"{bad 2", b"{bad 3"])
     send(kafka_bootstrap, names, parts[2])
-    run.wait(lambda w: w.processor.counters["predictions_out"] >= N_ROWS and w.output.dead_letter_limit.counts["dropped"] >= 3
-             and w.processor.counters["rows_learned"] >= N_ROWS,  # every label in too (a loaded machine lags behind)
-             90, "every row and label, and the last three dead letters dropped")  # fmt: skip
+    run.wait(
+        lambda w: (
+            w.processor.counters["predictions_out"] >= N_ROWS
+            and w.output.dead_letter_limit.counts["dropped"] >= 3
+            and w.processor.counters["rows_learned"] >= N_ROWS
+        ),  # every label in too (a loaded machine lags behind)
+        90,
+        "every row and label, and the last three dead letters dropped",
+    )
     assert run.stop() == EXIT_OK
     assert run.worker.output.dead_letter_limit.topic_bytes == 200
 
     assert_same_model(run.worker.processor.model, reference_model(cfg, messages))
-    got = consume_all(kafka_bootstrap, predictions, timeout=10)  # to the end (read_committed: the last stable offset)
+    got = consume_all(
+        kafka_bootstrap, predictions, timeout=10
+    )  # to the end (read_committed: the last stable offset)
     counts = {}
     for _, value, _, _, _ in got:
         row_id = orjson.loads(value)["id"]
@@ -160,7 +191,10 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
         h = dict(headers)
         by_source[(h["iolstream.source.topic"].decode(), int(h["iolstream.source.offset"]))] = (value, h)
     assert len(letters) == len(by_source) == 3, sorted(by_source)  # none of the dropped ones, nothing twice
-    for (topic, (_, offset)), raw, reason in ((features, where_a), big_json, "oversize"), ((features, where_c), huge, "oversize"):
+    for (topic, (_, offset)), raw, reason in (
+        ((features, where_a), big_json, "oversize"),
+        ((features, where_c), huge, "oversize"),
+    ):
         value, h = by_source[(topic, offset)]
         assert h["iolstream.reason"] == reason.encode() and h["iolstream.truncated"] == b"true"
         assert int(h["iolstream.original.size"]) == len(raw)
@@ -179,14 +213,28 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
 def test_producer_and_consumer_limits_below_max_message_bytes_are_config_errors_naming_the_keys():
     base = {"model": {"n_inputs": 3, "classes": [0, 1]}}
     cfg = config_from_dict(base, environ={})
-    assert cfg.kafka.producer["message.max.bytes"] == 1_048_576 + topics.DEAD_LETTER_HEADROOM  # the default made to fit
-    with pytest.raises(ConfigError, match=r"kafka\.producer\.message\.max\.bytes \(1000000\).*stream\.max_message_bytes"):
+    assert (
+        cfg.kafka.producer["message.max.bytes"] == 1_048_576 + topics.DEAD_LETTER_HEADROOM
+    )  # the default made to fit
+    with pytest.raises(
+        ConfigError, match=r"kafka\.producer\.message\.max\.bytes \(1000000\).*stream\.max_message_bytes"
+    ):
         config_from_dict({**base, "kafka": {"producer": {"message.max.bytes": 1_000_000}}}, environ={})
-    small = config_from_dict({**base, "stream": {"max_message_bytes": 500_000},
-                              "kafka": {"producer": {"message.max.bytes": 1_000_000}}}, environ={})  # fmt: skip
+    small = config_from_dict(
+        {
+            **base,
+            "stream": {"max_message_bytes": 500_000},
+            "kafka": {"producer": {"message.max.bytes": 1_000_000}},
+        },
+        environ={},
+    )
     assert small.kafka.producer["message.max.bytes"] == 1_000_000
-    with pytest.raises(ConfigError, match=r"kafka\.consumer\.receive\.message\.max\.bytes.*stream\.max_message_bytes"):
-        config_from_dict({**base, "kafka": {"consumer": {"receive.message.max.bytes": 1_000_000}}}, environ={})
+    with pytest.raises(
+        ConfigError, match=r"kafka\.consumer\.receive\.message\.max\.bytes.*stream\.max_message_bytes"
+    ):
+        config_from_dict(
+            {**base, "kafka": {"consumer": {"receive.message.max.bytes": 1_000_000}}}, environ={}
+        )
     with pytest.raises(ConfigError, match=r"kafka\.producer\.message\.max\.bytes: must be an integer"):
         config_from_dict({**base, "kafka": {"producer": {"message.max.bytes": "lots"}}}, environ={})
 
@@ -196,7 +244,10 @@ def test_dead_letter_excerpt_keeps_the_first_bytes_and_says_so():
     assert codec.dead_letter_excerpt(b"v" * 100, headers, 1000, "why") == (b"v" * 100, headers)
     value, cut = codec.dead_letter_excerpt(bytes(range(256)) * 20, headers, 1000, "too large")
     assert cut[: len(headers)] == headers and dict(cut)["iolstream.original.size"] == b"5120"
-    assert dict(cut)["iolstream.truncated.reason"] == b"too large" and value == (bytes(range(256)) * 20)[: len(value)]
+    assert (
+        dict(cut)["iolstream.truncated.reason"] == b"too large"
+        and value == (bytes(range(256)) * 20)[: len(value)]
+    )
     assert len(value) + codec.headers_bytes(cut) == 1000
     assert codec.dead_letter_excerpt(b"v" * 100, headers, 100, "why") is None
 
@@ -222,8 +273,14 @@ def test_start_up_check_of_the_output_topics_limits(kafka_bootstrap, kafka_topic
         topics.start_limit(cfg(half), conf)
     limit, warnings = topics.start_limit(cfg(half, **{"batch.size": 400_000}), conf)
     assert limit.topic_bytes == 500_000 and limit.limit == 500_000
-    assert len(warnings) == 1 and "go to it as excerpts" in warnings[0] and "stream.max_message_bytes" in warnings[0]
-    limit, warnings = topics.start_limit(cfg(f"{half}-missing"), conf)  # cannot be described: sized to P alone
+    assert (
+        len(warnings) == 1
+        and "go to it as excerpts" in warnings[0]
+        and "stream.max_message_bytes" in warnings[0]
+    )
+    limit, warnings = topics.start_limit(
+        cfg(f"{half}-missing"), conf
+    )  # cannot be described: sized to P alone
     assert limit.topic_bytes is None and "cannot read max.message.bytes" in warnings[0]
     worker = Worker(cfg(tiny))
     assert worker.run() == EXIT_FATAL  # the WorkerError ends the run at start
@@ -237,8 +294,10 @@ def test_created_topics_get_a_limit_that_fits(kafka_bootstrap, kafka_admin, tmp_
     dead-letter topics fit stream.max_message_bytes + headroom, the predictions topic keeps the default."""
     tag = uuid.uuid4().hex[:8]
     names = {k: f"t-created-{tag}-{k}" for k in ("features", "labels", "predictions", "dead_letters")}
-    cfg = config_from_dict(raw_config(kafka_bootstrap, names, tmp_path, exactly_once=False, max_message_bytes=2_000_000),
-                           environ={})  # fmt: skip
+    cfg = config_from_dict(
+        raw_config(kafka_bootstrap, names, tmp_path, exactly_once=False, max_message_bytes=2_000_000),
+        environ={},
+    )
     cli = [f"t-created-{tag}-cli-{k}" for k in ("features", "predictions")]
     try:
         assert sorted(ensure_topics(cfg, kafka_admin)) == sorted(names.values())
@@ -247,7 +306,9 @@ def test_created_topics_get_a_limit_that_fits(kafka_bootstrap, kafka_admin, tmp_
         want = 2_000_000 + topics.DEAD_LETTER_HEADROOM
         got = {k: topics.describe_max_message_bytes(kafka_admin, n) for k, n in names.items()}
         assert got == {"features": want, "labels": want, "predictions": 1_048_588, "dead_letters": want}
-        assert topics.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_576 + topics.DEAD_LETTER_HEADROOM
+        assert (
+            topics.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_576 + topics.DEAD_LETTER_HEADROOM
+        )
         assert topics.describe_max_message_bytes(kafka_admin, cli[1]) == 1_048_588
     finally:
         kafka_admin.delete_topics(list(names.values()) + cli)

@@ -21,8 +21,16 @@ import orjson
 import pytest
 from kafka_util import consume_all
 from test_durability_kafka import (  # noqa: F401  (fixtures)
-    WorkerRig, assert_one_prediction_per_row, assert_same_model, backlog, outputs, reference, send_stream, stream, wait_for,
-)  # fmt: skip
+    WorkerRig,
+    assert_one_prediction_per_row,
+    assert_same_model,
+    backlog,
+    outputs,
+    reference,
+    send_stream,
+    stream,
+    wait_for,
+)
 
 from iolstream.ops.lifecycle import EXIT_OK, EXIT_SHUTDOWN_OVERRUN, EXIT_STUCK
 
@@ -30,25 +38,38 @@ pytestmark = pytest.mark.kafka
 
 
 def test_exactly_once_stuck_transactional_call_is_recovered_in_process(
-    tmp_path, kafka_bootstrap, backlog, outputs, stream, reference  # noqa: F811
+    tmp_path,
+    kafka_bootstrap,
+    backlog,
+    outputs,
+    stream,
+    reference,  # noqa: F811
 ):
     messages, ids = stream
     rig = WorkerRig(tmp_path, kafka_bootstrap, {**backlog, **outputs}, exactly_once=True)
     rig.raw["kafka"]["call_timeout_seconds"] = 1.0  # abandoned after 1 + 5 s
     rig.write_config()
-    proc, log_path = rig.start("hang_producer.send_offsets_to_transaction:3", idle=600, extra_args=["--stop-at-end"])
+    proc, log_path = rig.start(
+        "hang_producer.send_offsets_to_transaction:3", idle=600, extra_args=["--stop-at-end"]
+    )
     rc = proc.wait(120)
     log = log_path.read_text()
     assert rc == EXIT_OK, log[-3000:]
     assert "producer.send_offsets_to_transaction did not return within 6.0 s" in log
     assert "transactional producer replaced (1 so far)" in log and "rolled back to offsets" in log
-    assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, "a stuck send_offsets_to_transaction")
+    assert_one_prediction_per_row(
+        kafka_bootstrap, outputs["predictions"], ids, "a stuck send_offsets_to_transaction"
+    )
     assert_same_model(rig.newest(), reference, "after a stuck send_offsets_to_transaction")
 
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_main_thread_stuck_in_a_client_call_ends_by_watchdog_or_sigterm(
-    tmp_path, kafka_bootstrap, backlog, outputs, exactly_once  # noqa: F811
+    tmp_path,
+    kafka_bootstrap,
+    backlog,
+    outputs,
+    exactly_once,  # noqa: F811
 ):
     rig = WorkerRig(tmp_path, kafka_bootstrap, {**backlog, **outputs}, exactly_once=exactly_once)
     rig.raw["durability"].update(watchdog_seconds=3.0, shutdown_grace_seconds=2.0)
@@ -81,7 +102,12 @@ def test_main_thread_stuck_in_a_client_call_ends_by_watchdog_or_sigterm(
 
 
 def test_a_crash_loop_makes_progress_and_loses_nothing(
-    tmp_path, kafka_bootstrap, kafka_topics, outputs, stream, reference  # noqa: F811
+    tmp_path,
+    kafka_bootstrap,
+    kafka_topics,
+    outputs,
+    stream,
+    reference,  # noqa: F811
 ):
     """At-least-once, the stream produced live (3,000 rows/s), the worker killed (SIGKILL) 1.5 s after each
     start: every incarnation writes a snapshot soon after it starts processing (snapshot.first_after_seconds),
@@ -91,7 +117,9 @@ def test_a_crash_loop_makes_progress_and_loses_nothing(
     features, labels = kafka_topics("features", "labels")
     inputs = {"features": features, "labels": labels}
     rig = WorkerRig(tmp_path, kafka_bootstrap, {**inputs, **outputs}, exactly_once=False)
-    rig.raw["snapshot"].update(every_batches=10**6, every_seconds=3600.0)  # only the early snapshot after a start
+    rig.raw["snapshot"].update(
+        every_batches=10**6, every_seconds=3600.0
+    )  # only the early snapshot after a start
     rig.write_config()
     reached = []
     sender = threading.Thread(target=send_stream, args=(kafka_bootstrap, inputs, messages, 3_000))

@@ -16,21 +16,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iolstream.tools import cli
+from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka import snapshots as snapshot
+from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.snapshots import SnapshotError, SnapshotStore, SnapshotVersionError, decode, encode
 from iolstream.ops import faults
 from iolstream.stream.config import StreamConfig
-from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.kafka.snapshots import SnapshotError, SnapshotStore, SnapshotVersionError, decode, encode
 from iolstream.stream.processor import StreamProcessor
-from iolstream.kafka.errors import WorkerError
+from iolstream.tools import cli
 
 SEED = 7
 
 
 def sample(seed: int = SEED) -> tuple[dict, dict]:
     rng = np.random.default_rng(seed)
-    manifest = {"offsets": [["t.features", 0, 12], ["t.labels", 0, 9]], "note": "é✓", "nested": {"a": [1, 2.5, None]}}
+    manifest = {
+        "offsets": [["t.features", 0, 12], ["t.labels", 0, 9]],
+        "note": "é✓",
+        "nested": {"a": [1, 2.5, None]},
+    }
     arrays = {
         "a": rng.normal(size=(5, 4)),
         "ints": np.arange(7, dtype=np.int64),
@@ -67,7 +71,12 @@ def test_truncated_snapshot_is_detected(cut):
 @pytest.mark.parametrize("where", ["digest", "body-start", "body-middle", "body-end"])
 def test_flipped_bit_is_detected(where):
     blob = bytearray(encode(*sample()))
-    at = {"digest": 20, "body-start": snapshot._HEADER.size, "body-middle": len(blob) // 2, "body-end": len(blob) - 1}[where]
+    at = {
+        "digest": 20,
+        "body-start": snapshot._HEADER.size,
+        "body-middle": len(blob) // 2,
+        "body-end": len(blob) - 1,
+    }[where]
     blob[at] ^= 0x04
     with pytest.raises(SnapshotError, match="checksum mismatch"):
         decode(bytes(blob))
@@ -90,7 +99,9 @@ def test_a_valid_checksum_over_a_pickled_archive_is_refused():
     buf = io.BytesIO()
     np.savez(buf, __manifest__=np.frombuffer(b"{}", dtype=np.uint8), evil=np.array([object()], dtype=object))
     body = buf.getvalue()
-    blob = snapshot._HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION, hashlib.sha256(body).digest()) + body
+    blob = (
+        snapshot._HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION, hashlib.sha256(body).digest()) + body
+    )
     with pytest.raises(SnapshotError, match="unreadable archive"):
         decode(blob)
 
@@ -183,8 +194,12 @@ def test_stream_processor_state_round_trips_through_a_snapshot(tmp_path):
     proc = StreamProcessor(model, StreamConfig(batch_rows=8, label_batch_rows=5, row_ttl_ms=None))
     for i in range(6):
         x = rng.normal(size=(7, 4)).round(3).tolist()
-        proc.on_features(json.dumps({"ids": [f"r{i}-{j}" for j in range(7)], "x": x}).encode(), ("f", 0, i), 0)
-        proc.on_labels(json.dumps({"ids": [f"r{i}-{j}" for j in range(3)], "y": [0, 1, 1]}).encode(), ("l", 0, i), 0)
+        proc.on_features(
+            json.dumps({"ids": [f"r{i}-{j}" for j in range(7)], "x": x}).encode(), ("f", 0, i), 0
+        )
+        proc.on_labels(
+            json.dumps({"ids": [f"r{i}-{j}" for j in range(3)], "y": [0, 1, 1]}).encode(), ("l", 0, i), 0
+        )
         proc.on_labels(json.dumps({"id": f"r{i + 1}-0", "y": 1}).encode(), ("l", 0, 100 + i), 0)  # early
         proc.step(0)
     manifest, arrays = proc.to_state()
@@ -204,10 +219,11 @@ def snap_dir(tmp_path):
     store = SnapshotStore(tmp_path / "snaps", keep=3)
     manifest, arrays = sample()
     manifest.update(
-        config={"n_inputs": 4, "n_nodes": 16}, counters={"rows_observed": 40},
+        config={"n_inputs": 4, "n_nodes": 16},
+        counters={"rows_observed": 40},
         stream={"counters": {"rows_in": 40, "rows_learned": 30}, "dead_letters": {"malformed_json": 2}},
         worker={"exactly_once": True, "group_id": "g"},
-    )  # fmt: skip
+    )
     for i in range(2):
         store.write({**manifest, "i": i}, arrays)
     return store
@@ -217,9 +233,22 @@ def test_inspect_prints_what_a_snapshot_holds(snap_dir, capsys):
     path = snap_dir.paths()[0]
     assert cli.main(["snapshot", "inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    for text in (f"valid: format version {snapshot.FORMAT_VERSION}, SHA-256 checksum ok", "sequence   2", "exactly_once=True",
-                 "n_inputs=4", "rows_in=40 rows_learned=30", "rows_observed=40", "malformed_json=2",
-                 "t.features[0] 12", "t.labels[0] 9", "5 arrays", "a    ", "float64", "5×4", "ids"):  # fmt: skip
+    for text in (
+        f"valid: format version {snapshot.FORMAT_VERSION}, SHA-256 checksum ok",
+        "sequence   2",
+        "exactly_once=True",
+        "n_inputs=4",
+        "rows_in=40 rows_learned=30",
+        "rows_observed=40",
+        "malformed_json=2",
+        "t.features[0] 12",
+        "t.labels[0] 9",
+        "5 arrays",
+        "a    ",
+        "float64",
+        "5×4",
+        "ids",
+    ):
         assert text in out, f"{text!r} not in:\n{out}"
 
 
@@ -258,11 +287,23 @@ def test_a_worker_loads_a_snapshot_of_the_previous_version(tmp_path):
     old = Path(__file__).parents[1] / "data" / "snapshot-before-fingerprints.iolsnap"
     (tmp_path / "snapshots").mkdir()
     shutil.copy(old, tmp_path / "snapshots" / "snap-000000000001.iolsnap")
-    raw = {"model": {"n_inputs": 3, "classes": ["a", "b", "c"], "n_nodes": 8, "n_layers": 2, "scaler": "none", "seed": 3},
-           "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "snapshot": {"dir": str(tmp_path / "snapshots")},
-           "metrics": {"port": 0}}  # fmt: skip
+    raw = {
+        "model": {
+            "n_inputs": 3,
+            "classes": ["a", "b", "c"],
+            "n_nodes": 8,
+            "n_layers": 2,
+            "scaler": "none",
+            "seed": 3,
+        },
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+        "snapshot": {"dir": str(tmp_path / "snapshots")},
+        "metrics": {"port": 0},
+    }
     worker = Worker(config_from_dict(raw, environ={}))
-    assert worker.processor.counters["rows_in"] == 48 and worker.checkpoint.snapshot_bytes == old.stat().st_size
+    assert (
+        worker.processor.counters["rows_in"] == 48 and worker.checkpoint.snapshot_bytes == old.stat().st_size
+    )
     raw["model"]["forgetting"] = 1000.0  # a different model: refused, naming the key
     with pytest.raises(WorkerError, match="model.forgetting"):
         Worker(config_from_dict(raw, environ={}))

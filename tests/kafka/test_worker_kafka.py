@@ -21,19 +21,25 @@ import numpy as np
 import orjson
 import pytest
 import yaml
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from kafka_util import committed_offsets, consume_all, create_topics, produce_json, unique_group, wait_for_broker
+from confluent_kafka import KafkaError, KafkaException
+from kafka_util import (
+    committed_offsets,
+    consume_all,
+    create_topics,
+    produce_json,
+    unique_group,
+    wait_for_broker,
+)
 
-from iolstream.tools import cli
-from iolstream.tools import produce
-from iolstream.kafka.config import config_from_dict
-from iolstream.tools.datasets import load
-from iolstream.tools.protocol import Protocol, evaluate
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.calls import ClientCalls
+from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.output import Output
 from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_OK, Worker
+from iolstream.tools import cli, produce
+from iolstream.tools.datasets import load
+from iolstream.tools.protocol import Protocol, evaluate
 
 pytestmark = pytest.mark.kafka
 
@@ -87,7 +93,9 @@ class WorkerThread:
             s = self.status()
             if condition(s):
                 return s
-            assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
+            assert self.thread.is_alive(), (
+                f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
+            )
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
 
@@ -113,8 +121,12 @@ def segment(rows: int | None = None, seed: int = 0):
 
 
 def send(bootstrap, cfg, X, y, options: produce.PlanOptions) -> dict:
-    return produce.send(produce.iter_plan(X, y, options), producer_conf={"bootstrap.servers": bootstrap},
-                        features_topic=cfg.topics.features, labels_topic=cfg.topics.labels)  # fmt: skip
+    return produce.send(
+        produce.iter_plan(X, y, options),
+        producer_conf={"bootstrap.servers": bootstrap},
+        features_topic=cfg.topics.features,
+        labels_topic=cfg.topics.labels,
+    )
 
 
 def predictions_by_id(bootstrap, topic, expected=None) -> dict[str, list[dict]]:
@@ -142,7 +154,9 @@ def assert_same_model(got: EdRVFL, want: EdRVFL, rtol=1e-9) -> None:
         for name in ("gram", "rhs", "beta"):
             x, z = getattr(a, name), getattr(b, name)
             x, z = (np.tril(x), np.tril(z)) if name == "gram" else (x, z)
-            np.testing.assert_allclose(x, z, rtol=rtol, atol=rtol * np.abs(z).max(), err_msg=f"layer {layer} {name}")
+            np.testing.assert_allclose(
+                x, z, rtol=rtol, atol=rtol * np.abs(z).max(), err_msg=f"layer {layer} {name}"
+            )
 
 
 # ------------------------------------------------------------------------------------------
@@ -163,25 +177,64 @@ def test_every_row_predicted_once_accuracy_close_to_evaluate(kafka_bootstrap, ka
     b, n = offline.batch, offline.rows
     assert (b, n) == (55, 1848)
     topics = kafka_topics("features", "labels", "predictions", "dead")
-    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, stream={
-        "batch_rows": b, "label_batch_rows": b, "max_batch_latency_ms": 1000, "max_label_latency_ms": 1000,
-    }), environ={})  # fmt: skip
+    cfg = config_from_dict(
+        worker_raw(
+            kafka_bootstrap,
+            topics,
+            tmp_path,
+            stream={
+                "batch_rows": b,
+                "label_batch_rows": b,
+                "max_batch_latency_ms": 1000,
+                "max_label_latency_ms": 1000,
+            },
+        ),
+        environ={},
+    )
     png = tmp_path / "curve.png"
     args = [
-        "produce", "--dataset", "segment", "--shuffle", "--seed", "0", "--rows", str(n), "--bootstrap", kafka_bootstrap,
-        "--features-topic", topics[0], "--labels-topic", topics[1], "--predictions-topic", topics[2],
-        "--label-delay-rows", str(b), "--follow", "--follow-timeout", "30", "--plot", str(png), "--quiet",
-    ]  # fmt: skip
+        "produce",
+        "--dataset",
+        "segment",
+        "--shuffle",
+        "--seed",
+        "0",
+        "--rows",
+        str(n),
+        "--bootstrap",
+        kafka_bootstrap,
+        "--features-topic",
+        topics[0],
+        "--labels-topic",
+        topics[1],
+        "--predictions-topic",
+        topics[2],
+        "--label-delay-rows",
+        str(b),
+        "--follow",
+        "--follow-timeout",
+        "30",
+        "--plot",
+        str(png),
+        "--quiet",
+    ]
     with WorkerThread(cfg) as w:
         w.wait_assigned()  # it reads the stream as it comes, as a deployed worker would
         assert cli.main(args) == 0
         status = w.wait(lambda s: s["labels_in"] == n, 30, "every label")
         assert w.stop() == EXIT_OK
     status = w.status()
-    assert (status["rows_in"], status["predictions_out"], status["rows_learned"], status["dead_letters"]) == (n, n, n, 0)
+    assert (status["rows_in"], status["predictions_out"], status["rows_learned"], status["dead_letters"]) == (
+        n,
+        n,
+        n,
+        0,
+    )
     preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
     assert sorted(preds) == sorted(f"r{i}" for i in range(n)) and all(len(p) == 1 for p in preds.values())
-    assert all(p[0]["mode"] == "forward" and len(p[0]["proba"]) == 7 and "event_ts" in p[0] for p in preds.values())
+    assert all(
+        p[0]["mode"] == "forward" and len(p[0]["proba"]) == 7 and "event_ts" in p[0] for p in preds.values()
+    )
     assert png.stat().st_size > 10_000
 
     X, y = segment(n)
@@ -193,29 +246,61 @@ def test_every_row_predicted_once_accuracy_close_to_evaluate(kafka_bootstrap, ka
     assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, np.arange(n)))
 
 
-def test_delayed_shuffled_missing_duplicated_labels_equal_the_offline_learner(kafka_bootstrap, kafka_topics, tmp_path):
+def test_delayed_shuffled_missing_duplicated_labels_equal_the_offline_learner(
+    kafka_bootstrap, kafka_topics, tmp_path
+):
     """Labels 40 rows late, shuffled in windows of 30, 10 % never sent, 15 % twice, in batch
     messages of 7: counters exact, one prediction per row, and the final model equals the offline
     learner on the joined rows (A, c, β to rtol 1e-9)."""
     n = 900
     X, y = segment(n, seed=1)
-    options = produce.PlanOptions(batch_rows=7, label_delay_rows=40, missing_fraction=0.1, duplicate_fraction=0.15,
-                                  shuffle_window=30, seed=11)  # fmt: skip
+    options = produce.PlanOptions(
+        batch_rows=7,
+        label_delay_rows=40,
+        missing_fraction=0.1,
+        duplicate_fraction=0.15,
+        shuffle_window=30,
+        seed=11,
+    )
     messages = produce.plan(X, y, options)
     sent = [i for m in messages if m.kind == "labels" for i in m.obj["ids"]]
     labelled = np.array(sorted({int(i[1:]) for i in sent}))
-    assert 0 < len(sent) - len(labelled) and len(labelled) < n, "the plan must hold duplicates and missing labels"
+    assert 0 < len(sent) - len(labelled) and len(labelled) < n, (
+        "the plan must hold duplicates and missing labels"
+    )
     topics = kafka_topics("features", "labels", "predictions", "dead")
-    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 48, "n_layers": 2, "warmup_rows": 100},
-                                      stream={"batch_rows": 32, "label_batch_rows": 24}), environ={})  # fmt: skip
+    cfg = config_from_dict(
+        worker_raw(
+            kafka_bootstrap,
+            topics,
+            tmp_path,
+            model={"n_nodes": 48, "n_layers": 2, "warmup_rows": 100},
+            stream={"batch_rows": 32, "label_batch_rows": 24},
+        ),
+        environ={},
+    )
     with WorkerThread(cfg) as w:
         send(kafka_bootstrap, cfg, X, y, options)
-        w.wait(lambda s: s["labels_in"] == len(sent) and s["predictions_out"] == n and s["rows_learned"] == len(labelled),
-               60, "every row and label")  # fmt: skip
+        w.wait(
+            lambda s: (
+                s["labels_in"] == len(sent)
+                and s["predictions_out"] == n
+                and s["rows_learned"] == len(labelled)
+            ),
+            60,
+            "every row and label",
+        )
         assert w.stop() == EXIT_OK
     s = w.status()
-    assert (s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"]) == (n, n, len(labelled), n - len(labelled))
-    assert s["join_labels_duplicate"] == len(sent) - len(labelled) and s["join_labels_joined"] == len(labelled)
+    assert (s["rows_in"], s["predictions_out"], s["rows_learned"], s["pending"]) == (
+        n,
+        n,
+        len(labelled),
+        n - len(labelled),
+    )
+    assert s["join_labels_duplicate"] == len(sent) - len(labelled) and s["join_labels_joined"] == len(
+        labelled
+    )
     assert (s["dead_letters"], s["join_labels_orphan"], s["join_labels_expired_id"]) == (0, 0, 0)
     preds = predictions_by_id(kafka_bootstrap, topics[2], expected=n)
     assert len(preds) == n and all(len(p) == 1 for p in preds.values())
@@ -237,12 +322,24 @@ def test_catch_up_on_a_backlog_joins_every_label(kafka_bootstrap, kafka_topics, 
     stream = {"batch_rows": b, "label_batch_rows": b, "max_pending_rows": 5_000, "max_early_labels": 5_000}
     if queue == "tiny":
         stream.update(align_max_queued_messages=20)
-    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 256},
-                                      stream=stream), environ={})  # fmt: skip
-    sent = send(kafka_bootstrap, cfg, X, y, produce.PlanOptions(batch_rows=b, label_delay_rows=b))  # labels one message late
+    cfg = config_from_dict(
+        worker_raw(
+            kafka_bootstrap,
+            topics,
+            tmp_path,
+            model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 256},
+            stream=stream,
+        ),
+        environ={},
+    )
+    sent = send(
+        kafka_bootstrap, cfg, X, y, produce.PlanOptions(batch_rows=b, label_delay_rows=b)
+    )  # labels one message late
     assert sent["label_rows"] == n
     with WorkerThread(cfg) as w:
-        w.wait(lambda s: s["labels_in"] == n and s["rows_learned"] + s["dead_letters"] == n, 60, "every label")
+        w.wait(
+            lambda s: s["labels_in"] == n and s["rows_learned"] + s["dead_letters"] == n, 60, "every label"
+        )
         assert w.stop() == EXIT_OK
     s, aligner = w.status(), w.worker.aligner
     print(f"aligner: {aligner.stats()}")
@@ -268,7 +365,9 @@ class RefusingProducer:
 
     def produce(self, topic, value, key=None, headers=None):
         self.calls.append("produce")
-        raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"))
+        raise KafkaException(
+            KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state")
+        )
 
     def send_offsets_to_transaction(self, offsets, group, timeout):
         self.calls.append("offsets")
@@ -285,7 +384,9 @@ def test_exactly_once_a_refused_produce_aborts_the_transaction_never_commits_it(
     produce: the cycle's commit must abort the transaction (the worker then rolls the model back), not
     commit a transaction that misses an output. At-least-once, a refused produce stays fatal."""
     topics = ["f", "l", "p", "d"]
-    cfg = config_from_dict(worker_raw("127.0.0.1:1", topics, tmp_path, durability={"exactly_once": True}), environ={})
+    cfg = config_from_dict(
+        worker_raw("127.0.0.1:1", topics, tmp_path, durability={"exactly_once": True}), environ={}
+    )
     output = Output(cfg)
     output.producer = RefusingProducer()
     txn = Transactions(cfg, output, ClientCalls(), new_producer=RefusingProducer, sleep=lambda s: None)
@@ -305,20 +406,40 @@ def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, k
     topic/partition/offset headers; the worker keeps running and its model stays bitwise the same."""
     topics = kafka_topics("features", "labels", "predictions", "dead")
     features, labels_topic, _, dead_topic = topics
-    cfg = config_from_dict(worker_raw(kafka_bootstrap, topics, tmp_path,
-        model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 40},
-        stream={"batch_rows": 16, "label_batch_rows": 1, "max_message_bytes": 2048, "row_ttl_ms": 1500,
-                "early_label_ttl_ms": 1000},
-    ), environ={})  # fmt: skip
+    cfg = config_from_dict(
+        worker_raw(
+            kafka_bootstrap,
+            topics,
+            tmp_path,
+            model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 40},
+            stream={
+                "batch_rows": 16,
+                "label_batch_rows": 1,
+                "max_message_bytes": 2048,
+                "row_ttl_ms": 1500,
+                "early_label_ttl_ms": 1000,
+            },
+        ),
+        environ={},
+    )
     X, y = segment(100, seed=2)
     good = lambda i: {"id": f"r{i}", "x": X[i].tolist()}  # noqa: E731
     label = lambda i: {"id": f"r{i}", "y": str(y[i])}  # noqa: E731
     with WorkerThread(cfg) as w:
-        produce_json(kafka_bootstrap, features, [good(i) for i in range(64)] + [{"id": "lonely", "x": X[64].tolist()}])
+        produce_json(
+            kafka_bootstrap, features, [good(i) for i in range(64)] + [{"id": "lonely", "x": X[64].tolist()}]
+        )
         produce_json(kafka_bootstrap, labels_topic, [label(i) for i in range(64)])
-        w.wait(lambda s: s["rows_learned"] == 64 and s["join_rows_expired"] == 1, 30, "the good rows, and 'lonely' to expire")
+        w.wait(
+            lambda s: s["rows_learned"] == 64 and s["join_rows_expired"] == 1,
+            30,
+            "the good rows, and 'lonely' to expire",
+        )
         proc = w.worker.processor
-        before = {name: [getattr(ls, name).copy() for ls in proc.model.learner.state.layers] for name in ("gram", "rhs", "beta")}
+        before = {
+            name: [getattr(ls, name).copy() for ls in proc.model.learner.state.layers]
+            for name in ("gram", "rhs", "beta")
+        }
         version = proc.model.learner.state.version
 
         x = X[0].tolist()
@@ -348,8 +469,15 @@ def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, k
             offsets = produce_json(kafka_bootstrap, topic, [raw for raw, _ in bad])
             where.update({(topic, p, o): (raw, reason) for (raw, reason), (p, o) in zip(bad, offsets)})
         produce_json(kafka_bootstrap, labels_topic, [label(7)])  # a duplicate label: counted, applied once
-        w.wait(lambda s: s["dead_letters"] == len(where) and s["join_labels_duplicate"] == 1, 30, "every dead letter")
-        after = {name: [getattr(ls, name) for ls in proc.model.learner.state.layers] for name in ("gram", "rhs", "beta")}
+        w.wait(
+            lambda s: s["dead_letters"] == len(where) and s["join_labels_duplicate"] == 1,
+            30,
+            "every dead letter",
+        )
+        after = {
+            name: [getattr(ls, name) for ls in proc.model.learner.state.layers]
+            for name in ("gram", "rhs", "beta")
+        }
         assert proc.model.learner.state.version == version
         for name in before:
             assert all(np.array_equal(a, b) for a, b in zip(before[name], after[name])), f"{name} changed"
@@ -363,7 +491,11 @@ def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, k
     got = {}
     for _, value, headers, _, _ in letters:
         h = dict(headers)
-        source = (h["iolstream.source.topic"].decode(), int(h["iolstream.source.partition"]), int(h["iolstream.source.offset"]))
+        source = (
+            h["iolstream.source.topic"].decode(),
+            int(h["iolstream.source.partition"]),
+            int(h["iolstream.source.offset"]),
+        )
         got[source] = (value, h["iolstream.reason"].decode())
         assert h["iolstream.detail"], source
     assert got.keys() == where.keys()
@@ -378,6 +510,7 @@ def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, k
 
 def _free_port_pair() -> int:
     """A port p with p and p + 1 (the controller) free on 127.0.0.1: 19292 when it is free."""
+
     def free(port):
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) != 0
@@ -398,8 +531,13 @@ def own_broker(tmp_path):
     env.update(KAFKA_PORT=str(port), IOLSTREAM_KAFKA_DATA=str(tmp_path / "kafka"))
 
     def sh(cmd: str) -> None:
-        r = subprocess.run(["bash", str(REPO / "scripts" / "kafka.sh"), cmd], env=env, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / "kafka.sh"), cmd],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, f"kafka.sh {cmd} -> {r.returncode}\n{r.stdout}\n{r.stderr}"
 
     sh("start")
@@ -408,7 +546,9 @@ def own_broker(tmp_path):
     try:
         yield bootstrap, sh
     finally:
-        subprocess.run(["bash", str(REPO / "scripts" / "kafka.sh"), "wipe"], env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / "kafka.sh"), "wipe"], env=env, capture_output=True, timeout=120
+        )
 
 
 def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
@@ -419,9 +559,17 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
     bootstrap, sh = own_broker
     tag = uuid.uuid4().hex[:8]
     topics = [f"outage-{tag}-{s}" for s in ("features", "labels", "predictions", "dead")]
-    cfg = config_from_dict(worker_raw(bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 100},
-                                      stream={"batch_rows": 20, "label_batch_rows": 20},
-                                      snapshot={"every_seconds": 3}), environ={})  # fmt: skip
+    cfg = config_from_dict(
+        worker_raw(
+            bootstrap,
+            topics,
+            tmp_path,
+            model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 100},
+            stream={"batch_rows": 20, "label_batch_rows": 20},
+            snapshot={"every_seconds": 3},
+        ),
+        environ={},
+    )
     n = 1000
     X, y = segment(n, seed=3)
     options = produce.PlanOptions(batch_rows=5, label_delay_rows=30, seed=3)
@@ -430,8 +578,15 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
     sent = {}
 
     def producer():  # 100 rows/s, through the outage: librdkafka holds the messages meanwhile
-        sent.update(produce.send(messages, producer_conf={"bootstrap.servers": bootstrap}, features_topic=topics[0],
-                                 labels_topic=topics[1], rate=100.0))  # fmt: skip
+        sent.update(
+            produce.send(
+                messages,
+                producer_conf={"bootstrap.servers": bootstrap},
+                features_topic=topics[0],
+                labels_topic=topics[1],
+                rate=100.0,
+            )
+        )
 
     with WorkerThread(cfg) as w:
         feeder = threading.Thread(target=producer, daemon=True)
@@ -445,14 +600,26 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
         print(f"broker down for {time.monotonic() - stopped:.1f} s, from prediction {at} of {n}")
         feeder.join(120)
         assert sent.get("feature_rows") == n, "the producer did not deliver everything"
-        w.wait(lambda s: s["labels_in"] == n and s["predictions_out"] == n and s["rows_learned"] == n, 90, "everything")
+        w.wait(
+            lambda s: s["labels_in"] == n and s["predictions_out"] == n and s["rows_learned"] == n,
+            90,
+            "everything",
+        )
         assert w.stop() == EXIT_OK
     preds = predictions_by_id(bootstrap, topics[2], expected=n)
     assert sorted(preds) == sorted(f"r{i}" for i in range(n))
     assert all(len(p) == 1 for p in preds.values()), "a row was predicted twice"
     s = w.status()
-    assert (s["rows_in"], s["predictions_out"], s["labels_in"], s["rows_learned"], s["dead_letters"]) == (n, n, n, n, 0)
-    assert committed_offsets(bootstrap, cfg.kafka.group_id, topics[0]) == {0: sum(m.kind == "features" for m in messages)}
+    assert (s["rows_in"], s["predictions_out"], s["labels_in"], s["rows_learned"], s["dead_letters"]) == (
+        n,
+        n,
+        n,
+        n,
+        0,
+    )
+    assert committed_offsets(bootstrap, cfg.kafka.group_id, topics[0]) == {
+        0: sum(m.kind == "features" for m in messages)
+    }
     assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, np.arange(n)))
 
 
@@ -460,15 +627,26 @@ def test_iolstream_run_subprocess_stops_cleanly_on_sigterm(kafka_bootstrap, kafk
     """`iolstream run -c worker.yaml` as a process: it predicts, and SIGTERM makes it finish the batch,
     snapshot, commit and exit 0."""
     topics = kafka_topics("features", "labels", "predictions", "dead")
-    raw = worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 50},
-                     stream={"batch_rows": 25})  # fmt: skip
+    raw = worker_raw(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 50},
+        stream={"batch_rows": 25},
+    )
     path = tmp_path / "worker.yaml"
     path.write_text(yaml.safe_dump(raw))
     n = 300
     X, y = segment(n, seed=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOLSTREAM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "iolstream.tools.cli", "run", "-c", str(path)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iolstream.tools.cli", "run", "-c", str(path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         cfg = config_from_dict(raw, environ={})
         send(kafka_bootstrap, cfg, X, y, produce.PlanOptions(batch_rows=10, label_delay_rows=20))
@@ -492,18 +670,33 @@ def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap
     stops after that long with nothing to read."""
     topics = kafka_topics("features", "labels", "predictions", "dead")
     # static members do not leave the group when they stop: the waiter gets the partitions one session timeout later
-    raw = worker_raw(kafka_bootstrap, topics, tmp_path, model={"n_nodes": 16, "n_layers": 1, "warmup_rows": 20},
-                     kafka={"consumer": {"session.timeout.ms": 6000}})  # fmt: skip
+    raw = worker_raw(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        model={"n_nodes": 16, "n_layers": 1, "warmup_rows": 20},
+        kafka={"consumer": {"session.timeout.ms": 6000}},
+    )
     holder_id = f"{raw['kafka']['group_id']}-a"
-    holder = WorkerThread(config_from_dict({**raw, "durability": {"transactional_id": holder_id}}, environ={}))
+    holder = WorkerThread(
+        config_from_dict({**raw, "durability": {"transactional_id": holder_id}}, environ={})
+    )
     idle = 2.0
     with holder:
         holder.wait_assigned()
-        waiter_cfg = config_from_dict({**raw, "durability": {"transactional_id": f"{raw['kafka']['group_id']}-b"},
-                                       "snapshot": {"dir": str(tmp_path / "snapshots-b")}}, environ={})  # fmt: skip
+        waiter_cfg = config_from_dict(
+            {
+                **raw,
+                "durability": {"transactional_id": f"{raw['kafka']['group_id']}-b"},
+                "snapshot": {"dir": str(tmp_path / "snapshots-b")},
+            },
+            environ={},
+        )
         waiter = Worker(waiter_cfg)
         result = {}
-        thread = threading.Thread(target=lambda: result.update(code=waiter.run(idle_stop_seconds=idle)), daemon=True)
+        thread = threading.Thread(
+            target=lambda: result.update(code=waiter.run(idle_stop_seconds=idle)), daemon=True
+        )
         started = time.monotonic()
         thread.start()
         time.sleep(3 * idle)  # the range assignor gives partition 0 of both topics to one member
@@ -517,11 +710,19 @@ def test_idle_stop_clock_runs_only_while_partitions_are_assigned(kafka_bootstrap
 
 @pytest.mark.parametrize(
     "age_ms, lag_messages, rows_per_message, behind",
-    [(10, 0, 256, False), (5000, 0, 256, True), (10, 5, 256, False), (10, 40, 256, True), (10, 2000, 1, False),
-     (10, 9000, 1, True), (10, None, 256, False)],
-)  # fmt: skip
-def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(age_ms, lag_messages, rows_per_message,
-                                                                                 behind):  # fmt: skip
+    [
+        (10, 0, 256, False),
+        (5000, 0, 256, True),
+        (10, 5, 256, False),
+        (10, 40, 256, True),
+        (10, 2000, 1, False),
+        (10, 9000, 1, True),
+        (10, None, 256, False),
+    ],
+)
+def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
+    age_ms, lag_messages, rows_per_message, behind
+):
     """The step tuner's throughput mode: input older than BEHIND_MS, or more than BEHIND_BATCHES
     batches (32 × 256 rows here) in the features partitions, whatever the message size; a backlog
     produced a moment ago is fresh by its timestamps and was worked through on one core before."""
@@ -531,12 +732,16 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
     from iolstream.kafka.offsets import OffsetBook
     from iolstream.stream.align import Aligner
 
-    cfg = config_from_dict(worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
-                           environ={})  # fmt: skip
+    cfg = config_from_dict(
+        worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
+        environ={},
+    )
     book = OffsetBook(exactly_once=False)
     book.assign(("f", 0), None)
     book.assign(("l", 0), None)
-    a = Assignment(cfg, book, Aligner(100, 100, 2**20), ClientCalls(), before_revoke=lambda: None, stopping=lambda: False)
+    a = Assignment(
+        cfg, book, Aligner(100, 100, 2**20), ClientCalls(), before_revoke=lambda: None, stopping=lambda: False
+    )
     a.lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
 
     class Msg:

@@ -20,8 +20,14 @@ def _scrape(status) -> str:
 
 
 def test_group_families_report_size_lag_records_and_bytes():
-    status = {"members": 3, "lag_ms": {"m1": 1500, "m2": 200}, "lag_rows": {"m1": 300, "m2": 40},
-              "records": {"sums/out": 7, "sums/in": 12, "rows/in": 1}, "bytes_out": 1000, "bytes_in": 2000}
+    status = {
+        "members": 3,
+        "lag_ms": {"m1": 1500, "m2": 200},
+        "lag_rows": {"m1": 300, "m2": 40},
+        "records": {"sums/out": 7, "sums/in": 12, "rows/in": 1},
+        "bytes_out": 1000,
+        "bytes_in": 2000,
+    }
     text = _scrape(status)
     assert "iolstream_group_members 3.0" in text
     assert 'iolstream_group_state_lag_seconds{member="m1"} 1.5' in text

@@ -36,7 +36,9 @@ def test_a_call_past_its_deadline_is_abandoned_and_the_caller_ticks_meanwhile():
     assert 0.75 <= time.monotonic() - started < 3.0
     assert waits and all(name == "producer.flush" for name, _ in waits)  # the loop ticked while it waited
     assert calls.abandoned == 1
-    assert calls.call("next", threading.get_ident, timeout=1.0) != threading.get_ident()  # a fresh helper thread
+    assert (
+        calls.call("next", threading.get_ident, timeout=1.0) != threading.get_ident()
+    )  # a fresh helper thread
     release.set()
 
 
@@ -47,8 +49,13 @@ def test_a_direct_call_is_named_while_it_runs():
 
 
 def run_python(code: str, timeout: float = 30.0, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def test_sigterm_reaches_its_thread_while_the_main_thread_is_stuck_in_c():
@@ -116,8 +123,10 @@ def test_repeated_warnings_are_logged_once_per_interval_with_a_count():
         return logging.makeLogRecord({"name": name, "levelno": level, "levelname": "WARNING", "msg": msg})
 
     assert f.filter(record("FAIL|rdkafka#producer-1| 127.0.0.1:19092/1: Connect failed (after 0ms)"))
-    assert not any(f.filter(record(f"FAIL|rdkafka#producer-1| 127.0.0.1:19092/1: Connect failed (after {i}ms)"))
-                   for i in range(50))  # fmt: skip
+    assert not any(
+        f.filter(record(f"FAIL|rdkafka#producer-1| 127.0.0.1:19092/1: Connect failed (after {i}ms)"))
+        for i in range(50)
+    )
     assert f.filter(record("another kind of trouble"))
     assert f.filter(record("rows=1", level=logging.INFO)) and f.filter(record("rows=1", level=logging.INFO))
     time.sleep(0.25)

@@ -14,10 +14,9 @@ import numpy as np
 import orjson
 import pytest
 
-from iolstream.ops import logs
 from iolstream.kafka.config import config_from_dict
-from iolstream.stream.processor import StepOutput
 from iolstream.kafka.worker import Worker
+from iolstream.ops import logs
 
 MODEL = {"n_inputs": 4, "classes": [0, 1, 2], "n_nodes": 16, "n_layers": 2, "scaler": "none", "seed": 1}
 
@@ -39,8 +38,18 @@ def test_json_lines_carry_event_fields_and_level(capture):
     lines = capture("INFO", "json")
     log = logging.getLogger("iolstream.worker")
     log.debug("not shown at INFO")
-    log.info("snapshot %s written", "s1", extra={"event": "snapshot", "bytes": 1234, "offsets": {("t", 0): 5},
-                                                  "arr": np.arange(3), "nan": float("nan"), "np_int": np.int64(7)})  # fmt: skip
+    log.info(
+        "snapshot %s written",
+        "s1",
+        extra={
+            "event": "snapshot",
+            "bytes": 1234,
+            "offsets": {("t", 0): 5},
+            "arr": np.arange(3),
+            "nan": float("nan"),
+            "np_int": np.int64(7),
+        },
+    )
     logging.getLogger("iolstream.kafka").warning("FAIL: broker down")
     try:
         raise ValueError("boom")
@@ -52,7 +61,9 @@ def test_json_lines_carry_event_fields_and_level(capture):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["ts"])
     assert (first["level"], first["logger"], first["event"]) == ("info", "iolstream.worker", "snapshot")
     assert first["message"] == "snapshot s1 written"
-    assert first["bytes"] == 1234 and first["arr"] == [0, 1, 2] and first["nan"] is None and first["np_int"] == 7
+    assert (
+        first["bytes"] == 1234 and first["arr"] == [0, 1, 2] and first["nan"] is None and first["np_int"] == 7
+    )
     assert first["offsets"] == {"('t', 0)": 5}  # keys JSON cannot hold become strings
     assert (out[1]["event"], out[1]["level"]) == ("kafka", "warning")  # default event: the logger's last part
     assert out[2]["event"] == "fatal" and "ValueError: boom" in out[2]["exception"]
@@ -91,10 +102,14 @@ def test_uncaught_exception_is_one_json_line():
 
 def test_worker_status_and_batch_events(capture, tmp_path):
     """The worker's status line carries its counters, and (at DEBUG) each batch its ids."""
-    cfg = config_from_dict({"model": MODEL, "snapshot": {"dir": str(tmp_path)}, "metrics": {"port": 0}}, environ={})
+    cfg = config_from_dict(
+        {"model": MODEL, "snapshot": {"dir": str(tmp_path)}, "metrics": {"port": 0}}, environ={}
+    )
     worker = Worker(cfg)  # no Kafka until run()
     sent = []
-    worker.output.producer = types.SimpleNamespace(produce=lambda topic, value, key=None, **kw: sent.append(topic), poll=lambda t: 0)
+    worker.output.producer = types.SimpleNamespace(
+        produce=lambda topic, value, key=None, **kw: sent.append(topic), poll=lambda t: 0
+    )
     proc = worker.processor
     X = np.random.default_rng(0).normal(size=(3, 4))
     proc.on_features(orjson.dumps({"ids": ["a", "b", "c"], "x": X.tolist()}), ("f", 0, 0), now_ms=0)

@@ -20,14 +20,14 @@ from kafka_util import consume_all, produce_json, unique_group
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.kafka.checkpoints import Checkpoint
+from iolstream.kafka.config import config_from_dict
+from iolstream.kafka.worker import Worker
+from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
 from iolstream.stream import codec
 from iolstream.stream.config import StreamConfig
-from iolstream.kafka.config import config_from_dict
-from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
-from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.processor import StreamProcessor
-from iolstream.kafka.checkpoints import Checkpoint
-from iolstream.kafka.worker import Worker
 
 SEED = 20240611
 MODEL = {"n_inputs": 4, "classes": [0, 1, 2], "n_nodes": 16, "n_layers": 2, "scaler": "none", "seed": 1}
@@ -73,15 +73,22 @@ def fake_worker(processor=None, **attrs):
     """What Metrics reads of a Worker, without Kafka."""
     w = types.SimpleNamespace(
         processor=processor or StreamProcessor(EdRVFL(ModelConfig(**MODEL)), StreamConfig(batch_rows=8)),
-        checkpoint=Checkpoint(), last_tick=time.monotonic(), stopping=False, connected=True, partitions=1,
-        replay_pending=False, broker_unreachable_seconds=None,
-    )  # fmt: skip
+        checkpoint=Checkpoint(),
+        last_tick=time.monotonic(),
+        stopping=False,
+        connected=True,
+        partitions=1,
+        replay_pending=False,
+        broker_unreachable_seconds=None,
+    )
     vars(w).update(attrs)
     return w
 
 
 def metrics_config(**metrics):
-    return config_from_dict({"model": MODEL, "metrics": {"host": "127.0.0.1", "port": 9108, **metrics}}, environ={})
+    return config_from_dict(
+        {"model": MODEL, "metrics": {"host": "127.0.0.1", "port": 9108, **metrics}}, environ={}
+    )
 
 
 def rows_message(ids, X, ts=None) -> dict:
@@ -95,14 +102,22 @@ def rows_message(ids, X, ts=None) -> dict:
 def test_histogram_matches_prometheus_client():
     """The array-at-a-time histogram gives the buckets and sum prometheus-client's own gives."""
     rng = np.random.default_rng(SEED)
-    values = np.concatenate([rng.exponential(0.05, 500), LATENCY_BUCKETS, [0.0, 1e9]])  # bounds themselves: "le"
+    values = np.concatenate(
+        [rng.exponential(0.05, 500), LATENCY_BUCKETS, [0.0, 1e9]]
+    )  # bounds themselves: "le"
     ours = _Histogram("h_seconds", "test")
     ours.observe(values[:100])
     ours.observe(values[100:])
-    reference = Histogram("iolstream_h_seconds", "test", buckets=LATENCY_BUCKETS, registry=CollectorRegistry())
+    reference = Histogram(
+        "iolstream_h_seconds", "test", buckets=LATENCY_BUCKETS, registry=CollectorRegistry()
+    )
     for v in values:
         reference.observe(v)
-    ref = {(s.name, s.labels.get("le")): s.value for s in reference.collect()[0].samples if not s.name.endswith("_created")}
+    ref = {
+        (s.name, s.labels.get("le")): s.value
+        for s in reference.collect()[0].samples
+        if not s.name.endswith("_created")
+    }
     got = {(s.name, s.labels.get("le")): s.value for s in ours.family().samples}
     assert got.keys() == ref.keys(), f"seed {SEED}"
     for key in ref:
@@ -127,8 +142,14 @@ def test_arrivals_follow_the_fifo_of_queued_rows():
 @pytest.mark.parametrize(
     ("stats", "lag"),
     [
-        ({"ls_offset": 10, "hi_offset": 12, "app_offset": 4, "committed_offset": 2}, 6),  # read_committed: the LSO
-        ({"ls_offset": -1001, "hi_offset": 12, "app_offset": -1001, "committed_offset": 2}, 10),  # not read yet
+        (
+            {"ls_offset": 10, "hi_offset": 12, "app_offset": 4, "committed_offset": 2},
+            6,
+        ),  # read_committed: the LSO
+        (
+            {"ls_offset": -1001, "hi_offset": 12, "app_offset": -1001, "committed_offset": 2},
+            10,
+        ),  # not read yet
         ({"ls_offset": 7, "hi_offset": 7, "app_offset": -1001, "committed_offset": -1001, "lo_offset": 3}, 4),
         ({"ls_offset": -1001, "hi_offset": -1001, "app_offset": 5}, None),  # end unknown
         ({"ls_offset": 5, "hi_offset": 5, "app_offset": 5}, 0),
@@ -158,7 +179,12 @@ def test_health_and_readiness_endpoints():
         assert get(port, "/readyz") == (200, "ready\n")
         assert value(scrape(port), "iolstream_ready") == 1.0
 
-        down = {"brokers": {"b:9092/1": {"nodeid": 1, "state": "DOWN"}, "GroupCoordinator": {"nodeid": -1, "state": "UP"}}}
+        down = {
+            "brokers": {
+                "b:9092/1": {"nodeid": 1, "state": "DOWN"},
+                "GroupCoordinator": {"nodeid": -1, "state": "UP"},
+            }
+        }
         metrics.on_stats(orjson.dumps(down).decode())
         assert get(port, "/readyz") == (503, "broker unreachable\n")
         up = {"brokers": {"b:9092/1": {"nodeid": 1, "state": "UP"}}, "topics": {}}
@@ -290,15 +316,31 @@ def worker_config(bootstrap, topics, tmp_path, **sections):
     features, labels, predictions, dead = topics
     raw = {
         "model": MODEL,
-        "kafka": {"bootstrap_servers": bootstrap, "group_id": unique_group("metrics"), "poll_timeout_ms": 50,
-                  "consumer": {"statistics.interval.ms": 200}},
-        "topics": {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead, "create": False},
-        "stream": {"batch_rows": 20, "max_batch_latency_ms": 20, "label_batch_rows": 50, "max_label_latency_ms": 50,
-                   "row_ttl_ms": 3000, "early_label_ttl_ms": 300},
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "group_id": unique_group("metrics"),
+            "poll_timeout_ms": 50,
+            "consumer": {"statistics.interval.ms": 200},
+        },
+        "topics": {
+            "features": features,
+            "labels": labels,
+            "predictions": predictions,
+            "dead_letters": dead,
+            "create": False,
+        },
+        "stream": {
+            "batch_rows": 20,
+            "max_batch_latency_ms": 20,
+            "label_batch_rows": 50,
+            "max_label_latency_ms": 50,
+            "row_ttl_ms": 3000,
+            "early_label_ttl_ms": 300,
+        },
         "snapshot": {"dir": str(tmp_path / "snapshots"), "every_batches": 4, "every_seconds": 1.0},
         "metrics": {"port": 0, "host": "127.0.0.1", "window_rows": 50},
         "logging": {"status_every_seconds": 0.5},
-    }  # fmt: skip
+    }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     return config_from_dict(raw, environ={})
@@ -336,21 +378,38 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
         msgs = [rows_message(ids[i : i + 20], X[i : i + 20], ts=now) for i in range(0, 200, 20)]
         msgs += [{"id": "a5", "x": X[5].tolist()}, "{not json", {"id": "b0", "x": [1.0, 2.0]}]
         produce_json(kafka_bootstrap, features, msgs)
-        wait_for(lambda: scrape(port).get(("iolstream_predictions_total", frozenset())) == 200, what="200 predictions")
+        wait_for(
+            lambda: scrape(port).get(("iolstream_predictions_total", frozenset())) == 200,
+            what="200 predictions",
+        )
 
         # B: labels of a0..a149, a0..a4 again, one for an id that never comes
         label_msgs = [{"ids": ids[i : i + 50], "y": y[i : i + 50].tolist()} for i in range(0, 150, 50)]
         label_msgs += [{"ids": ids[:5], "y": y[:5].tolist()}, {"id": "ghost", "y": 1}]
         produce_json(kafka_bootstrap, labels, label_msgs)
-        wait_for(lambda: value(scrape(port), "iolstream_labels_total", outcome="orphan") == 1
-                 and value(scrape(port), "iolstream_rows_learned_total") == 150, what="labels joined")  # fmt: skip
+        wait_for(
+            lambda: (
+                value(scrape(port), "iolstream_labels_total", outcome="orphan") == 1
+                and value(scrape(port), "iolstream_rows_learned_total") == 150
+            ),
+            what="labels joined",
+        )
 
         # C: a150..a199 expire unlabelled (row_ttl_ms 3 s); then labels for 10 of them come too late
-        wait_for(lambda: value(scrape(port), "iolstream_rows_unlabelled_total", why="expired") == 50, what="expiry")
+        wait_for(
+            lambda: value(scrape(port), "iolstream_rows_unlabelled_total", why="expired") == 50, what="expiry"
+        )
         produce_json(kafka_bootstrap, labels, [{"ids": ids[150:160], "y": y[150:160].tolist()}])
-        wait_for(lambda: value(scrape(port), "iolstream_labels_total", outcome="expired") == 10, what="late labels")
-        wait_for(lambda: all(v == 0 for (name, _), v in scrape(port).items() if name == "iolstream_consumer_lag")
-                 and sum(name == "iolstream_consumer_lag" for name, _ in scrape(port)) == 2, what="lag 0")  # fmt: skip
+        wait_for(
+            lambda: value(scrape(port), "iolstream_labels_total", outcome="expired") == 10, what="late labels"
+        )
+        wait_for(
+            lambda: (
+                all(v == 0 for (name, _), v in scrape(port).items() if name == "iolstream_consumer_lag")
+                and sum(name == "iolstream_consumer_lag" for name, _ in scrape(port)) == 2
+            ),
+            what="lag 0",
+        )
 
         stop.set()
         for t in scrapers:
@@ -364,10 +423,22 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
 
     assert not errors, errors[:3]
     # what went out, read back from the topics
-    preds = {orjson.loads(v)["id"]: orjson.loads(v) for _, v, _, _, _ in consume_all(kafka_bootstrap, predictions, expected=200)}
-    dead = Tally(dict(h)["iolstream.reason"].decode() for _, _, h, _, _ in consume_all(kafka_bootstrap, dead_topic, expected=14))
+    preds = {
+        orjson.loads(v)["id"]: orjson.loads(v)
+        for _, v, _, _, _ in consume_all(kafka_bootstrap, predictions, expected=200)
+    }
+    dead = Tally(
+        dict(h)["iolstream.reason"].decode()
+        for _, _, h, _, _ in consume_all(kafka_bootstrap, dead_topic, expected=14)
+    )
     assert len(preds) == 200
-    assert dead == {"duplicate_id": 1, "malformed_json": 1, "wrong_feature_count": 1, "unknown_id": 1, "expired_id": 10}
+    assert dead == {
+        "duplicate_id": 1,
+        "malformed_json": 1,
+        "wrong_feature_count": 1,
+        "unknown_id": 1,
+        "expired_id": 10,
+    }
 
     assert value(s, "iolstream_rows_in_total") == 200
     assert value(s, "iolstream_predictions_total") == len(preds)
@@ -385,20 +456,31 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
         assert value(s, "iolstream_dead_letters_total", reason=reason) == dead.get(reason, 0), reason
     assert value(s, "iolstream_pending_rows") == 0
     assert value(s, "iolstream_early_labels") == 0
-    assert value(s, "iolstream_transactions_total", outcome="committed") == 0  # at-least-once: no transactions
+    assert (
+        value(s, "iolstream_transactions_total", outcome="committed") == 0
+    )  # at-least-once: no transactions
 
     # prequential accuracy of what was emitted, overall and over the last 50 labelled rows
     correct = np.array([preds[ids[i]]["y_hat"] == y[i] for i in range(150)], dtype=float)
-    assert value(s, "iolstream_prequential", metric="accuracy", window="all", mode="forward") == pytest.approx(correct.mean())
-    assert value(s, "iolstream_prequential", metric="accuracy", window="sliding", mode="forward") == pytest.approx(
-        correct[100:].mean())
+    assert value(
+        s, "iolstream_prequential", metric="accuracy", window="all", mode="forward"
+    ) == pytest.approx(correct.mean())
+    assert value(
+        s, "iolstream_prequential", metric="accuracy", window="sliding", mode="forward"
+    ) == pytest.approx(correct[100:].mean())
     assert value(s, "iolstream_model_version") == proc.model.learner.state.version
 
     # loss and regret (SPEC §3) as the state computes them
-    assert value(s, "iolstream_immediate_loss", mode="forward") == pytest.approx(proc.last_losses.mean(), rel=1e-12)
+    assert value(s, "iolstream_immediate_loss", mode="forward") == pytest.approx(
+        proc.last_losses.mean(), rel=1e-12
+    )
     assert value(s, "iolstream_label_batch_rows") == proc.last_label_rows > 0
-    assert value(s, "iolstream_cumulative_loss", mode="forward") == pytest.approx(report.cumulative_loss.mean(), rel=1e-12)
-    assert value(s, "iolstream_cumulative_regret", mode="forward") == pytest.approx(report.mean_regret, rel=1e-9)
+    assert value(s, "iolstream_cumulative_loss", mode="forward") == pytest.approx(
+        report.cumulative_loss.mean(), rel=1e-12
+    )
+    assert value(s, "iolstream_cumulative_regret", mode="forward") == pytest.approx(
+        report.mean_regret, rel=1e-9
+    )
     assert value(s, "iolstream_regret_bound", mode="forward") == pytest.approx(report.bound, rel=1e-12)
 
     # histograms: one latency per prediction (produce timestamp, and the rows' ts), seconds, not years
@@ -406,7 +488,11 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
         assert value(s, name + "_count") == 200
         assert 0 < value(s, name + "_sum") / 200 < 10.0
     # one observation per step that did work; a step may run several batches when input piles up
-    assert 1 <= value(s, "iolstream_batch_update_seconds_count") <= proc.counters["batches"] + proc.counters["label_batches"]
+    assert (
+        1
+        <= value(s, "iolstream_batch_update_seconds_count")
+        <= proc.counters["batches"] + proc.counters["label_batches"]
+    )
 
     # snapshots: the newest file on disk
     newest = max((tmp_path / "snapshots").glob("snap-*.iolsnap"))
@@ -418,15 +504,23 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
 
 
 @pytest.mark.kafka
-def test_exactly_once_counts_transactions_and_restart_resumes_from_zero(kafka_bootstrap, kafka_topics, tmp_path):
+def test_exactly_once_counts_transactions_and_restart_resumes_from_zero(
+    kafka_bootstrap, kafka_topics, tmp_path
+):
     topics = kafka_topics("features", "labels", "predictions", "dead")
     cfg = worker_config(kafka_bootstrap, topics, tmp_path, durability={"exactly_once": True})
     rng = np.random.default_rng(SEED + 1)
     X = rng.normal(size=(60, 4))
-    produce_json(kafka_bootstrap, topics[0], [rows_message([f"e{i}" for i in range(i, i + 20)], X[i : i + 20])
-                                              for i in range(0, 60, 20)])  # fmt: skip
+    produce_json(
+        kafka_bootstrap,
+        topics[0],
+        [rows_message([f"e{i}" for i in range(i, i + 20)], X[i : i + 20]) for i in range(0, 60, 20)],
+    )
     with RunningWorker(cfg) as rw:
-        wait_for(lambda: scrape(rw.port).get(("iolstream_predictions_total", frozenset())) == 60, what="60 predictions")
+        wait_for(
+            lambda: scrape(rw.port).get(("iolstream_predictions_total", frozenset())) == 60,
+            what="60 predictions",
+        )
         rw.stop()
         s = scrape(rw.port)
     assert rw.exit_code == 0

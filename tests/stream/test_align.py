@@ -121,8 +121,13 @@ def test_after_giving_up_one_queue_s_worth_goes_ahead_then_it_waits_again():
     add(a, L, range(10), range(20, 30))
     lag = {F: 50, L: 0}.get
     assert a.release(0, lag, limit=100) == []
-    assert items(a.release(100, lag, limit=100)) == [(L, i) for i in range(4)]  # timed out: 4 go, then a new wait
-    assert a.counters == {"waits": 2, "timeouts": 1, "duplicates_dropped": 0, "pauses": 0} and a.wait_ms(100) == 100
+    assert items(a.release(100, lag, limit=100)) == [
+        (L, i) for i in range(4)
+    ]  # timed out: 4 go, then a new wait
+    assert (
+        a.counters == {"waits": 2, "timeouts": 1, "duplicates_dropped": 0, "pauses": 0}
+        and a.wait_ms(100) == 100
+    )
     assert items(a.release(200, lag, limit=100)) == [(L, i) for i in range(4, 8)]
     b = aligner(max_wait_ms=100, max_messages=100, max_bytes=25)  # the byte bound: 3 messages of 10 bytes
     add(b, L, range(10), range(20, 30))
@@ -135,7 +140,10 @@ def test_the_wait_ends_when_the_partition_gets_data_or_catches_up():
     add(a, L, [0, 1], [20, 30])
     assert a.release(0, {F: 3}.get, limit=10) == []
     add(a, F, [0], [25])
-    assert items(a.release(10, {F: 2}.get, limit=10)) == [(L, 0), (F, 0)]  # L1 (30) waits: features still behind
+    assert items(a.release(10, {F: 2}.get, limit=10)) == [
+        (L, 0),
+        (F, 0),
+    ]  # L1 (30) waits: features still behind
     assert items(a.release(20, {F: 0}.get, limit=10)) == [(L, 1)]  # caught up
 
 
@@ -143,10 +151,15 @@ def test_unknown_lag_waits_and_an_older_message_never_waits():
     a = aligner()
     add(a, F, [0, 1], [10, 50])
     add(a, L, [0], [20])
-    assert items(a.release(0, {}.get, limit=10)) == [(F, 0), (L, 0)]  # lag None (no fetch yet): F1 waits for labels
+    assert items(a.release(0, {}.get, limit=10)) == [
+        (F, 0),
+        (L, 0),
+    ]  # lag None (no fetch yet): F1 waits for labels
     assert a.wait_ms(0) == 500
     add(a, L, [1], [60])
-    assert items(a.release(1, {}.get, limit=10)) == [(F, 1)]  # labels' partition time 60 ≥ 50: F1 need not wait
+    assert items(a.release(1, {}.get, limit=10)) == [
+        (F, 1)
+    ]  # labels' partition time 60 ≥ 50: F1 need not wait
 
 
 def test_messages_without_a_timestamp_never_wait():
@@ -173,7 +186,11 @@ def test_release_stops_at_its_limit_and_says_more_is_ready():
 
 @pytest.mark.parametrize("bound", ["messages", "bytes"])
 def test_a_full_queue_is_paused_and_resumed_at_half(bound):
-    a = aligner(max_messages=10, max_bytes=1000) if bound == "messages" else aligner(max_messages=1000, max_bytes=100)
+    a = (
+        aligner(max_messages=10, max_bytes=1000)
+        if bound == "messages"
+        else aligner(max_messages=1000, max_bytes=100)
+    )
     add(a, L, range(10), range(10, 20), size=10)
     assert a.to_pause() == []  # at the bound, not above
     add(a, L, [10], [20], size=10)

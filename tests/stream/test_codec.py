@@ -62,7 +62,12 @@ def test_oversize_is_checked_before_parsing():
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{", b'{"id": "a", "x": [1, 2, NaN]}', b'{"id": "a", "x": [1, 2, Infinity]}', b'{"id": "a", "x": [1, 2, 1e400]}'],
+    [
+        b"{",
+        b'{"id": "a", "x": [1, 2, NaN]}',
+        b'{"id": "a", "x": [1, 2, Infinity]}',
+        b'{"id": "a", "x": [1, 2, 1e400]}',
+    ],
 )
 def test_not_json_is_malformed_and_keeps_raw_bytes(raw):
     rows, bad = decode_features(raw, K, max_bytes=MAX)
@@ -154,7 +159,17 @@ def test_clean_batch():
 def test_partial_bad_batch_keeps_good_rows_and_reencodes_bad_ones():
     obj = {
         "ids": ["a", "b", "c", None, "e", "a", "g", "h", "i"],
-        "x": [[1, 2, 3], [1, 2], [1, None, 3], [1, 2, 3], [1, "2", 3], [7, 8, 9], [4, 5, 6], [1, True, 3], [0, 0, 0]],
+        "x": [
+            [1, 2, 3],
+            [1, 2],
+            [1, None, 3],
+            [1, 2, 3],
+            [1, "2", 3],
+            [7, 8, 9],
+            [4, 5, 6],
+            [1, True, 3],
+            [0, 0, 0],
+        ],
         "ts": [10, 11, 12, 13, 14, 15, 16, 17, None],
     }
     rows, bad = features(obj)
@@ -162,9 +177,13 @@ def test_partial_bad_batch_keeps_good_rows_and_reencodes_bad_ones():
     assert rows.X.tolist() == [[1, 2, 3], [4, 5, 6], [0, 0, 0]] and rows.ts.tolist() == [10, 16, -1]
     got = [(b.reason, b.detail.split(":")[0]) for b, _ in bad]
     assert got == [
-        ("wrong_feature_count", "row 1"), ("non_finite", "row 2"), ("missing_id", "row 3"),
-        ("bad_schema", "row 4"), ("duplicate_id", "row 5"), ("bad_schema", "row 7"),
-    ]  # fmt: skip
+        ("wrong_feature_count", "row 1"),
+        ("non_finite", "row 2"),
+        ("missing_id", "row 3"),
+        ("bad_schema", "row 4"),
+        ("duplicate_id", "row 5"),
+        ("bad_schema", "row 7"),
+    ]
     for b, raw in bad:  # each dead letter is a row message that decodes to the same problem
         msg = orjson.loads(raw)
         i = int(b.detail.split(":")[0].split()[1])
@@ -203,10 +222,16 @@ def test_bool_in_batch_is_caught(ids):
 # fast path equals the reference path.
 GOOD = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=K, max_size=K)
 CELL = st.one_of(
-    st.floats(-1e6, 1e6, allow_nan=False), st.integers(-(2**40), 2**40), st.none(), st.booleans(), st.just("1")
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.integers(-(2**40), 2**40),
+    st.none(),
+    st.booleans(),
+    st.just("1"),
 )
 ROW_X = st.one_of(GOOD, GOOD, st.lists(CELL, min_size=K - 1, max_size=K + 1))
-ROW_ID = st.one_of(st.sampled_from(["a", "b", "c", "d", "e", "user-1"]), st.integers(0, 5), st.just(""), st.none())
+ROW_ID = st.one_of(
+    st.sampled_from(["a", "b", "c", "d", "e", "user-1"]), st.integers(0, 5), st.just(""), st.none()
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -222,7 +247,11 @@ def test_batch_equals_its_rows(row_specs):
     assert [(b.reason, b.detail, r) for b, r in bad] == [(b.reason, b.detail, r) for b, r in ref_bad]
     assert (rows is None) == (ref_rows is None)
     if rows is not None:
-        assert rows.ids == ref_rows.ids and np.array_equal(rows.X, ref_rows.X) and np.array_equal(rows.ts, ref_rows.ts)
+        assert (
+            rows.ids == ref_rows.ids
+            and np.array_equal(rows.X, ref_rows.X)
+            and np.array_equal(rows.ts, ref_rows.ts)
+        )
     # every row accounted for once; good rows equal the one-row decode
     n_good = 0 if rows is None else len(rows)
     assert n_good + len(bad) == len(ids)
@@ -243,9 +272,21 @@ def test_batch_equals_its_rows(row_specs):
 
 @pytest.mark.parametrize(
     "y, result",
-    [(3, 2), (0, 0), (3.0, 2), ("3", 2), ("03", 2), (3.5, "unknown_class"), (7, "unknown_class"),
-     ("cat", "unknown_class"), (True, "bad_label"), (None, "bad_label"), ([3], "bad_label"), ({"c": 3}, "bad_label")],
-)  # fmt: skip
+    [
+        (3, 2),
+        (0, 0),
+        (3.0, 2),
+        ("3", 2),
+        ("03", 2),
+        (3.5, "unknown_class"),
+        (7, "unknown_class"),
+        ("cat", "unknown_class"),
+        (True, "bad_label"),
+        (None, "bad_label"),
+        ([3], "bad_label"),
+        ({"c": 3}, "bad_label"),
+    ],
+)
 def test_int_classes(y, result):
     got, bad = labels({"id": "a", "y": y}, INT_CLASSES)
     if isinstance(result, int):
@@ -255,7 +296,8 @@ def test_int_classes(y, result):
 
 
 @pytest.mark.parametrize(
-    "y, result", [("dog", 1), ("cat", 0), ("DOG", "unknown_class"), (1, "unknown_class"), (False, "bad_label")]
+    "y, result",
+    [("dog", 1), ("cat", 0), ("DOG", "unknown_class"), (1, "unknown_class"), (False, "bad_label")],
 )
 def test_string_classes(y, result):
     got, bad = labels({"id": "a", "y": y}, STR_CLASSES)
@@ -267,11 +309,21 @@ def test_string_classes(y, result):
 
 @pytest.mark.parametrize(
     "target, y, result",
-    [(REG1, 2.5, [[2.5]]), (REG1, [2.5], [[2.5]]), (REG1, 3, [[3.0]]), (REG1, "2.5", "bad_label"),
-     (REG1, None, "non_finite"), (REG1, [1, 2], "bad_label"), (REG1, True, "bad_label"),
-     (REG2, [1, 2.5], [[1.0, 2.5]]), (REG2, 1.0, "bad_label"), (REG2, [1, None], "non_finite"),
-     (REG2, [1, 2, 3], "bad_label"), (REG2, [1, [2]], "bad_label")],
-)  # fmt: skip
+    [
+        (REG1, 2.5, [[2.5]]),
+        (REG1, [2.5], [[2.5]]),
+        (REG1, 3, [[3.0]]),
+        (REG1, "2.5", "bad_label"),
+        (REG1, None, "non_finite"),
+        (REG1, [1, 2], "bad_label"),
+        (REG1, True, "bad_label"),
+        (REG2, [1, 2.5], [[1.0, 2.5]]),
+        (REG2, 1.0, "bad_label"),
+        (REG2, [1, None], "non_finite"),
+        (REG2, [1, 2, 3], "bad_label"),
+        (REG2, [1, [2]], "bad_label"),
+    ],
+)
 def test_regression_labels(target, y, result):
     got, bad = labels({"id": "a", "y": y}, target)
     if isinstance(result, list):
@@ -282,8 +334,13 @@ def test_regression_labels(target, y, result):
 
 @pytest.mark.parametrize(
     "obj",
-    [{"id": "a"}, {"ids": ["a"], "y": 1}, {"ids": ["a", "b"], "y": [1]}, {"ids": [], "y": []},
-     {"id": "a", "ids": ["a"], "y": 1}],
+    [
+        {"id": "a"},
+        {"ids": ["a"], "y": 1},
+        {"ids": ["a", "b"], "y": [1]},
+        {"ids": [], "y": []},
+        {"id": "a", "ids": ["a"], "y": 1},
+    ],
 )
 def test_label_structural_problems(obj):
     assert only_reason(labels(obj, INT_CLASSES)) == "bad_schema"
@@ -295,9 +352,13 @@ def test_label_missing_id():
 
 @pytest.mark.parametrize(
     "target, ys",
-    [(INT_CLASSES, [0, 3, 1.0, "1"]), (STR_CLASSES, ["cat", "dog", "dog", "cat"]),
-     (REG1, [1.5, 2, [3.0], -4]), (REG2, [[1, 2], [3, 4], [5, 6.5], [0, 0]])],
-)  # fmt: skip
+    [
+        (INT_CLASSES, [0, 3, 1.0, "1"]),
+        (STR_CLASSES, ["cat", "dog", "dog", "cat"]),
+        (REG1, [1.5, 2, [3.0], -4]),
+        (REG2, [[1, 2], [3, 4], [5, 6.5], [0, 0]]),
+    ],
+)
 def test_clean_label_batches_match_single_rows(target, ys):
     got, bad = labels({"ids": ["a", "b", "c", "d"], "y": ys}, target)
     assert bad == [] and got.ids == ["a", "b", "c", "d"]
@@ -310,11 +371,17 @@ def test_partial_bad_label_batch():
     got, bad = labels(obj, INT_CLASSES)
     assert got.ids == ["a", "f"] and got.Y.tolist() == [1, 2]
     assert [(b.reason, b.detail.split(":")[0]) for b, _ in bad] == [
-        ("unknown_class", "row 1"), ("bad_label", "row 2"), ("missing_id", "row 3"), ("duplicate_id", "row 4")
-    ]  # fmt: skip
+        ("unknown_class", "row 1"),
+        ("bad_label", "row 2"),
+        ("missing_id", "row 3"),
+        ("duplicate_id", "row 4"),
+    ]
     assert [orjson.loads(raw) for _, raw in bad] == [
-        {"id": "b", "y": 2}, {"id": "c", "y": True}, {"id": "", "y": 0}, {"id": "a", "y": 0}
-    ]  # fmt: skip
+        {"id": "b", "y": 2},
+        {"id": "c", "y": True},
+        {"id": "", "y": 0},
+        {"id": "a", "y": 0},
+    ]
     assert labels(bad[0][1], INT_CLASSES)[1][0][0].reason == "unknown_class"
 
 
@@ -367,27 +434,52 @@ def test_dead_letter_headers():
 
 def test_encode_predictions_classification():
     out = encode_predictions(
-        ["a", "b"], np.array([2, 0]), np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]]),
-        model_version=4, ts_in=np.array([1000, -1]), ts_out_ms=2000, mode="forward", classes=INT_CLASSES.classes,
-    )  # fmt: skip
+        ["a", "b"],
+        np.array([2, 0]),
+        np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]]),
+        model_version=4,
+        ts_in=np.array([1000, -1]),
+        ts_out_ms=2000,
+        mode="forward",
+        classes=INT_CLASSES.classes,
+    )
     assert [orjson.loads(o) for o in out] == [
-        {"id": "a", "y_hat": 3, "proba": [0.1, 0.2, 0.7], "model_version": 4, "ts": 2000, "event_ts": 1000,
-         "mode": "forward"},
-        {"id": "b", "y_hat": 0, "proba": [0.5, 0.25, 0.25], "model_version": 4, "ts": 2000, "mode": "forward"},
+        {
+            "id": "a",
+            "y_hat": 3,
+            "proba": [0.1, 0.2, 0.7],
+            "model_version": 4,
+            "ts": 2000,
+            "event_ts": 1000,
+            "mode": "forward",
+        },
+        {
+            "id": "b",
+            "y_hat": 0,
+            "proba": [0.5, 0.25, 0.25],
+            "model_version": 4,
+            "ts": 2000,
+            "mode": "forward",
+        },
     ]
 
 
 @pytest.mark.parametrize(
     "y_hat, expected",
-    [(np.array([[1.5], [np.nan]]), [1.5, None]), (np.array([1.5, 2.0]), [1.5, 2.0]),
-     (np.array([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.0, 4.0]])],
-)  # fmt: skip
+    [
+        (np.array([[1.5], [np.nan]]), [1.5, None]),
+        (np.array([1.5, 2.0]), [1.5, 2.0]),
+        (np.array([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.0, 4.0]]),
+    ],
+)
 def test_encode_predictions_regression(y_hat, expected):
     out = encode_predictions(
         ["a", "b"], y_hat, None, model_version=1, ts_in=None, ts_out_ms=5, mode="ridge", classes=None
     )
     msgs = [orjson.loads(o) for o in out]
-    assert [m["y_hat"] for m in msgs] == expected and all("proba" not in m and m["mode"] == "ridge" for m in msgs)
+    assert [m["y_hat"] for m in msgs] == expected and all(
+        "proba" not in m and m["mode"] == "ridge" for m in msgs
+    )
 
 
 def test_row_types_are_slotted_and_frozen():
@@ -400,7 +492,7 @@ def test_row_types_are_slotted_and_frozen():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=8, unique=True),
-    st.sampled_from([("no", "yes", "maybe"), (3, 0, 7), ("a,b", "c\"d", "e"), None]),
+    st.sampled_from([("no", "yes", "maybe"), (3, 0, 7), ("a,b", 'c"d', "e"), None]),
     st.integers(1, 3),
     st.data(),
 )
@@ -411,12 +503,26 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
     floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e300, 1e300))
     if classes is not None:
         y_hat = np.array(data.draw(st.lists(st.integers(0, len(classes) - 1), min_size=b, max_size=b)))
-        proba = np.array(data.draw(st.lists(st.lists(floats, min_size=len(classes), max_size=len(classes)),
-                                            min_size=b, max_size=b)))  # fmt: skip
+        proba = np.array(
+            data.draw(
+                st.lists(
+                    st.lists(floats, min_size=len(classes), max_size=len(classes)), min_size=b, max_size=b
+                )
+            )
+        )
     else:
-        y_hat = np.array(data.draw(st.lists(st.lists(floats, min_size=m, max_size=m), min_size=b, max_size=b)))
+        y_hat = np.array(
+            data.draw(st.lists(st.lists(floats, min_size=m, max_size=m), min_size=b, max_size=b))
+        )
         proba = None
     ts_in = data.draw(st.one_of(st.none(), st.lists(st.integers(-1, 2**53), min_size=b, max_size=b)))
-    kwargs = dict(model_version=data.draw(st.integers(0, 2**40)), ts_in=None if ts_in is None else np.array(ts_in),
-                  ts_out_ms=123, mode=data.draw(st.sampled_from(["forward", "ridge"])), classes=classes)  # fmt: skip
-    assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(ids, y_hat, proba, **kwargs)
+    kwargs = dict(
+        model_version=data.draw(st.integers(0, 2**40)),
+        ts_in=None if ts_in is None else np.array(ts_in),
+        ts_out_ms=123,
+        mode=data.draw(st.sampled_from(["forward", "ridge"])),
+        classes=classes,
+    )
+    assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(
+        ids, y_hat, proba, **kwargs
+    )

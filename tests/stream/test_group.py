@@ -91,9 +91,13 @@ def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
     for m in members:
         got = contribution.sums(m)
         for key in want:
-            if key.endswith((".maxes", ".loss")) or key.startswith("sel."):  # the prequential history differs:
+            if key.endswith((".maxes", ".loss")) or key.startswith(
+                "sel."
+            ):  # the prequential history differs:
                 continue  # other β predicted the rows
-            keep = [0, 1, 2, 4] if key.endswith(".counts") else slice(None)  # not label_batches: a count of fold-ins
+            keep = (
+                [0, 1, 2, 4] if key.endswith(".counts") else slice(None)
+            )  # not label_batches: a count of fold-ins
             np.testing.assert_allclose(got[key][keep], want[key][keep], rtol=1e-9, atol=1e-9, err_msg=key)
         _assert_closed_form(m, m.learner, x, y, np.ones(len(x)))  # A = λI + Σ DᵀD over all rows
         np.testing.assert_array_equal(m.predict(x), single.predict(x))
@@ -107,7 +111,9 @@ def test_a_record_applied_twice_or_out_of_order_counts_once():
     seq2, sums2, clock2 = _publish(sa)
     assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=2) == "applied"
     assert sb.apply("a", seq1, sums1, **clock1, published_ms=1, now_ms=3) == "stale"  # older: skipped
-    assert sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=3) == "stale"  # the same again: skipped
+    assert (
+        sb.apply("a", seq2, sums2, **clock2, published_ms=2, now_ms=3) == "stale"
+    )  # the same again: skipped
     for key, want in contribution.sums(a).items():
         np.testing.assert_allclose(contribution.sums(b)[key], want, rtol=1e-12, atol=1e-12, err_msg=key)
     assert sb.own()["p0.counts"][0] == 0  # b learned nothing itself
@@ -127,7 +133,9 @@ def test_a_member_restarted_from_an_older_state_replaces_its_sums_not_adds_them(
     _feed(a2, x[:300], y[:300], 30)
     sa2 = GroupState("a", a2)
     sa2.load_state(old_manifest, old_arrays, 3)
-    assert sa2.apply("a", 2, sums, **clock, published_ms=2, now_ms=3) == "own"  # its own newest record, from the log
+    assert (
+        sa2.apply("a", 2, sums, **clock, published_ms=2, now_ms=3) == "own"
+    )  # its own newest record, from the log
     _feed(a2, x[300:900], y[300:900], 30)
     seq, sums, clock = _publish(sa2)
     assert seq == 3
@@ -173,8 +181,14 @@ def test_scaling_first_proposal_wins_and_held_rows_wait_for_it():
             proc.on_features(orjson.dumps(r), "src", now_ms=0)
         assert proc.step(now_ms=0).rows_predicted == 0  # held: the group has not agreed on a scaling
     assert state.proposal is not None and not model.scaler.frozen
-    other = {"count": np.array(20), "sum": np.zeros(5), "sumsq_dev": np.full(5, 19.0), "mean": np.ones(5),
-             "scale": np.full(5, 2.0), "frozen": np.array(True)}
+    other = {
+        "count": np.array(20),
+        "sum": np.zeros(5),
+        "sumsq_dev": np.full(5, 19.0),
+        "mean": np.ones(5),
+        "scale": np.full(5, 2.0),
+        "frozen": np.array(True),
+    }
     assert state.agree_scaling("b", other)  # another member's proposal came first in the log
     assert not state.agree_scaling("a", state.proposal or other)  # later ones are ignored
     assert state.proposal is None and state.scaling_from == "b"
@@ -193,7 +207,9 @@ def test_regression_labels_wait_for_the_groups_target_scaling():
     for model, rows in ((a, slice(0, 200)), (b, slice(200, 400))):
         for start in range(rows.start, rows.stop, 50):
             pred = model.observe(x[start : start + 50])
-            model.learn(pred.features_t, y[start : start + 50, None], predicted=pred.predicted, observed_at=pred.clock)
+            model.learn(
+                pred.features_t, y[start : start + 50, None], predicted=pred.predicted, observed_at=pred.clock
+            )
     assert not a.targets.frozen and a.targets.held and sa.target_proposal is not None  # proposed, not frozen
     assert contribution.sums(a)["p0.counts"][1] == 0  # no label in c yet
     first = sb.target_proposal
@@ -223,21 +239,32 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
     _exchange(states, 9)  # a second round: every member now holds every other's last sums at the same clock
     clock = members[0].learners[0].state.clock
     assert all(m.learners[0].state.clock == clock == len(x) for m in members)
-    for m in members[1:] if len(members[0].learners) > 1 else []:  # auto: one selector for the group (its sums
+    for m in (
+        members[1:] if len(members[0].learners) > 1 else []
+    ):  # auto: one selector for the group (its sums
         assert m.selector.clock == members[0].selector.clock == len(x)  # on the clock of labelled rows)
         for key in ("sel.loss", "sel.pair", "sel.rows"):
-            np.testing.assert_allclose(contribution.sums(m)[key], contribution.sums(members[0])[key], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(
+                contribution.sums(m)[key], contribution.sums(members[0])[key], rtol=1e-9, atol=1e-12
+            )
     for p in range(len(contribution.primaries(members[0]))):
         for m in members[1:]:
             for key in ("gram", "rhs", "labelled"):
-                np.testing.assert_allclose(contribution.sums(m)[f"p{p}.{key}"], contribution.sums(members[0])[f"p{p}.{key}"],
-                                           rtol=1e-9, atol=1e-9, err_msg=f"p{p}.{key}")  # fmt: skip
+                np.testing.assert_allclose(
+                    contribution.sums(m)[f"p{p}.{key}"],
+                    contribution.sums(members[0])[f"p{p}.{key}"],
+                    rtol=1e-9,
+                    atol=1e-9,
+                    err_msg=f"p{p}.{key}",
+                )
         ln = contribution.primaries(members[0])[p]
         w = np.ones(len(x)) if ln.half_life is None else np.exp2(-(clock - stamps) / ln.half_life)
         _assert_closed_form(members[0], ln, x, y, w)
 
 
-@pytest.mark.parametrize("kw", [{}, {"lam": "auto", "forgetting": "auto"}, {"mode": "ridge"}, {"track_regret": False}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"lam": "auto", "forgetting": "auto"}, {"mode": "ridge"}, {"track_regret": False}]
+)
 def test_layout_names_every_key_and_shape_of_the_sums(kw):
     model = EdRVFL(_config(**kw))
     assert contribution.layout(model) == {key: value.shape for key, value in contribution.sums(model).items()}

@@ -24,9 +24,15 @@ REG2 = TargetSpec.regression(2)
 
 def make(target=CLASSES, **overrides) -> JoinBuffer:
     kwargs = dict(
-        target=target, n_features=K, max_pending_rows=100, row_ttl_ms=None, row_ttl_batches=None,
-        early_label_ttl_ms=1000, max_early_labels=100, remember_done=1000,
-    )  # fmt: skip
+        target=target,
+        n_features=K,
+        max_pending_rows=100,
+        row_ttl_ms=None,
+        row_ttl_batches=None,
+        early_label_ttl_ms=1000,
+        max_early_labels=100,
+        remember_done=1000,
+    )
     kwargs.update(overrides)
     return JoinBuffer(**kwargs)
 
@@ -50,7 +56,10 @@ def check_identities(buf: JoinBuffer) -> None:
     assert c["rows_added"] == c["labels_joined"] + c["rows_expired"] + c["rows_evicted"] + len(buf)
     assert c["labels_early_held"] == c["labels_early_joined"] + c["labels_orphan"] + buf.n_early
     direct = c["labels_joined"] - c["labels_early_joined"]
-    assert c["labels_received"] == direct + c["labels_early_held"] + c["labels_duplicate"] + c["labels_expired_id"]
+    assert (
+        c["labels_received"]
+        == direct + c["labels_early_held"] + c["labels_duplicate"] + c["labels_expired_id"]
+    )
 
 
 # ------------------------------------------------------------ joins
@@ -61,6 +70,7 @@ def test_labels_of_waiting_rows_are_held_early_as_without_the_hint(fast_paths):
     """``waiting`` (ids whose rows the caller still batches: neither pending nor remembered) only
     skips the id memory: the results are those of the same call without it, one label at a time
     or several, joined, held, duplicate or expired_id alike."""
+
     def scenario(hint: bool):
         buf = make(max_pending_rows=3)
         buf.fast_paths = fast_paths
@@ -70,15 +80,29 @@ def test_labels_of_waiting_rows_are_held_early_as_without_the_hint(fast_paths):
         add_labels(buf, ["d"], [0])  # "d" held early
         waiting = {"c", "e"} if hint else frozenset()
         out = [buf.add_labels(LabelRows(["c"], np.array([2])), 5, waiting=waiting)]
-        out.append(buf.add_labels(LabelRows(["x", "a", "b", "d", "e", "c"], np.array([0, 1, 2, 0, 1, 2])), 6, waiting=waiting))
+        out.append(
+            buf.add_labels(
+                LabelRows(["x", "a", "b", "d", "e", "c"], np.array([0, 1, 2, 0, 1, 2])), 6, waiting=waiting
+            )
+        )
         return buf, out
 
     plain, hinted = scenario(False), scenario(True)
     for r1, r2 in zip(plain[1], hinted[1]):
-        assert r1.ids == r2.ids and r1.Y.tolist() == r2.Y.tolist() and r1.batch_seq.tolist() == r2.batch_seq.tolist()
-        assert [(bad.reason, raw) for bad, raw in r1.rejected] == [(bad.reason, raw) for bad, raw in r2.rejected]
-    assert plain[0].counters == hinted[0].counters and list(plain[0]._early.items()) == list(hinted[0]._early.items())
-    assert hinted[0].counters["labels_expired_id"] == 2 and hinted[0].counters["labels_duplicate"] == 3  # a, x evicted; b, d, c
+        assert (
+            r1.ids == r2.ids
+            and r1.Y.tolist() == r2.Y.tolist()
+            and r1.batch_seq.tolist() == r2.batch_seq.tolist()
+        )
+        assert [(bad.reason, raw) for bad, raw in r1.rejected] == [
+            (bad.reason, raw) for bad, raw in r2.rejected
+        ]
+    assert plain[0].counters == hinted[0].counters and list(plain[0]._early.items()) == list(
+        hinted[0]._early.items()
+    )
+    assert (
+        hinted[0].counters["labels_expired_id"] == 2 and hinted[0].counters["labels_duplicate"] == 3
+    )  # a, x evicted; b, d, c
     check_identities(hinted[0])
 
 
@@ -121,7 +145,7 @@ def test_early_label_that_never_finds_its_row_is_rejected_unknown_id():
     add_labels(buf, ["ghost"], [2], now=0)
     assert buf.expire(now_ms=100, batch_seq=0).rejected == []  # age == ttl: still waiting
     exp = buf.expire(now_ms=101, batch_seq=0)
-    (bad, raw), = exp.rejected
+    ((bad, raw),) = exp.rejected
     assert bad.reason == "unknown_id" and "ghost" in bad.detail and buf.n_early == 0
     labels, dead = decode_labels(raw, CLASSES, max_bytes=1000)  # the dead letter is a decodable label message
     assert dead == [] and orjson.loads(raw) == {"id": "ghost", "y": "maybe"} and labels.Y.tolist() == [2]
@@ -149,7 +173,7 @@ def test_rows_expire_by_time():
     assert exp.ids == ["a"] and np.array_equal(exp.X, rows_x(["a"])) and exp.batch_seq.tolist() == [0]
     res = add_labels(buf, ["a", "b"], [0, 1], now=60)
     assert res.ids == ["b"]
-    (bad, raw), = res.rejected
+    ((bad, raw),) = res.rejected
     assert bad.reason == "expired_id" and orjson.loads(raw) == {"id": "a", "y": "no"}
     assert buf.counters["rows_expired"] == 1 and buf.counters["labels_expired_id"] == 1
     check_identities(buf)
@@ -171,7 +195,9 @@ def test_full_buffer_evicts_oldest_rows_and_counts_them():
     res = add_rows(buf, ["c", "d", "e"], seq=2)
     assert res.evicted.ids == ["a", "b"] and np.array_equal(res.evicted.X, rows_x(["a", "b"]))
     assert res.evicted.batch_seq.tolist() == [1, 1] and len(buf) == 3
-    res = add_rows(buf, ["f", "g", "h", "i", "j"], seq=3)  # a batch bigger than the buffer evicts some of itself
+    res = add_rows(
+        buf, ["f", "g", "h", "i", "j"], seq=3
+    )  # a batch bigger than the buffer evicts some of itself
     assert res.evicted.ids == list("cdefg") and np.array_equal(res.evicted.X, rows_x(list("cdefg")))
     res = add_labels(buf, ["a", "h"], [0, 1])
     assert res.ids == ["h"] and [b.reason for b, _ in res.rejected] == ["expired_id"]
@@ -234,7 +260,7 @@ def test_regression_labels():
     assert res.Y.tolist() == [[3.0, 4.5]] and res.Y.dtype == np.float64
     assert add_rows(buf, ["c"]).Y.shape == (0, 2)
     buf.add_labels(LabelRows(["z"], np.array([[0.5, -1.0]])), 0)
-    (bad, raw), = buf.expire(now_ms=10_000, batch_seq=0).rejected
+    ((bad, raw),) = buf.expire(now_ms=10_000, batch_seq=0).rejected
     assert orjson.loads(raw) == {"id": "z", "y": [0.5, -1.0]}
 
 
@@ -275,8 +301,16 @@ def test_state_round_trip_and_identical_future():
     buf = busy_buffer()
     state = buf.to_state()
     assert all(v.dtype != object for v in state.values())
-    kwargs = dict(target=CLASSES, n_features=K, max_pending_rows=5, row_ttl_ms=None, row_ttl_batches=2,
-                  early_label_ttl_ms=1000, max_early_labels=3, remember_done=6)  # fmt: skip
+    kwargs = dict(
+        target=CLASSES,
+        n_features=K,
+        max_pending_rows=5,
+        row_ttl_ms=None,
+        row_ttl_batches=2,
+        early_label_ttl_ms=1000,
+        max_early_labels=3,
+        remember_done=6,
+    )
     file = io.BytesIO()
     np.savez(file, **state)
     file.seek(0)
@@ -288,8 +322,16 @@ def test_state_round_trip_and_identical_future():
         r1 = add_rows(b, ["r9a", "e5", "r5c"], seq=9, now=90)
         r2 = add_labels(b, ["r5b", "r4c", "r0a", "r9a"], [0, 1, 2, 0], now=95)
         r3 = b.expire(now_ms=5000, batch_seq=20)
-        b.result = (r1.ids, r1.Y.tolist(), r1.evicted.ids, r2.ids, r2.X.tolist(), [x.reason for x, _ in r2.rejected],
-                    r3.ids, [raw for _, raw in r3.rejected])  # fmt: skip
+        b.result = (
+            r1.ids,
+            r1.Y.tolist(),
+            r1.evicted.ids,
+            r2.ids,
+            r2.X.tolist(),
+            [x.reason for x, _ in r2.rejected],
+            r3.ids,
+            [raw for _, raw in r3.rejected],
+        )
     assert buf.result == restored.result
     assert_same_state(buf.to_state(), restored.to_state())
 
@@ -298,16 +340,39 @@ def test_empty_state_round_trip():
     buf = make(REG2)
     state = buf.to_state()
     assert state["early_Y"].shape == (0, 2) and state["pending_X"].shape == (0, K)
-    assert_same_state(state, JoinBuffer.from_state(state, **dict(
-        target=REG2, n_features=K, max_pending_rows=100, row_ttl_ms=None, row_ttl_batches=None,
-        early_label_ttl_ms=1000, max_early_labels=100, remember_done=1000)).to_state())  # fmt: skip
+    assert_same_state(
+        state,
+        JoinBuffer.from_state(
+            state,
+            **dict(
+                target=REG2,
+                n_features=K,
+                max_pending_rows=100,
+                row_ttl_ms=None,
+                row_ttl_batches=None,
+                early_label_ttl_ms=1000,
+                max_early_labels=100,
+                remember_done=1000,
+            ),
+        ).to_state(),
+    )
 
 
 def test_from_state_with_smaller_limits_evicts_on_next_add():
     state = busy_buffer().to_state()
-    buf = JoinBuffer.from_state(state, **dict(target=CLASSES, n_features=K, max_pending_rows=1, row_ttl_ms=None,
-                                              row_ttl_batches=2, early_label_ttl_ms=1000, max_early_labels=3,
-                                              remember_done=6))  # fmt: skip
+    buf = JoinBuffer.from_state(
+        state,
+        **dict(
+            target=CLASSES,
+            n_features=K,
+            max_pending_rows=1,
+            row_ttl_ms=None,
+            row_ttl_batches=2,
+            early_label_ttl_ms=1000,
+            max_early_labels=3,
+            remember_done=6,
+        ),
+    )
     n = len(buf)
     res = add_rows(buf, ["new"], seq=10)
     assert len(res.evicted) == n and len(buf) == 1
@@ -320,15 +385,30 @@ def test_remembered_ids_are_stored_as_fingerprints_and_old_states_with_ids_load(
     assert state["done_fingerprints"].dtype == np.int64 and int(state["done_fingerprint_version"]) == 1
     # the same buffer as a state of the code before fingerprints: the ids themselves
     fps, kinds = buf._done.to_arrays()
-    remembered = [i for i in (f"r{s}{c}" for s in range(6) for c in "abc") if buf._done.get(*fingerprints([i])[0].tolist())]
+    remembered = [
+        i
+        for i in (f"r{s}{c}" for s in range(6) for c in "abc")
+        if buf._done.get(*fingerprints([i])[0].tolist())
+    ]
     by_fp = {tuple(fingerprints([i])[0].tolist()): i for i in remembered}
     old = {k: v for k, v in state.items() if not k.startswith("done_fingerprint")}
     old["done_ids"] = np.array([by_fp[tuple(fp)] for fp in fps.tolist()])
-    kwargs = dict(target=CLASSES, n_features=K, max_pending_rows=5, row_ttl_ms=None, row_ttl_batches=2,
-                  early_label_ttl_ms=1000, max_early_labels=3, remember_done=6)  # fmt: skip
+    kwargs = dict(
+        target=CLASSES,
+        n_features=K,
+        max_pending_rows=5,
+        row_ttl_ms=None,
+        row_ttl_batches=2,
+        early_label_ttl_ms=1000,
+        max_early_labels=3,
+        remember_done=6,
+    )
     assert_same_state(JoinBuffer.from_state(old, **kwargs).to_state(), state)
     # a smaller remember_done keeps the newest; an unknown fingerprint version is refused
-    assert JoinBuffer.from_state(old, **{**kwargs, "remember_done": 2})._done.to_arrays()[0].tolist() == fps[-2:].tolist()
+    assert (
+        JoinBuffer.from_state(old, **{**kwargs, "remember_done": 2})._done.to_arrays()[0].tolist()
+        == fps[-2:].tolist()
+    )
     with pytest.raises(ValueError, match="version 2"):
         JoinBuffer.from_state({**state, "done_fingerprint_version": np.array(2)}, **kwargs)
 
@@ -362,7 +442,9 @@ def test_growth_keeps_rows():
 
 
 ID = st.sampled_from([f"id{i}" for i in range(8)])
-EVENT = st.one_of(st.tuples(st.just("row"), ID, st.integers(0, 99)), st.tuples(st.just("label"), ID, st.integers(0, 2)))
+EVENT = st.one_of(
+    st.tuples(st.just("row"), ID, st.integers(0, 99)), st.tuples(st.just("label"), ID, st.integers(0, 2))
+)
 
 
 def chunked(events, chunk_sizes):
@@ -404,7 +486,9 @@ def run(events, chunk_sizes):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(EVENT, max_size=40), st.randoms(use_true_random=False), st.lists(st.integers(1, 4), min_size=1, max_size=3)
+    st.lists(EVENT, max_size=40),
+    st.randoms(use_true_random=False),
+    st.lists(st.integers(1, 4), min_size=1, max_size=3),
 )
 def test_any_arrival_order_joins_each_label_once(events, rnd, chunk_sizes):
     shuffled = list(events)
@@ -424,7 +508,9 @@ def test_any_arrival_order_joins_each_label_once(events, rnd, chunk_sizes):
         for _, row_id, v in labels:
             first_label.setdefault(row_id, v)
         assert joined == {i: (first_row[i], first_label[i]) for i in first_row.keys() & first_label.keys()}
-        assert sorted(orjson.loads(raw)["id"] for _, raw in rejected) == sorted(first_label.keys() - first_row.keys())
+        assert sorted(orjson.loads(raw)["id"] for _, raw in rejected) == sorted(
+            first_label.keys() - first_row.keys()
+        )
         assert len(buf) == len(first_row.keys() - first_label.keys())
     # which ids join does not depend on the order
     assert results[0][1].keys() == results[1][1].keys()
@@ -432,7 +518,8 @@ def test_any_arrival_order_joins_each_label_once(events, rnd, chunk_sizes):
 
 WIDE_ID = st.sampled_from([f"id{i}" for i in range(40)])
 WIDE_EVENT = st.one_of(
-    st.tuples(st.just("row"), WIDE_ID, st.integers(0, 99)), st.tuples(st.just("label"), WIDE_ID, st.integers(0, 2))
+    st.tuples(st.just("row"), WIDE_ID, st.integers(0, 99)),
+    st.tuples(st.just("label"), WIDE_ID, st.integers(0, 2)),
 )
 
 
@@ -445,12 +532,24 @@ def trace(events, chunk_sizes) -> list:
         if kind == "row":
             seq += 1
             screened, dup = buf.screen_rows(FeatureRows(ids, rows_x(ids), np.full(len(ids), -1)))
-            out.append(("screen", None if screened is None else screened.ids, [(b.reason, raw) for b, raw in dup]))
+            out.append(
+                ("screen", None if screened is None else screened.ids, [(b.reason, raw) for b, raw in dup])
+            )
             res = buf.add_rows(ids, rows_x(ids), seq, seq)  # unscreened: the safety net's rules too
         else:
             res = add_labels(buf, ids, [e[2] for e in chunk], now=seq)
-        out.append((kind, res.ids, res.X.tolist(), res.Y.tolist(), res.batch_seq.tolist(),
-                    [(b.reason, raw) for b, raw in res.rejected], res.evicted.ids, res.evicted.X.tolist()))  # fmt: skip
+        out.append(
+            (
+                kind,
+                res.ids,
+                res.X.tolist(),
+                res.Y.tolist(),
+                res.batch_seq.tolist(),
+                [(b.reason, raw) for b, raw in res.rejected],
+                res.evicted.ids,
+                res.evicted.X.tolist(),
+            )
+        )
         gone = buf.expire(now_ms=seq, batch_seq=seq)
         out.append(("expire", gone.ids, gone.X.tolist(), [(b.reason, raw) for b, raw in gone.rejected]))
         check_identities(buf)
@@ -485,7 +584,11 @@ def test_micro_batcher_due_by_size_and_latency():
     mb.add(frows(["c", "d", "e"]), now_ms=20)
     assert mb.due(20) and mb.time_to_due(20) == 0 and len(mb) == 5
     batch = mb.take()
-    assert batch.ids == ["a", "b", "c", "d"] and np.array_equal(batch.X, rows_x("abcd")) and batch.X.flags.c_contiguous
+    assert (
+        batch.ids == ["a", "b", "c", "d"]
+        and np.array_equal(batch.X, rows_x("abcd"))
+        and batch.X.flags.c_contiguous
+    )
     assert len(mb) == 1 and mb.time_to_due(20) == 100  # "e" arrived at 20
     assert mb.take().ids == ["e"] and len(mb) == 0
 
@@ -505,7 +608,11 @@ def test_micro_batcher_state_round_trip():
     assert_same_state(state, back.to_state())
     assert len(back) == 2 and back.time_to_due(50) == mb.time_to_due(50) == 60
     a, b = mb.take(), back.take()
-    assert a.ids == b.ids == ["d", "e"] and np.array_equal(a.X, b.X) and a.ts.tolist() == b.ts.tolist() == [-1, 7]
+    assert (
+        a.ids == b.ids == ["d", "e"]
+        and np.array_equal(a.X, b.X)
+        and a.ts.tolist() == b.ts.tolist() == [-1, 7]
+    )
     empty = MicroBatcher.from_state(back.to_state(), max_rows=3, max_latency_ms=100)
     assert len(empty) == 0 and empty.to_state()["X"].shape == (0, K)
 
@@ -553,10 +660,14 @@ def _container_sizes(buf) -> dict:
     import sys
 
     return {
-        "early_dict": sys.getsizeof(buf._early.index), "early_slots": buf._early.capacity,
-        "early_ring": len(buf._early._order._ring), "pending_dict": sys.getsizeof(buf._pending),
-        "pending_slots": len(buf._rows.seq), "pending_ring": len(buf._rows.order._ring), "free": len(buf._rows.free),
-    }  # fmt: skip
+        "early_dict": sys.getsizeof(buf._early.index),
+        "early_slots": buf._early.capacity,
+        "early_ring": len(buf._early._order._ring),
+        "pending_dict": sys.getsizeof(buf._pending),
+        "pending_slots": len(buf._rows.seq),
+        "pending_ring": len(buf._rows.order._ring),
+        "free": len(buf._rows.free),
+    }
 
 
 @pytest.mark.parametrize("batch", [1, 37])
@@ -566,13 +677,22 @@ def test_stores_stay_at_their_bound_after_a_flood_six_times_the_bound(batch):
     bound = 500
     buf = make(max_pending_rows=bound, max_early_labels=bound, remember_done=10 * bound, row_ttl_batches=1)
     sources = _flood(buf, 2 * bound, 0, batch, now=0)
-    assert len(sources) == bound and buf.n_early == bound and bound - batch < len(buf) <= bound  # the last rows' labels joined
+    assert (
+        len(sources) == bound and buf.n_early == bound and bound - batch < len(buf) <= bound
+    )  # the last rows' labels joined
     after_2x = _container_sizes(buf)
     sources += _flood(buf, 4 * bound, 2 * bound, batch, now=1)
     after_6x = _container_sizes(buf)
-    varying = ("pending_slots", "free")  # up to bound + batch: the slots of a batch are taken before the oldest are evicted
-    assert {k: v for k, v in after_6x.items() if k not in varying} == {k: v for k, v in after_2x.items() if k not in varying}
-    assert after_6x["pending_slots"] <= max(1024, bound + batch) and after_6x["free"] <= batch + bound // 10 + 1
+    varying = (
+        "pending_slots",
+        "free",
+    )  # up to bound + batch: the slots of a batch are taken before the oldest are evicted
+    assert {k: v for k, v in after_6x.items() if k not in varying} == {
+        k: v for k, v in after_2x.items() if k not in varying
+    }
+    assert (
+        after_6x["pending_slots"] <= max(1024, bound + batch) and after_6x["free"] <= batch + bound // 10 + 1
+    )
     assert buf.n_early == bound and bound - batch < len(buf) <= bound
     assert after_6x["early_slots"] <= 2 * (bound + 1)
     assert after_6x["early_ring"] <= 4 * (bound + 1) and after_6x["pending_ring"] <= 4 * (bound + batch)
@@ -583,7 +703,12 @@ def test_stores_stay_at_their_bound_after_a_flood_six_times_the_bound(batch):
     check_identities(buf)
     # the stores drain completely and keep working
     exp = buf.expire(now_ms=10**6, batch_seq=10**6)
-    assert buf.n_early == 0 and len(buf) == 0 and len(exp.orphan_sources) == len(exp.rejected) == bound and len(exp.ids)
+    assert (
+        buf.n_early == 0
+        and len(buf) == 0
+        and len(exp.orphan_sources) == len(exp.rejected) == bound
+        and len(exp.ids)
+    )
     assert {b.reason for b, _ in exp.rejected} == {"unknown_id"}
     check_identities(buf)
 
@@ -619,11 +744,27 @@ def test_waiting_labels_memory_is_bounded_and_does_not_grow_with_the_flood():
 def test_restored_buffer_takes_the_sources_back():
     buf = make(max_early_labels=3)
     buf.add_labels(LabelRows(["a", "b"], np.array([0, 1])), 0, source="m1")
-    restored = JoinBuffer.from_state(buf.to_state(), **{k: getattr(buf, k) for k in (
-        "target", "n_features", "max_pending_rows", "row_ttl_ms", "row_ttl_batches", "early_label_ttl_ms",
-        "max_early_labels", "remember_done")})  # fmt: skip
+    restored = JoinBuffer.from_state(
+        buf.to_state(),
+        **{
+            k: getattr(buf, k)
+            for k in (
+                "target",
+                "n_features",
+                "max_pending_rows",
+                "row_ttl_ms",
+                "row_ttl_batches",
+                "early_label_ttl_ms",
+                "max_early_labels",
+                "remember_done",
+            )
+        },
+    )
     assert [s for *_, s in restored.early_labels()] == [None, None]
     restored.set_early_sources([("b", "m1"), ("zz", "m2")])
     assert restored.early_labels() == [("a", 0, 0, None), ("b", 1, 0, "m1")]
     exp = restored.expire(now_ms=2000, batch_seq=0)
-    assert exp.orphan_sources == [None, "m1"] and [orjson.loads(raw)["id"] for _, raw in exp.rejected] == ["a", "b"]
+    assert exp.orphan_sources == [None, "m1"] and [orjson.loads(raw)["id"] for _, raw in exp.rejected] == [
+        "a",
+        "b",
+    ]

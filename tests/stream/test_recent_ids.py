@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.stream.recent_ids import FINGERPRINT_BATCHES, FINGERPRINT_VERSION, RecentIds, fingerprint, fingerprints
+from iolstream.stream.recent_ids import (
+    FINGERPRINT_BATCHES,
+    FINGERPRINT_VERSION,
+    RecentIds,
+    fingerprint,
+    fingerprints,
+)
 
 MASK = 2**64 - 1
 
@@ -48,10 +54,12 @@ def test_fingerprints_are_pinned():
     """Snapshots store fingerprints: changing the hash needs a new FINGERPRINT_VERSION (and a reader of the old)."""
     assert FINGERPRINT_VERSION == 1
     assert fingerprints(["a", "b0", "row-10-1", "é✓\U0001f600", "x" * 256]).tolist() == [
-        [-7904419522214053494, 8472883891359002293], [2024160956328923034, 6113955657544732242],
-        [-3023781382190100098, -2475203452085305220], [-5406522280568284019, 7319637464585264949],
+        [-7904419522214053494, 8472883891359002293],
+        [2024160956328923034, 6113955657544732242],
+        [-3023781382190100098, -2475203452085305220],
+        [-5406522280568284019, 7319637464585264949],
         [-2182429471246697824, 8165519762026705767],
-    ]  # fmt: skip
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -72,7 +80,11 @@ def test_fingerprints_do_not_depend_on_the_array_width_or_byte_order():
 
 
 def test_fingerprints_of_many_similar_ids_are_distinct():
-    ids = [f"b{i}" for i in range(300_000)] + [f"{i:08x}" for i in range(300_000)] + ["ab", "ba", "a" * 255 + "b"]
+    ids = (
+        [f"b{i}" for i in range(300_000)]
+        + [f"{i:08x}" for i in range(300_000)]
+        + ["ab", "ba", "a" * 255 + "b"]
+    )
     fps = fingerprints(ids)
     for lane in (fps[:, 0], fps[:, 1]):  # each lane alone is collision-free here too
         assert len(np.unique(lane)) == len(ids)
@@ -83,8 +95,12 @@ def test_fingerprints_of_many_similar_ids_are_distinct():
 OP = st.one_of(
     st.tuples(st.just("add_many"), st.lists(st.integers(0, 12), max_size=6), st.sampled_from([1, 2])),
     st.tuples(st.just("add"), st.lists(st.integers(0, 12), min_size=1, max_size=1), st.sampled_from([1, 2])),
-    st.tuples(st.just("session"), st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=8), st.sampled_from([1, 2])),
-)  # fmt: skip
+    st.tuples(
+        st.just("session"),
+        st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=8),
+        st.sampled_from([1, 2]),
+    ),
+)
 
 
 class Reference:
@@ -141,7 +157,11 @@ def test_a_session_forgets_the_oldest_as_its_additions_overflow():
     assert (s.get("x"), s.get("y"), s.get("z")) == (0, 1, 2)
     s.add("x", 1)  # back in, as the newest: "y" goes
     assert (s.get("x"), s.get("y"), s.get("z"), s.get("w")) == (1, 0, 2, 0)
-    assert len(mem) == 2 and mem.kinds(fingerprints(["x", "y", "z"])).tolist() == [1, 1, 0]  # nothing applied yet
+    assert len(mem) == 2 and mem.kinds(fingerprints(["x", "y", "z"])).tolist() == [
+        1,
+        1,
+        0,
+    ]  # nothing applied yet
     s.commit()
     assert mem.kinds(fingerprints(["x", "y", "z"])).tolist() == [1, 0, 2]
 
@@ -167,7 +187,9 @@ def test_zero_capacity_remembers_nothing():
     s.add("a", 1)
     assert s.get("a") == 0
     s.commit()
-    assert len(mem) == 0 and mem.kinds(fingerprints(["a"])).tolist() == [0] and not mem.any(fingerprints(["a"]))
+    assert (
+        len(mem) == 0 and mem.kinds(fingerprints(["a"])).tolist() == [0] and not mem.any(fingerprints(["a"]))
+    )
 
 
 @pytest.mark.parametrize("ids", [[], ["a"], ["a", "b", "a", "c"]])

@@ -14,24 +14,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iolstream.kafka import snapshots as snapshot
 from iolstream.core import state_io
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.kafka import snapshots as snapshot
 from iolstream.stream.config import StreamConfig
 from iolstream.stream.joinbuffer import EXPIRED, LABELLED
-from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.stream.recent_ids import fingerprints
 from iolstream.stream.processor import StreamProcessor
+from iolstream.stream.recent_ids import fingerprints
 
 OLD_SNAPSHOT = Path(__file__).parents[1] / "data" / "snapshot-before-fingerprints.iolsnap"
 
 CFG = StreamConfig(
-    batch_rows=4, label_batch_rows=4, max_batch_latency_ms=10, max_label_latency_ms=10, max_pending_rows=50,
-    row_ttl_ms=None, row_ttl_batches=3, early_label_ttl_ms=1000, max_early_labels=20, remember_done=10,
-)  # fmt: skip
+    batch_rows=4,
+    label_batch_rows=4,
+    max_batch_latency_ms=10,
+    max_label_latency_ms=10,
+    max_pending_rows=50,
+    row_ttl_ms=None,
+    row_ttl_batches=3,
+    early_label_ttl_ms=1000,
+    max_early_labels=20,
+    remember_done=10,
+)
 
 
 def fresh() -> StreamProcessor:
-    model = EdRVFL(ModelConfig(n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3))
+    model = EdRVFL(
+        ModelConfig(n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3)
+    )
     return StreamProcessor(model, CFG)
 
 
@@ -42,7 +52,9 @@ def phase1() -> list[tuple[str, bytes, int]]:
     msgs, t = [], 0
     for i in range(12):
         ids = [f"row-{i}-{j}" for j in range(4)]
-        msgs.append(("f", json.dumps({"ids": ids, "x": rng.normal(size=(4, 3)).round(4).tolist()}).encode(), t))
+        msgs.append(
+            ("f", json.dumps({"ids": ids, "x": rng.normal(size=(4, 3)).round(4).tolist()}).encode(), t)
+        )
         if i >= 1:
             prev = [f"row-{i - 1}-{j}" for j in range(4) if (i + j) % 5]
             ys = [["a", "b", "c"][(i + j) % 3] for j in range(len(prev))]
@@ -61,12 +73,31 @@ def phase2() -> list[tuple[str, bytes, int]]:
     return [
         ("l", json.dumps({"ids": ["row-10-1", "row-9-2", "row-11-0"], "y": ["a", "a", "b"]}).encode(), t),
         ("l", json.dumps({"id": "row-7-2", "y": "b"}).encode(), t),
-        ("f", json.dumps({"ids": ["row-10-2", "new-0", "row-6-3", "new-1"], "x": rng.normal(size=(4, 3)).round(4).tolist()}).encode(), t),
+        (
+            "f",
+            json.dumps(
+                {
+                    "ids": ["row-10-2", "new-0", "row-6-3", "new-1"],
+                    "x": rng.normal(size=(4, 3)).round(4).tolist(),
+                }
+            ).encode(),
+            t,
+        ),
         ("l", json.dumps({"id": "row-0-1", "y": "a"}).encode(), t + 5),
-        ("f", json.dumps({"ids": ["new-2", "new-3", "new-4", "new-5"], "x": rng.normal(size=(4, 3)).round(4).tolist()}).encode(), t + 10),
-        ("l", json.dumps({"ids": [f"new-{i}" for i in range(6)], "y": ["a", "b", "c", "a", "b", "c"]}).encode(), t + 20),
+        (
+            "f",
+            json.dumps(
+                {"ids": ["new-2", "new-3", "new-4", "new-5"], "x": rng.normal(size=(4, 3)).round(4).tolist()}
+            ).encode(),
+            t + 10,
+        ),
+        (
+            "l",
+            json.dumps({"ids": [f"new-{i}" for i in range(6)], "y": ["a", "b", "c", "a", "b", "c"]}).encode(),
+            t + 20,
+        ),
         ("l", json.dumps({"ids": ["new-0", "row-11-2"], "y": ["a", "b"]}).encode(), t + 30),
-    ]  # fmt: skip
+    ]
 
 
 def feed(proc: StreamProcessor, msgs) -> list:
@@ -74,16 +105,29 @@ def feed(proc: StreamProcessor, msgs) -> list:
     for n, (kind, value, t) in enumerate(msgs):
         dead = (proc.on_features if kind == "f" else proc.on_labels)(value, (kind, 0, n), t)
         step = proc.step(t)
-        out.append(([(d.bad.reason, d.value) for d in dead + step.dead_letters], [key for key, _ in step.predictions]))
+        out.append(
+            (
+                [(d.bad.reason, d.value) for d in dead + step.dead_letters],
+                [key for key, _ in step.predictions],
+            )
+        )
     return out
 
 
 # what the code that wrote the file did with phase 2 after loading it
 OLD_CODE_COUNTERS = {
-    "rows_added": 54, "rows_duplicate": 2, "rows_expired": 8, "rows_evicted": 0, "labels_received": 52,
-    "labels_joined": 44, "labels_early_held": 6, "labels_early_joined": 5, "labels_duplicate": 6,
-    "labels_orphan": 0, "labels_expired_id": 1,
-}  # fmt: skip
+    "rows_added": 54,
+    "rows_duplicate": 2,
+    "rows_expired": 8,
+    "rows_evicted": 0,
+    "labels_received": 52,
+    "labels_joined": 44,
+    "labels_early_held": 6,
+    "labels_early_joined": 5,
+    "labels_duplicate": 6,
+    "labels_orphan": 0,
+    "labels_expired_id": 1,
+}
 OLD_CODE_DEAD = ["expired_id", "duplicate_id", "duplicate_id"]
 
 
@@ -96,7 +140,9 @@ def assert_same_state(a: StreamProcessor, b: StreamProcessor, *, stamps_unknown:
     assert "join/done_fingerprints" in names and "join/done_ids" not in names
     assert set(names) == {n for n in y if n.split("/")[0] in ("join", "batcher", "held", "model")}
     for name in names:
-        if name == "join/pending_X" and stamps_unknown:  # column 4: the stamp, unknown in the old file (never forgets)
+        if (
+            name == "join/pending_X" and stamps_unknown
+        ):  # column 4: the stamp, unknown in the old file (never forgets)
             x[name], y[name] = np.delete(x[name], 4, axis=1), np.delete(y[name], 4, axis=1)
         if x[name].dtype.kind == "f":  # sums and layer outputs: summation order may differ
             np.testing.assert_allclose(x[name], y[name], rtol=1e-9, atol=1e-12, err_msg=name)
@@ -116,14 +162,19 @@ def test_a_snapshot_with_remembered_ids_loads_and_continues_like_a_run_that_neve
     # the remembered ids came back as their fingerprints, oldest first, with their kinds
     fps, kinds = restored.join._done.to_arrays()
     assert np.array_equal(fps, fingerprints(snap.arrays["join/done_ids"]))
-    assert kinds.tolist() == snap.arrays["join/done_kind"].tolist() and set(kinds.tolist()) == {LABELLED, EXPIRED}
+    assert kinds.tolist() == snap.arrays["join/done_kind"].tolist() and set(kinds.tolist()) == {
+        LABELLED,
+        EXPIRED,
+    }
 
     never_stopped = fresh()
     feed(never_stopped, phase1())
     assert_same_state(restored, never_stopped, stamps_unknown=True)
 
     outputs = [feed(proc, phase2()) for proc in (restored, never_stopped)]
-    assert outputs[0] == outputs[1]  # the same dead letters (reasons and bytes) and predicted ids, step by step
+    assert (
+        outputs[0] == outputs[1]
+    )  # the same dead letters (reasons and bytes) and predicted ids, step by step
     assert [reason for dead, _ in outputs[0] for reason, _ in dead] == OLD_CODE_DEAD
     assert restored.join.counters == never_stopped.join.counters == OLD_CODE_COUNTERS
     assert_same_state(restored, never_stopped, stamps_unknown=True)  # rows of phase 1 may still be pending
@@ -138,7 +189,10 @@ def test_the_old_file_is_version_1_and_its_config_is_the_fresh_one():
     """Version 1 knew no forgetting and no target scaling: the config it reads back (what a worker compares
     with its own) is the one this scenario runs with today."""
     snap = snapshot.read(OLD_SNAPSHOT)
-    assert snapshot.read_header(OLD_SNAPSHOT.read_bytes())["version"] == 1 and snap.manifest["format_version"] == 1
+    assert (
+        snapshot.read_header(OLD_SNAPSHOT.read_bytes())["version"] == 1
+        and snap.manifest["format_version"] == 1
+    )
     assert "forgetting" not in snap.manifest["config"]
     assert state_io.saved_config(snap.manifest) == fresh().model.config
 
@@ -152,8 +206,13 @@ def test_new_snapshots_are_version_2_and_a_version_1_reader_refuses_them(tmp_pat
     assert snapshot.read_header(blob)["version"] == snapshot.FORMAT_VERSION == 2
     assert proc.to_state()[0]["format_version"] == state_io.FORMAT_VERSION == 2
     try:
-        old_source = subprocess.run(["git", "show", "52cdf64:iolstream/snapshot.py"], cwd=Path(__file__).parent,
-                                    capture_output=True, check=True, text=True).stdout  # fmt: skip
+        old_source = subprocess.run(
+            ["git", "show", "52cdf64:iolstream/snapshot.py"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("git history with 52cdf64 not available")
     path = tmp_path / "old_snapshot.py"

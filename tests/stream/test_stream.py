@@ -10,11 +10,11 @@ import numpy as np
 import orjson
 import pytest
 
-from iolstream.stream.config import StreamConfig
-from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.snapshots import SnapshotStore
+from iolstream.stream.config import StreamConfig
 from iolstream.stream.processor import StreamProcessor
+from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,7 @@ def _one_blas_thread():
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
 
 K = 5
 CLASSES = ("a", "b", "c")
@@ -45,7 +46,13 @@ def model_config(**kw) -> ModelConfig:
 
 
 def stream_config(**kw) -> StreamConfig:
-    base = dict(batch_rows=8, max_batch_latency_ms=NEVER, label_batch_rows=8, max_label_latency_ms=NEVER, row_ttl_ms=None)
+    base = dict(
+        batch_rows=8,
+        max_batch_latency_ms=NEVER,
+        label_batch_rows=8,
+        max_label_latency_ms=NEVER,
+        row_ttl_ms=None,
+    )
     return StreamConfig(**{**base, **kw})
 
 
@@ -108,7 +115,9 @@ def state_arrays(proc: StreamProcessor) -> dict[str, np.ndarray]:
 def assert_bitwise(a: dict, b: dict, what: str) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        assert np.array_equal(a[key], b[key]), f"{what}: {key} differs (max |Δ| {np.abs(a[key] - b[key]).max():.3g})"
+        assert np.array_equal(a[key], b[key]), (
+            f"{what}: {key} differs (max |Δ| {np.abs(a[key] - b[key]).max():.3g})"
+        )
 
 
 def offline_sums(cfg: ModelConfig, X, y, warmup_rows, observed, labelled):
@@ -172,7 +181,9 @@ def test_processor_equals_evaluate_protocol_bitwise(mode):
     per_batch = [(y_hat[s : s + b] == y[s : s + b]).mean() for s in range(0, len(X), b)]
     assert np.array_equal(per_batch, result.batch_prequential), "the per-batch prequential accuracy differs"
     assert proc.metric.value == pytest.approx(result.prequential_metric, abs=1e-12)
-    assert_bitwise(state_arrays(proc), {**state_arrays_of(learner.model), "version": state_arrays(proc)["version"]}, mode)
+    assert_bitwise(
+        state_arrays(proc), {**state_arrays_of(learner.model), "version": state_arrays(proc)["version"]}, mode
+    )
 
 
 def state_arrays_of(model: EdRVFL) -> dict:
@@ -182,7 +193,9 @@ def state_arrays_of(model: EdRVFL) -> dict:
     return out
 
 
-def faulty_events(X, y, seed: int, *, row_batches=(1, 7), label_batches=(1, 5), delay=30, dup=0.15, missing=0.1):
+def faulty_events(
+    X, y, seed: int, *, row_batches=(1, 7), label_batches=(1, 5), delay=30, dup=0.15, missing=0.1
+):
     """Features in messages of random sizes, labels late, shuffled, some twice, some never."""
     rng = np.random.default_rng(seed)
     n = len(X)
@@ -221,7 +234,9 @@ def test_any_arrival_equals_closed_form(mode, seed):
     """Late, shuffled, duplicated and missing labels, messages of every size: A holds every observed
     row's Gram (-F) or every labelled row's (-R), c every joined label once (SPEC §2)."""
     X, y = data(260, seed=seed)
-    proc = processor({"mode": mode}, batch_rows=16, label_batch_rows=12, max_batch_latency_ms=40, max_label_latency_ms=30)
+    proc = processor(
+        {"mode": mode}, batch_rows=16, label_batch_rows=12, max_batch_latency_ms=40, max_label_latency_ms=30
+    )
     events, labelled = faulty_events(X, y, seed)
     rec = Recorder(proc).feed(events)
     assert sorted(k for k, _ in rec.predictions) == sorted(ids_of(range(len(X)))), f"seed {seed}"
@@ -257,7 +272,13 @@ def test_state_round_trip_mid_stream_continues_bitwise(mode, tmp_path):
     events, _ = faulty_events(X, y, seed=5)
 
     def make():
-        return processor({"mode": mode}, batch_rows=16, label_batch_rows=12, max_batch_latency_ms=40, max_label_latency_ms=30)
+        return processor(
+            {"mode": mode},
+            batch_rows=16,
+            label_batch_rows=12,
+            max_batch_latency_ms=40,
+            max_label_latency_ms=30,
+        )
 
     whole = Recorder(make()).feed(events)
     assert whole.proc.counters["label_batches"] > 5
@@ -287,7 +308,9 @@ def test_one_row_labels_one_row_behind_fold_whole_batches_from_the_cache(monkeyp
             events.append(("l", labels([i - 1], y), ("l", 0, i - 1), now))
     Recorder(proc).feed(events)
     folds = proc.counters["label_batches"]
-    assert proc.counters["rows_learned"] == 192 and folds >= 12  # 12 batches predicted and labelled (labels of 192.. wait as early)
+    assert (
+        proc.counters["rows_learned"] == 192 and folds >= 12
+    )  # 12 batches predicted and labelled (labels of 192.. wait as early)
     assert sum(recomputed) <= 16 + 4, f"features recomputed for {recomputed} rows: the folds missed the cache"
     Recorder(proc).feed([("l", labels([199], y), ("l", 0, 199), now + 1), ("force", None, None, now + 2)])
     assert_sums(proc, offline_sums(proc.model.config, X, y, 20, list(range(200)), list(range(200))))
@@ -301,10 +324,14 @@ def test_warm_up_holds_rows_until_the_scaler_freezes():
     proc = processor(batch_rows=8, label_batch_rows=8)
     rec = Recorder(proc)
     rec.feed([("f", features(range(0, 8), X), None, 1), ("f", features(range(8, 16), X), None, 2)])
-    rec.feed([("l", labels(range(0, 8), y), None, 3), ("force", None, None, 4)])  # a forced step does not freeze
+    rec.feed(
+        [("l", labels(range(0, 8), y), None, 3), ("force", None, None, 4)]
+    )  # a forced step does not freeze
     assert rec.predictions == [] and not proc.model.ready and proc.held_rows == 16
     assert proc.model.learner.state.rows_observed == 0 and proc.join.n_early == 8
-    rec.feed([("f", features(range(16, 24), X), None, 5)])  # 24 ≥ warmup_rows = 20: frozen, held rows released
+    rec.feed(
+        [("f", features(range(16, 24), X), None, 5)]
+    )  # 24 ≥ warmup_rows = 20: frozen, held rows released
     assert proc.model.ready and proc.held_rows == 0
     assert [k for k, _ in rec.predictions] == ids_of(range(24))
     np.testing.assert_array_equal(proc.model.scaler.mean, X[:20].mean(axis=0))  # the first W rows, not 24
@@ -320,7 +347,9 @@ def test_duplicate_of_a_waiting_row_is_rejected_at_arrival():
     dup = orjson.dumps({"id": "r3", "x": X[3].tolist()})
     rec.feed([("f", dup, ("f", 0, 1), 2), ("f", features(range(5, 30), X), ("f", 0, 2), 3)])
     assert rec.dead == [("duplicate_id", dup, ("f", 0, 1))]  # one-row message: its raw bytes
-    assert proc.counters["rows_in"] == 30 and proc.model.learner.state.rows_observed == 24  # 6 left in the batcher
+    assert (
+        proc.counters["rows_in"] == 30 and proc.model.learner.state.rows_observed == 24
+    )  # 6 left in the batcher
     rec.feed([("force", None, None, 4)])
     assert sorted(k for k, _ in rec.predictions) == sorted(ids_of(range(30)))
 
@@ -337,8 +366,12 @@ def test_ridge_predicts_with_the_beta_in_force_and_learns_gram_with_labels():
     reference = EdRVFL(proc.model.config)
     first = reference.predict_batch(X[:16])
     for start in (16, 32, 48):
-        rec.feed([("l", labels(range(start - 16, start), y), None, start),
-                  ("f", features(range(start, start + 16), X), None, start)])  # fmt: skip
+        rec.feed(
+            [
+                ("l", labels(range(start - 16, start), y), None, start),
+                ("f", features(range(start, start + 16), X), None, start),
+            ]
+        )
     got = np.array([orjson.loads(v)["proba"] for _, v in rec.predictions[:16]])
     np.testing.assert_array_equal(got, first.proba)
     rec.feed([("force", None, None, 99)])  # rows 48-63 are never labelled: never in A
@@ -354,12 +387,16 @@ def test_expiry_by_batches_and_forget_expired(forget):
     """Rows unlabelled after row_ttl_batches batches expire; forget_expired takes their Gram out of A;
     a label that comes later is dead-lettered as expired_id, with its source and raw bytes."""
     X, y = data(96, seed=7)
-    proc = processor({"scaler": "none"}, batch_rows=16, label_batch_rows=16, row_ttl_batches=2, forget_expired=forget)
+    proc = processor(
+        {"scaler": "none"}, batch_rows=16, label_batch_rows=16, row_ttl_batches=2, forget_expired=forget
+    )
     never = set(range(0, 96, 5))  # every fifth row never gets its label in time
     events = []
     for t, start in enumerate(range(0, 96, 16)):
         events.append(("f", features(range(start, start + 16), X), ("f", 0, t), 10 * t))
-        events.append(("l", labels([i for i in range(start, start + 16) if i not in never], y), ("l", 0, t), 10 * t + 1))
+        events.append(
+            ("l", labels([i for i in range(start, start + 16) if i not in never], y), ("l", 0, t), 10 * t + 1)
+        )
     rec = Recorder(proc).feed(events + [("step", None, None, 100)])
     late = labels([0], y)
     rec.feed([("l", late, ("l", 0, 99), 101), ("force", None, None, 102)])
@@ -376,11 +413,13 @@ def test_expiry_by_time_and_orphan_labels_keep_their_source(tmp_path):
     X, y = data(16, seed=8)
     proc = processor({"scaler": "none"}, batch_rows=8, row_ttl_ms=1000, early_label_ttl_ms=500)
     ghost = orjson.dumps({"id": "ghost", "y": "b"})
-    rec = Recorder(proc).feed([
-        ("f", features(range(8), X), ("f", 0, 0), 0),
-        ("l", ghost, ("l", 0, 7), 10),  # no such row: held early, then given up on
-        ("l", labels(range(4), y), ("l", 0, 8), 20),
-    ])  # fmt: skip
+    rec = Recorder(proc).feed(
+        [
+            ("f", features(range(8), X), ("f", 0, 0), 0),
+            ("l", ghost, ("l", 0, 7), 10),  # no such row: held early, then given up on
+            ("l", labels(range(4), y), ("l", 0, 8), 20),
+        ]
+    )
     manifest, arrays = proc.to_state()  # the early label's source survives a restart
     proc = StreamProcessor.from_state(manifest, arrays, proc.cfg)
     rec.proc = proc
@@ -420,10 +459,18 @@ def bad_messages(X) -> list[tuple[str, bytes, str]]:
 
 def test_bad_input_leaves_the_model_bitwise_unchanged():
     X, y = data(60, seed=9)
-    proc = processor({"scaler": "none"}, batch_rows=8, label_batch_rows=1, max_message_bytes=512, row_ttl_batches=3,
-                     early_label_ttl_ms=100)  # fmt: skip
+    proc = processor(
+        {"scaler": "none"},
+        batch_rows=8,
+        label_batch_rows=1,
+        max_message_bytes=512,
+        row_ttl_batches=3,
+        early_label_ttl_ms=100,
+    )
     events = [("l", labels(range(0, 3), y), ("l", 0, 0), 0)]  # early labels, joined with batch 1
-    events += [("f", features(range(i, i + 2), X), ("f", 0, i), 1) for i in range(0, 56, 2)]  # under 512 bytes
+    events += [
+        ("f", features(range(i, i + 2), X), ("f", 0, i), 1) for i in range(0, 56, 2)
+    ]  # under 512 bytes
     rec = Recorder(proc).feed(events)
     assert rec.dead == [] and proc.counters["rows_learned"] == 3
     assert proc.join.counters["rows_expired"] == 21 and len(proc.join) == 32  # 7 batches: rows of 1-3 expired
@@ -442,6 +489,7 @@ def test_bad_input_leaves_the_model_bitwise_unchanged():
     assert_bitwise(state_arrays(proc), before, "after bad input")
     assert proc.join.counters["labels_duplicate"] == 1
     assert sum(proc.dead_letters.values()) == len(expected)
-    rec.feed([("f", features(range(56, 60), X), ("f", 0, 2), 1001), ("force", None, None, 1002)])  # still works
+    rec.feed(
+        [("f", features(range(56, 60), X), ("f", 0, 2), 1001), ("force", None, None, 1002)]
+    )  # still works
     assert [k for k, _ in rec.predictions][-4:] == ids_of(range(56, 60))
-

@@ -18,14 +18,24 @@ import numpy as np
 import orjson
 import pytest
 from test_stream import (
-    CLASSES, K, Recorder, data, faulty_events, features, ids_of, labels, model_config, paper_events, run_with_restart,
+    CLASSES,
+    K,
+    Recorder,
+    data,
+    faulty_events,
+    features,
+    ids_of,
+    labels,
+    model_config,
+    paper_events,
+    run_with_restart,
     stream_config,
-)  # fmt: skip
+)
 
 from iolstream.core import model as model_mod
-from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 from iolstream.core.model import EdRVFL
 from iolstream.stream.processor import StreamProcessor
+from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +75,8 @@ def weighted_closed_form(proc, X, y, warmup_rows, entered, labelled, stamps, clo
     ref.scaler.partial_fit(X[:warmup_rows])
     out = []
     for lam, h in ref.candidates:
-        def w(rows):
+
+        def w(rows, h=h):
             ages = clock - np.array([stamps[f"r{i}"] for i in rows], dtype=np.float64)
             return np.ones(len(rows)) if h is None else np.exp2(-ages / h)
 
@@ -84,8 +95,13 @@ def assert_candidates(proc, expected, msg):
     for ln, ((lam, h), betas) in zip(proc.model.learners, expected):
         for layer, want in enumerate(betas):
             got = ln.state.layers[layer].beta
-            np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9 * np.abs(want).max(),
-                                       err_msg=f"{msg}: λ={lam} h={h} layer {layer}")  # fmt: skip
+            np.testing.assert_allclose(
+                got,
+                want,
+                rtol=1e-7,
+                atol=1e-9 * np.abs(want).max(),
+                err_msg=f"{msg}: λ={lam} h={h} layer {layer}",
+            )
 
 
 SETTINGS = {"fixed h=20": dict(forgetting=20.0), "auto (9 candidates)": dict(lam="auto", forgetting="auto")}
@@ -143,7 +159,9 @@ def test_expired_rows_leave_every_candidate_at_their_present_weight(setting, sho
     expired = proc.join.counters["rows_expired"]
     assert rec.dead == [] and expired == proc.counters["rows_forgotten"] > 10, msg
     pending = set(proc.join._pending)
-    gone = sorted(i for i in never if f"r{i}" not in pending)  # the never-labelled rows no longer pending expired
+    gone = sorted(
+        i for i in never if f"r{i}" not in pending
+    )  # the never-labelled rows no longer pending expired
     assert len(gone) == expired, msg
     labelled = sorted(set(range(160)) - never)
     entered = sorted(set(range(160)) - set(gone))
@@ -170,7 +188,9 @@ def test_auto_with_late_labels_is_evaluates_protocol_bitwise(delay, short_half_l
     """Each candidate judged on its own prediction (not on its β when the label comes, which has moved
     on when labels are more than one batch late): the processor's candidates, selector losses and
     candidate in force equal evaluate's (which passes Prediction.predicted and .clock), to the bit."""
-    X, y = data(400 + (delay == 1) * 3, seed=4)  # delayed_events: whole batches (a partial last one waits for the force)
+    X, y = data(
+        400 + (delay == 1) * 3, seed=4
+    )  # delayed_events: whole batches (a partial last one waits for the force)
     b = 8
     cfg = model_config(lam="auto", forgetting="auto", scaler="none")
     proc = StreamProcessor(EdRVFL(cfg), stream_config(batch_rows=b, label_batch_rows=b))
@@ -183,12 +203,19 @@ def test_auto_with_late_labels_is_evaluates_protocol_bitwise(delay, short_half_l
     per_batch = [(y_hat[s : s + b] == y[s : s + b]).mean() for s in range(0, len(X), b)]
     assert np.array_equal(per_batch, result.batch_prequential), "the per-batch prequential accuracy differs"
     ours, theirs = proc.model, learner.model
-    assert np.array_equal(ours.selector.loss, theirs.selector.loss) and ours.selector.chosen == theirs.selector.chosen
-    assert np.array_equal(ours.selector.pair, theirs.selector.pair) and ours.selector.pair.any()  # judged apart
+    assert (
+        np.array_equal(ours.selector.loss, theirs.selector.loss)
+        and ours.selector.chosen == theirs.selector.chosen
+    )
+    assert (
+        np.array_equal(ours.selector.pair, theirs.selector.pair) and ours.selector.pair.any()
+    )  # judged apart
     for j, (a, b_) in enumerate(zip(ours.learners, theirs.learners)):
         for layer, (la, lb) in enumerate(zip(a.state.layers, b_.state.layers)):
             for name in ("gram", "rhs", "beta"):
-                assert np.array_equal(getattr(la, name), getattr(lb, name)), f"candidate {j} layer {layer} {name}"
+                assert np.array_equal(getattr(la, name), getattr(lb, name)), (
+                    f"candidate {j} layer {layer} {name}"
+                )
 
 
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
@@ -199,9 +226,15 @@ def test_restore_mid_stream_keeps_the_stamps_and_continues_bitwise(mode, tmp_pat
     def make():
         return StreamProcessor(
             EdRVFL(model_config(mode=mode, lam="auto", forgetting="auto")),
-            stream_config(batch_rows=16, label_batch_rows=12, max_batch_latency_ms=40, max_label_latency_ms=30,
-                          row_ttl_batches=3, forget_expired=True),
-        )  # fmt: skip
+            stream_config(
+                batch_rows=16,
+                label_batch_rows=12,
+                max_batch_latency_ms=40,
+                max_label_latency_ms=30,
+                row_ttl_batches=3,
+                forget_expired=True,
+            ),
+        )
 
     whole = Recorder(make()).feed(events)
     assert whole.proc.counters["label_batches"] > 5
@@ -217,4 +250,6 @@ def test_restore_mid_stream_keeps_the_stamps_and_continues_bitwise(mode, tmp_pat
             assert a.state.clock == b.state.clock, msg
             for layer, (la, lb) in enumerate(zip(a.state.layers, b.state.layers)):
                 for name in ("gram", "rhs", "beta"):
-                    assert np.array_equal(getattr(la, name), getattr(lb, name)), f"{msg}: candidate {j} layer {layer} {name}"
+                    assert np.array_equal(getattr(la, name), getattr(lb, name)), (
+                        f"{msg}: candidate {j} layer {layer} {name}"
+                    )

@@ -22,8 +22,20 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
         return {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
 
     before = bench_topics()
-    code = cli.main(["bench", "--suite", "kafka", "--configs", "small", "--kafka-scale", "0.02", "--json",
-                     "--bootstrap", kafka_bootstrap])  # fmt: skip
+    code = cli.main(
+        [
+            "bench",
+            "--suite",
+            "kafka",
+            "--configs",
+            "small",
+            "--kafka-scale",
+            "0.02",
+            "--json",
+            "--bootstrap",
+            kafka_bootstrap,
+        ]
+    )
     assert code == 0
     deadline = time.monotonic() + 15  # the deletions are done; the metadata may trail them a moment
     left = bench_topics() - before
@@ -35,13 +47,22 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     small = out["results"]["small"]
     batch, rows = small["worker_batch_messages"], small["worker_row_messages"]
     assert batch["rows"] == 2400 and rows["rows"] == 1024  # one prediction per row, read back from the topic
-    for value in (small["learner_rows_per_second"], small["processor_rows_per_second"], batch["rows_per_second"],
-                  rows["rows_per_second"], small["river_softmax_rows_per_second"]):  # fmt: skip
+    for value in (
+        small["learner_rows_per_second"],
+        small["processor_rows_per_second"],
+        batch["rows_per_second"],
+        rows["rows_per_second"],
+        small["river_softmax_rows_per_second"],
+    ):
         assert value > 0
     for run in (batch, rows):  # CPU over the timed rows; at this scale a window of a few clock ticks
         assert 0 <= run["cpu_seconds_per_100k_rows"] < 1e4 and 0 <= run["cores_used"] < 1e3
-    assert small["worker_vs_learner"] == pytest.approx(batch["rows_per_second"] / small["learner_rows_per_second"])
-    assert small["worker_vs_river"] == pytest.approx(batch["rows_per_second"] / small["river_softmax_rows_per_second"])
+    assert small["worker_vs_learner"] == pytest.approx(
+        batch["rows_per_second"] / small["learner_rows_per_second"]
+    )
+    assert small["worker_vs_river"] == pytest.approx(
+        batch["rows_per_second"] / small["river_softmax_rows_per_second"]
+    )
     assert small["batch_vs_row_messages"] == pytest.approx(batch["rows_per_second"] / rows["rows_per_second"])
     latency = small["latency_at_half_max"]
     assert latency["rate_rows_per_second"] == pytest.approx(batch["rows_per_second"] / 2)
@@ -68,20 +89,39 @@ def test_worker_cpu_is_read_over_the_timed_window_only():
 def test_group_suite_runs_end_to_end(kafka_bootstrap, capsys):
     """``bench --suite group`` at a tiny scale: both runs predict every row, the sync costs match the record
     formula, the projection follows from them; the quality table is group_sim's (tests/tools/test_group_sim.py)."""
-    code = cli.main(["bench", "--suite", "group", "--group-rows", "2048", "--no-group-quality", "--json",
-                     "--bootstrap", kafka_bootstrap])  # fmt: skip
+    code = cli.main(
+        [
+            "bench",
+            "--suite",
+            "group",
+            "--group-rows",
+            "2048",
+            "--no-group-quality",
+            "--json",
+            "--bootstrap",
+            kafka_bootstrap,
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     tp = out["throughput"]
     assert tp["cpu_count"] == os.cpu_count() and tp["partitions"] == 4
     for key, workers in (("w1", 1), ("w2", 2)):
-        assert tp[key]["workers"] == workers and tp[key]["rows_predicted"] >= 2048 and tp[key]["rows_per_second"] > 0
+        assert (
+            tp[key]["workers"] == workers
+            and tp[key]["rows_predicted"] >= 2048
+            and tp[key]["rows_per_second"] > 0
+        )
         assert len(tp[key]["peak_rss_mb"]) == workers
-    assert tp["ratio_vs_one_worker"] == pytest.approx(tp["w2"]["rows_per_second"] / tp["w1"]["rows_per_second"])
+    assert tp["ratio_vs_one_worker"] == pytest.approx(
+        tp["w2"]["rows_per_second"] / tp["w1"]["rows_per_second"]
+    )
     costs = {c["config"]: c for c in out["sync_costs"]}
     for name, n in (("default", 523), ("poker", 1000)):
         c = costs[name]
         assert c["n_columns"] == n and c["formula_bytes"] <= c["record_bytes"] < c["formula_bytes"] * 1.01
-        assert all(c[k] > 0 for k in ("encode_ms", "produce_ms", "decode_ms", "apply_ms", "resolve_ms", "row_us"))
+        assert all(
+            c[k] > 0 for k in ("encode_ms", "produce_ms", "decode_ms", "apply_ms", "resolve_ms", "row_us")
+        )
     assert [p["members"] for p in out["projection"]["default"]] == [4, 16, 64]
     assert "quality" not in out

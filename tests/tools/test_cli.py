@@ -39,7 +39,9 @@ def assert_usage_error(rc, err, *needles):
     assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
-    assert lines[0].startswith("iolstream evaluate: error: ") or lines[0].startswith("iolstream simulate: error: ")
+    assert lines[0].startswith("iolstream evaluate: error: ") or lines[0].startswith(
+        "iolstream simulate: error: "
+    )
     assert "Traceback" not in err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -102,13 +104,28 @@ def test_bad_arguments_are_one_line(capsys, argv, needles):
 
 def test_numerical_failure_is_one_line_with_a_hint(capsys):
     # N(0, 1) weights under 8 ReLU layers: features ~10⁸, far too large for λ = 1e-9.
-    rc, _, err = run(capsys, "evaluate", "--dataset", "wine", "--nodes", "64", "--layers", "8", "--init", "normal",
-                     "--lam", "1e-9", "--quiet")  # fmt: skip
+    rc, _, err = run(
+        capsys,
+        "evaluate",
+        "--dataset",
+        "wine",
+        "--nodes",
+        "64",
+        "--layers",
+        "8",
+        "--init",
+        "normal",
+        "--lam",
+        "1e-9",
+        "--quiet",
+    )
     assert_usage_error(rc, err, "not positive definite", "try a larger --lam")
 
 
 def test_plot_to_unwritable_place(capsys, tmp_path):
-    rc, _, err = run(capsys, "evaluate", "--dataset", "iris", "--quiet", *FAST, "--plot", str(tmp_path / "no" / "dir.png"))
+    rc, _, err = run(
+        capsys, "evaluate", "--dataset", "iris", "--quiet", *FAST, "--plot", str(tmp_path / "no" / "dir.png")
+    )
     assert_usage_error(rc, err, "cannot write")
 
 
@@ -124,14 +141,36 @@ def test_table_while_running(capsys, csv_file):
 
 
 def test_json_objects(capsys, csv_file):
-    rc, out, err = run(capsys, "evaluate", "--csv", csv_file(), "--target", "label", *FAST, "--json", "--seed", "3",
-                       "--baseline", "os-elm", "--log2-inv-lam", "2")  # fmt: skip
+    rc, out, err = run(
+        capsys,
+        "evaluate",
+        "--csv",
+        csv_file(),
+        "--target",
+        "label",
+        *FAST,
+        "--json",
+        "--seed",
+        "3",
+        "--baseline",
+        "os-elm",
+        "--log2-inv-lam",
+        "2",
+    )
     assert rc == 0
     objs = [json.loads(line) for line in out.splitlines()]
     assert [o["name"] for o in objs] == ["edRVFL-F", "edRVFL-R", "os-elm"]
     for o in objs:
-        for key in ("metric", "test_metric", "prequential_metric", "cumulative_regret", "regret_bound",
-                    "rows_per_second", "seconds", "curve"):  # fmt: skip
+        for key in (
+            "metric",
+            "test_metric",
+            "prequential_metric",
+            "cumulative_regret",
+            "regret_bound",
+            "rows_per_second",
+            "seconds",
+            "curve",
+        ):
             assert key in o
         assert o["metric"] == "accuracy" and o["seed"] == 3
         assert all(len(p) == 2 for p in o["curve"])
@@ -185,7 +224,9 @@ def test_simulate_prints_the_table(capsys, tmp_path):
 
 
 def test_simulate_json(capsys):
-    rc, out, _ = run(capsys, "simulate", "-T", "30", "-n", "2", "--lam", "0.01", "--streams", "batch", "--json", "--quiet")
+    rc, out, _ = run(
+        capsys, "simulate", "-T", "30", "-n", "2", "--lam", "0.01", "--streams", "batch", "--json", "--quiet"
+    )
     objs = [json.loads(line) for line in out.splitlines()]
     assert rc == 0 and [(o["stream"], o["mode"]) for o in objs] == [("batch", "ridge"), ("batch", "forward")]
     assert {"cumulative_regret", "beta_error", "immediate_regret"} <= set(objs[0])

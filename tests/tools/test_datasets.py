@@ -26,7 +26,16 @@ SHAPES = {
 # Exact counts of the C(52, 5) = 2,598,960 five-card hands, classes 0..9.
 POKER_COUNTS = [1_302_540, 1_098_240, 123_552, 54_912, 10_200, 5_108, 3_744, 624, 36, 4]
 POKER_PROBABILITIES = [
-    0.501177, 0.422569, 0.047539, 0.021128, 0.003925, 0.001965, 0.001441, 0.000240, 0.0000139, 0.00000154
+    0.501177,
+    0.422569,
+    0.047539,
+    0.021128,
+    0.003925,
+    0.001965,
+    0.001441,
+    0.000240,
+    0.0000139,
+    0.00000154,
 ]
 N_HANDS = 2_598_960
 
@@ -45,7 +54,13 @@ def test_names_match_the_shapes_table():
 
 
 # drift streams (iolstream.tools.drift) -> (n_features, n_classes or None), generated at 3,000 rows here
-DRIFT_SHAPES = {"hyperplane": (10, 2), "sea": (3, 2), "agrawal": (9, 2), "rbf-drift": (10, 5), "friedman-drift": (10, None)}
+DRIFT_SHAPES = {
+    "hyperplane": (10, 2),
+    "sea": (3, 2),
+    "agrawal": (9, 2),
+    "rbf-drift": (10, 5),
+    "friedman-drift": (10, None),
+}
 
 
 @pytest.mark.parametrize("name", list(DRIFT_SHAPES))
@@ -58,7 +73,9 @@ def test_drift_streams_are_seeded_and_shaped(name):
     else:
         assert ds.task == "classification" and len(ds.classes) == n_classes, f"{name}: classes {ds.classes}"
     again = load(name, n_rows=3000, seed=5)
-    assert np.array_equal(ds.X, again.X) and np.array_equal(ds.y, again.y), f"{name}: not reproducible with seed 5"
+    assert np.array_equal(ds.X, again.X) and np.array_equal(ds.y, again.y), (
+        f"{name}: not reproducible with seed 5"
+    )
     other = load(name, n_rows=3000, seed=6)
     assert not np.array_equal(ds.X, other.X), f"{name}: the seed is ignored"
 

@@ -7,13 +7,28 @@ import numpy as np
 import pytest
 
 from iolstream.tools.datasets import DataError, Dataset, load
-from iolstream.tools.protocol import EdRVFLLearner, Protocol, evaluate, make_split, model_config, run_protocol, time_points
+from iolstream.tools.protocol import (
+    EdRVFLLearner,
+    Protocol,
+    evaluate,
+    make_split,
+    model_config,
+    run_protocol,
+    time_points,
+)
 
 SMALL = {"n_nodes": 32, "n_layers": 2}
 JSON_KEYS = {
-    "name", "metric", "test_metric", "prequential_metric", "cumulative_regret", "regret_bound",
-    "rows_per_second", "seconds", "curve",
-}  # fmt: skip
+    "name",
+    "metric",
+    "test_metric",
+    "prequential_metric",
+    "cumulative_regret",
+    "regret_bound",
+    "rows_per_second",
+    "seconds",
+    "curve",
+}
 
 
 def toy(n_rows=400, seed=1) -> Dataset:
@@ -21,14 +36,24 @@ def toy(n_rows=400, seed=1) -> Dataset:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n_rows, 5))
     y = np.argmax(x @ rng.standard_normal((5, 3)) + 0.3 * rng.standard_normal((n_rows, 3)), axis=1)
-    return Dataset("toy", np.ascontiguousarray(x), y, "classification", (0, 1, 2), tuple(f"f{i}" for i in range(5)), "toy")
+    return Dataset(
+        "toy",
+        np.ascontiguousarray(x),
+        y,
+        "classification",
+        (0, 1, 2),
+        tuple(f"f{i}" for i in range(5)),
+        "toy",
+    )
 
 
 def toy_regression(n_rows=300, seed=2) -> Dataset:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n_rows, 4))
     y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.standard_normal(n_rows)
-    return Dataset("toyreg", np.ascontiguousarray(x), y, "regression", None, ("a", "b", "c", "d"), "toy regression")
+    return Dataset(
+        "toyreg", np.ascontiguousarray(x), y, "regression", None, ("a", "b", "c", "d"), "toy regression"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +100,9 @@ def test_forward_and_ridge_end_equal_but_stream_differently(both):
 
 @pytest.mark.parametrize("batch, delay", [(7, 1), (25, 1), (10, 4), (0.05, 2)])
 def test_final_model_depends_on_neither_batching_nor_delay(both, batch, delay):
-    (result,) = evaluate(toy(), model=SMALL, modes=("forward",), protocol=Protocol(batch=batch, label_delay=delay))
+    (result,) = evaluate(
+        toy(), model=SMALL, modes=("forward",), protocol=Protocol(batch=batch, label_delay=delay)
+    )
     assert result.test_metric == pytest.approx(both[0].test_metric, abs=1e-12)
     assert not np.isnan(result.batch_loss).any()
 
@@ -121,9 +148,14 @@ def test_time_points():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"batch": 0}, "batch"), ({"batch": 2.5}, "batch"), ({"label_delay": 0}, "label_delay"),
-     ({"test_fraction": 1.0}, "test_fraction"), ({"rows": 0}, "rows")],
-)  # fmt: skip
+    [
+        ({"batch": 0}, "batch"),
+        ({"batch": 2.5}, "batch"),
+        ({"label_delay": 0}, "label_delay"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+        ({"rows": 0}, "rows"),
+    ],
+)
 def test_protocol_rejects_bad_values(kwargs, key):
     with pytest.raises(ValueError, match=key):
         Protocol(**kwargs)
@@ -178,7 +210,9 @@ def test_baselines_run_the_same_protocol(name):
 
 @pytest.mark.parametrize("name", ["os-elm", "river-softmax"])
 def test_baselines_do_regression(name):
-    (result,) = evaluate(toy_regression(), model=SMALL, modes=(), baselines=(name,), protocol=Protocol(batch=30))
+    (result,) = evaluate(
+        toy_regression(), model=SMALL, modes=(), baselines=(name,), protocol=Protocol(batch=30)
+    )
     assert result.metric == "rmse" and math.isfinite(result.test_metric)
 
 
@@ -204,6 +238,8 @@ def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
     accuracies = r.batch_prequential
     assert r.prequential_metric == pytest.approx(accuracies.mean())  # equal batches
     assert r.prequential_last20 == pytest.approx(accuracies[-6:].mean())
-    assert r.prequential_first20 == pytest.approx(accuracies[1:7].mean())  # rows 100..700 after the 100-row warm-up
+    assert r.prequential_first20 == pytest.approx(
+        accuracies[1:7].mean()
+    )  # rows 100..700 after the 100-row warm-up
     assert len(r.window_curve) == 30 and r.window_curve[-1][0] == 3000
     assert r.to_json()["window_curve"][0] == [100, pytest.approx(accuracies[0])]

@@ -16,7 +16,9 @@ def _stream(rows=1500, seed=0):
     return x, y
 
 
-CFG = ModelConfig(n_inputs=5, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", track_regret=False, seed=3)
+CFG = ModelConfig(
+    n_inputs=5, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", track_regret=False, seed=3
+)
 
 
 @pytest.mark.parametrize("members", [2, 3])
@@ -63,14 +65,24 @@ def test_split_batch_cuts_member_batches_of_b_over_k_and_syncs_after_each():
     table = quality_table(x, y, CFG, batch_rows=60, sync_rows=None, member_counts=(3,), split_batch=True)
     group = table["runs"][0]
     assert (group["batch_rows"], group["sync_rows"]) == (20, 20)
-    assert group["records_published"] >= sum(-(-r // 20) for r in group["member_rows"])  # one per batch at least
+    assert group["records_published"] >= sum(
+        -(-r // 20) for r in group["member_rows"]
+    )  # one per batch at least
 
 
 def test_projection_runs_out_of_interval_where_merging_fills_it():
     from iolstream.tools.bench_group import projection
 
-    cost = {"record_bytes": 1_000_000, "build_own_sums_ms": 5.0, "encode_ms": 3.0, "produce_ms": 2.0, "decode_ms": 10.0,
-            "apply_ms": 40.0, "resolve_ms": 40.0, "row_us": 100.0}  # fmt: skip
+    cost = {
+        "record_bytes": 1_000_000,
+        "build_own_sums_ms": 5.0,
+        "encode_ms": 3.0,
+        "produce_ms": 2.0,
+        "decode_ms": 10.0,
+        "apply_ms": 40.0,
+        "resolve_ms": 40.0,
+        "row_us": 100.0,
+    }
     rows = {r["members"]: r for r in projection(cost, members=(1, 4, 20), sync_seconds=1.0)}
     # per interval: publish 10 ms + (K−1)·50 ms merging + 40 ms re-solve; the rest at 10,000 rows/s
     assert rows[4]["sync_share"] == pytest.approx(0.2)

@@ -10,12 +10,11 @@ import orjson
 import pytest
 import yaml
 
-from iolstream.tools import cli
-from iolstream.tools import produce
+from iolstream.tools import cli, produce
 from iolstream.tools.datasets import load
-from iolstream.tools.protocol import Protocol, make_split
 from iolstream.tools.follow import learning_curve
 from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary
+from iolstream.tools.protocol import Protocol, make_split
 
 
 def rows(n: int, k: int = 3):
@@ -41,12 +40,19 @@ def rows_sent_before(messages, pos: int) -> int:
 def test_features_go_out_once_in_order_as_rows_or_batches():
     X, y = rows(23)
     single = plan(X, y, PlanOptions(with_ts=False))
-    assert [m.obj for m in single if m.kind == "features"] == [{"id": f"r{i}", "x": X[i].tolist()} for i in range(23)]
+    assert [m.obj for m in single if m.kind == "features"] == [
+        {"id": f"r{i}", "x": X[i].tolist()} for i in range(23)
+    ]
     batched = plan(X, y, PlanOptions(batch_rows=5, with_ts=False, id_prefix="q"))
     feats = [m for m in batched if m.kind == "features"]
     assert [m.rows for m in feats] == [5, 5, 5, 5, 3] and feats[-1].obj["ids"] == ["q20", "q21", "q22"]
     assert np.array_equal(np.concatenate([m.obj["x"] for m in feats]), X)
-    assert plan_summary(batched) == {"feature_messages": 5, "feature_rows": 23, "label_messages": 5, "label_rows": 23}
+    assert plan_summary(batched) == {
+        "feature_messages": 5,
+        "feature_rows": 23,
+        "label_messages": 5,
+        "label_rows": 23,
+    }
 
 
 @pytest.mark.parametrize("delay", [0, 1, 7])
@@ -64,7 +70,9 @@ def test_label_delay_in_rows(delay):
 
 def test_missing_duplicated_and_shuffled_labels():
     X, y = rows(2000)
-    options = PlanOptions(label_delay_rows=10, missing_fraction=0.1, duplicate_fraction=0.2, shuffle_window=25, seed=4)
+    options = PlanOptions(
+        label_delay_rows=10, missing_fraction=0.1, duplicate_fraction=0.2, shuffle_window=25, seed=4
+    )
     messages = plan(X, y, options)
     events = label_events(messages)
     counts = Counter(i for _, i in events)
@@ -95,7 +103,11 @@ def test_encode_stamps_event_time_on_features_only():
 
 def test_regression_and_string_labels():
     X = np.zeros((3, 2))
-    assert [m.obj["y"] for m in plan(X, np.array([1.5, 2.0, -1.0]), PlanOptions()) if m.kind == "labels"] == [1.5, 2.0, -1.0]
+    assert [m.obj["y"] for m in plan(X, np.array([1.5, 2.0, -1.0]), PlanOptions()) if m.kind == "labels"] == [
+        1.5,
+        2.0,
+        -1.0,
+    ]
     two = plan(X, np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), PlanOptions(batch_rows=3))
     assert [m.obj["y"] for m in two if m.kind == "labels"] == [[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]]
     strs = plan(X, np.array(["cat", "dog", "cat"]), PlanOptions())
@@ -127,8 +139,14 @@ def test_send_keeps_the_rate_and_delays_labels_by_seconds(monkeypatch):
     monkeypatch.setattr(confluent_kafka, "Producer", FakeProducer)
     X, y = rows(20)
     started = time.monotonic()
-    summary = produce.send(iter_plan(X, y, PlanOptions()), producer_conf={}, features_topic="F",
-                           labels_topic="L", rate=100.0, label_delay_seconds=0.3)  # fmt: skip
+    summary = produce.send(
+        iter_plan(X, y, PlanOptions()),
+        producer_conf={},
+        features_topic="F",
+        labels_topic="L",
+        rate=100.0,
+        label_delay_seconds=0.3,
+    )
     assert summary["feature_rows"] == summary["label_rows"] == 20
     feature_at = {m["id"]: t for t, topic, m in FakeProducer.sent if topic == "F"}
     label_at = {m["id"]: t for t, topic, m in FakeProducer.sent if topic == "L"}
@@ -137,8 +155,16 @@ def test_send_keeps_the_rate_and_delays_labels_by_seconds(monkeypatch):
     assert all(isinstance(m["ts"], int) for _, topic, m in FakeProducer.sent if topic == "F")
 
 
-@pytest.mark.parametrize("bad", [dict(missing_fraction=1.0), dict(duplicate_fraction=-0.1), dict(batch_rows=0),
-                                 dict(label_delay_seconds=float("nan")), dict(id_prefix="")])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(missing_fraction=1.0),
+        dict(duplicate_fraction=-0.1),
+        dict(batch_rows=0),
+        dict(label_delay_seconds=float("nan")),
+        dict(id_prefix=""),
+    ],
+)
 def test_plan_options_are_validated(bad):
     with pytest.raises(ValueError):
         PlanOptions(**bad)
@@ -181,20 +207,36 @@ def test_cli_errors_are_one_line_exit_2(capsys):
 
 def test_target_from_worker_config_and_options(tmp_path):
     path = tmp_path / "w.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": {"n_inputs": 4, "classes": [0, 1, 2]},
-        "kafka": {"bootstrap_servers": "broker:9", "client": {"security.protocol": "SSL"}},
-        "topics": {"features": "f1", "labels": "l1", "predictions": "p1", "dead_letters": "d1", "partitions": 3},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"n_inputs": 4, "classes": [0, 1, 2]},
+                "kafka": {"bootstrap_servers": "broker:9", "client": {"security.protocol": "SSL"}},
+                "topics": {
+                    "features": "f1",
+                    "labels": "l1",
+                    "predictions": "p1",
+                    "dead_letters": "d1",
+                    "partitions": 3,
+                },
+            }
+        )
+    )
     parser = cli.build_parser("produce")
     t = produce.resolve_target(parser.parse_args(["produce", "--dataset", "iris", "-c", str(path)]))
     assert t.client_conf == {"security.protocol": "SSL", "bootstrap.servers": "broker:9"}
     assert (t.features, t.labels, t.predictions, t.dead_letters, t.partitions) == ("f1", "l1", "p1", "d1", 3)
-    args = parser.parse_args(["produce", "--dataset", "iris", "-c", str(path), "--bootstrap", "other:1", "--labels-topic", "L"])
+    args = parser.parse_args(
+        ["produce", "--dataset", "iris", "-c", str(path), "--bootstrap", "other:1", "--labels-topic", "L"]
+    )
     t = produce.resolve_target(args)
     assert (t.client_conf["bootstrap.servers"], t.labels) == ("other:1", "L")
     t = produce.resolve_target(parser.parse_args(["produce", "--dataset", "iris"]))
-    assert (t.client_conf, t.features, t.dead_letters) == ({"bootstrap.servers": "127.0.0.1:19092"}, "iol.features", None)
+    assert (t.client_conf, t.features, t.dead_letters) == (
+        {"bootstrap.servers": "127.0.0.1:19092"},
+        "iol.features",
+        None,
+    )
 
 
 @pytest.mark.kafka
@@ -203,11 +245,31 @@ def test_produce_command_replays_into_kafka(kafka_bootstrap, kafka_topics):
 
     prefix = kafka_topics("x")[0][:-2]  # a unique name stem; --create-topics makes the real ones
     f, lab, p = f"{prefix}-features", f"{prefix}-labels", f"{prefix}-predictions"
-    code = cli.main([
-        "produce", "--dataset", "iris", "--bootstrap", kafka_bootstrap, "--features-topic", f, "--labels-topic", lab,
-        "--predictions-topic", p, "--create-topics", "--batch-rows", "10", "--label-delay-rows", "20",
-        "--duplicate-fraction", "0.1", "--rate", "2000", "--quiet",
-    ])  # fmt: skip
+    code = cli.main(
+        [
+            "produce",
+            "--dataset",
+            "iris",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--features-topic",
+            f,
+            "--labels-topic",
+            lab,
+            "--predictions-topic",
+            p,
+            "--create-topics",
+            "--batch-rows",
+            "10",
+            "--label-delay-rows",
+            "20",
+            "--duplicate-fraction",
+            "0.1",
+            "--rate",
+            "2000",
+            "--quiet",
+        ]
+    )
     try:
         assert code == 0
         feats = consume_all(kafka_bootstrap, f, timeout=10)
