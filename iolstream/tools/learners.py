@@ -10,6 +10,7 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 
 from iolstream.core import runtime
+from iolstream.core.learner import WOODBURY_RATIO
 from iolstream.core.model import EdRVFL, ModelConfig
 
 MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
@@ -21,8 +22,9 @@ class StreamLearner(TypingProtocol):
 
     name: str
 
-    def start(self, x_head: np.ndarray) -> None:
-        """Before streaming (untimed): the first training rows, for a warm-up scaler; compiled code loaded."""
+    def start(self, x_head: np.ndarray, batch_sizes=()) -> None:
+        """Before streaming (untimed): the first training rows, for a warm-up scaler, and the batch sizes
+        the stream will bring (to compile what they will call)."""
 
     def warming_up(self) -> bool:
         """Optional: True while a prediction would be a placeholder (regression: the target scaling is
@@ -54,13 +56,14 @@ class EdRVFLLearner:
         self._classification = config.task == "classification"
         self.compile_seconds = 0.0
 
-    def start(self, x_head: np.ndarray) -> None:
+    def start(self, x_head: np.ndarray, batch_sizes=()) -> None:
         runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them
         # A tiny model of the same kind runs the kernels this stream takes (serial, and parallel when the
         # step tuner may pick them) so that their compilation or cache load is not timed as learning.
         tuner = self.model.thread_tuner
         parallel = tuner is not None and any(s.parallel for s in tuner.settings)
-        self.compile_seconds = compile_kernels(self.config, parallel=parallel)
+        solvers = {self._solver_for(b) for b in batch_sizes} or None
+        self.compile_seconds = compile_kernels(self.config, parallel=parallel, solvers=solvers)
         scaler = self.model.scaler
         if not scaler.frozen:
             scaler.partial_fit(x_head[: self.config.warmup_rows])
@@ -69,6 +72,14 @@ class EdRVFLLearner:
         targets.warmup_rows = min(
             targets.warmup_rows, max(len(x_head), 2)
         )  # and the targets on every label there is
+
+    def _solver_for(self, b: int) -> str:
+        """The solver a b-row batch takes (core.learner's rule: Woodbury when b · WOODBURY_RATIO ≤ n)."""
+        if self.config.solver != "auto":
+            return self.config.solver
+        if self.config.forgetting is not None or b * WOODBURY_RATIO > self.model.network.n_columns:
+            return "cholesky"
+        return "woodbury"
 
     def warming_up(self) -> bool:
         return not self.model.targets.frozen
@@ -114,21 +125,19 @@ def _chunks(x: np.ndarray, rows: int):
         yield x[start : start + rows]
 
 
-def compile_kernels(config: ModelConfig, *, parallel: bool, batches: int = 3) -> float:
+def compile_kernels(config: ModelConfig, *, parallel: bool, solvers=None, batches: int = 3) -> float:
     """Run a tiny model of ``config``'s kind (dtype, mode, λ and forgetting candidates, activation, task)
     through the protocol's own calls — observe, learn with the prediction, predict, regret — with each
-    solver "auto" may pick, serial and (if ``parallel``) parallel, so that Numba compiles or loads every
-    kernel the real stream will call. Numba specialises on dtypes and layouts, not sizes: 8 nodes and
-    8-row batches do. Returns the seconds it took."""
+    solver "auto" may pick (or those in ``solvers``), serial and (if ``parallel``) parallel, so that Numba
+    compiles or loads every kernel the real stream will call. Numba specialises on dtypes and layouts, not
+    sizes: 8 nodes and 8-row batches do. Returns the seconds it took."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
-    small = dict(n_nodes=8, warmup_rows=8)
-    solvers = (
-        ("woodbury", "cholesky")
-        if config.solver == "auto" and config.forgetting is None
-        else (config.solver,)
-    )
-    for solver in solvers:
+    small = dict(n_nodes=8, warmup_rows=8, refactor_every=1)  # Woodbury: the periodic rebuild runs too
+    if solvers is None:
+        auto = config.solver == "auto" and config.forgetting is None
+        solvers = ("woodbury", "cholesky") if auto else (config.solver,)
+    for solver in sorted(solvers):
         for par in (False, True) if parallel else (False,):
             learner = EdRVFLLearner(dataclasses.replace(config, solver=solver, **small))
             model = learner.model

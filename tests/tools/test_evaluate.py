@@ -167,21 +167,28 @@ def _kernel_signatures():
     }
 
 
-@pytest.mark.parametrize("kind", ["classification", "regression"])
-def test_kernels_are_compiled_before_the_clock_starts(kind):
+@pytest.mark.parametrize(
+    "kind, batch, extra",
+    [
+        ("classification", 13, {}),  # 13-row batches: Gram + Cholesky; the last, 8 rows: Woodbury (n = 70)
+        ("regression", 13, {}),
+        ("classification", 8, {"refactor_every": 4}),  # Woodbury throughout, rebuilt every 4 batches
+    ],
+)
+def test_kernels_are_compiled_before_the_clock_starts(kind, batch, extra):
     """start() runs a tiny model of the same kind: the timed stream then meets no kernel signature
     it has not already compiled or loaded (a first call would be timed as learning)."""
     data = toy() if kind == "classification" else toy_regression()
-    protocol = Protocol(batch=13, label_delay=2)
+    protocol = Protocol(batch=batch, label_delay=2)
     split = make_split(data, protocol)
     seen = {}
 
     class Spy(EdRVFLLearner):
-        def start(self, x_head):
-            super().start(x_head)
+        def start(self, x_head, batch_sizes=()):
+            super().start(x_head, batch_sizes)
             seen.update(_kernel_signatures())
 
-    learner = Spy(model_config(split, "forward", {"n_nodes": 64, "n_layers": 2, "lam": "auto"}))
+    learner = Spy(model_config(split, "forward", {"n_nodes": 64, "n_layers": 2, "lam": "auto", **extra}))
     result = run_protocol(learner, split, protocol)
     assert result.compile_seconds > 0
     assert _kernel_signatures() == seen
