@@ -5,7 +5,8 @@
 #   kafka       docker/kafka/Dockerfile      on the base: Debian's JRE + the jars of scripts/kafka/pom.xml
 #   prometheus  docker/prometheus/Dockerfile on the base: Debian's prometheus package
 #
-#   bash scripts/containers.sh setup    install podman, runc, debootstrap (apt, as root) if missing; write the podman config
+#   bash scripts/containers.sh setup    with IOLSTREAM_INSTALL_SYSTEM=1: install podman, runc, debootstrap (apt, as root)
+#                                       if missing (else exit 3 naming them); write the podman config
 #   bash scripts/containers.sh build    setup, then build what is missing; prints the image names (also in $STATE/images.env)
 #   bash scripts/containers.sh clean    remove this script's images and state
 #
@@ -23,8 +24,8 @@
 #   DEBIAN_MIRROR              debootstrap mirror (default: the first Debian URI of the apt sources)
 #   IOLSTREAM_KAFKA_CACHE      dir whose lib/ holds the Kafka jars (as scripts/kafka.sh; resolved with mvn if absent)
 #
-# Exit codes: 0 ok, 1 failure, 2 usage, 3 no working podman here (not root; podman missing and no apt,
-# or apt failed; or `podman info` fails).
+# Exit codes: 0 ok, 1 failure, 2 usage, 3 no working podman here (not root; podman, runc or debootstrap
+# missing and IOLSTREAM_INSTALL_SYSTEM not 1, or no apt, or apt failed; or `podman info` fails).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +51,10 @@ do_setup() {
     local missing=()
     for tool in podman runc debootstrap; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
     if [ "${#missing[@]}" -gt 0 ]; then
+        if [ "${IOLSTREAM_INSTALL_SYSTEM:-0}" != 1 ]; then  # nothing system-wide unless asked
+            log "${missing[*]} not installed; install them, or set IOLSTREAM_INSTALL_SYSTEM=1 to let this script apt-get install them"
+            exit 3
+        fi
         if ! command -v apt-get >/dev/null 2>&1; then
             log "cannot install ${missing[*]}: no apt-get here (Debian/Ubuntu); install podman, runc and debootstrap yourself"
             exit 3

@@ -1,7 +1,7 @@
 """Plain-NumPy twins of the kernels, a plain prediction encoder, and literal transcriptions of the paper's algorithms.
 
 Slow and obvious on purpose: the reference every fast path is tested against.
-Batches are numbered t = 1, 2, … as in SPEC §2.
+Batches are numbered t = 1, 2, … as in docs/design.md §2.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def offline_expert(ds_gram, ds_labelled, ys, lam, shape=None):
 
 
 def expert_objective(ds_labelled, ys, lam):
-    """min_β ½λ‖β‖² + Σ_q ½‖D_q β − Y_q‖², evaluated at the minimiser from the data itself (SPEC §3)."""
+    """min_β ½λ‖β‖² + Σ_q ½‖D_q β − Y_q‖², evaluated at the minimiser from the data itself (docs/design.md §3)."""
     beta = offline_expert(ds_labelled, ds_labelled, ys, lam)
     return 0.5 * lam * float((beta**2).sum()) + sum(
         0.5 * float(((d @ beta - y) ** 2).sum()) for d, y in zip(ds_labelled, ys)

@@ -1,6 +1,6 @@
 """A model's learned sums as one flat set of arrays, to be added to another model's (group learning).
 
-Every output layer's state is a pair of sums, A_l = λ_l I + Σ DᵀD and c_l = Σ DᵀY (SPEC §2), so the
+Every output layer's state is a pair of sums, A_l = λ_l I + Σ DᵀD and c_l = Σ DᵀY (docs/design.md §2), so the
 states of models that share their random features (same config, same seed) add up: what two models
 learned from disjoint rows is what one model learns from all of them. ``sums(model)`` reads the data
 part of every learner that makes its own updates (the λ candidates of ``lam: auto`` share their

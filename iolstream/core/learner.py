@@ -1,4 +1,4 @@
-"""The online output-layer learners of edRVFL: -F and -R on one state (SPEC §2).
+"""The online output-layer learners of edRVFL: -F and -R on one state (docs/design.md §2).
 
 Each layer l keeps sufficient statistics, never past data:
 
@@ -82,7 +82,7 @@ class OnlineLearner:
     track_regret : bool — keep A_r (labelled rows only) for the exact regret of -F (costs one
         extra symmetric rank-b update per labelled batch; -R gets it for free since A_r = A)
         and the D_m, Y_m of the bounds (one pass over D per labelled batch)
-    half_life : float or None — forgetting (SPEC §8): a row seen τ rows ago weighs 2^(−τ/half_life)
+    half_life : float or None — forgetting (docs/design.md §8): a row seen τ rows ago weighs 2^(−τ/half_life)
         in A and c; None (default) = no forgetting, bit for bit the learner without it
 
     Forgetting runs on ``state.clock``, the rows seen so far: ``observe`` (both modes) advances it
@@ -350,7 +350,7 @@ class OnlineLearner:
             )  # c += DᵀY
 
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
-        """Downdate: remove rows' Gram from A (-F rows whose label will never come; SPEC §2 option).
+        """Downdate: remove rows' Gram from A (-F rows whose label will never come; docs/design.md §2 option).
 
         With forgetting, each row is removed with its present weight (``observed_at`` as in ``learn``).
         The factor is rebuilt from the exact A by Cholesky (a Woodbury downdate is not stable).

@@ -25,7 +25,7 @@ class LayerArrays:
                      (not up to date where ``factor_stale``)
     rhs            : (L, m, n) — rhs[l].T = c_l
     beta           : (L, m, n) — beta[l].T = β_l (not up to date where ``beta_stale``)
-    gram_labelled  : (L, n, n) — A_r of SPEC §3 (-F with regret tracking), else (0, n, n)
+    gram_labelled  : (L, n, n) — A_r of docs/design.md §3 (-F with regret tracking), else (0, n, n)
     loss_sum       : (L,) — Σ_t L_{l,t}(β_{l,t})
     beta_stale     : (L,) bool — β_l must be solved from the factor before it is used
     factor_stale   : (L,) bool — the Cholesky factor must be recomputed from A_l before it is used
@@ -106,7 +106,7 @@ class LayerState:
     factor         : (n, n) float64 — lower Cholesky factor of A_l, or P_l = A_l⁻¹ (``factor_kind``).
                      Lazy too: the fused -F step factors A in scratch memory and only marks
                      this one stale; reading it factors A again.
-    gram_labelled  : (n, n) float64 or None — λI + Σ DᵀD over labelled rows (A_r of SPEC §3), -F only
+    gram_labelled  : (n, n) float64 or None — λI + Σ DᵀD over labelled rows (A_r of docs/design.md §3), -F only
     loss_sum       : Σ_t L_{l,t}(β_{l,t}), immediate losses with the β that made each prediction
     factor_kind    : "cholesky" or "inverse"
     woodbury_steps : Woodbury updates since P_l was rebuilt from A_l
@@ -219,7 +219,7 @@ class LearnerState:
                 ls.refactor()
         return self.__dict__.copy()
 
-    # The two operations forgetting and group learning are built on (SPEC §8). Write every sum as
+    # The two operations forgetting and group learning are built on (docs/design.md §8). Write every sum as
     # A = λI + S: only the data part S = Σ wᵢ dᵢdᵢᵀ (and c, A_r − λI, the loss sums) is scaled or added;
     # the prior λI is never scaled and never counted twice. scale and add commute: f(S + S') = fS + fS'.
 

@@ -63,7 +63,7 @@ class ModelConfig:
     refactor_every: int = 256
     track_regret: bool = True
     forgetting: float | str | None = (
-        None  # half-life in rows (SPEC §8); None: never forget; "auto": choose online
+        None  # half-life in rows (docs/design.md §8); None: never forget; "auto": choose online
     )
     target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
     target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations

@@ -1,4 +1,4 @@
-"""The edRVFL hidden layers (SPEC §1, eqs. 1–2): random, seeded, never trained.
+"""The edRVFL hidden layers (docs/design.md §1, eqs. 1–2): random, seeded, never trained.
 
     H_1 = g(X W_1 + b_1),  H_l = g([H_{l-1} | X] W_l + b_l),  D_l = [H_l | X | 1]
 

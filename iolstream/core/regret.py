@@ -1,4 +1,4 @@
-"""Regret against the best offline expert, from the state alone (SPEC §3).
+"""Regret against the best offline expert, from the state alone (docs/design.md §3).
 
     CR_T = Σ_t L_t(β_t) − min_β [½λ‖β‖² + Σ_t L_t(β)]
     min_β[...] = ½ (Σ‖Y‖² − tr(cᵀ A_r⁻¹ c)),   A_r = λI + Σ_labelled DᵀD

@@ -1,4 +1,4 @@
-"""Feature scaling (SPEC §4): z-score, frozen once set, because the Gram is only
+"""Feature scaling (docs/design.md §4): z-score, frozen once set, because the Gram is only
 meaningful while the scaling never changes.
 
 Modes: ``fixed`` (mean/std given), ``warmup`` (estimated from the first W rows,
@@ -63,7 +63,7 @@ class Scaler:
     def partial_fit(self, x: np.ndarray) -> None:
         """Accumulate rows while warming up; freeze when W rows have been seen. No-op once frozen.
 
-        Only the first W rows count (SPEC §4), so the frozen scaling does not depend on where the
+        Only the first W rows count (docs/design.md §4), so the frozen scaling does not depend on where the
         micro-batch boundaries fell: rows of ``x`` beyond the W-th are ignored.
         """
         if self.frozen or len(x) == 0:
@@ -126,7 +126,7 @@ class Scaler:
 
 
 class TargetScaler:
-    """Regression targets z-scored as the inputs are (SPEC §4): mean and deviation of the first
+    """Regression targets z-scored as the inputs are (docs/design.md §4): mean and deviation of the first
     ``warmup_rows`` labels, then frozen, so that the ridge prior and -F's shrinkage pull toward the
     mean and not toward 0. The layers learn (y − μ)/σ; ``inverse`` maps their ensemble back.
 

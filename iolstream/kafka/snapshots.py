@@ -1,4 +1,4 @@
-"""Snapshots: the worker's whole state as one checksummed, versioned file (SPEC §6).
+"""Snapshots: the worker's whole state as one checksummed, versioned file (docs/design.md §6).
 
 File layout (``snap-<sequence>.iolsnap``, sequence zero-padded so names sort by age)::
 

@@ -14,7 +14,7 @@ the features and labels partitions; a partition whose queue is full is paused. O
 move the positions: snapshots and commits never cover a message still queued, which is read again
 after a restart, a revoke or a roll-back.
 
-Durability (SPEC §6; docs/operations.md). A snapshot holds the state and the positions; the worker
+Durability (docs/design.md §6; docs/operations.md). A snapshot holds the state and the positions; the worker
 always resumes from them. At-least-once: offsets are committed only after a snapshot covering them is
 durable. Exactly-once: each poll cycle ends with a forced step and one transaction holding its
 predictions, dead letters and input offsets; on restart the input between the snapshot and the

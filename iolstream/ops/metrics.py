@@ -47,10 +47,10 @@ transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
 model_version                          gauge       changes of β
 prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
-immediate_loss                         gauge       mode: SPEC §3 L_t of the last label batch (mean over layers)
+immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch (mean over layers)
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
-cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (SPEC §3)
+cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (docs/design.md §3)
 effective_lambda                       gauge       the λ in force (model.lam; auto: the chosen candidate's)
 effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
 candidate_recent_loss                  gauge       lam, half_life: auto, each candidate's recent loss per row
@@ -251,7 +251,7 @@ class _WorkerCollector:
         yield preq
         yield gauge(
             "immediate_loss",
-            "½‖Dβ − Y‖² of the last label batch, mean over layers (SPEC §3)",
+            "½‖Dβ − Y‖² of the last label batch, mean over layers (docs/design.md §3)",
             v["immediate_loss"],
             mode=mode,
         )
@@ -261,7 +261,7 @@ class _WorkerCollector:
         )
         yield gauge(
             "cumulative_regret",
-            "Cumulative regret vs the offline expert, mean over layers (SPEC §3)",
+            "Cumulative regret vs the offline expert, mean over layers (docs/design.md §3)",
             v["regret"],
             mode=mode,
         )

@@ -1,4 +1,4 @@
-"""Input messages -> validated arrays (``rows``), and dead letters for what is refused (SPEC §5).
+"""Input messages -> validated arrays (``rows``), and dead letters for what is refused (docs/design.md §5).
 No I/O, no Kafka types; the way out (predictions, one-row messages) is ``encoding``.
 
 A message carries one row or a batch::

@@ -50,7 +50,7 @@ class StreamConfig:
     max_early_labels: int = 100_000
     remember_done: int = 200_000
     forget_expired: bool = (
-        False  # downdate the Gram of rows whose label never came (default: keep it, SPEC §2)
+        False  # downdate the Gram of rows whose label never came (default: keep it, docs/design.md §2)
     )
     align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
     align_max_queued_messages: int = (

@@ -1,4 +1,4 @@
-"""Stored rows and labels -> one-row messages, predictions -> JSON (SPEC §5). No I/O, no Kafka types.
+"""Stored rows and labels -> one-row messages, predictions -> JSON (docs/design.md §5). No I/O, no Kafka types.
 
 The one-row messages (``{"id":..,"x":..}`` / ``{"id":..,"y":..}``) are what a refused row or label
 becomes as a dead letter: each decodes on its own (``codec.decode_features`` / ``decode_labels``)
@@ -54,7 +54,7 @@ def encode_predictions(
     mode: str,
     classes: tuple | None,
 ) -> list[bytes]:
-    """One JSON prediction per row (SPEC §5).
+    """One JSON prediction per row (docs/design.md §5).
 
     y_hat   : classification (``classes`` given): (b,) int class indices, emitted as the class
               itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list

@@ -1,7 +1,7 @@
-"""The bounded label-join buffer and the micro-batcher (SPEC §5). Pure logic, explicit state.
+"""The bounded label-join buffer and the micro-batcher (docs/design.md §5). Pure logic, explicit state.
 
 ``JoinBuffer`` holds feature rows that were observed (their Gram already in A,
-SPEC §2 -F) and wait for a label, and labels that came before their row
+docs/design.md §2 -F) and wait for a label, and labels that came before their row
 ("early" labels). Every label ends in exactly one place, each counted:
 
 - joined with its row, once (``labels_joined``; ``labels_early_joined`` of those were held early);

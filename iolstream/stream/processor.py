@@ -80,7 +80,7 @@ PAYLOAD = ("x", "position", "stamp", "candidate", "outputs")
 
 
 class StreamProcessor:
-    """Pure stream logic around one EdRVFL model (SPEC §5)."""
+    """Pure stream logic around one EdRVFL model (docs/design.md §5)."""
 
     def __init__(self, model: EdRVFL, cfg: StreamConfig, *, window_rows: int = 1000):
         self.model = model
@@ -244,7 +244,7 @@ class StreamProcessor:
 
     def _warm_up(self) -> None:
         """Freeze the warm-up scaler once the held batches hold its W rows: fitted on exactly the first
-        W rows in one call, so the scaling never depends on where the batch boundaries fell (SPEC §4)."""
+        W rows in one call, so the scaling never depends on where the batch boundaries fell (docs/design.md §4)."""
         scaler = self.model.scaler
         if self.held_rows < scaler.warmup_rows:
             return

@@ -1,6 +1,6 @@
 """A bounded FIFO memory of ids, in fixed memory: 128-bit fingerprints in a NumPy ring, with an index.
 
-The join buffer remembers the last ``capacity`` ids that were labelled or expired (SPEC §5), to
+The join buffer remembers the last ``capacity`` ids that were labelled or expired (docs/design.md §5), to
 tell a duplicate label or a duplicate row from a new one. Kept as an ``OrderedDict[str, int]`` that
 memory grew with the stream until the FIFO was full, to ~200 bytes per id (the dict, its linked
 list and the id strings; ~40 MB at the default 200,000), and its resizes doubled it for a moment.

@@ -1,5 +1,5 @@
 """What the codec yields and refuses: validated rows, the target they are labelled for, and the
-reasons a message (or one row of it) is refused (SPEC §5). No I/O, no Kafka types.
+reasons a message (or one row of it) is refused (docs/design.md §5). No I/O, no Kafka types.
 
     >>> rows = FeatureRows(["a", "b", "c"], np.zeros((3, 2)), np.array([-1, 5, -1]))
     >>> rows.take(1, 3).ids, FeatureRows.concat([rows.take(0, 1), rows.take(2, 3)]).ts.tolist()

@@ -60,7 +60,7 @@ class OSELM:
         self.learner = learner_mod.OnlineLearner(n_nodes, config.m, 1, lam=self.lam, mode="ridge")
         self._classification = config.task == "classification"
 
-    def start(self, x_head):
+    def start(self, x_head, batch_sizes=()):
         runtime.configure_blas()
         if runtime.blas_threads_for(self.config.n_nodes) == 1:
             threadpool_limits(
@@ -152,7 +152,7 @@ class RiverLearner:
             self._label = f"river {type(estimator).__name__}"
         self.seed = seed
 
-    def start(self, x_head):
+    def start(self, x_head, batch_sizes=()):
         pass  # river scales online (StandardScaler) or needs no scaling (trees)
 
     @staticmethod

@@ -191,7 +191,11 @@ def add_parser(subparsers):
         "--per-batch", action="store_true", help="with --json: add the per-batch prequential metric and loss"
     )
     out.add_argument("--plot", metavar="FILE.png", help="draw the test-metric curves over rows seen")
-    out.add_argument("--quiet", action="store_true", help="no table, no progress bar")
+    out.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no curve table: only the summary (nothing but the JSON with --json)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -271,36 +275,45 @@ def main(args) -> int:
         ]
 
     table_stream = sys.stderr if args.json else sys.stdout
+    verbose = not args.quiet  # --quiet: no progress, no curve table; the summary still (unless --json)
+    stream_order = protocol.order == "stream"
     b = protocol.batch_rows(len(split.x_train))
     n_batches = -(-len(split.x_train) // b)
-    if not args.quiet:
+    if verbose:
+        held_out = (
+            "stream order: test-then-train over the rows as they come, no test split"
+            if stream_order
+            else f"{len(split.x_test)} test rows"
+        )
         print(
             f"{dataset.description}\n{len(split.x_train)} training rows in {n_batches} batches of {b}, "
-            f"{len(split.x_test)} test rows, label delay {protocol.label_delay}, seed {protocol.seed}",
+            f"{held_out}, label delay {protocol.label_delay}, seed {protocol.seed}",
             file=table_stream,
         )
     results = []
     metric = split.metric
     for learner in learners:
-        bar = ProgressBar(n_batches, learner.name, enabled=None if not args.quiet else False)
-        table = Table(
-            [
-                ("model", 9),
-                ("batch", 11),
-                ("rows", 9),
-                (f"test {metric[:3]}", 8, ".4f"),
-                (f"preq {metric[:3]}", 8, ".4f"),
-                ("rows/s", 9, ",.0f"),
-            ],
-            stream=table_stream,
-            bar=bar,
-        )
-        if not args.quiet:
+        bar = ProgressBar(n_batches, learner.name, enabled=None if verbose else False)
+        # the curve table: test points exist only with a test split (shuffle order)
+        table = None
+        if verbose and not stream_order:
+            table = Table(
+                [
+                    ("model", 9),
+                    ("batch", 11),
+                    ("rows", 9),
+                    (f"test {metric[:3]}", 8, ".4f"),
+                    (f"preq {metric[:3]}", 8, ".4f"),
+                    ("rows/s", 9, ",.0f"),
+                ],
+                stream=table_stream,
+                bar=bar,
+            )
             print(file=table_stream)
             table.header()
 
         def on_point(pt, table=table):
-            if not args.quiet:
+            if table is not None:
                 table.row(
                     pt.name,
                     f"{pt.t}/{pt.n_batches}",
@@ -326,65 +339,71 @@ def main(args) -> int:
         if args.json:
             print(json.dumps(result.to_json(per_batch=args.per_batch), allow_nan=False), flush=True)
 
-    if not args.quiet:
-        _summary(results, table_stream)
-    if args.plot and protocol.order == "stream":
+    if verbose or not args.json:
+        summary(results, table_stream)
+    if args.plot and stream_order:
         drifts = drift.drift_points(dataset.name, len(split.x_train)) if dataset.name in drift.STREAMS else []
         plot_windows(
             results, args.plot, drifts, title=f"{dataset.name}: prequential {metric} per window, stream order"
         )
     elif args.plot:
         plot_curves(results, args.plot, title=f"{dataset.name}: test {metric} over the stream")
-        if not args.quiet:
-            print(f"plot written to {args.plot}", file=table_stream)
+    if args.plot and verbose:
+        print(f"plot written to {args.plot}", file=table_stream)
     return 0
 
 
-def _summary(results, stream) -> None:
+def summary(results, stream) -> None:
+    """The closing table: one row per learner, then what the numbers leave out."""
     from iolstream.tools.progress import Table
 
     metric = results[0].metric
+    stream_order = results[0].order == "stream"
+    columns = [("model", 9)]
+    if not stream_order:
+        columns.append((f"test {metric}", 13, ".4f"))
+    columns.append((f"preq {metric}", 13, ".4f"))
+    if stream_order:
+        columns += [("first 20%", 10, ".4f"), ("last 20%", 10, ".4f")]
+    columns += [
+        ("cum. regret", 12, ".4g"),
+        ("bound", 10, ".4g"),
+        ("rows/s", 9, ",.0f"),
+        ("seconds", 8, ".2f"),
+    ]
     print(file=stream)
-    table = Table(
-        [
-            ("model", 9),
-            (f"test {metric}", 13, ".4f"),
-            (f"preq {metric}", 13, ".4f"),
-            ("cum. regret", 12, ".4g"),
-            ("bound", 10, ".4g"),
-            ("rows/s", 9, ",.0f"),
-            ("seconds", 8, ".2f"),
-        ],
-        stream=stream,
-    )
+    table = Table(columns, stream=stream)
     table.header()
     for r in results:
-        table.row(
-            r.name,
-            r.test_metric,
-            r.prequential_metric,
-            r.cumulative_regret,
-            r.regret_bound,
-            r.rows_per_second,
-            r.seconds,
+        values = [r.name]
+        if not stream_order:
+            values.append(r.test_metric)
+        values.append(r.prequential_metric)
+        if stream_order:
+            values += [r.prequential_first20, r.prequential_last20]
+        values += [r.cumulative_regret, r.regret_bound, r.rows_per_second, r.seconds]
+        table.row(*values)
+    notes = []
+    if stream_order:
+        notes.append(
+            "stream order: no test split; preq is test-then-train over every row, first 20% starts after "
+            "the warm-up rows"
         )
-    if results[0].order == "stream":
-        print(file=stream)
-        table = Table(
-            [
-                ("model", 14),
-                ("preq all", 10, ".4f"),
-                ("first 20%", 10, ".4f"),
-                ("last 20%", 10, ".4f"),
-                ("in force", 30),
-            ],
-            stream=stream,
-        )
-        table.header()
         for r in results:
-            eff = r.config.get("effective", {})
-            force = f"lam={eff.get('lam')} h={eff.get('forgetting')}" if eff else ""
-            table.row(r.name, r.prequential_metric, r.prequential_first20, r.prequential_last20, force)
+            eff = r.config.get("effective") or {}
+            if eff:
+                notes.append(f"in force at the end, {r.name}: lam={eff.get('lam')} h={eff.get('forgetting')}")
+    for r in results:
+        if r.warmup_rows_excluded:
+            notes.append(
+                f"{r.name}: preq leaves out the first {r.warmup_rows_excluded:,} rows, predicted before the "
+                "target scaling was known (the regression warm-up)"
+            )
+    compile_seconds = sum(r.compile_seconds for r in results)
+    if compile_seconds:
+        notes.append(f"kernels compiled or loaded before timing: {compile_seconds:.2f} s (not in rows/s)")
+    for note in notes:
+        print(note, file=stream)
 
 
 def plot_curves(results, path: str, *, title: str = "") -> None:

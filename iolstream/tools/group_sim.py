@@ -4,7 +4,7 @@ The stream is cut the way a consumer group cuts it: row i's id ("r<i>") hashes t
 partitions (CRC-32, as stable as Kafka's key hash), and partition p belongs to member p mod K. Every
 member micro-batches its own rows in stream order (``batch_rows``) and runs the worker's -F step: the
 labels of its previous batch are folded in, then the batch enters A and is predicted (labels one batch
-late, SPEC §2). Every ``sync_rows`` rows of its own, a member publishes its own cumulative sums
+late, docs/design.md §2). Every ``sync_rows`` rows of its own, a member publishes its own cumulative sums
 (``stream.group.GroupState``, the Kafka worker's bookkeeping); before each of its batches it applies
 the newest record of every other member published so far, as the worker does every poll cycle: the
 others' rows reach it with a lag of up to ``sync_rows`` of theirs.

@@ -14,6 +14,7 @@ second; it is erased before any table row is printed, so both can share a termin
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -58,7 +59,8 @@ class ProgressBar:
 
 
 class Table:
-    """Fixed-width rows: ``columns`` is a list of (title, width) or (title, width, format spec)."""
+    """Fixed-width rows: ``columns`` is a list of (title, width) or (title, width, format spec).
+    None and NaN print as ``-``."""
 
     def __init__(self, columns, *, stream=None, bar: ProgressBar | None = None):
         self.columns = [(c[0], c[1], c[2] if len(c) > 2 else "") for c in columns]
@@ -74,8 +76,8 @@ class Table:
     def _write(self, values, raw: bool = False) -> None:
         cells = []
         for i, ((_, width, spec), value) in enumerate(zip(self.columns, values)):
-            if value is None:
-                text = "-"
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
+                text = "-"  # not measured (no test split, no regret): never "nan"
             elif raw or not spec:
                 text = str(value)
             else:

@@ -14,8 +14,12 @@ Protocol (pure, in :func:`run_protocol`; the CLI is ``tools.evaluate``):
 
 Per batch it records the prequential metric (accuracy, or RMSE for regression) and the
 immediate loss ½‖D_l β_l − Y‖² (mean over layers) with the β that made the prediction.
+Regression: the rows predicted before the target scaling is known (the first ``warmup_rows``
+labels are held until then, and the model predicts 0) are left out of the prequential metric
+and counted in ``warmup_rows_excluded``.
 Rows per second count training rows over the seconds spent predicting and learning on the
-stream; test evaluation is timed apart.
+stream; the Numba kernels are compiled (or loaded from the cache) on a tiny model of the same
+kind before the clock starts (``compile_seconds``), and test evaluation is timed apart.
 
     >>> from iolstream.tools.datasets import load
     >>> from iolstream.tools.protocol import Protocol, evaluate
@@ -33,14 +37,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol as TypingProtocol
 
 import numpy as np
 
-from iolstream.core import runtime
-from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.model import ModelConfig
 from iolstream.tools.baselines import make_baseline
 from iolstream.tools.datasets import DataError, Dataset
+from iolstream.tools.learners import MODES, EdRVFLLearner, StreamLearner  # noqa: F401 (public here too)
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     CurvePoint,
     EvaluationResult,
@@ -49,11 +52,9 @@ from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     score,
 )
 
-MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
 ORDERS = ("shuffle", "stream")
 STREAM_WINDOWS = 50  # --order stream: the windowed prequential curve has this many windows
 DEFAULT_BATCH = 0.03  # a fraction of the training set, as the paper's tables give b (Letters: 0.030)
-TEST_CHUNK_BYTES = 64 * 2**20  # features of at most this many bytes per test-prediction chunk
 
 
 # --------------------------------------------------------------------------- protocol
@@ -212,94 +213,6 @@ def plain_label(label):
     return label.item() if hasattr(label, "item") else label
 
 
-# ---------------------------------------------------------------------------- learners
-
-
-class StreamLearner(TypingProtocol):
-    """What the protocol drives: edRVFL-F/-R here, the comparison learners in ``baselines``."""
-
-    name: str
-
-    def start(self, x_head: np.ndarray) -> None:
-        """Before streaming: the first training rows, for a warm-up scaler."""
-
-    def arrive(self, x: np.ndarray) -> tuple[object, np.ndarray]:
-        """A new batch: returns (a handle kept until its labels arrive, its prediction)."""
-
-    def label(self, handle, y: np.ndarray) -> float:
-        """Labels of an earlier batch; returns its immediate loss."""
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Pure inference: class indices (b,) or values (b, m)."""
-
-    def regret(self) -> tuple[float | None, float | None]:
-        """(cumulative regret, the paper's bound), or (None, None) when not defined."""
-
-    def describe(self) -> dict:
-        """Hyperparameters, for the report."""
-
-
-class EdRVFLLearner:
-    """edRVFL driven as the stream drives it (-F: ``observe`` then later ``learn``; -R: predict, learn)."""
-
-    def __init__(self, config: ModelConfig):
-        self.config = config
-        self.model = EdRVFL(config)
-        self.name = MODES[config.mode]
-        self._classification = config.task == "classification"
-
-    def start(self, x_head: np.ndarray) -> None:
-        runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them (MEASUREMENTS.md trap)
-        scaler = self.model.scaler
-        if not scaler.frozen:
-            scaler.partial_fit(x_head[: self.config.warmup_rows])
-            scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
-        targets = self.model.targets
-        targets.warmup_rows = min(
-            targets.warmup_rows, max(len(x_head), 2)
-        )  # and the targets on every label there is
-
-    def arrive(self, x):
-        # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
-        # predicts (= predict_batch), but it runs under the model's runtime.StepTuner as in the worker.
-        pred = self.model.observe(x)
-        return pred, (pred.index if self._classification else pred.value)
-
-    def label(self, pred, y) -> float:
-        targets = self.model.one_hot(y) if self._classification else y
-        losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
-        return float(losses.mean())
-
-    def predict(self, x):
-        out = []
-        for chunk in _chunks(
-            x, TEST_CHUNK_BYTES // (8 * self.config.n_layers * self.model.network.n_columns)
-        ):
-            pred = self.model.predict_batch(chunk)
-            out.append(pred.index if self._classification else pred.value)
-        return np.concatenate(out)
-
-    def regret(self):
-        report = self.model.regret()
-        return report.mean_regret, report.bound
-
-    def describe(self) -> dict:
-        cfg = self.config.to_dict()
-        for key in ("scaler_mean", "scaler_std"):
-            if cfg[key] is not None:
-                cfg[key] = "(from the training rows)"
-        cfg["effective"] = (
-            self.model.effective
-        )  # λ and half-life in force (auto: each candidate's recent loss)
-        return cfg
-
-
-def _chunks(x: np.ndarray, rows: int):
-    rows = max(int(rows), 1)
-    for start in range(0, len(x), rows):
-        yield x[start : start + rows]
-
-
 # ------------------------------------------------------------------------------ result
 
 
@@ -323,11 +236,14 @@ def run_protocol(
     if protocol.curve_test_rows is not None and len(curve_x) > protocol.curve_test_rows:
         curve_x, curve_y = curve_x[: protocol.curve_test_rows], curve_y[: protocol.curve_test_rows]
 
-    learner.start(split.x_train)
-    learner.predict(split.x_train[:1])  # untimed: loads the JIT-compiled kernels
+    sizes = {min(b, n_train), n_train - (n_batches - 1) * b}  # every batch has b rows but the last
+    learner.start(split.x_train, batch_sizes=sizes)  # untimed: a warm-up scaler, compiled kernels
+    learner.predict(split.x_train[:1])  # untimed: the inference kernels
+    warming_up = getattr(learner, "warming_up", lambda: False)
 
     batch_prequential = np.full(n_batches, np.nan)
     batch_errors, batch_counts = np.zeros(n_batches), np.zeros(n_batches)
+    scored = np.ones(n_batches, dtype=bool)  # False: predicted during the target warm-up (a placeholder)
     batch_loss = np.full(n_batches, np.nan)
     pending: deque = deque()  # (batch index, handle, labels), in arrival order
     error_sum, count = 0.0, 0
@@ -344,13 +260,15 @@ def run_protocol(
         y = split.y_train[(t - 1) * b : t * b]
         tic = time.perf_counter()
         deliver(t - 1 - delay)  # labels of batch t - delay (index t-1-delay) arrive before batch t
+        scored[t - 1] = not warming_up()
         handle, pred = learner.arrive(x)
         pending.append((t - 1, handle, y))
         if t == n_batches:
             deliver(n_batches)  # end of stream: every outstanding label arrives
         learn_seconds += time.perf_counter() - tic
         errors, n = error_sums(task, pred, y)
-        error_sum, count = error_sum + errors, count + n
+        if scored[t - 1]:
+            error_sum, count = error_sum + errors, count + n
         batch_prequential[t - 1] = metric_from(task, errors, n)
         batch_errors[t - 1], batch_counts[t - 1] = errors, n
         if t in points:
@@ -384,7 +302,7 @@ def run_protocol(
         ends = np.minimum(np.arange(1, n_batches + 1) * b, n_train)  # rows seen after each batch
 
         def over(lo: int, hi: int) -> float:  # prequential metric of the batches ending in (lo, hi]
-            sel = (ends > lo) & (ends <= hi)
+            sel = (ends > lo) & (ends <= hi) & scored
             return metric_from(task, float(batch_errors[sel].sum()), int(batch_counts[sel].sum()))
 
         warm = getattr(getattr(learner, "config", None), "warmup_rows", 0)
@@ -420,6 +338,8 @@ def run_protocol(
         batch_prequential=batch_prequential,
         batch_loss=batch_loss,
         config=learner.describe(),
+        warmup_rows_excluded=int(np.diff(np.minimum(np.arange(n_batches + 1) * b, n_train))[~scored].sum()),
+        compile_seconds=float(getattr(learner, "compile_seconds", 0.0)),
         **extra,
     )
 

@@ -63,6 +63,8 @@ class EvaluationResult:
     window_curve: list = field(
         default_factory=list
     )  # --order stream: [(rows seen, prequential metric of the window)]
+    warmup_rows_excluded: int = 0  # regression: rows predicted before the target scaling was known
+    compile_seconds: float = 0.0  # Numba kernels compiled or loaded before the clock started
 
     def to_json(self, per_batch: bool = False) -> dict:
         """A JSON-ready dict (NaN becomes None); per-batch arrays only when asked."""
@@ -93,6 +95,8 @@ class EvaluationResult:
                 "order",
                 "prequential_first20",
                 "prequential_last20",
+                "warmup_rows_excluded",
+                "compile_seconds",
             )
         }
         out["curve"] = [[int(t), finite_or_none(v)] for t, v in self.curve]

@@ -13,7 +13,7 @@ entered A), then its labels are learned, before batch t+1 arrives — the paper'
 Measured, averaged over repetitions:
 
 - immediate regret against the oracle, IR_t = 2 (L_t(β_t) − L_t(β°)), L_t(β) = ½‖D_t β − Y_t‖²;
-- cumulative regret against the best offline expert (SPEC §3, Theorems 4–5),
+- cumulative regret against the best offline expert (docs/design.md §3, Theorems 4–5),
   CR_T = Σ_t L_t(β_t) − min_β [½λ‖β‖² + Σ_t L_t(β)], also at log-spaced t;
 - ‖β_{T+1} − β°‖², where -F's β_{T+1} already holds the Gram of a batch T+1.
 

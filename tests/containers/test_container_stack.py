@@ -18,8 +18,8 @@ ports on 127.0.0.1 only, picked free, so the test broker at 19092 is never touch
 - ``podman stop`` (SIGTERM) ends each worker with exit code 0; started again, they load their
   snapshots and predict the rows sent meanwhile.
 
-Runs where podman can be had (installed with apt as root if missing); skipped with the reason
-otherwise. IOLSTREAM_CONTAINER_TEST=require (``make container-test``) turns that skip into a
+Runs where podman, runc and debootstrap are present (or, with IOLSTREAM_INSTALL_SYSTEM=1, installed
+with apt as root); skipped with the reason otherwise. IOLSTREAM_CONTAINER_TEST=require (``make container-test``) turns that skip into a
 failure; IOLSTREAM_CONTAINER_TEST=skip skips it.
 """
 

@@ -32,7 +32,7 @@ def test_partial_fit_chunking_does_not_matter():
 
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
 def test_modes_reach_the_same_fit(mode):
-    """With every label in, -F and -R hold the same sums (SPEC §2), so the fitted models agree."""
+    """With every label in, -F and -R hold the same sums (docs/design.md §2), so the fitted models agree."""
     X, y = make_regression(n_samples=300, n_features=5, noise=0.1, random_state=1)
     ref = EdRVFLRegressor(mode="forward", **SMALL).fit(X, y)
     est = EdRVFLRegressor(mode=mode, **SMALL).fit(X, y)

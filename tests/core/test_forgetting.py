@@ -1,4 +1,4 @@
-"""Forgetting (SPEC §8) and the two state operations it is built on, ``scale`` and ``add``.
+"""Forgetting (docs/design.md §8) and the two state operations it is built on, ``scale`` and ``add``.
 
 1. Theorem 1, weighted: with a half-life h, after every observe / learn β equals the closed-form
    weighted ridge (λI + Σ_entered wᵢ dᵢdᵢᵀ)⁻¹ Σ_labelled wᵢ dᵢyᵢ, wᵢ = 2^(−(clock − stampᵢ)/h), for any
@@ -225,7 +225,7 @@ def _assert_same_sums(a: OnlineLearner, b: OnlineLearner, msg: str, rtol=1e-12, 
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
 def test_members_on_a_shared_clock_add_up_to_one_learner(mode, half_life):
     """Two members split the batches (odd / even) and both advance the clock on every batch; adding
-    one member's sums to the other's gives the learner that saw every batch (group learning, SPEC §9)."""
+    one member's sums to the other's gives the learner that saw every batch (group learning, docs/design.md §9)."""
     seed_ = 21
     feats, ys = make_batches(seed_, [5, 7, 3, 8, 6, 4, 9, 2, 5, 7])
     batches = list(zip(feats, ys))

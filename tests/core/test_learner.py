@@ -1,4 +1,4 @@
-"""The online learner against the paper and the closed form (SPEC §2, issue #2 items 4–5).
+"""The online learner against the paper and the closed form (docs/design.md §2, issue #2 items 4–5).
 
 1. In order, labels one batch late: every layer's β (and η = A⁻¹) after every step equals a
    literal transcription of Algorithm 1 (-R) / Algorithm 2 (-F) (``naive.paper_ridge``,
@@ -99,7 +99,7 @@ def assert_same_state(a: dict, b: dict, msg: str):
 
 
 def assert_solves(learner: OnlineLearner, msg: str, rtol=RTOL):
-    """A β = c, relative to ‖c‖ (SPEC §2 invariant), for every layer."""
+    """A β = c, relative to ‖c‖ (docs/design.md §2 invariant), for every layer."""
     for i, ls in enumerate(learner.state.layers):
         a = linalg.symmetric(ls.gram)
         resid = np.linalg.norm(a @ ls.beta - ls.rhs)
@@ -712,8 +712,8 @@ def test_float64_woodbury_stays_close_to_closed_form():
         after 100 / 1,000 / 5,000 batches:  1.0e-13 / 3.7e-13 / 5.2e-13   (refactor_every=256)
         without any rebuild (refactor_every=10**9):   1.0e-13 / 4.4e-13 / 1.5e-12
 
-    SPEC bound: 1e-6. This test runs 1,000 batches (~1 s) and asserts 1e-9 (SPEC's 1e-6 with room
-    to spare, ~3,000× the measured value) and P symmetric positive definite at the end.
+    Bound in docs/design.md §2: 1e-6. This test runs 1,000 batches (~1 s) and asserts 1e-9 (the bound
+    with room to spare, ~3,000× the measured value) and P symmetric positive definite at the end.
     """
     errors = measure_woodbury((100, 1000))
     for t, err in errors.items():

@@ -1,4 +1,4 @@
-"""The edRVFL model: label coding, ensembles, configuration, scaling and regret (SPEC §1, §3, §4).
+"""The edRVFL model: label coding, ensembles, configuration, scaling and regret (docs/design.md §1, §3, §4).
 
 Seeds are fixed and printed in every assertion message.
 """

@@ -1,4 +1,4 @@
-"""Model state round trip (SPEC §6): save → load → continue is bit for bit the run that never stopped.
+"""Model state round trip (docs/design.md §6): save → load → continue is bit for bit the run that never stopped.
 
 Seeds are fixed and printed in every assertion message.
 """

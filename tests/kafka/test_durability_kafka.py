@@ -1,4 +1,4 @@
-"""Durability on a real broker (SPEC §6, issue #4): kill -9 at chosen points and at random
+"""Durability on a real broker (docs/design.md §6, issue #4): kill -9 at chosen points and at random
 instants, damaged snapshots, SIGTERM, failing flush and commit, fencing, a rebalance.
 
 Every stream is the same 50,000 rows (8 features, 3 classes) in batch messages of 100 rows,

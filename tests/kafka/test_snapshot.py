@@ -1,4 +1,4 @@
-"""The snapshot store (SPEC §6): format, checksum, atomic write, retention, fallback, inspect.
+"""The snapshot store (docs/design.md §6): format, checksum, atomic write, retention, fallback, inspect.
 
 No broker needed: the worker's use of snapshots is tested on a real broker in
 tests/kafka/test_durability_kafka.py.

@@ -1,4 +1,4 @@
-"""The worker on a real broker (SPEC §5): predictions, the label join, dead letters, outages.
+"""The worker on a real broker (docs/design.md §5): predictions, the label join, dead letters, outages.
 
 Most tests run ``Worker(cfg).run()`` in a thread (fast: one process, warm JIT) and stop it
 once its counters say everything arrived; one runs ``iolstream run`` as a subprocess and
@@ -139,7 +139,7 @@ def predictions_by_id(bootstrap, topic, expected=None) -> dict[str, list[dict]]:
 
 def offline_model(cfg, X, y, labelled):
     """The offline learner fed the same joined data: the warm-up scaler on the first W rows, every
-    observed row's Gram in A (-F), every joined label once in c (SPEC §2)."""
+    observed row's Gram in A (-F), every joined label once in c (docs/design.md §2)."""
     model = EdRVFL(cfg.model)
     model.scaler.partial_fit(X[: cfg.model.warmup_rows])
     features_t = model.features(X)
@@ -402,7 +402,7 @@ def test_exactly_once_a_refused_produce_aborts_the_transaction_never_commits_it(
 
 
 def test_every_bad_input_is_dead_lettered_and_changes_nothing(kafka_bootstrap, kafka_topics, tmp_path):
-    """Each SPEC §5 bad input ends in the dead-letter topic with its raw bytes, reason and source
+    """Each docs/design.md §5 bad input ends in the dead-letter topic with its raw bytes, reason and source
     topic/partition/offset headers; the worker keeps running and its model stays bitwise the same."""
     topics = kafka_topics("features", "labels", "predictions", "dead")
     features, labels_topic, _, dead_topic = topics

@@ -470,7 +470,7 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
     ) == pytest.approx(correct[100:].mean())
     assert value(s, "iolstream_model_version") == proc.model.learner.state.version
 
-    # loss and regret (SPEC §3) as the state computes them
+    # loss and regret (docs/design.md §3) as the state computes them
     assert value(s, "iolstream_immediate_loss", mode="forward") == pytest.approx(
         proc.last_losses.mean(), rel=1e-12
     )

@@ -121,7 +121,7 @@ def assert_bitwise(a: dict, b: dict, what: str) -> None:
 
 
 def offline_sums(cfg: ModelConfig, X, y, warmup_rows, observed, labelled):
-    """A = λI + Σ_observed DᵀD and c = Σ_labelled DᵀY, β = A⁻¹c per layer (SPEC §2): the closed form."""
+    """A = λI + Σ_observed DᵀD and c = Σ_labelled DᵀY, β = A⁻¹c per layer (docs/design.md §2): the closed form."""
     model = EdRVFL(cfg)
     lam = float(cfg.lam)  # the configs here use one λ for every layer
     model.scaler.partial_fit(X[:warmup_rows])
@@ -232,7 +232,7 @@ def faulty_events(
 @pytest.mark.parametrize("seed", [0, 1])
 def test_any_arrival_equals_closed_form(mode, seed):
     """Late, shuffled, duplicated and missing labels, messages of every size: A holds every observed
-    row's Gram (-F) or every labelled row's (-R), c every joined label once (SPEC §2)."""
+    row's Gram (-F) or every labelled row's (-R), c every joined label once (docs/design.md §2)."""
     X, y = data(260, seed=seed)
     proc = processor(
         {"mode": mode}, batch_rows=16, label_batch_rows=12, max_batch_latency_ms=40, max_label_latency_ms=30
@@ -435,7 +435,7 @@ def test_expiry_by_time_and_orphan_labels_keep_their_source(tmp_path):
 
 
 def bad_messages(X) -> list[tuple[str, bytes, str]]:
-    """(topic kind, raw bytes, expected reason): every kind of SPEC §5 bad input but the
+    """(topic kind, raw bytes, expected reason): every kind of docs/design.md §5 bad input but the
     id-dependent ones (built in the test)."""
     x = X[0].tolist()
     return [

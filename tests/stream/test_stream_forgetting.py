@@ -1,4 +1,4 @@
-"""StreamProcessor with forgetting and ``auto`` (SPEC §8): the weighted Theorem 1 through the stream.
+"""StreamProcessor with forgetting and ``auto`` (docs/design.md §8): the weighted Theorem 1 through the stream.
 
 1. Any arrival (late, shuffled, duplicated, missing labels; messages of every size): every candidate's
    β is the closed-form weighted ridge (λI + Σ_entered wᵢ dᵢdᵢᵀ)⁻¹ Σ_labelled wᵢ dᵢyᵢ with

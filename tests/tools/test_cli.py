@@ -179,6 +179,59 @@ def test_json_objects(capsys, csv_file):
     assert "edRVFL-F" in err  # the table went to stderr
 
 
+def test_quiet_prints_only_the_summary(capsys):
+    rc, out, err = run(capsys, "evaluate", "--dataset", "iris", *FAST, "--quiet")
+    assert rc == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["model", "test", "accuracy"]  # the summary's header, no curve table
+    assert [line.split()[0] for line in lines[1:3]] == ["edRVFL-F", "edRVFL-R"]
+    assert "kernels compiled or loaded before timing" in out
+
+
+def test_stream_order_prints_no_test_columns_and_no_nan(capsys):
+    rc, out, _ = run(
+        capsys,
+        "evaluate",
+        "--dataset",
+        "sea",
+        "--rows",
+        "1500",
+        "--order",
+        "stream",
+        *FAST,
+        "--mode",
+        "forward",
+    )
+    assert rc == 0 and "nan" not in out.lower()
+    assert "no test split" in out and "test acc" not in out
+    header = next(line for line in out.splitlines() if line.startswith("model"))
+    assert header.split() == [
+        "model",
+        "preq",
+        "accuracy",
+        "first",
+        "20%",
+        "last",
+        "20%",
+        "cum.",
+        "regret",
+    ] + [
+        "bound",
+        "rows/s",
+        "seconds",
+    ]
+    rows = [line for line in out.splitlines() if line.startswith("edRVFL-F ")]
+    assert len(rows) == 1  # the summary row: no header without rows before it
+
+
+def test_regression_reports_the_warmup_rows_left_out(capsys):
+    rc, out, _ = run(
+        capsys, "evaluate", "--dataset", "friedman", "--rows", "1000", *FAST, "--mode", "forward", "--quiet"
+    )
+    assert rc == 0 and "nan" not in out.lower()
+    assert "edRVFL-F: preq leaves out the first" in out and "target scaling was known" in out
+
+
 def test_defaults_come_from_model_config(capsys):
     from iolstream.core.model import ModelConfig
 

@@ -124,12 +124,74 @@ def test_json_is_serialisable_with_the_required_keys(both):
 
 
 def test_regression_reports_rmse():
-    results = evaluate(toy_regression(), model=SMALL, protocol=Protocol(batch=12))
+    # 240 training rows: the target scaling must freeze within them for a prequential RMSE to exist
+    results = evaluate(toy_regression(), model={**SMALL, "warmup_rows": 48}, protocol=Protocol(batch=12))
     for r in results:
         assert r.metric == "rmse" and r.task == "regression"
         assert 0 < r.test_metric < 1.0  # the target's std is about 1.2
         assert math.isfinite(r.prequential_metric) and r.prequential_metric > r.test_metric
     assert results[0].test_metric == pytest.approx(results[1].test_metric, rel=1e-9)
+
+
+def test_regression_warmup_rows_stay_out_of_the_prequential_metric():
+    """Until warmup_rows labels are in, the target scaling is unknown and the model predicts 0: those
+    batches are counted apart, not scored (with delay 1 and 12-row batches, 50 labels need 5 batches)."""
+    (r,) = evaluate(
+        toy_regression(),
+        model={**SMALL, "warmup_rows": 50},
+        modes=("forward",),
+        protocol=Protocol(batch=12, label_delay=1),
+    )
+    assert r.warmup_rows_excluded == 60 and r.to_json()["warmup_rows_excluded"] == 60
+    later = r.batch_prequential[5:]  # per-batch RMSE; all these batches have 12 rows
+    assert r.prequential_metric == pytest.approx(math.sqrt(np.mean(later**2)))
+    everything = math.sqrt(np.mean(r.batch_prequential**2))
+    assert r.prequential_metric < everything  # the warm-up's zeros would have inflated it
+
+
+def test_classification_has_no_warmup_rows_excluded(both):
+    assert [r.warmup_rows_excluded for r in both] == [0, 0]
+
+
+def _kernel_signatures():
+    """Every Numba dispatcher of the kernel modules, with the signatures compiled or loaded so far."""
+    from numba.core.registry import CPUDispatcher
+
+    from iolstream.core import blaslib, fused, kernels
+
+    return {
+        f"{mod.__name__}.{name}": len(obj.signatures)
+        for mod in (kernels, blaslib, fused)
+        for name, obj in vars(mod).items()
+        if isinstance(obj, CPUDispatcher)
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, batch, extra",
+    [
+        ("classification", 13, {}),  # 13-row batches: Gram + Cholesky; the last, 8 rows: Woodbury (n = 70)
+        ("regression", 13, {}),
+        ("classification", 8, {"refactor_every": 4}),  # Woodbury throughout, rebuilt every 4 batches
+    ],
+)
+def test_kernels_are_compiled_before_the_clock_starts(kind, batch, extra):
+    """start() runs a tiny model of the same kind: the timed stream then meets no kernel signature
+    it has not already compiled or loaded (a first call would be timed as learning)."""
+    data = toy() if kind == "classification" else toy_regression()
+    protocol = Protocol(batch=batch, label_delay=2)
+    split = make_split(data, protocol)
+    seen = {}
+
+    class Spy(EdRVFLLearner):
+        def start(self, x_head, batch_sizes=()):
+            super().start(x_head, batch_sizes)
+            seen.update(_kernel_signatures())
+
+    learner = Spy(model_config(split, "forward", {"n_nodes": 64, "n_layers": 2, "lam": "auto", **extra}))
+    result = run_protocol(learner, split, protocol)
+    assert result.compile_seconds > 0
+    assert _kernel_signatures() == seen
 
 
 def test_curve_test_rows_caps_only_the_curve():

@@ -1,0 +1,105 @@
+"""The user documentation: every design reference names a section of docs/design.md, the old name of that
+document is gone, links between the pages resolve, and the pages speak to users (no issue numbers, commit
+hashes, clock times or words about the machine beyond its description)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
+# where references to the design live: code, tests, docs, the container files
+SOURCES = [
+    *sorted((ROOT / "iolstream").rglob("*.py")),
+    *sorted((ROOT / "tests").rglob("*.py")),
+    *sorted((ROOT / "scripts").rglob("*.py")),
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docker").rglob("*.*")),
+    ROOT / "README.md",
+    ROOT / "config" / "worker.yaml",
+]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "docker" / "README.md"]
+REFERENCE = re.compile(r"design\.md\s+§\s*(\d+)")
+
+
+def design_sections() -> set[int]:
+    return {int(m) for m in re.findall(r"^## (\d+)\. ", DESIGN.read_text(), flags=re.MULTILINE)}
+
+
+def references() -> list[tuple[str, int, int]]:
+    """(file, line, section) of every "docs/design.md §n" in the sources."""
+    found = []
+    for path in SOURCES:
+        if not path.is_file() or path.suffix in {".png", ".iolsnap"}:
+            continue
+        text = path.read_text(errors="replace")
+        for m in REFERENCE.finditer(text):
+            found.append((str(path.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1, int(m.group(1))))
+    return found
+
+
+def test_design_numbers_its_sections_one_to_nine():
+    assert design_sections() == set(range(1, 10))
+
+
+def test_every_design_reference_names_a_section_that_exists():
+    refs = references()
+    assert len(refs) > 30, "the code cites the design throughout; did the pattern change?"
+    sections = design_sections()
+    missing = [f"{path}:{line} cites §{n}" for path, line, n in refs if n not in sections]
+    assert not missing, "sections not in docs/design.md: " + "; ".join(missing)
+
+
+def test_no_reference_to_a_document_outside_the_repository():
+    stale = []
+    for path in SOURCES:
+        if path.is_file() and path.suffix not in {".png", ".iolsnap"}:
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if re.search(r"\bSPEC\b", line):
+                    stale.append(f"{path.relative_to(ROOT)}:{i}")
+    assert not stale, "cite docs/design.md §n instead: " + ", ".join(stale)
+
+
+# what a lab notebook says and a user's guide does not
+NOTEBOOK = [
+    (r"\b(?:issue|PR|pull request)\s*#?\d+", "an issue number"),
+    (r"(?<![\w/(])#\d{1,4}\b(?![\w-])", "an issue number"),
+    (r"\b(?:commit|at)\s+`?[0-9a-f]{7,40}\b", "a commit hash"),
+    (r"(?-i:\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b)", "a commit hash"),
+    (r"\b[0-2]\d:[0-5]\d(?::[0-5]\d)?\s*(?:UTC|Z)\b", "a clock time"),
+    (r"\bthis (?:sandbox|box|container session)\b", "words about the sandbox"),
+    (r"\bsandbox\b", "words about the sandbox"),
+    (r"\bload(?: average)? (?:of )?\d+(?:[–-]\d+)?\b", "the machine's load"),
+    (r"\bother (?:engineers|sessions)\b", "words about the people working on it"),
+]
+
+
+# an upstream project's issue is a reference a user can follow: "librdkafka issues #5456 and #5511"
+UPSTREAM_ISSUE = re.compile(
+    r"\b(?:librdkafka|numba|kafka|confluent-kafka|river|scikit-learn|podman)\s+(?:issues?|PR)\s+"
+    r"#?\d+(?:(?:,\s*|\s+and\s+)#?\d+)*",
+    flags=re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_speak_to_users(page):
+    hits = []
+    for i, line in enumerate(page.read_text().splitlines(), 1):
+        line = UPSTREAM_ISSUE.sub("", line)
+        for pattern, what in NOTEBOOK:
+            if re.search(pattern, line, flags=re.IGNORECASE):
+                hits.append(f"line {i}: {what}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        if not (page.parent / target).exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"
