@@ -24,6 +24,7 @@ between runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -46,7 +47,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from iolstream.kafka.clients import LOGGER
 from iolstream.tools.bench_core import bench_core_step
+
+KAFKA_LOG = logging.getLogger(LOGGER)  # librdkafka's log lines, never raw on stderr
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
 BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite
@@ -65,7 +69,13 @@ def _data(rows: int, seed: int = 0):
 
 def _producer(bootstrap: str) -> Producer:
     return Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000}
+        {
+            "bootstrap.servers": bootstrap,
+            "logger": KAFKA_LOG,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            "batch.size": 1_000_000,
+        }
     )
 
 
@@ -152,7 +162,9 @@ def _delete_topics(bootstrap: str, names: list[str]) -> None:
     that gathered thousands of them spends a core's share on them in the background)."""
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures are done
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}
+    )  # kept referenced until the futures are done
     futures = admin.delete_topics(names, operation_timeout=30)
     failed = []
     for name, future in futures.items():
@@ -259,6 +271,7 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            "logger": KAFKA_LOG,
             "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
         }
@@ -354,6 +367,7 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            "logger": KAFKA_LOG,
             "group.id": f"river-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -399,7 +413,9 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
 
 def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"}
+    )
     try:
         deadline = time.monotonic() + timeout
         while (
@@ -425,7 +441,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     cfg = _worker_cfg(
         bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name]
     )
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": KAFKA_LOG})
     created = admin.create_topics(
         [NewTopic(topics[2], 1, 1, config={"message.timestamp.type": "LogAppendTime"})]
     )
@@ -450,6 +466,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            "logger": KAFKA_LOG,
             "group.id": f"lat-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
         }

@@ -28,6 +28,9 @@ def add_parser(subparsers):
 def run(args) -> int:
     import dataclasses
     import os
+    import time
+
+    started = time.monotonic()
 
     from iolstream.kafka.config import load_config
     from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
@@ -64,6 +67,8 @@ def run(args) -> int:
             log.error("cannot start: metrics.port %s:%d: %s", cfg.metrics.host, cfg.metrics.port, exc)
             return EXIT_FATAL
     try:
+        if not _broker_answers(cfg, started, args.max_seconds, log):
+            return EXIT_FATAL
         try:
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
@@ -72,7 +77,9 @@ def run(args) -> int:
         if metrics is not None:
             metrics.attach(worker)
         return worker.run(
-            max_seconds=args.max_seconds,
+            max_seconds=None
+            if args.max_seconds is None
+            else max(0.1, args.max_seconds - (time.monotonic() - started)),
             idle_stop_seconds=args.idle_stop_seconds,
             stop_at_end=args.stop_at_end,
             freeze_startup=True,
@@ -80,3 +87,17 @@ def run(args) -> int:
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _broker_answers(cfg, started: float, max_seconds: float | None, log) -> bool:
+    """Wait for the broker up to ``kafka.connect_timeout_seconds`` (or ``--max-seconds``, if sooner), a line
+    naming the address and ``kafka.bootstrap_servers`` at most every 10 s; False if it never answered."""
+    import time
+
+    from iolstream.kafka import diagnose
+    from iolstream.kafka.clients import client_conf
+
+    deadline = started + cfg.kafka.connect_timeout_seconds
+    if max_seconds is not None:
+        deadline = min(deadline, started + max_seconds)
+    return diagnose.wait_for_broker(client_conf(cfg), max(deadline, time.monotonic()), log) is not None
