@@ -265,7 +265,7 @@ def _build_model(raw) -> ModelConfig:
             "keep classes for classification, or n_outputs for regression"
         )
     raw = dict(raw)
-    for key in ("classes", "scaler_mean", "scaler_std"):
+    for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
         if raw.get(key) is not None:
             if not isinstance(raw[key], list):
                 raise ConfigError(f"model.{key}: must be a list, got {raw[key]!r}")
