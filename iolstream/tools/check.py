@@ -122,7 +122,7 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
     from iolstream.tools.fit import mismatches
 
     try:
-        ds = load_csv(path, target, rows=rows)
+        ds = load_csv(path, target, task=cfg.model.task, rows=rows)
     except DataError as exc:
         report.say(False, "csv", str(exc), cluster=False)
         return
