@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from iolstream.kafka import topics
@@ -35,6 +35,21 @@ def logged(conf: dict) -> dict:
     a client prints them raw on stderr (``%3|...|FAIL|rdkafka#producer-1| ...``), hundreds a minute while a
     broker is down. Every client any command creates gets its settings through here."""
     return {"logger": logging.getLogger(LOGGER), **conf}
+
+
+def producer(conf: dict) -> Producer:
+    """A producer whose log lines go through ``logged``."""
+    return Producer(logged(conf))
+
+
+def consumer(conf: dict) -> Consumer:
+    """A consumer whose log lines go through ``logged``."""
+    return Consumer(logged(conf))
+
+
+def admin(conf: dict) -> AdminClient:
+    """An admin client whose log lines go through ``logged``."""
+    return AdminClient(logged(conf))
 
 
 def client_conf(cfg: WorkerConfig) -> dict:
