@@ -12,7 +12,7 @@ import logging
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import topics
+from iolstream.kafka import diagnose, topics
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
@@ -137,14 +137,21 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
     admin = admin or AdminClient(client_conf(cfg))
     t = cfg.topics
     configs = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
-    return topics.create_topics(
-        admin,
-        [t.features, t.labels, t.predictions, t.dead_letters],
-        partitions=t.partitions,
-        replication_factor=t.replication_factor,
-        configs=configs,
-        timeout=timeout,
-    )
+    names = [t.features, t.labels, t.predictions, t.dead_letters]
+    try:
+        return topics.create_topics(
+            admin,
+            names,
+            partitions=t.partitions,
+            replication_factor=t.replication_factor,
+            configs=configs,
+            timeout=timeout,
+        )
+    except KafkaException as exc:
+        why = diagnose.explain(
+            exc, client_conf(cfg), operation="create", resource=f"topics {', '.join(names)}"
+        )
+        raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:
