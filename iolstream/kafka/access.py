@@ -170,7 +170,7 @@ class Access:
         what = f"configs of {topic} (topics.dead_letters)"
         if topic not in self.meta.topics:
             return Finding(
-                True, what, "the topic does not exist yet; the worker reads them once it does", True
+                True, what, "not checked: the topic does not exist yet (the worker creates it)", True
             )
         resource = ConfigResource("topic", topic)
         try:
@@ -181,21 +181,24 @@ class Access:
             return Finding(False, what, self.explain(exc, "describe the configs of", f"topic {topic}"))
         return Finding(True, what, f"max.message.bytes={entries['max.message.bytes'].value}")
 
-    def group_members(self) -> int | None:
-        """Members of the consumer group now running (None: cannot tell)."""
+    def describe_group(self, with_operations: bool = False):
+        """The consumer group's description (its members, and with ``with_operations`` what the principal may do
+        on it); KafkaException when it cannot be had. The coordinator may not be known at the first call."""
         group = self.cfg.kafka.group_id
-        for _ in range(3):  # the group coordinator may not be known at the first call
+        for attempt in range(3):
+            futures = self.admin.describe_consumer_groups(
+                [group], include_authorized_operations=with_operations, request_timeout=self.timeout
+            )
             try:
-                found = self.admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
-                return len(found.result(self.timeout).members)
+                return futures[group].result(self.timeout)
             except KafkaException as exc:
-                if exc.args[0].code() not in (
+                retriable = exc.args[0].code() in (
                     KafkaError.NOT_COORDINATOR,
                     KafkaError.COORDINATOR_NOT_AVAILABLE,
-                ):
-                    return None
+                )
+                if not retriable or attempt == 2:
+                    raise
                 time.sleep(1.0)
-        return None
 
     def check_group(self) -> Finding:
         group = self.cfg.kafka.group_id
@@ -208,13 +211,9 @@ class Access:
         except KafkaException as exc:
             return Finding(False, what, self.explain(exc, "read the committed offsets of", f"group {group}"))
         try:
-            found = self.admin.describe_consumer_groups(
-                [group], include_authorized_operations=True, request_timeout=self.timeout
-            )[group].result(self.timeout)
-        except KafkaException:
-            return Finding(
-                True, what, "its committed offsets can be read (its operations could not be asked)", True
-            )
+            found = self.describe_group(with_operations=True)
+        except KafkaException as exc:
+            return Finding(False, what, self.explain(exc, "describe", f"group {group}"))
         names = {op.name for op in (found.authorized_operations or [])}
         if found.authorized_operations is not None and not names & {"READ", "ALL"}:
             err = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)
@@ -227,7 +226,10 @@ class Access:
             return None
         tid = self.cfg.transactional_id
         what = f"transactional id {tid} (durability.transactional_id)"
-        members = self.group_members()
+        try:
+            members = len(self.describe_group().members)
+        except KafkaException:
+            members = None
         if members != 0:
             why = (
                 "cannot tell whether a worker uses it" if members is None else f"{members} group members run"

@@ -58,7 +58,15 @@ def run(args) -> int:
         log.debug("GOMP_SPINCOUNT=%s (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose)", spin)
     metrics = None
     if cfg.metrics.port:
-        from iolstream.ops.metrics import Metrics
+        try:
+            from iolstream.ops.metrics import Metrics
+        except ModuleNotFoundError as exc:  # a core dependency: only a broken install lacks it
+            log.error(
+                "cannot start: metrics.port %d needs %s: pip install prometheus-client, or metrics.port: 0",
+                cfg.metrics.port,
+                exc.name,
+            )
+            return EXIT_FATAL
 
         metrics = Metrics(cfg)
         try:  # up before the model loads: /healthz and /readyz answer 503 "starting" meanwhile

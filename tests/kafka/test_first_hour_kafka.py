@@ -190,3 +190,19 @@ def test_check_a_bad_config_exit_2(tmp_path):
     path.write_text("model: {n_inputs: 4, classes: [a, b], n_outputs: 2}\n")
     rc, out, err, _ = iolstream("check", "-c", str(path))
     assert rc == 2 and "FAIL  config: model.n_outputs: not with model.classes" in out
+
+
+def test_run_without_prometheus_client_is_one_line(tmp_path):
+    """A core dependency, but an install that lost it gets one line, not a traceback."""
+    fake = tmp_path / "site" / "prometheus_client"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'prometheus_client'\", name='prometheus_client')\n"
+    )
+    cfg = write_config(tmp_path, DEAD, metrics={"port": 19999})
+    rc, out, err, _ = iolstream("run", "-c", cfg, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert_clean(out, err)
+    assert rc == 3
+    assert (
+        "metrics.port 19999 needs prometheus_client: pip install prometheus-client, or metrics.port: 0" in err
+    )
