@@ -222,16 +222,23 @@ class Collector:
         return {"logger": self, "error_cb": self.error}
 
 
+DEFINITIVE = ("authentication", "certificate")  # rules whose errors waiting longer does not mend
+
+
 def probe(conf: dict, timeout: float) -> tuple[object | None, str | None]:
     """Ask the cluster at ``conf``'s address for its metadata within ``timeout`` seconds: (metadata, None), or
-    (None, one line saying why not)."""
+    (None, one line saying why not). An authentication or TLS failure answers at once."""
     seen = Collector()
     admin = AdminClient({**conf, **seen.conf()})
-    try:
-        return admin.list_topics(timeout=max(0.5, timeout)), None
-    except KafkaException as exc:
-        admin.poll(0)  # serve the error callbacks queued meanwhile
-        return None, explain(exc, conf, operation="get the cluster's metadata", seen=seen.errors)
+    deadline = time.monotonic() + max(0.5, timeout)
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(2.0, deadline - time.monotonic()))), None
+        except KafkaException as exc:
+            admin.poll(0)  # serve the error callbacks queued meanwhile
+            definitive = any(rule_of(e).name in DEFINITIVE for e in seen.errors)
+            if definitive or time.monotonic() >= deadline:
+                return None, explain(exc, conf, operation="get the cluster's metadata", seen=seen.errors)
 
 
 def wait_for_broker(

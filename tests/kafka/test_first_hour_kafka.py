@@ -206,3 +206,31 @@ def test_run_without_prometheus_client_is_one_line(tmp_path):
     assert (
         "metrics.port 19999 needs prometheus_client: pip install prometheus-client, or metrics.port: 0" in err
     )
+
+
+@pytest.mark.parametrize(
+    "client,needles",
+    [
+        ({"security.protocol": "SSL"}, ["TLS with", "kafka.client.security.protocol"]),
+        (
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "bob",
+                "sasl.password": "pw-never-shown",
+            },
+            ["authentication failed at", "SCRAM-SHA-512 as user 'bob'", "kafka.client.sasl.password"],
+        ),
+    ],
+)
+def test_check_names_a_security_mismatch_at_once(tmp_path, kafka_bootstrap, client, needles):
+    """TLS or SASL against the plaintext listener: one line naming the setting, the user, never the password,
+    without waiting for --timeout."""
+    cfg = write_config(tmp_path, kafka_bootstrap, kafka={"client": client})
+    rc, out, err, seconds = iolstream("check", "-c", cfg, "--timeout", "20")
+    assert_clean(out, err)
+    assert rc == 3 and seconds < 15
+    line = next(line for line in out.splitlines() if line.startswith("FAIL  broker:"))
+    for needle in needles:
+        assert needle in line, line
+    assert "pw-never-shown" not in out + err
