@@ -111,7 +111,7 @@ RULES = (
     Rule(
         "certificate",
         frozenset({KafkaError._SSL}),
-        re.compile(r"SSL handshake|certificate verify|ssl", re.IGNORECASE),
+        re.compile(r"SSL handshake|certificate|SSL routines", re.IGNORECASE),
         lambda ctx, detail: (
             f"TLS with {ctx.address} failed: {detail} (kafka.client.security.protocol, {KEYS['ssl.ca.location']})"
         ),

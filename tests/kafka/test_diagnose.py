@@ -132,3 +132,13 @@ def test_probe_of_a_dead_address_is_one_line():
     meta, why = diagnose.probe({"bootstrap.servers": "127.0.0.1:1"}, 1.0)
     assert meta is None
     assert why == "cannot reach the broker at 127.0.0.1:1 (kafka.bootstrap_servers): connection refused"
+
+
+def test_a_refused_connection_to_a_tls_address_is_not_a_tls_failure():
+    refused = err(
+        KafkaError._TRANSPORT,
+        "sasl_ssl://kafka-1.example:9093/bootstrap: Connect to ipv4#10.1.2.3:9093 failed: Connection refused "
+        "(after 0ms in state CONNECT)",
+    )
+    assert diagnose.rule_of(refused).name == "unreachable"
+    assert diagnose.explain(refused, CONF).endswith("(kafka.bootstrap_servers): connection refused")
