@@ -98,7 +98,8 @@ def send(
         why = diagnose.explain(
             first, producer_conf, operation="write", resource=topic and f"topic {topic}", seen=seen.errors
         )
-        raise SendFailed(f"{remaining + len(errors)} messages not delivered: {why}")
+        failed = remaining + sum(1 for _, topic in errors if topic is not None)
+        raise SendFailed(f"{failed} messages not delivered: {why}")
     return {**summary, "seconds": time.monotonic() - started}
 
 
