@@ -248,7 +248,6 @@ def wait_for_broker(
     *,
     every_seconds: float = 10.0,
     probe_seconds: float = 5.0,
-    stopped: Callable[[], bool] = lambda: False,
 ):
     """Probe until the cluster answers (returns its metadata) or ``deadline`` (time.monotonic) passes (returns
     None, having logged why). While it does not answer, one line says why, repeated at most every
@@ -256,7 +255,8 @@ def wait_for_broker(
     started = time.monotonic()
     said_at = None
     while True:
-        meta, why = probe(conf, min(probe_seconds, max(0.5, deadline - time.monotonic())))
+        first = said_at is None  # a short first probe: the first line comes soon
+        meta, why = probe(conf, min(2.0 if first else probe_seconds, max(0.5, deadline - time.monotonic())))
         if meta is not None:
             if said_at is not None:
                 log.info(
@@ -266,10 +266,10 @@ def wait_for_broker(
                 )
             return meta
         now = time.monotonic()
-        if now >= deadline or stopped():
+        if now >= deadline:
             log.error("%s; gave up after %.0f s", why, now - started, extra={"event": "broker_unreachable"})
             return None
-        if said_at is None or now - said_at >= every_seconds:
+        if said_at is None or (now - said_at >= every_seconds and deadline - now > probe_seconds):
             said_at = now
             log.warning(
                 "%s; retrying for %.0f s more", why, deadline - now, extra={"event": "broker_unreachable"}

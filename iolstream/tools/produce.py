@@ -266,7 +266,8 @@ def replay(args) -> int:
         if found:
             raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
     n = len(X)
-    why = preflight(target.client_conf, [target.features, target.labels], args.create_topics)
+    needed = [target.features, target.labels] + ([target.predictions] if args.follow else [])
+    why = preflight(target.client_conf, needed, args.create_topics)
     if why is not None:
         return _cluster_error(why)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

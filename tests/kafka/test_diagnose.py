@@ -142,3 +142,28 @@ def test_a_refused_connection_to_a_tls_address_is_not_a_tls_failure():
     )
     assert diagnose.rule_of(refused).name == "unreachable"
     assert diagnose.explain(refused, CONF).endswith("(kafka.bootstrap_servers): connection refused")
+
+
+def test_wait_for_broker_says_why_at_most_every_interval_and_returns_once_it_answers(monkeypatch, caplog):
+    answers = iter(
+        [(None, "cannot reach the broker at b:1 (kafka.bootstrap_servers): connection refused")] * 4
+    )
+    monkeypatch.setattr(diagnose, "probe", lambda conf, timeout: next(answers, ("metadata", None)))
+    monkeypatch.setattr(diagnose.time, "sleep", lambda s: None)
+    log = logging.getLogger("iolstream.worker")
+    with caplog.at_level(logging.INFO, logger="iolstream.worker"):
+        meta = diagnose.wait_for_broker({"bootstrap.servers": "b:1"}, diagnose.time.monotonic() + 60, log)
+    assert meta == "metadata"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "cannot reach the broker at b:1 (kafka.bootstrap_servers)"
+    )
+    assert caplog.records[-1].getMessage().startswith("the broker at b:1 answers after")
+
+
+def test_wait_for_broker_gives_up_at_the_deadline(monkeypatch, caplog):
+    monkeypatch.setattr(diagnose, "probe", lambda conf, timeout: (None, "cannot reach the broker at b:1"))
+    log = logging.getLogger("iolstream.worker")
+    with caplog.at_level(logging.INFO, logger="iolstream.worker"):
+        assert diagnose.wait_for_broker({}, diagnose.time.monotonic() + 1.5, log) is None
+    assert caplog.records[-1].levelno == logging.ERROR and "gave up after" in caplog.records[-1].getMessage()
