@@ -4,7 +4,9 @@ Every key is checked when the file loads (never on the first message); an error
 names the key and what is allowed. Environment variables override the file:
 ``IOLSTREAM_<SECTION>__<KEY>=value`` (double underscore between levels, value
 parsed as a YAML scalar), e.g. ``IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS=broker:9092``
-or ``IOLSTREAM_STREAM__BATCH_ROWS=512``. ``config/worker.yaml`` documents every key.
+or ``IOLSTREAM_STREAM__BATCH_ROWS=512``. A variable that looks like an override but names no key
+(``IOLSTREAM_STREAM_BATCH_ROWS``) is refused with the nearest valid name (``check_environment``).
+``config/worker.yaml`` documents every key.
 """
 
 from __future__ import annotations
@@ -322,10 +324,8 @@ def check_environment(environ) -> None:
         rest = name[len(ENV_PREFIX) :]
         path = rest.lower().split("__")
         if "__" in rest:
-            if len(path) >= 2 and (path[0], path[1]) in free and len(path) >= 3:
-                continue
-            if len(path) == 2 and name.upper() in names:
-                continue
+            if name.upper() in names or (len(path) >= 3 and (path[0], path[1]) in free):
+                continue  # a key, or a key below kafka.client / kafka.consumer / kafka.producer
         elif not any(rest.lower().startswith(f"{s}_") for s in sections):
             continue
         near = difflib.get_close_matches(name.upper(), names, n=1, cutoff=0.6)
