@@ -16,15 +16,20 @@ The public Python API:
     >>> type(model).__name__
     'EdRVFL'
 
+A worker's model, for batch scoring: ``iolstream.load_snapshot(path)`` (a snapshot file, or a snapshot
+directory: its newest valid snapshot) returns its ``EdRVFL``; ``EdRVFLClassifier.from_snapshot(path)``
+and ``EdRVFLRegressor.from_snapshot(path)`` wrap it as a fitted scikit-learn estimator.
+
 The names load on first use (``iolstream --help`` must not wait for Numba; ``EdRVFLClassifier`` and
 ``EdRVFLRegressor``, the scikit-learn estimators of ``iolstream.estimators``, need scikit-learn).
 """
 
 __version__ = "0.1.0"
-__all__ = ["EdRVFL", "EdRVFLClassifier", "EdRVFLRegressor", "ModelConfig", "__version__"]
+__all__ = ["EdRVFL", "EdRVFLClassifier", "EdRVFLRegressor", "ModelConfig", "load_snapshot", "__version__"]
 _HOMES = {
     "EdRVFL": "iolstream.core.model",
     "ModelConfig": "iolstream.core.model",
+    "load_snapshot": "iolstream.core.snapshot_file",
     "EdRVFLClassifier": "iolstream.estimators",
     "EdRVFLRegressor": "iolstream.estimators",
 }

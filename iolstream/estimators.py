@@ -23,6 +23,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.snapshot_file import load_snapshot
 
 
 class _EdRVFLBase(BaseEstimator):
@@ -95,6 +96,34 @@ class _EdRVFLBase(BaseEstimator):
     def _features_ok(self, X):
         return validate_data(self, X, reset=False, dtype=np.float64)
 
+    @classmethod
+    def _from_model(cls, model: EdRVFL, task: str, path):
+        """A fitted estimator around a worker's model: the hyperparameters as its config has them."""
+        c = model.config
+        if c.task != task:
+            other = "EdRVFLRegressor" if task == "classification" else "EdRVFLClassifier"
+            raise ValueError(f"{path}: the snapshot holds a {c.task} model; use {other}.from_snapshot")
+        if not model.ready:
+            raise ValueError(
+                f"{path}: the model has not finished its warm-up (model.warmup_rows {c.warmup_rows} rows): "
+                "it predicts nothing yet"
+            )
+        est = cls(
+            n_nodes=c.n_nodes,
+            n_layers=c.n_layers,
+            lam=c.lam,
+            activation=c.activation,
+            init=c.init,
+            mode=c.mode,
+            ensemble=c.ensemble,
+            solver=c.solver,
+            dtype=c.dtype,
+            random_state=c.seed,
+        )
+        est.model_ = model
+        est.n_features_in_ = c.n_inputs
+        return est
+
 
 class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
     """edRVFL classifier learning by -F (default) or -R; softmax-averaged ensemble.
@@ -128,6 +157,15 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
             )
         self._stream(X, self.model_.encode_labels(y))
         return self
+
+    @classmethod
+    def from_snapshot(cls, path) -> EdRVFLClassifier:
+        """The classifier of a worker's snapshot (a file, or a directory: its newest valid snapshot), fitted:
+        ``predict`` and ``predict_proba`` score batches as the worker's model would; ``partial_fit`` learns on
+        (with the worker's fixed scaling)."""
+        est = cls._from_model(load_snapshot(path), "classification", path)
+        est.classes_ = np.asarray(est.model_.config.classes)
+        return est
 
     def predict_proba(self, X):
         check_is_fitted(self, "model_")
@@ -171,6 +209,13 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
             self.model_ = self._new_model(X, n_outputs=y2.shape[1], **_target_scaling(y2))
         self._stream(X, y2)
         return self
+
+    @classmethod
+    def from_snapshot(cls, path) -> EdRVFLRegressor:
+        """The regressor of a worker's snapshot (a file, or a directory: its newest valid snapshot), fitted."""
+        est = cls._from_model(load_snapshot(path), "regression", path)
+        est._single_output = est.model_.config.m == 1
+        return est
 
     def predict(self, X):
         check_is_fitted(self, "model_")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import topics
+from iolstream.kafka import diagnose, topics
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
@@ -25,13 +25,36 @@ SNAPSHOT_BYTES_PER_SECOND = (
 )
 
 
+LOGGER = (
+    "iolstream.kafka"  # librdkafka's own log lines, through the repeat filter and the log format (ops.logs)
+)
+
+
+def logged(conf: dict) -> dict:
+    """``conf`` with librdkafka's log lines routed to the ``iolstream.kafka`` logger: without a ``logger``
+    a client prints them raw on stderr (``%3|...|FAIL|rdkafka#producer-1| ...``), hundreds a minute while a
+    broker is down. Every client any command creates gets its settings through here."""
+    return {"logger": logging.getLogger(LOGGER), **conf}
+
+
+def producer(conf: dict) -> Producer:
+    """A producer whose log lines go through ``logged``."""
+    return Producer(logged(conf))
+
+
+def consumer(conf: dict) -> Consumer:
+    """A consumer whose log lines go through ``logged``."""
+    return Consumer(logged(conf))
+
+
+def admin(conf: dict) -> AdminClient:
+    """An admin client whose log lines go through ``logged``."""
+    return AdminClient(logged(conf))
+
+
 def client_conf(cfg: WorkerConfig) -> dict:
     """Settings every client gets."""
-    return {
-        "bootstrap.servers": cfg.kafka.bootstrap_servers,
-        "logger": logging.getLogger("iolstream.kafka"),
-        **cfg.kafka.client,
-    }
+    return logged({"bootstrap.servers": cfg.kafka.bootstrap_servers, **cfg.kafka.client})
 
 
 def consumer_conf(cfg: WorkerConfig, *, stop_at_end: bool = False, stats_cb=None) -> dict:
@@ -111,17 +134,24 @@ def producer_conf(cfg: WorkerConfig, *, error_cb, on_delivery) -> dict:
 def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: float = 30.0) -> list[str]:
     """Create missing topics with the configured partitions; returns the names created. The input and
     dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (topics.topic_configs)."""
-    admin = admin or AdminClient({"bootstrap.servers": cfg.kafka.bootstrap_servers, **cfg.kafka.client})
+    admin = admin or AdminClient(client_conf(cfg))
     t = cfg.topics
     configs = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
-    return topics.create_topics(
-        admin,
-        [t.features, t.labels, t.predictions, t.dead_letters],
-        partitions=t.partitions,
-        replication_factor=t.replication_factor,
-        configs=configs,
-        timeout=timeout,
-    )
+    names = [t.features, t.labels, t.predictions, t.dead_letters]
+    try:
+        return topics.create_topics(
+            admin,
+            names,
+            partitions=t.partitions,
+            replication_factor=t.replication_factor,
+            configs=configs,
+            timeout=timeout,
+        )
+    except KafkaException as exc:
+        why = diagnose.explain(
+            exc, client_conf(cfg), operation="create", resource=f"topics {', '.join(names)}"
+        )
+        raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:

@@ -4,12 +4,15 @@ Every key is checked when the file loads (never on the first message); an error
 names the key and what is allowed. Environment variables override the file:
 ``IOLSTREAM_<SECTION>__<KEY>=value`` (double underscore between levels, value
 parsed as a YAML scalar), e.g. ``IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS=broker:9092``
-or ``IOLSTREAM_STREAM__BATCH_ROWS=512``. ``config/worker.yaml`` documents every key.
+or ``IOLSTREAM_STREAM__BATCH_ROWS=512``. A variable that looks like an override but names no key
+(``IOLSTREAM_STREAM_BATCH_ROWS``) is refused with the nearest valid name (``check_environment``).
+``config/worker.yaml`` documents every key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import socket
 import types
@@ -23,6 +26,26 @@ from iolstream.core.model import ModelConfig
 from iolstream.stream.config import StreamConfig
 
 ENV_PREFIX = "IOLSTREAM_"
+# the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
+OTHER_VARIABLES = frozenset(
+    {
+        "IOLSTREAM_CONTAINER_STATE",
+        "IOLSTREAM_CONTAINER_TEST",
+        "IOLSTREAM_CRASH_AT",
+        "IOLSTREAM_IMAGE",
+        "IOLSTREAM_INSTALL_SYSTEM",
+        "IOLSTREAM_KAFKA_CACHE",
+        "IOLSTREAM_KAFKA_DATA",
+        "IOLSTREAM_KAFKA_IMAGE",
+        "IOLSTREAM_PROMETHEUS_IMAGE",
+        "IOLSTREAM_TEST_BOOTSTRAP",
+        "IOLSTREAM_TEST_DOCKER",
+        "IOLSTREAM_TEST_KAFKA_IMAGE",
+        "IOLSTREAM_TEST_OUTAGE_PORT",
+        "IOLSTREAM_TEST_RESTART_PORT",
+        "IOLSTREAM_TEST_SEED",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -42,6 +65,7 @@ class KafkaConfig:
     call_timeout_seconds: float = (
         30.0  # one blocking client call (flush, commit, a transaction step); abandoned 5 s past it
     )
+    connect_timeout_seconds: float = 60.0  # at start, wait this long for the broker to answer, then exit 3
 
 
 @dataclass(frozen=True)
@@ -154,6 +178,7 @@ _POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
 _RULES = {
     "kafka.poll_timeout_ms": _POSITIVE,
     "kafka.call_timeout_seconds": (lambda v: v >= 1, "a number ≥ 1"),
+    "kafka.connect_timeout_seconds": (lambda v: v >= 1, "a number ≥ 1"),
     "topics.partitions": _POSITIVE,
     "topics.replication_factor": _POSITIVE,
     "snapshot.every_batches": _POSITIVE,
@@ -237,8 +262,13 @@ def _build_model(raw) -> ModelConfig:
         raise ConfigError(f"model.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
     if "n_inputs" not in raw:
         raise ConfigError("model.n_inputs: required (the number of features per row)")
+    if raw.get("classes") is not None and "n_outputs" in raw:
+        raise ConfigError(
+            "model.n_outputs: not with model.classes (classification has one output per class); "
+            "keep classes for classification, or n_outputs for regression"
+        )
     raw = dict(raw)
-    for key in ("classes", "scaler_mean", "scaler_std"):
+    for key in ("classes", "scaler_mean", "scaler_std", "target_mean", "target_std"):
         if raw.get(key) is not None:
             if not isinstance(raw[key], list):
                 raise ConfigError(f"model.{key}: must be a list, got {raw[key]!r}")
@@ -261,7 +291,51 @@ def _build_model(raw) -> ModelConfig:
         raise ConfigError(msg if msg.startswith("model.") else f"model: {msg}") from None
 
 
+def override_names() -> list[str]:
+    """Every environment override a key allows, ``IOLSTREAM_<SECTION>__<KEY>``."""
+    sections = {"model": ModelConfig, **_SECTIONS}
+    return [
+        f"{ENV_PREFIX}{name.upper()}__{f.name.upper()}"
+        for name, cls in sections.items()
+        for f in dataclasses.fields(cls)
+    ]
+
+
+def _dict_keys() -> set[tuple[str, str]]:
+    """(section, key) of the keys holding free mappings (kafka.client, ...): any key below them is allowed."""
+    sections = {"model": ModelConfig, **_SECTIONS}
+    return {
+        (name, key)
+        for name, cls in sections.items()
+        for key, hint in typing.get_type_hints(cls).items()
+        if hint is dict
+    }
+
+
+def check_environment(environ) -> None:
+    """Refuse an ``IOLSTREAM_`` variable that looks like an override but names no key (ConfigError with the
+    nearest valid name): one with a double underscore, or one that starts with a section's name
+    (``IOLSTREAM_STREAM_BATCH_ROWS``). The project's other variables (``OTHER_VARIABLES``) are left alone."""
+    names = override_names()
+    sections = ("model", *_SECTIONS)
+    free = _dict_keys()
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        path = rest.lower().split("__")
+        if "__" in rest:
+            if name.upper() in names or (len(path) >= 3 and (path[0], path[1]) in free):
+                continue  # a key, or a key below kafka.client / kafka.consumer / kafka.producer
+        elif not any(rest.lower().startswith(f"{s}_") for s in sections):
+            continue
+        near = difflib.get_close_matches(name.upper(), names, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else f"; overrides are {ENV_PREFIX}<SECTION>__<KEY>"
+        raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
+
+
 def _apply_env(raw: dict, environ) -> dict:
+    check_environment(environ)
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name[len(ENV_PREFIX) :]:

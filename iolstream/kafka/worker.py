@@ -41,7 +41,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from iolstream.kafka import clients, relearn
+from iolstream.kafka import clients, diagnose, relearn
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -275,7 +275,10 @@ class Worker:
                     break
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
-            log.error("fatal: %s", exc, extra={"event": "fatal"})
+            why = (
+                exc if isinstance(exc, WorkerError) else diagnose.explain(exc, clients.client_conf(self.cfg))
+            )
+            log.error("fatal: %s", why, extra={"event": "fatal"})
             self.stop_event.set()  # no checkpoint from the revoke that close() triggers: the state may be ahead of Kafka
             self._close()
             return EXIT_FATAL

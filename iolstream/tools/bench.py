@@ -195,7 +195,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from iolstream.core import runtime
+    from iolstream.ops import logs
 
+    logs.setup("WARNING", "text")  # librdkafka's complaints through the repeat filter, never raw
     runtime.configure_blas()
     if args.suite == "core":
         out = {"suite": "core", "blas": runtime.blas_info(), "results": run_core(args)}

@@ -37,12 +37,11 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from iolstream.core import runtime
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.kafka import snapshots
+from iolstream.kafka import clients, snapshots
 from iolstream.stream.group import GroupState
 from iolstream.tools.bench_kafka import WorkerProcess
 from iolstream.tools.group_sim import quality_table
@@ -101,7 +100,7 @@ def _worker_cfg(
 
 def _produce_input(bootstrap: str, features: str, labels: str, X, y) -> None:
     """Batch messages of BATCH rows keyed by batch; each batch's labels one message later, same key."""
-    p = Producer(
+    p = clients.producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000}
     )
     prev = None
@@ -129,7 +128,7 @@ def _send(p: Producer, topic: str, value: bytes, key: bytes) -> None:
 def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, np.ndarray]:
     """(predicted rows, first and last Kafka timestamp in s, (messages, 2) array of [timestamp s, rows]) over every
     partition of ``topic``."""
-    c = Consumer(
+    c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
@@ -332,13 +331,13 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
         from iolstream.kafka.group import delta_topic_config
 
         topics_mod.create_topics(
-            AdminClient({"bootstrap.servers": bootstrap}),
+            clients.admin({"bootstrap.servers": bootstrap}),
             [topic],
             partitions=1,
             replication_factor=1,
             configs={topic: delta_topic_config(CHUNK_BYTES)},
         )
-        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        p = clients.producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
 
         def produce():
             for i in range(0, len(blob), CHUNK_BYTES):
@@ -463,7 +462,7 @@ def run_group(args) -> dict:
 def _delete_topics(bootstrap: str, names: list[str]) -> None:
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until the futures are done
+    admin = clients.admin({"bootstrap.servers": bootstrap})  # referenced until the futures are done
     futures = admin.delete_topics(names, operation_timeout=30)
     for name, future in futures.items():
         try:

@@ -38,14 +38,14 @@ import orjson
 import yaml
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
     KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from iolstream.kafka import clients
 from iolstream.tools.bench_core import bench_core_step
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
@@ -64,7 +64,7 @@ def _data(rows: int, seed: int = 0):
 
 
 def _producer(bootstrap: str) -> Producer:
-    return Producer(
+    return clients.producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000}
     )
 
@@ -152,7 +152,7 @@ def _delete_topics(bootstrap: str, names: list[str]) -> None:
     that gathered thousands of them spends a core's share on them in the background)."""
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures are done
+    admin = clients.admin({"bootstrap.servers": bootstrap})  # kept referenced until the futures are done
     futures = admin.delete_topics(names, operation_timeout=30)
     failed = []
     for name, future in futures.items():
@@ -256,7 +256,7 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
     """(predictions on ``topic``, rows/s between the prediction at offset ``skip`` and the last, the
     wall-clock times (s) of those two), from the messages' Kafka timestamps (the worker's produce
     times), reading just those two."""
-    c = Consumer(
+    c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
@@ -351,7 +351,7 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
     from river import linear_model, optim, preprocessing
 
     model = preprocessing.StandardScaler() | linear_model.SoftmaxRegression(optimizer=optim.SGD(0.01))
-    c = Consumer(
+    c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"river-{uuid.uuid4().hex[:8]}",
@@ -399,7 +399,7 @@ def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float
 
 def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
+    c = clients.consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
     try:
         deadline = time.monotonic() + timeout
         while (
@@ -425,7 +425,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     cfg = _worker_cfg(
         bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name]
     )
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = clients.admin({"bootstrap.servers": bootstrap})
     created = admin.create_topics(
         [NewTopic(topics[2], 1, 1, config={"message.timestamp.type": "LogAppendTime"})]
     )
@@ -447,7 +447,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
         code = worker.stop()
     worker.check(code)
     latencies = []
-    c = Consumer(
+    c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"lat-{uuid.uuid4().hex[:8]}",

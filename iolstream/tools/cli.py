@@ -30,6 +30,11 @@ COMMANDS = {
     "bench": ("iolstream.tools.bench", "throughput benchmarks against baselines measured in the same run"),
     "run": ("iolstream.tools.run", "run the Kafka worker: features and labels in, predictions out"),
     "produce": ("iolstream.tools.produce", "replay a data set into the features and labels topics"),
+    "check": ("iolstream.tools.check", "check a config, its cluster and a CSV before a first run"),
+    "seed": (
+        "iolstream.tools.seed",
+        "learn a worker's starting state from a CSV (a snapshot it resumes from)",
+    ),
     "snapshot": (
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",

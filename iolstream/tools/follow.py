@@ -61,14 +61,18 @@ class Follower:
     def _run(self) -> None:
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+        from iolstream.kafka.clients import logged
+
         consumer = Consumer(
-            {
-                "group.id": f"iolstream-produce-follow-{time.time_ns()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 100,
-                **self.consumer_conf,
-            }
+            logged(
+                {
+                    "group.id": f"iolstream-produce-follow-{time.time_ns()}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 100,
+                    **self.consumer_conf,
+                }
+            )
         )
         try:
             md = consumer.list_topics(self.topic, timeout=30)

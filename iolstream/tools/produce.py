@@ -1,8 +1,8 @@
 """``iolstream produce``: replay a data set into the features and labels topics.
 
-The message plan is pure and lives in ``plan`` (``iter_plan``/``plan``, re-exported here). ``send`` is
-the thin Kafka part: one idempotent producer, id as key, optional rate limit, event time ("ts", ms)
-stamped when a features message is sent. ``--follow`` reads the predictions back (``follow.Follower``).
+The message plan is pure and lives in ``plan`` (``iter_plan``/``plan``, re-exported here); the Kafka part
+(``send``, ``create_topics``, ``preflight``) in ``send``. The data is checked against the worker config's
+model first (``fit``). ``--follow`` reads the predictions back (``follow.Follower``).
 
     >>> msgs = plan(np.arange(4.0).reshape(2, 2), ["a", "b"], PlanOptions(with_ts=False))
     >>> plan_summary(msgs)["feature_rows"], msgs[0].encode()
@@ -12,21 +12,20 @@ stamped when a features message is sent. ``--follow`` reads the predictions back
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from iolstream.tools.follow import Follower, plot_curve
-from iolstream.tools.plan import Message, PlanOptions, iter_plan, plan, plan_summary, row_ids
+from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary, row_ids
+from iolstream.tools.progress import Reporter
+from iolstream.tools.send import EXIT_CLUSTER, SendFailed, create_topics, preflight, send
 
 __all__ = [
     "PlanOptions",
     "iter_plan",
     "plan",
+    "plan_summary",
     "send",
     "create_topics",
     "resolve_target",
@@ -34,109 +33,6 @@ __all__ = [
 ]  # plan: re-exported
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
-
-
-# ----------------------------------------------------------------------------- Kafka
-
-
-def send(
-    messages: Iterable[Message],
-    *,
-    producer_conf: dict,
-    features_topic: str,
-    labels_topic: str,
-    rate: float | None = None,
-    label_delay_seconds: float = 0.0,
-    progress=None,
-    stop: threading.Event | None = None,
-) -> dict:
-    """Send a plan with one idempotent producer; ``rate`` in feature rows/s (None: as fast as
-    possible). ``progress(rows_sent)`` is called after every features message. Returns the
-    plan summary of what was sent, plus "seconds". Raises RuntimeError on delivery errors."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"linger.ms": 5, "enable.idempotence": True, **producer_conf})
-    errors: list[str] = []
-
-    def on_delivery(err, _msg):
-        if err is not None:
-            errors.append(str(err))
-
-    started = time.monotonic()
-    delayed: deque[tuple[float, Message]] = deque()
-    summary = plan_summary([])
-    rows_sent = 0
-
-    def produce(m: Message) -> None:
-        topic = features_topic if m.kind == "features" else labels_topic
-        value = m.encode(int(time.time() * 1000))
-        while True:
-            try:
-                producer.produce(topic, value, key=m.key, on_delivery=on_delivery)
-                break
-            except BufferError:  # local queue full: let librdkafka drain it
-                producer.poll(0.05)
-        summary[f"{'feature' if m.kind == 'features' else 'label'}_messages"] += 1
-        summary[f"{'feature' if m.kind == 'features' else 'label'}_rows"] += m.rows
-
-    for m in messages:
-        if stop is not None and stop.is_set():
-            break
-        if rate:
-            wait = started + m.due_row / rate - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-        while delayed and delayed[0][0] <= time.monotonic():
-            produce(delayed.popleft()[1])
-        if m.kind == "labels" and label_delay_seconds > 0:
-            delayed.append((time.monotonic() + label_delay_seconds, m))
-        else:
-            produce(m)
-        if m.kind == "features":
-            rows_sent += m.rows
-            if progress is not None:
-                progress(rows_sent)
-        producer.poll(0)
-    while delayed and not (stop is not None and stop.is_set()):
-        due, m = delayed.popleft()
-        time.sleep(max(0.0, due - time.monotonic()))
-        produce(m)
-    remaining = producer.flush(60)
-    if remaining or errors:
-        raise RuntimeError(
-            f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})"
-        )
-    return {**summary, "seconds": time.monotonic() - started}
-
-
-def create_topics(
-    admin_conf: dict,
-    names: list[str],
-    *,
-    partitions: int = 1,
-    replication_factor: int = 1,
-    timeout: float = 30.0,
-    sized=(),
-    max_message_bytes: int | None = None,
-) -> list[str]:
-    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
-    which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
-    that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
-    when that is above Kafka's default."""
-    from confluent_kafka.admin import AdminClient
-
-    from iolstream.kafka import topics
-    from iolstream.stream.config import StreamConfig
-
-    limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
-    return topics.create_topics(
-        AdminClient(admin_conf),
-        names,
-        partitions=partitions,
-        replication_factor=replication_factor,
-        configs=topics.topic_configs(limit, sized),
-        timeout=timeout,
-    )
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -268,17 +164,20 @@ class KafkaTarget:
     dead_letters: str | None
     partitions: int = 1
     replication_factor: int = 1
+    model: object = None  # the worker config's ModelConfig (with -c): the data is checked against it
+    log_format: str = "text"
 
 
 def resolve_target(args) -> KafkaTarget:
     from iolstream.kafka.config import TopicsConfig, load_config
 
     topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
-    dead = None
+    dead = model = None
+    log_format = "text"
     if args.config:
         cfg = load_config(args.config)
         topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
-        dead = cfg.topics.dead_letters
+        dead, model, log_format = cfg.topics.dead_letters, cfg.model, cfg.logging.format
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
     target = KafkaTarget(
         conf,
@@ -288,6 +187,8 @@ def resolve_target(args) -> KafkaTarget:
         dead,
         topics.partitions,
         topics.replication_factor,
+        model,
+        log_format,
     )
     names = [target.features, target.labels, target.predictions]
     if len(set(names)) != 3:
@@ -321,7 +222,26 @@ def load_rows(args):
 
 
 def main(args) -> int:
+    """Exit 0 when sent (and, with --follow, predicted); 1 when rows got no prediction in time; 2 for bad
+    arguments or data (the data checked against the config's model first); 3 for a cluster problem."""
+    try:
+        return replay(args)
+    except SendFailed as exc:
+        return _cluster_error(str(exc))
+
+
+def _cluster_error(line: str) -> int:
     import sys
+
+    print(f"iolstream produce: error: {line}", file=sys.stderr)
+    return EXIT_CLUSTER
+
+
+def replay(args) -> int:
+    import sys
+
+    from iolstream.ops import logs
+    from iolstream.tools.fit import mismatches
 
     if args.plot is not None and not args.follow:
         raise ValueError("--plot needs --follow (the curve is drawn from the predictions)")
@@ -339,8 +259,17 @@ def main(args) -> int:
         seed=args.seed,
     )
     target = resolve_target(args)
+    logs.setup("WARNING", target.log_format)  # librdkafka's complaints through the repeat filter, never raw
     X, y, task, description = load_rows(args)
+    if target.model is not None:
+        found = mismatches(X, y, task, target.model)
+        if found:
+            raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
     n = len(X)
+    needed = [target.features, target.labels] + ([target.predictions] if args.follow else [])
+    why = preflight(target.client_conf, needed, args.create_topics)
+    if why is not None:
+        return _cluster_error(why)
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     say(
         f"{description}\nsending {n} rows to {target.features} (labels to {target.labels}) "
@@ -368,7 +297,7 @@ def main(args) -> int:
     if args.follow:
         follower = Follower(target.client_conf, target.predictions, row_ids(n, options), y, task).start()
     metric_name = "acc" if task == "classification" else "rmse"
-    reporter = _Reporter(n, enabled=not args.quiet)
+    reporter = Reporter(n, "produce", enabled=not args.quiet)
 
     def status(rows_sent: int) -> str:
         if follower is None:
@@ -427,28 +356,3 @@ def main(args) -> int:
         )
         return 1
     return 0
-
-
-class _Reporter:
-    """A progress bar on a terminal; elsewhere (logs, CI) one plain line every few seconds."""
-
-    def __init__(self, total: int, *, enabled: bool, every_seconds: float = 3.0):
-        import sys
-
-        from iolstream.tools.progress import ProgressBar
-
-        self.bar = ProgressBar(total, "produce", enabled=None if enabled else False)  # None: on a terminal
-        self.lines = enabled and not self.bar.enabled
-        self.every = every_seconds
-        self.last = 0.0
-        self.stream = sys.stderr
-
-    def update(self, done: int, text: str, *, force: bool = False) -> None:
-        if self.bar.enabled:
-            self.bar.update(done, text, force=force)
-        elif self.lines and (force or time.monotonic() - self.last >= self.every):
-            self.last = time.monotonic()
-            print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        self.bar.close()

@@ -94,3 +94,24 @@ def _is_tty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+class Reporter:
+    """A progress bar on a terminal; elsewhere (logs, CI) one plain line every few seconds."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool, every_seconds: float = 3.0):
+        self.bar = ProgressBar(total, label, enabled=None if enabled else False)  # None: on a terminal
+        self.lines = enabled and not self.bar.enabled
+        self.every = every_seconds
+        self.last = 0.0
+        self.stream = sys.stderr
+
+    def update(self, done: int, text: str, *, force: bool = False) -> None:
+        if self.bar.enabled:
+            self.bar.update(done, text, force=force)
+        elif self.lines and (force or time.monotonic() - self.last >= self.every):
+            self.last = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -28,6 +28,9 @@ def add_parser(subparsers):
 def run(args) -> int:
     import dataclasses
     import os
+    import time
+
+    started = time.monotonic()
 
     from iolstream.kafka.config import load_config
     from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
@@ -55,7 +58,15 @@ def run(args) -> int:
         log.debug("GOMP_SPINCOUNT=%s (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose)", spin)
     metrics = None
     if cfg.metrics.port:
-        from iolstream.ops.metrics import Metrics
+        try:
+            from iolstream.ops.metrics import Metrics
+        except ModuleNotFoundError as exc:  # a core dependency: only a broken install lacks it
+            log.error(
+                "cannot start: metrics.port %d needs %s: pip install prometheus-client, or metrics.port: 0",
+                cfg.metrics.port,
+                exc.name,
+            )
+            return EXIT_FATAL
 
         metrics = Metrics(cfg)
         try:  # up before the model loads: /healthz and /readyz answer 503 "starting" meanwhile
@@ -64,6 +75,8 @@ def run(args) -> int:
             log.error("cannot start: metrics.port %s:%d: %s", cfg.metrics.host, cfg.metrics.port, exc)
             return EXIT_FATAL
     try:
+        if not _broker_answers(cfg, started, args.max_seconds, log):
+            return EXIT_FATAL
         try:
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
@@ -72,7 +85,9 @@ def run(args) -> int:
         if metrics is not None:
             metrics.attach(worker)
         return worker.run(
-            max_seconds=args.max_seconds,
+            max_seconds=None
+            if args.max_seconds is None
+            else max(0.1, args.max_seconds - (time.monotonic() - started)),
             idle_stop_seconds=args.idle_stop_seconds,
             stop_at_end=args.stop_at_end,
             freeze_startup=True,
@@ -80,3 +95,17 @@ def run(args) -> int:
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _broker_answers(cfg, started: float, max_seconds: float | None, log) -> bool:
+    """Wait for the broker up to ``kafka.connect_timeout_seconds`` (or ``--max-seconds``, if sooner), a line
+    naming the address and ``kafka.bootstrap_servers`` at most every 10 s; False if it never answered."""
+    import time
+
+    from iolstream.kafka import diagnose
+    from iolstream.kafka.clients import client_conf
+
+    deadline = started + cfg.kafka.connect_timeout_seconds
+    if max_seconds is not None:
+        deadline = min(deadline, started + max_seconds)
+    return diagnose.wait_for_broker(client_conf(cfg), max(deadline, time.monotonic()), log) is not None

@@ -60,7 +60,7 @@ def test_object_arrays_are_refused_when_written():
         encode({}, {"bad": np.array([{"x": 1}], dtype=object)})
 
 
-@pytest.mark.parametrize("cut", [0, 10, snapshot._HEADER.size, snapshot._HEADER.size + 1, -1, "half"])
+@pytest.mark.parametrize("cut", [0, 10, snapshot.HEADER.size, snapshot.HEADER.size + 1, -1, "half"])
 def test_truncated_snapshot_is_detected(cut):
     blob = encode(*sample())
     end = len(blob) // 2 if cut == "half" else cut
@@ -73,7 +73,7 @@ def test_flipped_bit_is_detected(where):
     blob = bytearray(encode(*sample()))
     at = {
         "digest": 20,
-        "body-start": snapshot._HEADER.size,
+        "body-start": snapshot.HEADER.size,
         "body-middle": len(blob) // 2,
         "body-end": len(blob) - 1,
     }[where]
@@ -86,7 +86,7 @@ def test_bad_magic_and_other_versions_are_named():
     blob = encode(*sample())
     with pytest.raises(SnapshotError, match="bad magic"):
         decode(b"NOTASNAP" + blob[8:])
-    newer = snapshot._HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION + 1, blob[12:44]) + blob[44:]
+    newer = snapshot.HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION + 1, blob[12:44]) + blob[44:]
     with pytest.raises(SnapshotVersionError, match=f"format version {snapshot.FORMAT_VERSION + 1}"):
         decode(newer)
 
@@ -99,9 +99,7 @@ def test_a_valid_checksum_over_a_pickled_archive_is_refused():
     buf = io.BytesIO()
     np.savez(buf, __manifest__=np.frombuffer(b"{}", dtype=np.uint8), evil=np.array([object()], dtype=object))
     body = buf.getvalue()
-    blob = (
-        snapshot._HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION, hashlib.sha256(body).digest()) + body
-    )
+    blob = snapshot.HEADER.pack(snapshot.MAGIC, snapshot.FORMAT_VERSION, hashlib.sha256(body).digest()) + body
     with pytest.raises(SnapshotError, match="unreadable archive"):
         decode(blob)
 

@@ -285,3 +285,31 @@ def test_produce_command_replays_into_kafka(kafka_bootstrap, kafka_topics):
         from kafka_util import delete_topics
 
         delete_topics(kafka_bootstrap, [f, lab, p])
+
+
+class RefusingProducer(FakeProducer):
+    """Every delivery fails as a broker without WRITE on the topic answers."""
+
+    def produce(self, topic, value, key=None, on_delivery=None):
+        from confluent_kafka import KafkaError
+
+        class Msg:
+            def topic(self):
+                return topic
+
+        on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), Msg())
+
+
+def test_refused_deliveries_are_one_line_naming_the_topic(monkeypatch):
+    import confluent_kafka
+
+    from iolstream.tools.send import SendFailed
+
+    monkeypatch.setattr(confluent_kafka, "Producer", RefusingProducer)
+    X, y = rows(3)
+    conf = {"bootstrap.servers": "b:9", "sasl.username": "alice", "sasl.password": "secret-pw"}
+    with pytest.raises(SendFailed) as caught:
+        produce.send(iter_plan(X, y, PlanOptions()), producer_conf=conf, features_topic="F", labels_topic="L")
+    assert (
+        str(caught.value) == "6 messages not delivered: not authorised to write topic F (user 'alice' at b:9)"
+    )

@@ -1,0 +1,153 @@
+"""``iolstream check -c CONFIG [--csv FILE --target COL]``: is everything ready for a first ``run``?
+
+One line per finding, ``ok``, ``warn`` or ``FAIL``, then the exit code:
+
+    0   ready
+    2   a config or data problem: the config does not load or contradicts itself, or the CSV does not
+        fit the model (its width against model.n_inputs, its labels against model.classes)
+    3   a cluster problem (and the config and data are fine): the broker does not answer within
+        --timeout, authentication or TLS fails, a topic is missing (topics.create false) or cannot be
+        created, the features and labels topics differ in partition count, or the principal may not
+        read the inputs or the group, write the outputs, read the dead-letter topic's configs, or use
+        the transactional id (exactly-once)
+
+The cluster probes (``kafka.access``) write nothing into a user topic. The broker's address comes from
+the config (``kafka.bootstrap_servers``, or ``--bootstrap``) and its client settings from ``kafka.client``.
+"""
+
+from __future__ import annotations
+
+EXIT_READY, EXIT_CONFIG, EXIT_CLUSTER = 0, 2, 3
+
+
+def add_parser(subparsers):
+    from iolstream.tools.common import non_negative_float
+
+    p = subparsers.add_parser(
+        "check",
+        help="check a config, its cluster and a CSV before a first run",
+        description=(
+            "Check a worker config before its first run: the config itself, the broker, the topics and their "
+            "partition counts, what the principal may do, and a CSV sample against the model. One line per "
+            "finding; exit 0 ready, 2 config or data problem, 3 cluster problem."
+        ),
+    )
+    p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
+    p.add_argument("--bootstrap", metavar="HOST:PORT", help="override kafka.bootstrap_servers")
+    p.add_argument("--csv", metavar="FILE", help="a CSV sample of the data to send (with --target)")
+    p.add_argument("--target", metavar="COLUMN", help="the CSV's label column")
+    p.add_argument(
+        "--rows", type=int, default=10_000, metavar="N", help="CSV rows read (default: %(default)s)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=non_negative_float,
+        default=10.0,
+        metavar="S",
+        help="the broker must answer within S seconds (default: %(default)s)",
+    )
+    p.set_defaults(func=main)
+    return p
+
+
+class Report:
+    """Prints findings as they come; remembers whether any config/data or cluster check failed."""
+
+    def __init__(self, stream=None):
+        import sys
+
+        self.stream = stream or sys.stdout
+        self.config_failed = self.cluster_failed = False
+
+    def say(self, ok: bool, what: str, line: str, *, warning: bool = False, cluster: bool = True) -> None:
+        status = "FAIL" if not ok else ("warn" if warning else "ok")
+        print(f"{status:<4}  {what}: {line}", file=self.stream, flush=True)
+        if not ok:
+            if cluster:
+                self.cluster_failed = True
+            else:
+                self.config_failed = True
+
+    @property
+    def code(self) -> int:
+        return EXIT_CONFIG if self.config_failed else EXIT_CLUSTER if self.cluster_failed else EXIT_READY
+
+
+def main(args) -> int:
+    import dataclasses
+
+    from iolstream.kafka.config import ConfigError, load_config
+    from iolstream.ops import logs
+
+    report = Report()
+    if bool(args.csv) != bool(args.target):
+        raise ValueError("--csv and --target go together")
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        report.say(False, "config", str(exc), cluster=False)
+        return report.code
+    if args.bootstrap:
+        cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
+    logs.setup("WARNING", cfg.logging.format)  # librdkafka's complaints through the repeat filter, never raw
+    check_config(cfg, args.config, report)
+    if args.csv:
+        check_csv(cfg, args.csv, args.target, args.rows, report)
+    check_cluster(cfg, args.timeout, report)
+    return report.code
+
+
+def check_config(cfg, path: str, report: Report) -> None:
+    from iolstream.kafka.clients import check_timing
+    from iolstream.kafka.errors import WorkerError
+
+    try:
+        warnings = check_timing(cfg)
+    except WorkerError as exc:
+        report.say(False, "config", str(exc), cluster=False)
+        return
+    m = cfg.model
+    target = f"classes {', '.join(map(str, m.classes))}" if m.classes else f"{m.n_outputs} regression outputs"
+    exactly = "exactly-once" if cfg.durability.exactly_once else "at-least-once"
+    report.say(
+        True, "config", f"{path}: {m.n_inputs} inputs, {target}; mode {m.mode}, {exactly}", cluster=False
+    )
+    for warning in warnings:
+        report.say(True, "config", warning, warning=True, cluster=False)
+
+
+def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
+    from iolstream.tools.csvdata import load_csv
+    from iolstream.tools.data import DataError
+    from iolstream.tools.fit import mismatches
+
+    try:
+        ds = load_csv(path, target, task=cfg.model.task, rows=rows)
+    except DataError as exc:
+        report.say(False, "csv", str(exc), cluster=False)
+        return
+    found = mismatches(ds.X, ds.y, ds.task, cfg.model)
+    for line in found:
+        report.say(False, "csv", f"{path}: {line}", cluster=False)
+    if not found:
+        report.say(
+            True, "csv", f"{path}: {ds.n_rows} rows fit the model ({ds.X.shape[1]} features)", cluster=False
+        )
+
+
+def check_cluster(cfg, timeout: float, report: Report) -> None:
+    from iolstream.kafka import diagnose
+    from iolstream.kafka.access import Access
+    from iolstream.kafka.clients import client_conf
+
+    conf = client_conf(cfg)
+    meta, why = diagnose.probe(conf, timeout)
+    if why is not None:
+        report.say(False, "broker", why)
+        return
+    brokers = len(meta.brokers)
+    report.say(
+        True, "broker", f"{conf['bootstrap.servers']} answers ({brokers} broker{'s' * (brokers != 1)})"
+    )
+    for f in Access(cfg, conf, meta, timeout=max(timeout, 1.0)).all():
+        report.say(f.ok, f.what, f.line, warning=f.warning)

@@ -1,0 +1,113 @@
+"""``iolstream seed -c CONFIG --csv FILE --target COL``: a worker's starting state, learned from history.
+
+The CSV's rows go through the worker's own stream logic (``StreamProcessor``) with the config's model and
+stream settings, as batch messages of ``stream.batch_rows`` rows each followed by its labels: the same
+sums an offline fit in batches of that size gives (each batch's Gram, then its labels). The state is
+written as a snapshot into ``snapshot.dir``; ``iolstream run`` with the same config resumes from it and
+reads every input partition from its beginning (the seed covers no offsets). A directory that already
+holds snapshots is refused unless ``--replace`` (the worker would otherwise resume from the seed and
+read its topics again from their beginning).
+
+The seed's rows get ids ``iolstream-seed-<n>``, which the worker remembers as learned
+(``stream.remember_done``): stream ids must not take that form. The Python API reads the model back for
+batch scoring: ``iolstream.load_snapshot(snapshot.dir)``.
+"""
+
+from __future__ import annotations
+
+import time
+
+SEED_ID_PREFIX = "iolstream-seed-"
+
+
+def add_parser(subparsers):
+    from iolstream.tools.common import positive_int
+
+    p = subparsers.add_parser(
+        "seed",
+        help="learn a worker's starting state from a CSV (a snapshot the worker resumes from)",
+        description=(
+            "Learn a worker's starting state from a CSV of history with the config's model and write it as a "
+            "snapshot into snapshot.dir; `iolstream run -c CONFIG` resumes from it."
+        ),
+    )
+    p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
+    p.add_argument("--csv", required=True, metavar="FILE", help="a CSV file with a header row")
+    p.add_argument("--target", required=True, metavar="COLUMN", help="the CSV's label column")
+    p.add_argument("--rows", type=positive_int, metavar="N", help="learn only the first N rows")
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="write the seed even if snapshot.dir holds snapshots (the worker resumes from the seed)",
+    )
+    p.set_defaults(func=main)
+    return p
+
+
+def seed_processor(cfg, X, y):
+    """A StreamProcessor that has learned (X, y) as the worker would have, batch by batch."""
+    from iolstream.core.model import EdRVFL
+    from iolstream.stream.processor import StreamProcessor
+    from iolstream.tools.plan import PlanOptions, iter_plan
+
+    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows)
+    options = PlanOptions(batch_rows=cfg.stream.batch_rows, with_ts=False, id_prefix=SEED_ID_PREFIX)
+    now_ms = int(time.time() * 1000)
+    dead = 0
+    for message in iter_plan(X, y, options):
+        feed = proc.on_features if message.kind == "features" else proc.on_labels
+        dead += len(feed(message.encode(), None, now_ms))
+        proc.step(now_ms, force=True)  # a batch's Gram in and predicted, then its labels folded in
+    if dead:  # the rows were checked against the model first: a refusal here is a bug, not bad data
+        raise RuntimeError(f"{dead} seed rows or labels were refused by the stream logic")
+    return proc
+
+
+def main(args) -> int:
+    import sys
+
+    from iolstream.kafka.config import load_config
+    from iolstream.kafka.snapshots import SnapshotStore
+    from iolstream.tools.csvdata import load_csv
+    from iolstream.tools.fit import mismatches
+
+    cfg = load_config(args.config)
+    if cfg.group.enabled:
+        raise ValueError(
+            "group.enabled: seeding is for one worker; group learning starts from the group's sums"
+        )
+    store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
+    existing = store.paths()
+    if existing and not args.replace:
+        raise ValueError(
+            f"snapshot.dir {store.dir} already holds snapshots (newest {existing[0].name}): the worker resumes from "
+            "them; move them away, or pass --replace to write the seed as the newest"
+        )
+    ds = load_csv(args.csv, args.target, task=cfg.model.task, rows=args.rows)
+    found = mismatches(ds.X, ds.y, ds.task, cfg.model)
+    if found:
+        raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
+    started = time.perf_counter()
+    proc = seed_processor(cfg, ds.X, ds.y)
+    manifest, arrays = proc.to_state()
+    manifest["offsets"] = []  # no input consumed: the worker reads every partition from its beginning
+    manifest["worker"] = {
+        "exactly_once": cfg.durability.exactly_once,
+        "group_id": cfg.kafka.group_id,
+        "seeded_from": {"csv": str(args.csv), "target": args.target, "rows": ds.n_rows},
+    }
+    snap = store.write(manifest, arrays)
+    metric = "accuracy" if cfg.model.task == "classification" else "RMSE"
+    c = proc.counters
+    print(
+        f"seeded {snap.path} from {ds.n_rows} rows in {time.perf_counter() - started:.1f} s: "
+        f"{c['rows_learned']} learned, prequential {metric} {proc.metric.value:.4f}, model version "
+        f"{proc.model.version}"
+    )
+    if not proc.model.ready:
+        print(
+            f"iolstream seed: warning: {ds.n_rows} rows are fewer than model.warmup_rows "
+            f"({cfg.model.warmup_rows}): the scaler's warm-up goes on with the stream",
+            file=sys.stderr,
+        )
+    return 0

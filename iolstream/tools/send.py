@@ -1,0 +1,159 @@
+"""The Kafka part of ``iolstream produce``: one idempotent producer sends a plan (id as key, optional rate
+limit, event time stamped when a features message goes out), missing topics are created, and before
+anything is sent ``preflight`` checks that the broker answers and the topics exist. A cluster problem is
+one line (``kafka.diagnose``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from iolstream.kafka.clients import LOGGER
+from iolstream.tools.plan import Message, plan_summary
+
+EXIT_CLUSTER = 3  # the broker cannot be reached, refuses us, or lacks a topic (2: bad arguments or data)
+CONNECT_SECONDS = 10.0  # the broker must answer a metadata request within this before anything is sent
+
+
+class SendFailed(RuntimeError):
+    """Messages the cluster did not take; the message is one line naming why (``kafka.diagnose``)."""
+
+
+def send(
+    messages: Iterable[Message],
+    *,
+    producer_conf: dict,
+    features_topic: str,
+    labels_topic: str,
+    rate: float | None = None,
+    label_delay_seconds: float = 0.0,
+    progress=None,
+    stop: threading.Event | None = None,
+) -> dict:
+    """Send a plan with one idempotent producer; ``rate`` in feature rows/s (None: as fast as
+    possible). ``progress(rows_sent)`` is called after every features message. Returns the
+    plan summary of what was sent, plus "seconds". Raises SendFailed on delivery errors."""
+    from confluent_kafka import KafkaException, Producer
+
+    from iolstream.kafka import diagnose
+
+    seen = diagnose.Collector(forward=logging.getLogger(LOGGER))
+    producer = Producer({"linger.ms": 5, "enable.idempotence": True, **producer_conf, **seen.conf()})
+    errors: list = []  # (error, topic) of the failed deliveries
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append((err, msg.topic()))
+
+    started = time.monotonic()
+    delayed: deque[tuple[float, Message]] = deque()
+    summary = plan_summary([])
+    rows_sent = 0
+
+    def produce(m: Message) -> None:
+        topic = features_topic if m.kind == "features" else labels_topic
+        value = m.encode(int(time.time() * 1000))
+        while True:
+            try:
+                producer.produce(topic, value, key=m.key, on_delivery=on_delivery)
+                break
+            except BufferError:  # local queue full: let librdkafka drain it
+                producer.poll(0.05)
+        summary[f"{'feature' if m.kind == 'features' else 'label'}_messages"] += 1
+        summary[f"{'feature' if m.kind == 'features' else 'label'}_rows"] += m.rows
+
+    for m in messages:
+        if stop is not None and stop.is_set():
+            break
+        if rate:
+            wait = started + m.due_row / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        while delayed and delayed[0][0] <= time.monotonic():
+            produce(delayed.popleft()[1])
+        if m.kind == "labels" and label_delay_seconds > 0:
+            delayed.append((time.monotonic() + label_delay_seconds, m))
+        else:
+            produce(m)
+        if m.kind == "features":
+            rows_sent += m.rows
+            if progress is not None:
+                progress(rows_sent)
+        producer.poll(0)
+    while delayed and not (stop is not None and stop.is_set()):
+        due, m = delayed.popleft()
+        time.sleep(max(0.0, due - time.monotonic()))
+        produce(m)
+    try:
+        remaining = producer.flush(60)
+    except KafkaException as exc:  # a fatal producer error
+        errors.append((exc.args[0], None))
+        remaining = len(producer)
+    if remaining or errors:
+        first, topic = errors[0] if errors else (diagnose.best(seen.errors) or "delivery timed out", None)
+        why = diagnose.explain(
+            first, producer_conf, operation="write", resource=topic and f"topic {topic}", seen=seen.errors
+        )
+        failed = remaining + sum(1 for _, topic in errors if topic is not None)
+        raise SendFailed(f"{failed} messages not delivered: {why}")
+    return {**summary, "seconds": time.monotonic() - started}
+
+
+def create_topics(
+    admin_conf: dict,
+    names: list[str],
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    timeout: float = 30.0,
+    sized=(),
+    max_message_bytes: int | None = None,
+) -> list[str]:
+    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
+    which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
+    that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
+    when that is above Kafka's default."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from iolstream.kafka import diagnose, topics
+    from iolstream.kafka.clients import logged
+    from iolstream.stream.config import StreamConfig
+
+    limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
+    try:
+        return topics.create_topics(
+            AdminClient(logged(admin_conf)),
+            names,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            configs=topics.topic_configs(limit, sized),
+            timeout=timeout,
+        )
+    except KafkaException as exc:
+        raise SendFailed(
+            diagnose.explain(exc, admin_conf, operation="create", resource=f"topics {', '.join(names)}")
+        ) from None
+
+
+def preflight(
+    conf: dict, topic_names: list[str], create: bool, timeout: float = CONNECT_SECONDS
+) -> str | None:
+    """Why nothing can be sent (one line), or None: the broker at ``conf`` answers within ``timeout`` and each
+    of ``topic_names`` exists (or will be created, ``create``) and may be described."""
+    from iolstream.kafka import diagnose
+
+    meta, why = diagnose.probe(conf, timeout)
+    if why is not None:
+        return why
+    for name in topic_names:
+        topic = meta.topics.get(name)
+        if topic is not None and topic.error is not None:
+            return diagnose.explain(topic.error, conf, operation="describe", resource=f"topic {name}")
+        if topic is None and not create:
+            return f"topic {name} does not exist at {conf['bootstrap.servers']}: create it, or pass --create-topics"
+    return None

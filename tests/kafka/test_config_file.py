@@ -1,0 +1,127 @@
+"""config/worker.yaml documents every key with its default, and the loader refuses what a newcomer gets
+wrong silently otherwise: classes with n_outputs, an environment variable that looks like an override but
+names no key (no broker needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from iolstream.core.model import ModelConfig
+from iolstream.kafka import config as config_module
+from iolstream.kafka.config import OTHER_VARIABLES, ConfigError, config_from_dict, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER_YAML = REPO / "config" / "worker.yaml"
+SECTIONS = {"model": ModelConfig, **config_module._SECTIONS}
+# keys whose value in worker.yaml is an example, not the default: the model of the data set it is set up for
+EXAMPLES = {("model", "n_inputs"), ("model", "classes")}
+BASE = {"model": {"n_inputs": 3, "classes": ["a", "b"]}}
+MISTAKES = {"IOLSTREAM_STREAM_BATCH_ROWS"}  # the docs' example of a mistyped override
+
+
+def documented_keys() -> dict[str, dict[str, object]]:
+    """{section: {key: value}} of worker.yaml, with the keys shown commented out (``  # n_outputs: 1``)."""
+    raw = yaml.safe_load(WORKER_YAML.read_text())
+    keys = {name: dict(raw.get(name) or {}) for name in raw}
+    section = None
+    for line in WORKER_YAML.read_text().splitlines():
+        if m := re.match(r"^(\w+):", line):
+            section = m.group(1)
+        elif section and (m := re.match(r"^  # (\w+): (\S+)", line)):
+            keys[section].setdefault(m.group(1), yaml.safe_load(m.group(2)))
+    return keys
+
+
+def default(field: dataclasses.Field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def test_worker_yaml_lists_every_key_and_no_other():
+    keys = documented_keys()
+    assert set(keys) == set(SECTIONS), "sections"
+    for name, cls in SECTIONS.items():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert set(keys[name]) - fields == set(), f"{name}: keys worker.yaml shows that the config has not"
+        assert fields - set(keys[name]) == set(), f"{name}: keys of the config worker.yaml does not show"
+
+
+def test_worker_yaml_shows_the_defaults():
+    keys = documented_keys()
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if (name, f.name) in EXAMPLES:
+                continue
+            shown, want = keys[name][f.name], default(f)
+            if isinstance(want, tuple):
+                want = list(want)
+            assert shown == want, f"{name}.{f.name}: worker.yaml shows {shown!r}, the default is {want!r}"
+
+
+def test_worker_yaml_loads_and_lam_mentions_auto():
+    cfg = load_config(WORKER_YAML, environ={})
+    assert cfg.model.task == "classification"
+    lam_comment = next(
+        line for line in WORKER_YAML.read_text().splitlines() if line.strip().startswith("lam:")
+    )
+    assert "auto" in lam_comment
+
+
+def test_classes_with_n_outputs_is_refused():
+    raw = {"model": {"n_inputs": 3, "classes": ["a", "b"], "n_outputs": 2}}
+    with pytest.raises(ConfigError, match=r"model\.n_outputs: not with model\.classes"):
+        config_from_dict(raw, {})
+    with pytest.raises(ConfigError, match=r"model\.n_outputs: not with model\.classes"):
+        config_from_dict(BASE, {"IOLSTREAM_MODEL__N_OUTPUTS": "1"})
+    assert config_from_dict({"model": {"n_inputs": 3, "n_outputs": 2}}, {}).model.m == 2
+
+
+@pytest.mark.parametrize(
+    "name,nearest",
+    [
+        ("IOLSTREAM_STREAM_BATCH_ROWS", "IOLSTREAM_STREAM__BATCH_ROWS"),
+        ("IOLSTREAM_STREAM__BATCH_ROW", "IOLSTREAM_STREAM__BATCH_ROWS"),
+        ("IOLSTREAM_KAFKA_BOOTSTRAP_SERVERS", "IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS"),
+        ("IOLSTREAM_MODEL__FORGET", "IOLSTREAM_MODEL__FORGETTING"),
+        ("IOLSTREAM_METRIC__PORT", "IOLSTREAM_METRICS__PORT"),
+    ],
+)
+def test_a_mistyped_override_stops_with_the_nearest_name(name, nearest):
+    with pytest.raises(ConfigError, match=rf"{name}: names no configuration key; did you mean {nearest}\?"):
+        config_from_dict(BASE, {name: "1"})
+
+
+def test_valid_overrides_free_mappings_and_the_projects_other_variables_pass():
+    env = {
+        "IOLSTREAM_STREAM__BATCH_ROWS": "64",
+        "IOLSTREAM_KAFKA__CLIENT__SECURITY.PROTOCOL": "SSL",
+        "IOLSTREAM_SOMETHING_ELSE": "x",  # not shaped like an override: not ours to judge
+        **{name: "x" for name in OTHER_VARIABLES},
+    }
+    cfg = config_from_dict(BASE, env)
+    assert cfg.stream.batch_rows == 64 and cfg.kafka.client == {"security.protocol": "SSL"}
+
+
+def test_the_list_of_other_variables_is_the_repositorys():
+    """Every IOLSTREAM_ name the repository uses that is not an override is in OTHER_VARIABLES, and the list
+    names no variable the repository does not use: a new one must be added there, or the worker refuses it."""
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    used = set()
+    for rel in files:
+        path = REPO / rel
+        if path.suffix in {".png", ".iolsnap", ".csv", ".gz"} or not path.is_file() or path == Path(__file__):
+            continue
+        used |= set(re.findall(r"IOLSTREAM_[A-Z0-9_]+", path.read_text(errors="replace")))
+    others = {name for name in used if "__" not in name} - MISTAKES
+    assert others == set(OTHER_VARIABLES), (others - OTHER_VARIABLES, OTHER_VARIABLES - others)
