@@ -279,7 +279,7 @@ def main(args) -> int:
             f"{len(split.x_test)} test rows, label delay {protocol.label_delay}, seed {protocol.seed}",
             file=table_stream,
         )
-    results = []
+    results, warned = [], False
     metric = split.metric
     for learner in learners:
         bar = ProgressBar(n_batches, learner.name, enabled=None if not args.quiet else False)
@@ -323,6 +323,10 @@ def main(args) -> int:
         finally:
             bar.close()
         results.append(result)
+        units = getattr(learner, "units", None)
+        if units is not None and units.mostly_linear and not warned:  # once: -F and -R draw the same units
+            print(f"warning: {units.describe()}; try {units.remedy('--{} {}')}", file=sys.stderr)
+            warned = True
         if args.json:
             print(json.dumps(result.to_json(per_batch=args.per_batch), allow_nan=False), flush=True)
 
