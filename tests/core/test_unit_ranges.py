@@ -16,7 +16,7 @@ from iolstream.core.kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
 
-K = 19  # segment's inputs
+K = 19  # about segment's width (18 inputs)
 
 
 def rows(seed: int, b: int = 256, k: int = K) -> np.ndarray:
