@@ -79,7 +79,7 @@ class UnitRanges:
         layers = ", ".join(f"layer {i + 1}: {self.layer_share(i):.0%}" for i in range(len(self.linear)))
         return (
             f"{self.share:.0%} of the hidden units ({layers}) of activation {self.activation} with init "
-            f"{self.init} stay in a linear range ({sum(self.linear)}) or do not move ({sum(self.flat)}) on "
+            f"{self.init} are linear ({sum(self.linear)}) or flat ({sum(self.flat)}: dead or saturated) on "
             f"the {self.rows} warm-up rows: the hidden layers add almost nothing to a linear model"
         )
 
