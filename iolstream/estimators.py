@@ -33,7 +33,7 @@ class _EdRVFLBase(BaseEstimator):
         n_layers=2,
         lam=0.5,
         activation="relu",
-        init="xavier",
+        init="auto",
         mode="forward",
         ensemble=None,
         solver="auto",

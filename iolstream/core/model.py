@@ -25,7 +25,7 @@ import numpy as np
 
 from iolstream.core import kernels, learner, regret
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, candidate_grid
-from iolstream.core.network import INITS, RandomNetwork
+from iolstream.core.network import INITS, RandomNetwork, resolve_init
 from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -49,7 +49,7 @@ class ModelConfig:
     n_layers: int = 2
     lam: float | tuple = 0.5
     activation: str = "relu"
-    init: str = "xavier"
+    init: str = "auto"  # becomes the activation's own init (network.AUTO_INITS): what configs record
     seed: int = 0
     mode: str = "forward"
     ensemble: str | None = None  # default: softmax (classification) / mean (regression)
@@ -110,6 +110,7 @@ class ModelConfig:
             bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
+        object.__setattr__(self, "init", resolve_init(self.init, self.activation))  # names the weights drawn
         if self.forgetting != "auto":
             try:
                 learner.check_half_life(self.forgetting)

@@ -17,19 +17,51 @@ import numpy as np
 
 from iolstream.core import fused, kernels
 
-INITS = ("normal", "xavier", "kaiming", "uniform")
+INITS = ("auto", "normal", "xavier", "kaiming", "uniform", "spread")
+
+# init "auto": the weights each activation takes, chosen from measurements (docs/benchmarks.md, "Random
+# weights and the activation"): relu and leaky_relu keep Xavier, selu and swish take Kaiming (Xavier left
+# selu almost linear), sigmoid and tanh take "spread" (Xavier left them almost linear, N(0, 1) saturates
+# them on wide inputs).
+AUTO_INITS = {
+    "relu": "xavier",
+    "leaky_relu": "xavier",
+    "selu": "kaiming",
+    "swish": "kaiming",
+    "sigmoid": "spread",
+    "tanh": "spread",
+}
+# init "spread": weights N(0, s²/fan_in), biases N(0, s²). Over unit-variance inputs a unit's pre-activation
+# then spreads over about ±s whatever the fan-in (N(0, 1) weights give ±√fan_in), and the bias puts each
+# unit's bend (at 0) somewhere else within ±s. s is in the activation's own units: sigmoid(v) =
+# (1 + tanh(v / 2)) / 2 bends over twice tanh's range.
+SPREAD = {"sigmoid": 3.0, "tanh": 1.5}
+SPREAD_OTHERS = 1.0  # the ReLU family, spread on request
 
 
-def _weight_scale(init: str, fan_in: int, fan_out: int) -> float:
+def resolve_init(init: str, activation: str) -> str:
+    """The init that draws the weights: ``init`` itself, or for "auto" the activation's (AUTO_INITS)."""
+    if init == "auto":
+        return AUTO_INITS[activation]
+    return init
+
+
+def _scales(init: str, activation: str, fan_in: int, fan_out: int) -> tuple[float, float]:
+    """(weight scale, bias scale): standard deviations, or for "uniform" the bound a of U(-a, a)."""
     if init == "normal":  # the paper's N(0, 1)
-        return 1.0
+        return 1.0, 1.0
     if init == "xavier":  # Glorot & Bengio (2010), normal variant: Var = 2 / (fan_in + fan_out)
-        return float(np.sqrt(2.0 / (fan_in + fan_out)))
-    if init == "kaiming":  # He et al. (2015): Var = 2 / fan_in
-        return float(np.sqrt(2.0 / fan_in))
-    if init == "uniform":  # LeCun uniform U(-a, a), a = sqrt(3 / fan_in): unit-variance pre-activations
-        return float(np.sqrt(3.0 / fan_in))
-    raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        scale = float(np.sqrt(2.0 / (fan_in + fan_out)))
+    elif init == "kaiming":  # He et al. (2015): Var = 2 / fan_in
+        scale = float(np.sqrt(2.0 / fan_in))
+    elif init == "uniform":  # LeCun uniform U(-a, a), a = sqrt(3 / fan_in): unit-variance pre-activations
+        scale = float(np.sqrt(3.0 / fan_in))
+    elif init == "spread":  # see SPREAD
+        spread = SPREAD.get(activation, SPREAD_OTHERS)
+        return spread / float(np.sqrt(fan_in)), spread
+    else:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    return scale, scale
 
 
 CACHE_LINE = 64  # bytes
@@ -77,24 +109,27 @@ class RandomNetwork:
         n_layers,
         *,
         activation="relu",
-        init="xavier",
+        init="auto",
         seed=0,
         dtype=np.float64,
         bias_column=True,
     ):
         if activation not in kernels.ACTIVATION_CODES:
             raise ValueError(f"activation must be one of {kernels.ACTIVATIONS}, got {activation!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        init = resolve_init(init, activation)  # "auto": the activation's own; the network records which
         rng = np.random.default_rng(seed)
         weights_t, biases = [], []
         for layer in range(n_layers):
             fan_in = n_inputs if layer == 0 else n_nodes + n_inputs
-            scale = _weight_scale(init, fan_in, n_nodes)
+            w_scale, b_scale = _scales(init, activation, fan_in, n_nodes)
             if init == "uniform":
-                w = rng.uniform(-scale, scale, size=(n_nodes, fan_in))
-                b = rng.uniform(-scale, scale, size=n_nodes)
+                w = rng.uniform(-w_scale, w_scale, size=(n_nodes, fan_in))
+                b = rng.uniform(-b_scale, b_scale, size=n_nodes)
             else:
-                w = rng.standard_normal((n_nodes, fan_in)) * scale
-                b = rng.standard_normal(n_nodes) * scale
+                w = rng.standard_normal((n_nodes, fan_in)) * w_scale
+                b = rng.standard_normal(n_nodes) * b_scale
             weights_t.append(np.ascontiguousarray(w, dtype=dtype))
             biases.append(np.ascontiguousarray(b, dtype=dtype))
         packed = np.zeros((n_layers, n_nodes, n_nodes + n_inputs), dtype=dtype)

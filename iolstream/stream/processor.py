@@ -54,11 +54,12 @@ Rules worth knowing:
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
-from iolstream.core import state_io
+from iolstream.core import state_io, unit_ranges
 from iolstream.stream import codec, encoding
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import StreamConfig
@@ -74,6 +75,7 @@ __all__ = [
 ]  # the step's outputs, re-exported for the adapter
 from iolstream.core.model import EdRVFL
 
+log = logging.getLogger("iolstream.processor")
 FEATURE_CACHE_BYTES = 256 * 2**20  # features of recent batches kept for their labels (bounded)
 # Columns of a pending row's payload (join buffer, label queue), saved in the state's manifest.
 PAYLOAD = ("x", "position", "stamp", "candidate", "outputs")
@@ -259,6 +261,9 @@ class StreamProcessor:
         batch enters the buffer and are folded in before the next one: the held batches spanned the
         whole warm-up, far beyond the label latency."""
         held, self.held = self.held, []
+        units = unit_ranges.of_model(self.model, np.concatenate([rows.X for rows in held]))
+        if units is not None and units.mostly_linear:  # said once: the warm-up ends here
+            log.warning("%s; set %s", units.describe(), units.remedy("model.{}: {}"), extra=units.fields)
         for rows in held:
             self._predict_batch(rows, now_ms, out)
             self._fold_if_due(now_ms, out, force=True)

@@ -10,7 +10,9 @@ docker/warmup.py calls ``exercise`` for every kind, at image build.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import time
 
 import numpy as np
@@ -21,9 +23,26 @@ from iolstream.stream.config import StreamConfig
 from iolstream.stream.processor import StreamProcessor
 
 
+@contextlib.contextmanager
+def _processor_quiet():
+    """The tiny model's warm-up is not the stream's: what the processor would log of it (its hidden units
+    on 8 random rows) is not said."""
+    logger = logging.getLogger("iolstream.processor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:
     """One tiny stream through a processor of ``config``: batch and one-row messages, labels
     folded whole and in parts (recomputed features), ids remembered and looked up."""
+    with _processor_quiet():
+        _exercise(config, rng, parallel=parallel)
+
+
+def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:
     proc = StreamProcessor(
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )

@@ -101,7 +101,10 @@ def add_parser(subparsers):
         "--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)"
     )
     mdl.add_argument(
-        "--init", choices=INITS, default=defaults["init"], help="random weights (default: %(default)s)"
+        "--init",
+        choices=INITS,
+        default=defaults["init"],
+        help="random weights (default: %(default)s, the activation's own: xavier for relu, spread for sigmoid)",
     )
     mdl.add_argument(
         "--scaler",
@@ -290,7 +293,7 @@ def main(args) -> int:
             f"{held_out}, label delay {protocol.label_delay}, seed {protocol.seed}",
             file=table_stream,
         )
-    results = []
+    results, warned = [], False
     metric = split.metric
     for learner in learners:
         bar = ProgressBar(n_batches, learner.name, enabled=None if verbose else False)
@@ -336,6 +339,10 @@ def main(args) -> int:
         finally:
             bar.close()
         results.append(result)
+        units = getattr(learner, "units", None)
+        if units is not None and units.mostly_linear and not warned:  # once: -F and -R draw the same units
+            print(f"warning: {units.describe()}; try {units.remedy('--{} {}')}", file=sys.stderr)
+            warned = True
         if args.json:
             print(json.dumps(result.to_json(per_batch=args.per_batch), allow_nan=False), flush=True)
 

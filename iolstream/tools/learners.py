@@ -9,7 +9,7 @@ from typing import Protocol as TypingProtocol
 
 import numpy as np
 
-from iolstream.core import runtime
+from iolstream.core import runtime, unit_ranges
 from iolstream.core.learner import WOODBURY_RATIO
 from iolstream.core.model import EdRVFL, ModelConfig
 
@@ -55,6 +55,7 @@ class EdRVFLLearner:
         self.name = MODES[config.mode]
         self._classification = config.task == "classification"
         self.compile_seconds = 0.0
+        self.units: unit_ranges.UnitRanges | None = None  # measured by start
 
     def start(self, x_head: np.ndarray, batch_sizes=()) -> None:
         runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them
@@ -68,6 +69,7 @@ class EdRVFLLearner:
         if not scaler.frozen:
             scaler.partial_fit(x_head[: self.config.warmup_rows])
             scaler.freeze()  # fewer training rows than warmup_rows: freeze on what there is
+        self.units = unit_ranges.of_model(self.model, x_head)  # linear or flat units on the warm-up rows
         targets = self.model.targets
         targets.warmup_rows = min(
             targets.warmup_rows, max(len(x_head), 2)
@@ -116,6 +118,8 @@ class EdRVFLLearner:
         cfg["effective"] = (
             self.model.effective
         )  # λ and half-life in force (auto: each candidate's recent loss)
+        if self.units is not None:  # share of hidden units linear or flat on the warm-up rows
+            cfg["linear_units"] = round(self.units.share, 4)
         return cfg
 
 

@@ -193,6 +193,8 @@ def test_init_scales(init):
         fan_in = k if layer == 0 else n_nodes + k
         assert w_t.shape == (n_nodes, fan_in) and bias.shape == (n_nodes,)
         expected_std = {
+            "auto": np.sqrt(2.0 / (fan_in + n_nodes)),  # ReLU (the default activation): xavier
+            "spread": 1.0 / np.sqrt(fan_in),  # ReLU: pre-activations spread over ±1 (network.SPREAD_OTHERS)
             "normal": 1.0,
             "xavier": np.sqrt(2.0 / (fan_in + n_nodes)),
             "kaiming": np.sqrt(2.0 / fan_in),

@@ -305,3 +305,27 @@ def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
     )  # rows 100..700 after the 100-row warm-up
     assert len(r.window_curve) == 30 and r.window_curve[-1][0] == 3000
     assert r.to_json()["window_curve"][0] == [100, pytest.approx(accuracies[0])]
+
+
+# --------------------------------------------------------------------------- linear hidden units
+
+
+def test_a_linear_model_is_said_once_and_the_json_holds_the_share(capsys):
+    """sigmoid with Xavier weights over iris's 4 inputs: every unit in the sigmoid's straight middle. Said once
+    for -F and -R (the same random units), with the share and the option to change."""
+    from iolstream.tools.cli import main
+
+    argv = ["evaluate", "--dataset", "iris", "--nodes", "64", "--layers", "2", "--json", "--quiet"]
+    assert main([*argv, "--activation", "sigmoid", "--init", "xavier"]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err
+    assert "activation sigmoid with init xavier" in warnings[0] and warnings[0].endswith("try --init auto")
+    shares = {json.loads(line)["config"]["linear_units"] for line in out.splitlines()}
+    assert len(shares) == 1 and shares.pop() >= 0.9
+    assert f"{json.loads(out.splitlines()[0])['config']['linear_units']:.0%}" in warnings[0]
+
+    assert main([*argv, "--activation", "sigmoid"]) == 0  # init auto
+    out, err = capsys.readouterr()
+    assert "warning:" not in err and json.loads(out.splitlines()[0])["config"]["init"] == "spread"
+    assert json.loads(out.splitlines()[0])["config"]["linear_units"] < 0.5
