@@ -14,6 +14,7 @@ from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.protocol import (
     DEFAULT_BATCH,
+    MODE_SHORT,
     ORDERS,
     EdRVFLLearner,
     Protocol,
@@ -65,7 +66,11 @@ def add_parser(subparsers):
 
     mdl = p.add_argument_group("model (defaults: ModelConfig)")
     mdl.add_argument(
-        "--mode", choices=("forward", "ridge", "both"), default="both", help="-F, -R or both (default: both)"
+        "--mode",
+        choices=("forward", "ridge", "both", "auto"),
+        default="both",
+        help="-F, -R, both, or auto: -F and -R chosen online, each candidate's own prequential metric and regret "
+        "reported beside the model's, from the same run (default: both)",
     )
     mdl.add_argument(
         "--layers",
@@ -368,6 +373,18 @@ def _summary(results, stream) -> None:
             r.rows_per_second,
             r.seconds,
         )
+        if r.config.get("mode") == "auto":  # its candidates, side by side, measured in the same run
+            for c in r.config["candidate_results"]:
+                table.row(
+                    f"  {MODE_SHORT[c['mode']]}"
+                    + ("" if c["lam"] == r.config.get("lam") else f" λ={c['lam']:g}"),
+                    None,
+                    c["prequential_metric"],
+                    c["cumulative_regret"],
+                    None,
+                    None,
+                    None,
+                )
     if results[0].order == "stream":
         print(file=stream)
         table = Table(
@@ -384,6 +401,8 @@ def _summary(results, stream) -> None:
         for r in results:
             eff = r.config.get("effective", {})
             force = f"lam={eff.get('lam')} h={eff.get('forgetting')}" if eff else ""
+            if r.config.get("mode") == "auto":
+                force += f" {MODE_SHORT[eff['mode']]}"
             table.row(r.name, r.prequential_metric, r.prequential_first20, r.prequential_last20, force)
 
 

@@ -44,12 +44,14 @@ from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     CurvePoint,
     EvaluationResult,
+    candidate_results,
     error_sums,
     metric_from,
     score,
 )
 
-MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
+MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R", "auto": "edRVFL-auto"}
+MODE_SHORT = {"forward": "-F", "ridge": "-R"}
 ORDERS = ("shuffle", "stream")
 STREAM_WINDOWS = 50  # --order stream: the windowed prequential curve has this many windows
 DEFAULT_BATCH = 0.03  # a fraction of the training set, as the paper's tables give b (Letters: 0.030)
@@ -247,6 +249,8 @@ class EdRVFLLearner:
         self.model = EdRVFL(config)
         self.name = MODES[config.mode]
         self._classification = config.task == "classification"
+        # auto: every candidate's own prequential errors (what it would have emitted), beside the model's
+        self._candidate_errors = np.zeros((len(self.model.learners), 2))
 
     def start(self, x_head: np.ndarray) -> None:
         runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them (MEASUREMENTS.md trap)
@@ -263,9 +267,19 @@ class EdRVFLLearner:
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
         # predicts (= predict_batch), but it runs under the model's runtime.StepTuner as in the worker.
         pred = self.model.observe(x)
-        return pred, (pred.index if self._classification else pred.value)
+        own = None
+        if pred.candidate_outputs is not None:  # each candidate's ensemble, scored when the labels come
+            own = [
+                self.model.combine(out)[1 if self._classification else 2] for out in pred.candidate_outputs
+            ]
+        return (pred, own), (pred.index if self._classification else pred.value)
 
-    def label(self, pred, y) -> float:
+    def label(self, handle, y) -> float:
+        pred, own = handle
+        if own is not None:
+            task = self.config.task
+            for j, guess in enumerate(own):
+                self._candidate_errors[j] += error_sums(task, guess, y)
         targets = self.model.one_hot(y) if self._classification else y
         losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
         return float(losses.mean())
@@ -290,7 +304,9 @@ class EdRVFLLearner:
                 cfg[key] = "(from the training rows)"
         cfg["effective"] = (
             self.model.effective
-        )  # λ and half-life in force (auto: each candidate's recent loss)
+        )  # λ, half-life, mode in force (auto: each candidate's recent loss)
+        if len(self.model.learners) > 1:  # auto: each candidate's own run, measured in this one
+            cfg["candidate_results"] = candidate_results(self.model, self._candidate_errors)
         return cfg
 
 
