@@ -9,7 +9,8 @@ Suites:
 - ``kafka``: end to end through the local broker (see ``bench_kafka``).
   The core suite also runs each config with ``lam: auto`` (3 λ candidates sharing one Gram: one
   Cholesky and solve per λ), ``forgetting: auto`` (3 half-lives, their own sums) and both (9
-  candidates, 3 sets of sums), with ``cost_vs_fixed`` = fixed rows/s ÷ these rows/s, same run.
+  candidates, 3 sets of sums), ``mode: auto`` alone (-F and -R: 2 candidates, one set of sums and A_r), with
+  ``lam: auto`` (6) and with both (18), with ``cost_vs_fixed`` = fixed rows/s ÷ these rows/s, same run.
 - ``group``: 1 worker against a group of workers sharing one model, the per-sync costs and the group's
   quality against one worker (see ``bench_group``).
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
