@@ -61,7 +61,7 @@ class ModelConfig:
     activation: str = "relu"
     init: str = "xavier"
     seed: int = 0
-    mode: str = "forward"
+    mode: str = "auto"
     ensemble: str | None = None  # default: softmax (classification) / mean (regression)
     solver: str = "auto"
     dtype: str = "float64"

@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid
+from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.shared_gram import SharedGramLearner
@@ -165,15 +165,14 @@ def _saved_grid(manifest: dict, config: ModelConfig) -> tuple[list[tuple] | None
     selection = manifest.get("selection")
     if selection is None:
         return None, None
-    if "grid" not in selection:
-        grid = candidate_grid(config.lam, config.forgetting, *FIRST_GRID)
-        return grid, [config.mode] * len(grid)
+    if "grid" not in selection:  # saved before mode: auto existed: one mode
+        return with_modes(candidate_grid(config.lam, config.forgetting, *FIRST_GRID), config.mode)
     try:
         grid = [
             (tuple(lam) if isinstance(lam, list) else float(lam), None if h is None else float(h))
             for lam, h in selection["grid"]
         ]
-        modes = [str(m) for m in selection.get("modes", [config.mode] * len(grid))]
+        modes = [str(m) for m in selection.get("modes", [config.mode] * len(grid))]  # "modes": since auto
     except (TypeError, ValueError) as exc:
         raise StateFormatError(f"saved selection grid does not load: {exc}") from None
     if len(modes) != len(grid) or not set(modes) <= set(MODE_CANDIDATES):

@@ -447,7 +447,7 @@ def test_regret_bound_edge_cases(mode):
 
 
 def test_regret_without_tracking_is_unknown_for_forward():
-    model = EdRVFL(small(track_regret=False, n_outputs=1))
+    model = EdRVFL(small(track_regret=False, n_outputs=1, mode="forward"))
     batch = model.observe(rows(12, 6))
     model.learn(batch.features_t, np.ones((6, 1)), predicted=batch.layer_outputs)
     report = model.regret()

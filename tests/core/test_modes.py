@@ -44,7 +44,7 @@ def test_every_candidate_is_the_model_of_its_one_mode(kw):
     base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", seed=seed, **kw)
     auto = _stream(EdRVFL(ModelConfig(**base, mode="auto")), x, y, 60)
     assert sorted(set(auto.modes)) == ["forward", "ridge"]
-    assert len(auto.learners) == 2 * len(EdRVFL(ModelConfig(**base)).learners)
+    assert len(auto.learners) == 2 * len(EdRVFL(ModelConfig(**base, mode="forward")).learners)
     for j, ((lam, h), mode) in enumerate(zip(auto.candidates, auto.modes)):
         fixed = _stream(EdRVFL(ModelConfig(**{**base, "lam": lam, "forgetting": h}, mode=mode)), x, y, 60)
         for layer, (a, b) in enumerate(zip(auto.learners[j].state.layers, fixed.learner.state.layers)):
