@@ -53,7 +53,7 @@ cumulative_loss                        gauge       mode: Σ_t L_t (mean over lay
 cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (SPEC §3)
 effective_lambda                       gauge       the λ in force (model.lam; auto: the chosen candidate's)
 effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
-effective_mode                         gauge       mode = forward | ridge: 1 for the update in force (mode: auto)
+effective_mode                         gauge       mode = forward | ridge: 1, labelled with the update in force
 candidate_recent_loss                  gauge       lam, half_life, mode: auto, each candidate's recent loss per row
 snapshot_age_seconds                   gauge       since the newest durable snapshot
 snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
@@ -279,14 +279,12 @@ class _WorkerCollector:
             "The forgetting half-life in force, in rows (NaN: no forgetting)",
             float("nan") if eff["forgetting"] is None else eff["forgetting"],
         )
-        in_force = GaugeMetricFamily(
-            PREFIX + "effective_mode",
-            "1 for the update in force, -F (forward) or -R (ridge)",
-            labels=["mode"],
+        yield gauge(
+            "effective_mode",
+            "1, labelled with the update in force: forward (-F) or ridge (-R)",
+            1,
+            mode=eff["mode"],
         )
-        for name in ("forward", "ridge"):
-            in_force.add_metric([name], float(eff["mode"] == name))
-        yield in_force
         loss = GaugeMetricFamily(
             PREFIX + "candidate_recent_loss",
             "auto: each candidate's recent loss per row",

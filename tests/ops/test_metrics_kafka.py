@@ -469,6 +469,12 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
         s, "iolstream_prequential", metric="accuracy", window="sliding", mode=proc.model.config.mode
     ) == pytest.approx(correct[100:].mean())
     assert value(s, "iolstream_model_version") == proc.model.version
+    # mode: auto (the default): the update in force, and each candidate's recent loss by mode
+    eff = proc.model.effective
+    assert value(s, "iolstream_effective_mode", mode=eff["mode"]) == 1
+    for c in eff["candidates"]:
+        key = {"lam": f"{c['lam']:g}", "half_life": "none", "mode": c["mode"]}
+        assert value(s, "iolstream_candidate_recent_loss", **key) == pytest.approx(c["recent_loss"])
 
     # loss and regret (SPEC §3) as the state computes them
     assert value(s, "iolstream_immediate_loss", mode=proc.model.config.mode) == pytest.approx(
