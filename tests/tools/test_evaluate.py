@@ -243,3 +243,25 @@ def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
     )  # rows 100..700 after the 100-row warm-up
     assert len(r.window_curve) == 30 and r.window_curve[-1][0] == 3000
     assert r.to_json()["window_curve"][0] == [100, pytest.approx(accuracies[0])]
+
+
+@pytest.mark.parametrize("data", [toy, toy_regression])
+def test_mode_auto_reports_its_candidates_as_the_single_mode_runs(data, capsys):
+    """``--mode auto``: one run, the model's metrics and each candidate's own, which are those of -F and -R
+    run alone on the same split (the same sums); the mode in force in the JSON."""
+    from iolstream.tools import cli
+
+    ds = data()
+    single = evaluate(ds, model=SMALL, modes=("forward", "ridge"))
+    (auto,) = evaluate(ds, model=SMALL, modes=("auto",))
+    got = {c["mode"]: c for c in auto.config["candidate_results"]}
+    for r, mode in zip(single, ("forward", "ridge")):
+        assert got[mode]["prequential_metric"] == pytest.approx(r.prequential_metric, rel=1e-12), mode
+        assert got[mode]["cumulative_regret"] == pytest.approx(r.cumulative_regret, rel=1e-8), mode
+    chosen = auto.config["effective"]["mode"]
+    assert chosen in ("forward", "ridge") and auto.name == "edRVFL-auto"
+    assert auto.test_metric == pytest.approx(single[0].test_metric, rel=1e-9)  # every label in: the same sums
+    assert json.loads(json.dumps(auto.to_json(), allow_nan=False))["config"]["effective"]["mode"] == chosen
+    assert cli.main(["evaluate", "--dataset", "iris", "--mode", "auto", "--nodes", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "edRVFL-auto" in out and "\n  -F " in out and "\n  -R " in out
