@@ -1,8 +1,10 @@
-"""``lam: auto`` / ``forgetting: auto``: the candidate settings and the selector that puts one in force.
+"""``lam: auto`` / ``forgetting: auto`` / ``mode: auto``: the candidate settings and the selector that puts
+one in force.
 
 The candidates all use the same random features and learn every row; the one whose recent prequential
-loss is lowest predicts (``CandidateSelector``). λ candidates of one half-life share its sums
-(``core.shared_gram.SharedGramLearner``: one Gram, a Cholesky per λ).
+loss is lowest predicts (``CandidateSelector``). The candidates of one half-life share its sums
+(``core.shared_gram.SharedGramLearner``: one Gram, a Cholesky per λ; with ``mode: auto`` the -R candidates
+solve on the labelled sums A_r that the -F learner keeps beside its A).
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ FIRST_GRID = ((0.05, 0.5, 5.0), (None, 16384.0, 2048.0))
 # fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
 # candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
 SELECTION_HALF_LIFE = 512.0
+MODE_CANDIDATES = ("forward", "ridge")  # mode: auto (-F first: it makes the updates the -R candidates read)
+MODES = ("forward", "ridge", "auto")  # model.mode
+# mode: auto starts with -R (the selector's default, back in force when the other's edge fades). -F's loss is
+# worst early, while a batch's own Gram is a large share of A, before the selector has evidence: starting with
+# -F, auto kept digits at 0.9152 prequential against -R's 0.9235; starting with -R, 0.9235 (docs/benchmarks.md).
+AUTO_START_MODE = "ridge"
 SELECTION_Z = (
     2.0  # a candidate replaces the one in force when better by 2 standard deviations (CandidateSelector)
 )
@@ -39,6 +47,21 @@ def candidate_grid(lam, forgetting, lams=LAM_CANDIDATES, half_lives=HALF_LIFE_CA
         for h in (half_lives if forgetting == "auto" else (forgetting,))
         for c_lam in (lams if lam == "auto" else (lam,))
     ]
+
+
+def with_modes(grid: list[tuple], mode: str) -> tuple[list[tuple], list[str]]:
+    """``grid`` ((lam, half_life) pairs, half-life major) crossed with the modes of ``mode``: (pairs, modes), K each,
+    half-life major, then mode (-F before -R), then λ. One mode: ``grid`` itself."""
+    if mode != "auto":
+        return list(grid), [mode] * len(grid)
+    pairs, modes = [], []
+    for h in dict.fromkeys(h for _, h in grid):
+        for m in MODE_CANDIDATES:
+            for lam, h2 in grid:
+                if h2 == h:
+                    pairs.append((lam, h))
+                    modes.append(m)
+    return pairs, modes
 
 
 class CandidateSelector:
@@ -129,3 +152,49 @@ class CandidateSelector:
     def recent(self) -> np.ndarray:
         """(K,) recent prequential loss per row of every candidate (NaN before any label)."""
         return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
+
+
+def make_learners(config, n_columns: int, pairs: list[tuple], modes: list[str]) -> list:
+    """One learner per candidate (``pairs``: (lam, half_life), ``modes``: its mode). The first candidate of each
+    half-life makes every update (Gram, labels, decay); the others share its sums (``SharedGramLearner``): one
+    Gram, one Cholesky per λ; half-lives differ in sums. With ``mode: auto`` that first one is -F and keeps A_r
+    beside A, the -R candidates' A."""
+    from iolstream.core.learner import OnlineLearner
+    from iolstream.core.shared_gram import SharedGramLearner
+
+    if len(pairs) != len(modes):
+        raise ValueError(f"{len(pairs)} candidate settings but {len(modes)} modes")
+    learners, primaries = [], {}
+    for (lam, half_life), mode in zip(pairs, modes):
+        if half_life in primaries:
+            learners.append(SharedGramLearner(primaries[half_life], lam, mode=mode))
+            continue
+        primaries[half_life] = ln = OnlineLearner(
+            n_columns,
+            config.m,
+            config.n_layers,
+            lam=lam,
+            mode=mode,
+            solver=config.solver,
+            refactor_every=config.refactor_every,
+            track_regret=config.track_regret,
+            half_life=half_life,
+            keep_labelled=config.mode == "auto",
+        )
+        learners.append(ln)
+    return learners
+
+
+def observe_candidates(learners: list, network, x_scaled: np.ndarray, parallel: bool):
+    """A new batch seen by every candidate: (features_t (L, n, b), every candidate's layer outputs (K, L, b, m)).
+    The first learner computes the features (fused with its -F step); the others take them. Learners listed
+    before the candidates sharing their sums (``make_learners``), so these find them up to date. ``parallel``:
+    the thread setting of the one in force, for all."""
+    learners[0].parallel = parallel
+    features_t, first_outputs = learners[0].observe_rows(network, x_scaled)
+    outputs = np.empty((len(learners), *first_outputs.shape))
+    outputs[0] = first_outputs
+    for j, other in enumerate(learners[1:], start=1):
+        other.parallel = parallel
+        outputs[j] = other.observe_and_predict(features_t)
+    return features_t, outputs

@@ -84,6 +84,8 @@ class OnlineLearner:
         and the D_m, Y_m of the bounds (one pass over D per labelled batch)
     half_life : float or None — forgetting (docs/design.md §8): a row seen τ rows ago weighs 2^(−τ/half_life)
         in A and c; None (default) = no forgetting, bit for bit the learner without it
+    keep_labelled : bool — -F: keep A_r even without ``track_regret`` (``mode: auto``: the -R candidates
+        solve on it, ``shared_gram``)
 
     Forgetting runs on ``state.clock``, the rows seen so far: ``observe`` (both modes) advances it
     by b and first scales every data sum by 2^(−b/half_life) (``LearnerState.scale``; λI stays).
@@ -116,6 +118,7 @@ class OnlineLearner:
         refactor_every: int = 256,
         track_regret: bool = True,
         half_life: float | None = None,
+        keep_labelled: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -137,6 +140,7 @@ class OnlineLearner:
         self.solver = solver
         self.refactor_every = refactor_every
         self.track_regret = track_regret
+        self.keep_labelled = keep_labelled
         self.half_life = half_life
         self.parallel = False  # spread the layers over Numba's threads (set by runtime.StepTuner)
         self._scratch = None  # (threads, n, n): Cholesky factors of the fused -F step
@@ -147,7 +151,10 @@ class OnlineLearner:
         """η_0 = (λI)⁻¹, β = 0 for every layer."""
         lams = as_lams(self.lam, self.n_layers)
         arrays = LayerArrays.initial(
-            lams, self.n_columns, self.n_outputs, self.track_regret and self.mode == "forward"
+            lams,
+            self.n_columns,
+            self.n_outputs,
+            (self.track_regret or self.keep_labelled) and self.mode == "forward",
         )
         return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
 

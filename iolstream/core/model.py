@@ -19,15 +19,25 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from iolstream.core import kernels, learner, regret
-from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, candidate_grid
+from iolstream.core.candidates import (
+    AUTO_START_MODE,
+    HALF_LIFE_CANDIDATES,
+    LAM_CANDIDATES,
+    MODES,
+    CandidateSelector,
+    candidate_grid,
+    make_learners,
+    observe_candidates,
+    with_modes,
+)
 from iolstream.core.network import INITS, RandomNetwork, resolve_init
+from iolstream.core.regret import RegretReport
 from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
-from iolstream.core.shared_gram import SharedGramLearner
 
 TASKS = ("classification", "regression")
 TARGET_SCALERS = ("warmup", "fixed", "none")
@@ -51,7 +61,7 @@ class ModelConfig:
     activation: str = "relu"
     init: str = "auto"  # becomes the activation's own init (network.AUTO_INITS): what configs record
     seed: int = 0
-    mode: str = "forward"
+    mode: str = "auto"
     ensemble: str | None = None  # default: softmax (classification) / mean (regression)
     solver: str = "auto"
     dtype: str = "float64"
@@ -130,8 +140,8 @@ class ModelConfig:
             bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
         if self.target_scaler == "fixed" and self.task == "regression":
             self._check_fixed_scaling("target", self.n_outputs, bad, store=True)
-        if self.mode not in learner.MODES:
-            bad("mode", f"one of {learner.MODES}", self.mode)
+        if self.mode not in MODES:
+            bad("mode", f"one of {MODES} (auto: -F and -R chosen online)", self.mode)
         if self.solver not in learner.SOLVERS:
             bad("solver", f"one of {learner.SOLVERS}", self.solver)
         if self.dtype not in DTYPES:
@@ -178,8 +188,21 @@ class ModelConfig:
 
     @property
     def candidates(self) -> list[tuple]:
-        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings."""
-        return candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings (with
+        ``mode: auto``, each setting twice: see ``candidate_modes``)."""
+        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+        return with_modes(grid, self.mode)[0]
+
+    @property
+    def candidate_modes(self) -> list[str]:
+        """The mode of every learner the model keeps ("forward" or "ridge"), beside ``candidates``."""
+        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+        return with_modes(grid, self.mode)[1]
+
+    @property
+    def default_mode(self) -> str:
+        """The mode the selector starts with: ``mode``, or with ``auto`` candidates.AUTO_START_MODE."""
+        return AUTO_START_MODE if self.mode == "auto" else self.mode
 
     @property
     def default_candidate(self) -> tuple:
@@ -224,25 +247,13 @@ class Prediction:
         return [classes[i] for i in self.index]
 
 
-@dataclass
-class RegretReport:
-    cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
-    expert_loss: np.ndarray  # (L,) min_β over everything labelled
-    cumulative_regret: np.ndarray  # (L,)
-    bound: float  # Theorem 4 (-R) or 5 (-F), with the smallest λ_l (the loosest: the bounds fall as λ grows)
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def mean_regret(self) -> float:
-        return float(self.cumulative_regret.mean())
-
-
 class EdRVFL:
     """An ensemble deep RVFL network learning online by -F or -R."""
 
-    def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None):
-        """``candidates``: the (lam, half_life) grid of ``auto`` (default ``config.candidates``; a restored
-        snapshot passes the grid it was saved with)."""
+    def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None, modes: list | None = None):
+        """``candidates``: the (lam, half_life) grid of ``auto`` and ``modes`` each one's mode (default
+        ``config.candidates`` and ``config.candidate_modes``; a restored snapshot passes the grid it was saved
+        with)."""
         self.config = config
         self.network = RandomNetwork.create(
             config.n_inputs,
@@ -262,26 +273,11 @@ class EdRVFL:
             std=config.scaler_std,
         )
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
-        # λ candidates share their half-life's sums (the first of each half-life makes every update, the
-        # others copy them and solve with their own λ): one Gram, one Cholesky per λ; half-lives differ in sums.
-        self.learners, primaries = [], {}
-        for lam, half_life in self.candidates:
-            if half_life in primaries:
-                self.learners.append(SharedGramLearner(primaries[half_life], lam))
-                continue
-            primaries[half_life] = ln = learner.OnlineLearner(
-                self.network.n_columns,
-                config.m,
-                config.n_layers,
-                lam=lam,
-                mode=config.mode,
-                solver=config.solver,
-                refactor_every=config.refactor_every,
-                track_regret=config.track_regret,
-                half_life=half_life,
-            )
-            self.learners.append(ln)
-        self.selector = CandidateSelector(len(self.learners), self.candidates.index(config.default_candidate))
+        self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
+        self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
+        start = list(zip(self.candidates, self.modes)).index((config.default_candidate, config.default_mode))
+        self.selector = CandidateSelector(len(self.learners), start)
+        self.emitted_loss = np.zeros(config.n_layers)  # auto: Σ_t L_{l,t} of the candidate in force (regret)
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
@@ -306,14 +302,15 @@ class EdRVFL:
 
     @property
     def effective(self) -> dict:
-        """The λ and half-life in force and, with ``auto``, every candidate's recent loss per row (error rate,
-        or squared error, of its ensemble: see CandidateSelector)."""
-        lam, half_life = self.candidates[self.selector.chosen]
-        out = {"lam": lam, "forgetting": half_life}
+        """The λ, half-life and mode (-F "forward" or -R "ridge") in force and, with ``auto``, every candidate's
+        recent loss per row (error rate, or squared error, of its ensemble: see CandidateSelector)."""
+        chosen = self.selector.chosen
+        lam, half_life = self.candidates[chosen]
+        out = {"lam": lam, "forgetting": half_life, "mode": self.modes[chosen]}
         if len(self.learners) > 1:
             out["candidates"] = [
-                {"lam": c_lam, "forgetting": c_h, "recent_loss": float(v)}
-                for (c_lam, c_h), v in zip(self.candidates, self.selector.recent())
+                {"lam": c_lam, "forgetting": c_h, "mode": c_mode, "recent_loss": float(v)}
+                for (c_lam, c_h), c_mode, v in zip(self.candidates, self.modes, self.selector.recent())
             ]
         return out
 
@@ -401,16 +398,10 @@ class EdRVFL:
         candidate_outputs = None
         if len(self.learners) == 1:
             features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
-        else:  # the same features for every candidate; each primary before the λ candidates sharing its sums
-            parallel = self.learner.parallel
-            first = self.learners[0]
-            first.parallel = parallel
-            features_t, first_outputs = first.observe_rows(self.network, self._scaled(x))
-            candidate_outputs = np.empty((len(self.learners), *first_outputs.shape))
-            candidate_outputs[0] = first_outputs
-            for j, other in enumerate(self.learners[1:], start=1):
-                other.parallel = parallel
-                candidate_outputs[j] = other.observe_and_predict(features_t)
+        else:  # the same features for every candidate; each primary before the candidates sharing its sums
+            features_t, candidate_outputs = observe_candidates(
+                self.learners, self.network, self._scaled(x), self.learner.parallel
+            )
             outputs = candidate_outputs[self.selector.chosen]
         proba, index, value = self.combine(outputs)
         if tuner is not None:
@@ -457,6 +448,7 @@ class EdRVFL:
             row_losses[j] = self._selection_loss(predicted[j], targets)
             if j == chosen:
                 result = losses
+        self.emitted_loss += result
         self.selector.record(row_losses)
         return result
 
@@ -488,38 +480,10 @@ class EdRVFL:
         )
 
     # --------------------------------------------------------------- regret
-    def regret(self) -> RegretReport:
-        """Cumulative regret of every layer against its offline expert, and the paper's bound."""
-        st = self.learner.state
-        losses, experts = [], []
-        for ls in st.layers:
-            labelled = ls.gram if ls.gram_labelled is None else ls.gram_labelled
-            if self.config.mode == "forward" and ls.gram_labelled is None:
-                labelled = None  # not tracked: A_r unknown
-            losses.append(ls.loss_sum)
-            experts.append(
-                regret.expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan
-            )
-        losses, experts = np.array(losses), np.array(experts)
-        lam, half_life = self.candidates[self.selector.chosen]
-        if half_life is not None:
-            # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
-            # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the
-            # undiscounted regret against a fixed β; they do not apply, so no bound is reported.
-            note = {"regret": "discounted", "half_life": half_life}
-            return RegretReport(losses, experts, losses - experts, float("nan"), note)
-        if not self.config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
-            return RegretReport(losses, experts, losses - experts, float("nan"))
-        bound_fn = regret.bound_forward if self.config.mode == "forward" else regret.bound_ridge
-        bound = bound_fn(
-            st.y_max,
-            st.max_label_batch,
-            self.config.n_nodes + self.config.n_inputs,
-            st.label_batches,
-            st.d_max,
-            min(learner.as_lams(lam, self.config.n_layers)),
-        )
-        return RegretReport(losses, experts, losses - experts, bound)
+    def regret(self, candidate: int | None = None) -> RegretReport:
+        """Cumulative regret of every layer against its offline expert, and the paper's bound: of the
+        candidate in force, or of candidate ``candidate`` (its own predictions; see regret.model_report)."""
+        return regret.model_report(self, candidate)
 
     # ---------------------------------------------------------------- state
     def weights_digest(self) -> str:

@@ -9,10 +9,65 @@ and the bounds of Theorems 4 (-R) and 5 (-F).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from iolstream.core import linalg
+
+
+@dataclass
+class RegretReport:
+    cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
+    expert_loss: np.ndarray  # (L,) min_β over everything labelled
+    cumulative_regret: np.ndarray  # (L,)
+    bound: float  # Theorem 4 (-R) or 5 (-F), with the smallest λ_l (the loosest: the bounds fall as λ grows)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_regret(self) -> float:
+        return float(self.cumulative_regret.mean())
+
+
+def model_report(model, candidate: int | None = None) -> RegretReport:
+    """The regret of an ``EdRVFL``: of the candidate in force (``candidate`` None) or of candidate ``candidate``
+    (its own predictions, in force or not). With ``mode: auto`` and no forgetting in force, the in-force regret
+    counts the predictions the model made: each batch's loss by the candidate in force when its labels came
+    (``model.emitted_loss``); -F and -R of one λ share the expert (the same labelled sums)."""
+    from iolstream.core.learner import as_lams
+
+    j = model.selector.chosen if candidate is None else candidate
+    ln, config = model.learners[j], model.config
+    st = ln.state
+    losses, experts = [], []
+    for ls in st.layers:
+        labelled = ls.gram if ls.gram_labelled is None else ls.gram_labelled
+        if ln.mode == "forward" and ls.gram_labelled is None:
+            labelled = None  # not tracked: A_r unknown
+        losses.append(ls.loss_sum)
+        experts.append(expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
+    losses, experts = np.array(losses), np.array(experts)
+    lam, half_life = model.candidates[j]
+    if candidate is None and config.mode == "auto" and half_life is None:
+        losses = model.emitted_loss.copy()
+    if half_life is not None:
+        # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
+        # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the
+        # undiscounted regret against a fixed β; they do not apply, so no bound is reported.
+        note = {"regret": "discounted", "half_life": half_life}
+        return RegretReport(losses, experts, losses - experts, float("nan"), note)
+    if not config.track_regret:  # D_m, Y_m (and A_r for -F) were not kept
+        return RegretReport(losses, experts, losses - experts, float("nan"))
+    bound_fn = bound_forward if ln.mode == "forward" else bound_ridge
+    bound = bound_fn(
+        st.y_max,
+        st.max_label_batch,
+        config.n_nodes + config.n_inputs,
+        st.label_batches,
+        st.d_max,
+        min(as_lams(lam, config.n_layers)),
+    )
+    return RegretReport(losses, experts, losses - experts, bound)
 
 
 def expert_loss(rhs: np.ndarray, gram_labelled: np.ndarray, sum_y2: float) -> float:

@@ -1,6 +1,8 @@
-"""λ candidates of one half-life sharing its sums (``lam: auto``): one learner makes the updates (Gram,
-labels, decay); the others hold its sums with their own λ on the diagonal, A_j = A_p + (λ_j − λ_p)I and
-c_j = c_p, and solve for their own β (a Cholesky per λ, no second Gram).
+"""Candidates of one half-life sharing its sums (``lam: auto``, ``mode: auto``): one learner makes the updates
+(Gram, labels, decay); the others hold its sums with their own λ on the diagonal, A_j = A_p + (λ_j − λ_p)I and
+c_j = c_p, and solve for their own β (a Cholesky per λ, no second Gram). An -R candidate of an -F learner holds
+its labelled sums instead, A_j = A_r + (λ_j − λ_p)I: -R's A is exactly the Gram of the labelled rows
+(Algorithm 1), which -F keeps beside its own A (SPEC §3).
 """
 
 from __future__ import annotations
@@ -23,14 +25,21 @@ class SharedGramLearner(OnlineLearner):
     ``state`` is a full LearnerState (saved and restored as any learner's).
     """
 
-    def __init__(self, primary: OnlineLearner, lam):
+    def __init__(self, primary: OnlineLearner, lam, mode: str | None = None):
         self.primary = primary
+        mode = primary.mode if mode is None else mode
+        if mode != primary.mode and not (mode == "ridge" and len(primary.state.arrays.gram_labelled)):
+            raise ValueError(
+                f"a {mode} candidate cannot share the sums of a {primary.mode} learner"
+                + (" that keeps no labelled Gram" if mode == "ridge" else "")
+            )
+        self._labelled_only = mode != primary.mode  # -R of -F: A_r, not A
         super().__init__(
             primary.n_columns,
             primary.n_outputs,
             primary.n_layers,
             lam=lam,
-            mode=primary.mode,
+            mode=mode,
             solver="cholesky",
             refactor_every=primary.refactor_every,
             track_regret=primary.track_regret,
@@ -60,7 +69,7 @@ class SharedGramLearner(OnlineLearner):
         a, pa = st.arrays, p.arrays
         shift = np.array([ls.lam - pls.lam for ls, pls in zip(st.layers, p.layers)])
         diag = np.arange(self.n_columns)
-        np.copyto(a.gram, pa.gram)
+        np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
         a.gram[:, diag, diag] += shift[:, None]
         if len(a.gram_labelled):
             np.copyto(a.gram_labelled, pa.gram_labelled)

@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from iolstream.core.candidates import FIRST_GRID, candidate_grid
+from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
 from iolstream.core.learner_state import LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.shared_gram import SharedGramLearner
@@ -31,7 +31,8 @@ FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/
 # 1: the first; 2: forgetting and auto (clock, candidates, selector, target scaling). Version-1 states
 # load as they were written: no forgetting, one learner, raw regression targets, clock = rows observed.
 # Version-2 states name their auto grid in selection["grid"]; those written before it did load with
-# candidates.FIRST_GRID (an optional key, read both ways: the version stays 2).
+# candidates.FIRST_GRID (an optional key, read both ways: the version stays 2). With ``mode: auto`` the
+# selection also names each candidate's mode (selection["modes"]); without it, every one has the config's.
 FORMAT_VERSION = 2
 READS = (1, 2)
 _COUNTERS = (
@@ -103,6 +104,9 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
             "clock": sel.clock,
             "grid": [[_json_safe(lam), h] for lam, h in model.candidates],
         }
+        if model.config.mode == "auto":  # each candidate's mode, and the loss of what was emitted (regret)
+            manifest["selection"]["modes"] = list(model.modes)
+            manifest["selection"]["emitted_loss"] = [float(v) for v in model.emitted_loss]
     return manifest, arrays
 
 
@@ -154,26 +158,31 @@ def _config_from_json(cfg: dict) -> ModelConfig:
     return ModelConfig(**cfg)
 
 
-def _saved_grid(manifest: dict, config: ModelConfig) -> list[tuple] | None:
-    """The auto candidates a state was saved with: its selection's ``grid``, or, saved before the grid was
-    (version 2 until the half-life 16384 gave way to 512), candidates.FIRST_GRID. None: one learner."""
+def _saved_grid(manifest: dict, config: ModelConfig) -> tuple[list[tuple] | None, list[str] | None]:
+    """The auto candidates a state was saved with and their modes: its selection's ``grid`` and ``modes`` (saved
+    with ``mode: auto``; else every candidate has the config's mode), or, saved before the grid was (version 2
+    until the half-life 16384 gave way to 512), candidates.FIRST_GRID. (None, None): one learner."""
     selection = manifest.get("selection")
     if selection is None:
-        return None
-    if "grid" not in selection:
-        return candidate_grid(config.lam, config.forgetting, *FIRST_GRID)
+        return None, None
+    if "grid" not in selection:  # saved before mode: auto existed: one mode
+        return with_modes(candidate_grid(config.lam, config.forgetting, *FIRST_GRID), config.mode)
     try:
         grid = [
             (tuple(lam) if isinstance(lam, list) else float(lam), None if h is None else float(h))
             for lam, h in selection["grid"]
         ]
+        modes = [str(m) for m in selection.get("modes", [config.mode] * len(grid))]  # "modes": since auto
     except (TypeError, ValueError) as exc:
         raise StateFormatError(f"saved selection grid does not load: {exc}") from None
-    if config.default_candidate not in grid:
+    if len(modes) != len(grid) or not set(modes) <= set(MODE_CANDIDATES):
+        raise StateFormatError(f"saved selection modes {modes} do not fit the grid {grid}")
+    if (config.default_candidate, config.default_mode) not in zip(grid, modes):
         raise StateFormatError(
-            f"saved selection grid {grid} lacks the default setting {config.default_candidate}"
+            f"saved selection grid {grid} (modes {modes}) lacks the default setting "
+            f"{config.default_candidate} ({config.default_mode})"
         )
-    return grid
+    return grid, modes
 
 
 def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
@@ -185,7 +194,8 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     if manifest["format_version"] == 1 and ({"candidates", "targets"} & manifest.keys()):
         raise StateFormatError("a version-1 state cannot hold auto candidates or target scaling")
     config = saved_config(manifest)
-    model = EdRVFL(config, candidates=_saved_grid(manifest, config))
+    grid, modes = _saved_grid(manifest, config)
+    model = EdRVFL(config, candidates=grid, modes=modes)
     if model.weights_digest() != manifest["weights_sha256"]:
         raise StateFormatError(
             "the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)"
@@ -227,6 +237,10 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
             model.selector.switches = int(sel["switches"])
             model.selector.clock = int(sel.get("clock", 0))  # saved since group learning
+            if "emitted_loss" in sel:  # mode: auto
+                model.emitted_loss = np.asarray(sel["emitted_loss"], dtype=np.float64).reshape(
+                    config.n_layers
+                )
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved state: {exc}") from None
     return model

@@ -115,7 +115,9 @@ class GroupSync:
         the input from its beginning instead)."""
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
-        self.model_digest = model_digest(processor.model.config, processor.model.candidates)
+        self.model_digest = model_digest(
+            processor.model.config, processor.model.candidates, processor.model.modes
+        )
         processor.propose_scaling = self.state.propose_scaling
         processor.model.targets.propose = self.state.propose_targets  # regression, target_scaler warmup
         self.restored = saved is not None or not start
@@ -510,7 +512,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def model_digest(config, candidates: list[tuple] | None = None) -> str:
+def model_digest(config, candidates: list[tuple] | None = None, modes: list[str] | None = None) -> str:
     """A short digest of what the members must share: the model config and, with ``lam`` or ``forgetting: auto``,
     the candidate grid the model keeps. The grid is not in the config: it is the release's
     (``core.candidates``), and a member restored from a snapshot keeps the one it was saved with
@@ -519,4 +521,6 @@ def model_digest(config, candidates: list[tuple] | None = None) -> str:
     described = config.to_dict()
     if candidates is not None and len(candidates) > 1:
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
+        if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too
+            described["candidate_modes"] = list(modes)
     return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

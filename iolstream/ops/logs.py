@@ -200,6 +200,8 @@ def log_status_line(
         if eff["forgetting"] is None and "candidates" not in eff
         else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
     )
+    if processor.model.config.mode == "auto":  # -F or -R, chosen online
+        tail += f" mode={eff['mode']}"
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
         tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"

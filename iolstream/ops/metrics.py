@@ -53,7 +53,8 @@ cumulative_loss                        gauge       mode: Σ_t L_t (mean over lay
 cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (docs/design.md §3)
 effective_lambda                       gauge       the λ in force (model.lam; auto: the chosen candidate's)
 effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
-candidate_recent_loss                  gauge       lam, half_life: auto, each candidate's recent loss per row
+effective_mode                         gauge       mode = forward | ridge: 1, labelled with the update in force
+candidate_recent_loss                  gauge       lam, half_life, mode: auto, each candidate's recent loss per row
 snapshot_age_seconds                   gauge       since the newest durable snapshot
 snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
 consumer_lag                           gauge       topic, partition: last stable offset − position
@@ -278,14 +279,20 @@ class _WorkerCollector:
             "The forgetting half-life in force, in rows (NaN: no forgetting)",
             float("nan") if eff["forgetting"] is None else eff["forgetting"],
         )
+        yield gauge(
+            "effective_mode",
+            "1, labelled with the update in force: forward (-F) or ridge (-R)",
+            1,
+            mode=eff["mode"],
+        )
         loss = GaugeMetricFamily(
             PREFIX + "candidate_recent_loss",
             "auto: each candidate's recent loss per row",
-            labels=["lam", "half_life"],
+            labels=["lam", "half_life", "mode"],
         )
         for c in eff.get("candidates", []):
             loss.add_metric(
-                [f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}"],
+                [f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}", c["mode"]],
                 _finite(c["recent_loss"]),
             )
         yield loss

@@ -281,7 +281,7 @@ class StreamProcessor:
             model_version=pred.version,
             ts_in=rows.ts,
             ts_out_ms=now_ms,
-            mode=self.model.config.mode,
+            mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
         )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
@@ -406,7 +406,7 @@ class StreamProcessor:
         if len(result.ids):
             for seq in np.unique(np.asarray(result.batch_seq)).tolist():
                 self._cache_drop(seq)
-            if self.cfg.forget_expired and self.model.config.mode == "forward":
+            if self.cfg.forget_expired and self.model.config.mode != "ridge":
                 k = self.n_features  # Gram out again, of every candidate, at the weight it has now
                 self.model.forget(
                     self.model.features(result.X[:, :k]), observed_at=result.X[:, k + 1].astype(np.int64)

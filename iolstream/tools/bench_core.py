@@ -12,12 +12,15 @@ import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
 
-# setting name -> ModelConfig overrides (``--settings``)
+# setting name -> ModelConfig overrides (``--settings``); "fixed" is one -F learner, the others' yardstick
 SETTINGS = {
-    "fixed": {},
-    "lam-auto": {"lam": "auto"},
-    "forgetting-auto": {"forgetting": "auto"},
-    "auto": {"lam": "auto", "forgetting": "auto"},
+    "fixed": {"mode": "forward"},
+    "lam-auto": {"mode": "forward", "lam": "auto"},
+    "forgetting-auto": {"mode": "forward", "forgetting": "auto"},
+    "auto": {"mode": "forward", "lam": "auto", "forgetting": "auto"},
+    "mode-auto": {"mode": "auto"},  # -F and -R: 2 candidates, one set of sums (A and A_r)
+    "mode-lam-auto": {"mode": "auto", "lam": "auto"},
+    "all-auto": {"mode": "auto", "lam": "auto", "forgetting": "auto"},
 }
 
 CONFIGS = {

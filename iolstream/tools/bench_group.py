@@ -313,13 +313,15 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     encode_s, blob = _timed(lambda: snapshots.encode(manifest, sums), repeat)
     decode_s, (_, arrays) = _timed(lambda: snapshots.decode(blob), repeat)
     n = receiver.network.n_columns
+    grams = 1 + bool(len(receiver.learners[0].state.arrays.gram_labelled))
     out = {
         "config": name,
         "n_nodes": n_nodes,
         "n_layers": n_layers,
         "n_columns": n,
         "record_bytes": len(blob),
-        "formula_bytes": n_layers * (n * (n + 1) // 2 + n * 10) * 8,
+        # per layer A (a triangle), A_r too where kept (mode: auto, or -F with track_regret), and c
+        "formula_bytes": n_layers * (grams * n * (n + 1) // 2 + n * 10) * 8,
         "build_own_sums_ms": build_s * 1e3,
         "encode_ms": encode_s * 1e3,
         "decode_ms": decode_s * 1e3,

@@ -8,7 +8,7 @@ dependencies (``pip install iolstream[data]``) imported only by the loaders
 that need them.
 
 Names (see ``DATASETS``): ``segment`` (river), ``iris``, ``wine``, ``digits``,
-``breast_cancer`` (scikit-learn), ``poker`` (UCI Poker Hand, generated) and
+``breast_cancer``, ``diabetes`` (regression) (scikit-learn), ``poker`` (UCI Poker Hand, generated) and
 ``friedman`` (scikit-learn ``make_friedman1``). Any CSV file with a header row
 loads through ``tools.csvdata.load_csv``.
 
@@ -42,6 +42,7 @@ DATASETS: dict[str, str] = {
     "wine": "scikit-learn wine: 178 rows, 13 features, 3 classes",
     "digits": "scikit-learn digits (8x8 images): 1797 rows, 64 features, 10 classes",
     "breast_cancer": "scikit-learn breast cancer (Wisconsin): 569 rows, 30 features, 2 classes",
+    "diabetes": "scikit-learn diabetes (disease progression after one year): 442 rows, 10 features, regression",
     "poker": "UCI Poker Hand, generated: 1,025,010 rows by default, 10 features, 10 classes",
     "friedman": "scikit-learn make_friedman1 regression: 20,000 rows by default, 10 features, noise 1.0",
     **drift.STREAMS,  # drifting streams, for evaluate --order stream
@@ -142,6 +143,16 @@ def _load_sklearn(name: str) -> Dataset:
     except ImportError as exc:  # optional dependency
         raise DataError(f"data set {name!r} needs scikit-learn: pip install 'iolstream[data]'") from exc
     bunch = getattr(skd, f"load_{name}")()
+    if name == "diabetes":
+        return Dataset(
+            name=name,
+            X=np.asarray(bunch.data, dtype=np.float64),
+            y=np.asarray(bunch.target, dtype=np.float64),
+            task="regression",
+            classes=None,
+            feature_names=tuple(bunch.feature_names),
+            description=DATASETS[name],
+        )
     y = bunch.target.astype(np.int64)
     return classification(name, bunch.data, y, bunch.feature_names, f"scikit-learn {name}")
 

@@ -14,6 +14,7 @@ from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.protocol import (
     DEFAULT_BATCH,
+    MODE_SHORT,
     ORDERS,
     EdRVFLLearner,
     Protocol,
@@ -65,7 +66,11 @@ def add_parser(subparsers):
 
     mdl = p.add_argument_group("model (defaults: ModelConfig)")
     mdl.add_argument(
-        "--mode", choices=("forward", "ridge", "both"), default="both", help="-F, -R or both (default: both)"
+        "--mode",
+        choices=("forward", "ridge", "both", "auto"),
+        default="both",
+        help="-F, -R, both, or auto: -F and -R chosen online, each candidate's own prequential metric and regret "
+        "reported beside the model's, from the same run (default: both)",
     )
     mdl.add_argument(
         "--layers",
@@ -361,12 +366,11 @@ def main(args) -> int:
 
 
 def summary(results, stream) -> None:
-    """The closing table: one row per learner, then what the numbers leave out."""
     from iolstream.tools.progress import Table
 
     metric = results[0].metric
     stream_order = results[0].order == "stream"
-    columns = [("model", 9)]
+    columns = [("model", 14)]
     if not stream_order:
         columns.append((f"test {metric}", 13, ".4f"))
     columns.append((f"preq {metric}", 13, ".4f"))
@@ -390,16 +394,27 @@ def summary(results, stream) -> None:
             values += [r.prequential_first20, r.prequential_last20]
         values += [r.cumulative_regret, r.regret_bound, r.rows_per_second, r.seconds]
         table.row(*values)
+        if r.config.get("mode") == "auto":  # its candidates, side by side, measured in the same run
+            for c in r.config["candidate_results"]:
+                name = f"  {MODE_SHORT[c['mode']]}" + (
+                    "" if c["lam"] == r.config.get("lam") else f" λ={c['lam']:g}"
+                )
+                cells = [name] + ([None] if not stream_order else [])
+                cells += [c["prequential_metric"]] + ([None, None] if stream_order else [])
+                table.row(*cells, c["cumulative_regret"], None, None, None)
     notes = []
     if stream_order:
         notes.append(
             "stream order: no test split; preq is test-then-train over every row, first 20% starts after "
             "the warm-up rows"
         )
-        for r in results:
-            eff = r.config.get("effective") or {}
-            if eff:
-                notes.append(f"in force at the end, {r.name}: lam={eff.get('lam')} h={eff.get('forgetting')}")
+    for r in results:
+        eff = r.config.get("effective") or {}
+        if eff and (stream_order or r.config.get("mode") == "auto"):
+            force = f"lam={eff.get('lam')} h={eff.get('forgetting')}"
+            if r.config.get("mode") == "auto":
+                force += f" mode={MODE_SHORT[eff['mode']]}"
+            notes.append(f"in force at the end, {r.name}: {force}")
     for r in results:
         if r.warmup_rows_excluded:
             notes.append(

@@ -12,8 +12,10 @@ import numpy as np
 from iolstream.core import runtime, unit_ranges
 from iolstream.core.learner import WOODBURY_RATIO
 from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.tools.results import candidate_results, error_sums
 
-MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R"}
+MODES = {"forward": "edRVFL-F", "ridge": "edRVFL-R", "auto": "edRVFL-auto"}
+MODE_SHORT = {"forward": "-F", "ridge": "-R"}
 TEST_CHUNK_BYTES = 64 * 2**20  # features of at most this many bytes per test-prediction chunk
 
 
@@ -56,6 +58,8 @@ class EdRVFLLearner:
         self._classification = config.task == "classification"
         self.compile_seconds = 0.0
         self.units: unit_ranges.UnitRanges | None = None  # measured by start
+        # auto: every candidate's own prequential errors (what it would have emitted), beside the model's
+        self._candidate_errors = np.zeros((len(self.model.learners), 2))
 
     def start(self, x_head: np.ndarray, batch_sizes=()) -> None:
         runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them
@@ -89,10 +93,20 @@ class EdRVFLLearner:
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
         # predicts (= predict_batch), but it runs under the model's runtime.StepTuner as in the worker.
+        scored = not self.warming_up()  # as the protocol scores the model's own predictions
         pred = self.model.observe(x)
-        return pred, (pred.index if self._classification else pred.value)
+        own = None
+        if scored and pred.candidate_outputs is not None:  # each candidate's ensemble, scored with the labels
+            own = [
+                self.model.combine(out)[1 if self._classification else 2] for out in pred.candidate_outputs
+            ]
+        return (pred, own), (pred.index if self._classification else pred.value)
 
-    def label(self, pred, y) -> float:
+    def label(self, handle, y) -> float:
+        pred, own = handle
+        if own is not None:
+            for j, guess in enumerate(own):
+                self._candidate_errors[j] += error_sums(self.config.task, guess, y)
         targets = self.model.one_hot(y) if self._classification else y
         losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
         return float(losses.mean())
@@ -115,9 +129,10 @@ class EdRVFLLearner:
         for key in ("scaler_mean", "scaler_std"):
             if cfg[key] is not None:
                 cfg[key] = "(from the training rows)"
-        cfg["effective"] = (
-            self.model.effective
-        )  # λ and half-life in force (auto: each candidate's recent loss)
+        # λ, half-life and mode in force (auto: each candidate's recent loss)
+        cfg["effective"] = self.model.effective
+        if len(self.model.learners) > 1:  # auto: each candidate's own run, measured in this one
+            cfg["candidate_results"] = candidate_results(self.model, self._candidate_errors)
         if self.units is not None:  # share of hidden units linear or flat on the warm-up rows
             cfg["linear_units"] = round(self.units.share, 4)
         return cfg

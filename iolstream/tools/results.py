@@ -133,6 +133,22 @@ def metric_from(task: str, error_sum: float, count: int) -> float:
     return math.sqrt(error_sum / count)
 
 
+def candidate_results(model, errors: np.ndarray) -> list[dict]:
+    """With ``auto``: every candidate's own prequential metric (``errors`` (K, 2): its error sum and count, of
+    what it would have emitted) and cumulative regret, beside the setting it stands for."""
+    task = model.config.task
+    return [
+        {
+            "lam": lam,
+            "forgetting": h,
+            "mode": mode,
+            "prequential_metric": finite_or_none(metric_from(task, error_sum, int(count))),
+            "cumulative_regret": finite_or_none(model.regret(j).mean_regret),
+        }
+        for j, ((lam, h), mode, (error_sum, count)) in enumerate(zip(model.candidates, model.modes, errors))
+    ]
+
+
 def score(task: str, pred: np.ndarray, y: np.ndarray) -> float:
     """Accuracy (classification) or RMSE (regression)."""
     return metric_from(task, *error_sums(task, pred, y))

@@ -36,7 +36,7 @@ worst-case, and there -F's is 4× smaller; the simulation measures an average ca
     >>> from iolstream.tools.simulate import SimulationConfig, simulate
     >>> res = simulate(SimulationConfig(horizon=50, repetitions=3, lams=(0.01,), streams=("batch",), noise=1.0))
     >>> [(r.stream, r.mode, r.lam) for r in res]
-    [('batch', 'ridge', 0.01), ('batch', 'forward', 0.01)]
+    [('batch', 'ridge', 0.01), ('batch', 'forward', 0.01), ('batch', 'auto', 0.01)]
     >>> res[1].cumulative_regret < res[0].cumulative_regret    # noisy: -F regrets less than -R
     True
 """
@@ -51,12 +51,13 @@ from threadpoolctl import threadpool_limits
 
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
+from iolstream.core.candidates import AUTO_START_MODE, MODE_CANDIDATES, CandidateSelector
 from iolstream.core.learner import OnlineLearner
 from iolstream.tools.common import pyplot, save_figure
 from iolstream.tools.protocol import time_points
 
 STREAMS = ("single", "batch")
-MODE_NAMES = {"ridge": "-R", "forward": "-F"}
+MODE_NAMES = {"ridge": "-R", "forward": "-F", "auto": "auto"}
 
 
 @dataclass(frozen=True)
@@ -157,16 +158,18 @@ def _stream(cfg: SimulationConfig, stream: str, rep: int):
 
 
 def run_one(cfg: SimulationConfig, stream: str, mode: str, lam: float, d, y, beta, noise, points) -> tuple:
-    """One repetition of one learner: (IR_t (T,), {t: CR_t}, ‖β_{T+1} − β°‖²)."""
+    """One repetition of one learner: (IR_t (T,), {t: CR_t}, ‖β_{T+1} − β°‖², (T, b) squared error of every row)."""
     learner = OnlineLearner(cfg.dim, 1, 1, lam=lam, mode=mode)
     layer = learner.state.layers[0]
     horizon = cfg.horizon
     immediate = np.empty(horizon)
+    row_errors = np.empty((horizon, cfg.rows_per_step(stream)))
     curve = {}
     for t in range(1, horizon + 1):
         d_t = np.ascontiguousarray(d[t - 1].T)[None]  # D_tᵀ, (1, dim, b)
         learner.observe(d_t)  # -F: the Gram of batch t enters before it is predicted; -R: nothing
         predicted = learner.layer_outputs(d_t)  # D_t β_t
+        row_errors[t - 1] = (predicted[0, :, 0] - y[t - 1, :, 0]) ** 2
         loss = learner.learn(d_t, y[t - 1], predicted=predicted)[0]  # L_t(β_t)
         immediate[t - 1] = 2.0 * (loss - 0.5 * float(np.sum(noise[t - 1] ** 2)))  # 2 (L_t(β_t) − L_t(β°))
         if t in points:
@@ -174,7 +177,31 @@ def run_one(cfg: SimulationConfig, stream: str, mode: str, lam: float, d, y, bet
             curve[t] = layer.loss_sum - regret_mod.expert_loss(layer.rhs, labelled, learner.state.sum_y2)
     learner.observe(np.ascontiguousarray(d[horizon].T)[None])  # -F's β_{T+1} holds the Gram of batch T+1
     error = float(np.sum((layer.beta[:, 0] - beta) ** 2))
-    return immediate, curve, error
+    return immediate, curve, error, row_errors
+
+
+def run_auto(ridge: tuple, forward: tuple, points) -> tuple:
+    """``mode: auto`` on the same repetition, from the two runs (``run_one``'s results): the selector of the
+    model (``core.candidates.CandidateSelector``, -F and -R as candidates, squared error per row, starting with
+    AUTO_START_MODE) picks the prediction of each step; its loss is the chosen one's. (IR_t, {t: CR_t}, the
+    chosen one's ‖β_{T+1} − β°‖², its row errors). Both modes share the offline expert (same sums, same λ), so
+    CR_t(auto) = CR_t(-F) + Σ_{s ≤ t} (L_s(auto) − L_s(-F))."""
+    runs = {"forward": forward, "ridge": ridge}
+    names = list(MODE_CANDIDATES)
+    selector = CandidateSelector(len(names), names.index(AUTO_START_MODE))
+    errors = np.stack([runs[m][3] for m in names])  # (2, T, b)
+    horizon = errors.shape[1]
+    immediate, chosen_errors = np.empty(horizon), np.empty(errors.shape[1:])
+    excess, curve = 0.0, {}
+    for t in range(1, horizon + 1):
+        j = selector.chosen
+        chosen = runs[names[j]]
+        immediate[t - 1], chosen_errors[t - 1] = chosen[0][t - 1], errors[j, t - 1]
+        excess += 0.5 * float(errors[j, t - 1].sum() - errors[0, t - 1].sum())  # L_t(auto) − L_t(-F)
+        if t in points:
+            curve[t] = forward[1][t] + excess
+        selector.record(errors[:, t - 1])  # the labels of step t arrive: the choice for step t + 1
+    return immediate, curve, runs[names[selector.chosen]][2], chosen_errors
 
 
 def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResult]:
@@ -183,7 +210,9 @@ def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResul
     if runtime.blas_threads_for(cfg.dim) == 1:  # small matrices: one BLAS thread (runtime's policy)
         threadpool_limits(limits=1, user_api="blas")
     points = time_points(cfg.horizon, cfg.curve_points)
-    cells = [(s, lam, m) for s in cfg.streams for lam in cfg.resolved_lams for m in ("ridge", "forward")]
+    cells = [
+        (s, lam, m) for s in cfg.streams for lam in cfg.resolved_lams for m in ("ridge", "forward", "auto")
+    ]
     reps = cfg.repetitions
     acc = {
         c: {"ir": np.zeros(cfg.horizon), "cr": np.zeros((reps, len(points))), "err": np.zeros(reps)}
@@ -194,8 +223,13 @@ def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResul
         for rep in range(cfg.repetitions):
             data = _stream(cfg, stream, rep)
             for lam in cfg.resolved_lams:
-                for mode in ("ridge", "forward"):
-                    ir, curve, err = run_one(cfg, stream, mode, lam, *data, set(points))
+                runs = {}
+                for mode in ("ridge", "forward", "auto"):
+                    if mode == "auto":
+                        runs[mode] = run_auto(runs["ridge"], runs["forward"], set(points))
+                    else:
+                        runs[mode] = run_one(cfg, stream, mode, lam, *data, set(points))
+                    ir, curve, err, _ = runs[mode]
                     a = acc[(stream, lam, mode)]
                     a["ir"] += ir
                     a["cr"][rep] = [curve[t] for t in points]
@@ -352,8 +386,9 @@ def print_table(cfg: SimulationConfig, results, stream) -> None:
         table.header()
         for lam in cfg.resolved_lams:
             r_res, f_res = by_key[(name, lam, "ridge")], by_key[(name, lam, "forward")]
+            a_res = by_key[(name, lam, "auto")]
             share = f"{np.mean(f_res.regrets < r_res.regrets):.0%}"
-            for r in (r_res, f_res):
+            for r in (r_res, f_res, a_res):
                 table.row(
                     f"{lam:.4g}",
                     MODE_NAMES[r.mode],
@@ -365,7 +400,8 @@ def print_table(cfg: SimulationConfig, results, stream) -> None:
                 )
     print(
         "\nIR@t: mean immediate regret 2(L_t(β_t) − L_t(β°)) at step t; CR_T: cumulative regret against the "
-        "best offline expert;\nF<R: share of repetitions where -F's CR_T is below -R's.",
+        "best offline expert;\nF<R: share of repetitions where -F's CR_T is below -R's; auto: -F and -R chosen "
+        "online by the model's selector (mode: auto).",
         file=stream,
     )
 

@@ -365,6 +365,7 @@ def test_regret_with_forgetting_is_the_discounted_regret():
             target_scaler="none",
             forgetting=h,
             seed=seed_,
+            mode="forward",
         )
     )
     rng = np.random.default_rng(seed_)
@@ -484,7 +485,7 @@ def test_auto_candidates_are_the_fixed_settings_on_the_same_features():
     rng = np.random.default_rng(seed_)
     x = rng.standard_normal((900, 4))
     y = (x[:, 0] * x[:, 1] > 0).astype(int)
-    base = dict(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", seed=seed_)
+    base = dict(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", seed=seed_, mode="forward")
     auto = _stream_auto(EdRVFL(ModelConfig(**base, lam="auto", forgetting="auto")), x, y)
     assert len(auto.learners) == 9
     for (lam, h), ln in zip(auto.candidates, auto.learners):
@@ -575,6 +576,7 @@ def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
         lam="auto",
         forgetting="auto",
         seed=seed_,
+        mode="forward",  # saved before mode: auto existed
     )
     first = candidate_grid("auto", "auto", *FIRST_GRID)
     assert 16384.0 not in HALF_LIFE_CANDIDATES and first != cfg.candidates  # else this tests nothing

@@ -651,7 +651,7 @@ def measure_float32(checkpoints, data_seed=1, batch=256):
 def measure_woodbury(checkpoints, data_seed=2, batch=16, refactor_every=256):
     """Small config in float64, solver="woodbury", b = 16: ‖β − A⁻¹c‖/‖A⁻¹c‖ (max over layers), the
     closed form solved directly on the learner's exact A and c."""
-    model = EdRVFL(ModelConfig(**SMALL, solver="woodbury", refactor_every=refactor_every))
+    model = EdRVFL(ModelConfig(**SMALL, mode="forward", solver="woodbury", refactor_every=refactor_every))
     rng = np.random.default_rng(data_seed)
     errors = {}
     for t in range(1, max(checkpoints) + 1):

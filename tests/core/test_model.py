@@ -447,7 +447,7 @@ def test_regret_bound_edge_cases(mode):
 
 
 def test_regret_without_tracking_is_unknown_for_forward():
-    model = EdRVFL(small(track_regret=False, n_outputs=1))
+    model = EdRVFL(small(track_regret=False, n_outputs=1, mode="forward"))
     batch = model.observe(rows(12, 6))
     model.learn(batch.features_t, np.ones((6, 1)), predicted=batch.layer_outputs)
     report = model.regret()
@@ -587,7 +587,8 @@ def test_the_run_command_shortens_the_omp_spin_before_any_parallel_kernel(tmp_pa
 
     code = (
         "import os, sys\n"
-        "from iolstream.tools import cli\nfrom iolstream.kafka import worker\n"
+        "from iolstream.tools import cli\nfrom iolstream.kafka import diagnose, worker\n"
+        "diagnose.wait_for_broker = lambda *a, **k: 'up'  # no broker: the start-up wait would exit 3\n"
         "class Stop(Exception): pass\n"
         "def stop(*a, **k):\n"
         "    import numba.np.ufunc.parallel as p\n"
@@ -645,7 +646,8 @@ def test_the_run_command_freezes_the_start_up_objects_once_the_kernels_are_loade
 
     code = (
         "import gc, sys\n"
-        "from iolstream.tools import cli\nfrom iolstream.kafka import worker\n"
+        "from iolstream.tools import cli\nfrom iolstream.kafka import diagnose, worker\n"
+        "diagnose.wait_for_broker = lambda *a, **k: 'up'  # no broker: the start-up wait would exit 3\n"
         "class Stop(Exception): pass\n"
         "opened = []\n"
         "def fake_open(self):\n"

@@ -160,7 +160,7 @@ def test_save_twice_mid_stream(case):
 
 
 def _saved(tmp_path, edit=None):
-    model = EdRVFL(config())
+    model = EdRVFL(config(mode="forward"))  # one learner: the edits name its arrays
     Stream(SEED).run(model, 0, 6)
     manifest, arrays = model_to_arrays(model)
     if edit:

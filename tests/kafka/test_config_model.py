@@ -11,15 +11,16 @@ BASE = {"model": {"n_inputs": 3, "classes": ["a", "b"]}}
 
 
 @pytest.mark.parametrize(
-    "env,lam,forgetting,candidates",
+    "env,lam,forgetting,candidates",  # candidates: λ × half-life × 2 modes (mode: auto, the default: -F and -R)
     [
-        ({"IOLSTREAM_MODEL__FORGETTING": "auto"}, 0.5, "auto", 3),
-        ({"IOLSTREAM_MODEL__FORGETTING": "AUTO", "IOLSTREAM_MODEL__LAM": "auto"}, "auto", "auto", 9),
-        ({"IOLSTREAM_MODEL__FORGETTING": "2048", "IOLSTREAM_MODEL__LAM": "Auto"}, "auto", 2048, 3),
-        ({"IOLSTREAM_MODEL__FORGETTING": "1e4"}, 0.5, 1e4, 1),
-        ({"IOLSTREAM_MODEL__FORGETTING": "null"}, 0.5, None, 1),
-        ({"IOLSTREAM_MODEL__FORGETTING": "off"}, 0.5, None, 1),
-        ({}, 0.5, None, 1),
+        ({"IOLSTREAM_MODEL__FORGETTING": "auto"}, 0.5, "auto", 6),
+        ({"IOLSTREAM_MODEL__FORGETTING": "AUTO", "IOLSTREAM_MODEL__LAM": "auto"}, "auto", "auto", 18),
+        ({"IOLSTREAM_MODEL__FORGETTING": "2048", "IOLSTREAM_MODEL__LAM": "Auto"}, "auto", 2048, 6),
+        ({"IOLSTREAM_MODEL__FORGETTING": "1e4"}, 0.5, 1e4, 2),
+        ({"IOLSTREAM_MODEL__FORGETTING": "null"}, 0.5, None, 2),
+        ({"IOLSTREAM_MODEL__FORGETTING": "off"}, 0.5, None, 2),
+        ({}, 0.5, None, 2),
+        ({"IOLSTREAM_MODEL__MODE": "forward", "IOLSTREAM_MODEL__LAM": "auto"}, "auto", None, 3),
     ],
 )
 def test_forgetting_and_lam_from_the_environment(env, lam, forgetting, candidates):
@@ -33,7 +34,7 @@ def test_forgetting_and_lam_from_yaml(tmp_path):
     model = load_config(path, environ={}).model
     assert (model.lam, model.forgetting, model.task) == ("auto", 16384, "regression")
     overridden = load_config(path, environ={"IOLSTREAM_MODEL__FORGETTING": "auto"}).model
-    assert overridden.forgetting == "auto" and len(overridden.candidates) == 9
+    assert overridden.forgetting == "auto" and len(overridden.candidates) == 18
 
 
 @pytest.mark.parametrize(

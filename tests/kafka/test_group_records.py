@@ -113,7 +113,7 @@ def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
     """A snapshot keeps the auto grid it was saved with. After a release that changed the grid, a restored member's
     sums and a fresh member's (and the records of members still on the old release) have the same shapes but other
     settings (half-life 16384 is not 512): they are refused both ways, not added."""
-    cfg = _cfg(lam="auto", forgetting="auto")
+    cfg = _cfg(lam="auto", forgetting="auto", mode="forward")  # the λ / half-life grid of one mode
     fresh, fresh_proc = _attached(cfg)
     old, old_proc = _attached(cfg, candidates=candidate_grid("auto", "auto", *FIRST_GRID))
     assert contribution.layout(fresh_proc.model) == contribution.layout(
@@ -123,7 +123,7 @@ def test_a_member_restored_with_another_candidate_grid_refuses_and_is_refused():
     assert fresh.model_digest != model_digest(
         cfg.model
     )  # records of a release whose default grid was another
-    fixed = _cfg()
+    fixed = _cfg(mode="forward")
     assert _attached(fixed)[0].model_digest == model_digest(
         fixed.model
     )  # one candidate: the config's digest, as before

@@ -293,6 +293,7 @@ def test_a_worker_loads_a_snapshot_of_the_previous_version(tmp_path):
             "n_layers": 2,
             "scaler": "none",
             "seed": 3,
+            "mode": "forward",  # the default when it was made (now auto): a deployment upgrading names it
         },
         "kafka": {"bootstrap_servers": "127.0.0.1:1"},
         "snapshot": {"dir": str(tmp_path / "snapshots")},
@@ -302,6 +303,10 @@ def test_a_worker_loads_a_snapshot_of_the_previous_version(tmp_path):
     assert (
         worker.processor.counters["rows_in"] == 48 and worker.checkpoint.snapshot_bytes == old.stat().st_size
     )
+    del raw["model"]["mode"]  # left to the default, auto since: another model, refused naming the key
+    with pytest.raises(WorkerError, match="model.mode"):
+        Worker(config_from_dict(raw, environ={}))
+    raw["model"]["mode"] = "forward"
     raw["model"]["forgetting"] = 1000.0  # a different model: refused, naming the key
     with pytest.raises(WorkerError, match="model.forgetting"):
         Worker(config_from_dict(raw, environ={}))

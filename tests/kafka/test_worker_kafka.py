@@ -52,7 +52,8 @@ def worker_raw(bootstrap: str, topics: list[str], tmp_path, **sections) -> dict:
     (e.g. ``model={"n_nodes": 32}``) update the defaults section by section."""
     features, labels, predictions, dead = topics
     raw = {
-        "model": {"n_inputs": 18, "classes": SEGMENT_CLASSES},
+        # -F: these tests hold the worker's sums to the offline -F learner's (mode: auto in test_metrics_kafka)
+        "model": {"n_inputs": 18, "classes": SEGMENT_CLASSES, "mode": "forward"},
         "kafka": {"bootstrap_servers": bootstrap, "group_id": unique_group("worker")},
         "topics": {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead},
         "snapshot": {"dir": str(tmp_path / f"snapshots-{uuid.uuid4().hex[:6]}")},

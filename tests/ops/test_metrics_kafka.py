@@ -460,28 +460,36 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
         value(s, "iolstream_transactions_total", outcome="committed") == 0
     )  # at-least-once: no transactions
 
-    # prequential accuracy of what was emitted, overall and over the last 50 labelled rows
+    # prequential accuracy of what was emitted, overall and over the last 50 labelled rows (label mode: the config's)
     correct = np.array([preds[ids[i]]["y_hat"] == y[i] for i in range(150)], dtype=float)
     assert value(
-        s, "iolstream_prequential", metric="accuracy", window="all", mode="forward"
+        s, "iolstream_prequential", metric="accuracy", window="all", mode=proc.model.config.mode
     ) == pytest.approx(correct.mean())
     assert value(
-        s, "iolstream_prequential", metric="accuracy", window="sliding", mode="forward"
+        s, "iolstream_prequential", metric="accuracy", window="sliding", mode=proc.model.config.mode
     ) == pytest.approx(correct[100:].mean())
-    assert value(s, "iolstream_model_version") == proc.model.learner.state.version
+    assert value(s, "iolstream_model_version") == proc.model.version
+    # mode: auto (the default): the update in force, and each candidate's recent loss by mode
+    eff = proc.model.effective
+    assert value(s, "iolstream_effective_mode", mode=eff["mode"]) == 1
+    for c in eff["candidates"]:
+        key = {"lam": f"{c['lam']:g}", "half_life": "none", "mode": c["mode"]}
+        assert value(s, "iolstream_candidate_recent_loss", **key) == pytest.approx(c["recent_loss"])
 
     # loss and regret (docs/design.md §3) as the state computes them
-    assert value(s, "iolstream_immediate_loss", mode="forward") == pytest.approx(
+    assert value(s, "iolstream_immediate_loss", mode=proc.model.config.mode) == pytest.approx(
         proc.last_losses.mean(), rel=1e-12
     )
     assert value(s, "iolstream_label_batch_rows") == proc.last_label_rows > 0
-    assert value(s, "iolstream_cumulative_loss", mode="forward") == pytest.approx(
+    assert value(s, "iolstream_cumulative_loss", mode=proc.model.config.mode) == pytest.approx(
         report.cumulative_loss.mean(), rel=1e-12
     )
-    assert value(s, "iolstream_cumulative_regret", mode="forward") == pytest.approx(
+    assert value(s, "iolstream_cumulative_regret", mode=proc.model.config.mode) == pytest.approx(
         report.mean_regret, rel=1e-9
     )
-    assert value(s, "iolstream_regret_bound", mode="forward") == pytest.approx(report.bound, rel=1e-12)
+    assert value(s, "iolstream_regret_bound", mode=proc.model.config.mode) == pytest.approx(
+        report.bound, rel=1e-12
+    )
 
     # histograms: one latency per prediction (produce timestamp, and the rows' ts), seconds, not years
     for name in ("iolstream_prediction_latency_seconds", "iolstream_event_latency_seconds"):
@@ -534,6 +542,6 @@ def test_exactly_once_counts_transactions_and_restart_resumes_from_zero(
         s = scrape(rw.port)
         assert value(s, "iolstream_rows_in_total") == 0
         assert value(s, "iolstream_predictions_total") == 0
-        assert value(s, "iolstream_model_version") == rw.worker.processor.model.learner.state.version
+        assert value(s, "iolstream_model_version") == rw.worker.processor.model.version
         assert value(s, "iolstream_snapshot_bytes") > 0
         assert 0 <= value(s, "iolstream_snapshot_age_seconds") < 30

@@ -72,7 +72,7 @@ def _exchange(states, rounds_ms):
             st.apply(member, seq, sums, **clock, published_ms=rounds_ms, now_ms=rounds_ms)
 
 
-@pytest.mark.parametrize("mode", ["forward", "ridge"])
+@pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
 @pytest.mark.parametrize("lam", [0.5, "auto"])
 def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
     x, y = _data()
@@ -263,7 +263,14 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
 
 
 @pytest.mark.parametrize(
-    "kw", [{}, {"lam": "auto", "forgetting": "auto"}, {"mode": "ridge"}, {"track_regret": False}]
+    "kw",
+    [
+        {},
+        {"lam": "auto", "forgetting": "auto"},
+        {"mode": "ridge"},
+        {"mode": "auto", "track_regret": False},
+        {"track_regret": False},
+    ],
 )
 def test_layout_names_every_key_and_shape_of_the_sums(kw):
     model = EdRVFL(_config(**kw))

@@ -40,7 +40,9 @@ CFG = StreamConfig(
 
 def fresh() -> StreamProcessor:
     model = EdRVFL(
-        ModelConfig(n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3)
+        ModelConfig(
+            n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3, mode="forward"
+        )  # the old file's model: -F, the default when it was written
     )
     return StreamProcessor(model, CFG)
 

@@ -388,7 +388,11 @@ def test_expiry_by_batches_and_forget_expired(forget):
     a label that comes later is dead-lettered as expired_id, with its source and raw bytes."""
     X, y = data(96, seed=7)
     proc = processor(
-        {"scaler": "none"}, batch_rows=16, label_batch_rows=16, row_ttl_batches=2, forget_expired=forget
+        {"scaler": "none", "mode": "forward"},
+        batch_rows=16,
+        label_batch_rows=16,
+        row_ttl_batches=2,
+        forget_expired=forget,
     )
     never = set(range(0, 96, 5))  # every fifth row never gets its label in time
     events = []

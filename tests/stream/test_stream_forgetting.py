@@ -137,7 +137,7 @@ def test_expired_rows_leave_every_candidate_at_their_present_weight(setting, sho
     in A by then, in every candidate; labels come 0 or 1 batches late, in shuffled messages."""
     X, y = data(160, seed=9)
     proc = StreamProcessor(
-        EdRVFL(model_config(scaler="none", **SETTINGS[setting])),
+        EdRVFL(model_config(scaler="none", mode="forward", **SETTINGS[setting])),
         stream_config(batch_rows=16, label_batch_rows=16, row_ttl_batches=2, forget_expired=True),
     )
     sizes = stamped(proc)

@@ -281,7 +281,11 @@ def test_simulate_json(capsys):
         capsys, "simulate", "-T", "30", "-n", "2", "--lam", "0.01", "--streams", "batch", "--json", "--quiet"
     )
     objs = [json.loads(line) for line in out.splitlines()]
-    assert rc == 0 and [(o["stream"], o["mode"]) for o in objs] == [("batch", "ridge"), ("batch", "forward")]
+    assert rc == 0 and [(o["stream"], o["mode"]) for o in objs] == [
+        ("batch", "ridge"),
+        ("batch", "forward"),
+        ("batch", "auto"),
+    ]
     assert {"cumulative_regret", "beta_error", "immediate_regret"} <= set(objs[0])
 
 

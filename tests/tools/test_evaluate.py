@@ -329,3 +329,27 @@ def test_a_linear_model_is_said_once_and_the_json_holds_the_share(capsys):
     out, err = capsys.readouterr()
     assert "warning:" not in err and json.loads(out.splitlines()[0])["config"]["init"] == "spread"
     assert json.loads(out.splitlines()[0])["config"]["linear_units"] < 0.5
+
+
+@pytest.mark.parametrize(
+    "data", [toy, lambda: toy_regression(n_rows=1000)]
+)  # regression: rows past the warm-up
+def test_mode_auto_reports_its_candidates_as_the_single_mode_runs(data, capsys):
+    """``--mode auto``: one run, the model's metrics and each candidate's own, which are those of -F and -R
+    run alone on the same split (the same sums); the mode in force in the JSON."""
+    from iolstream.tools import cli
+
+    ds = data()
+    single = evaluate(ds, model=SMALL, modes=("forward", "ridge"))
+    (auto,) = evaluate(ds, model=SMALL, modes=("auto",))
+    got = {c["mode"]: c for c in auto.config["candidate_results"]}
+    for r, mode in zip(single, ("forward", "ridge")):
+        assert got[mode]["prequential_metric"] == pytest.approx(r.prequential_metric, rel=1e-12), mode
+        assert got[mode]["cumulative_regret"] == pytest.approx(r.cumulative_regret, rel=1e-8), mode
+    chosen = auto.config["effective"]["mode"]
+    assert chosen in ("forward", "ridge") and auto.name == "edRVFL-auto"
+    assert auto.test_metric == pytest.approx(single[0].test_metric, rel=1e-9)  # every label in: the same sums
+    assert json.loads(json.dumps(auto.to_json(), allow_nan=False))["config"]["effective"]["mode"] == chosen
+    assert cli.main(["evaluate", "--dataset", "iris", "--mode", "auto", "--nodes", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "edRVFL-auto" in out and "\n  -F " in out and "\n  -R " in out

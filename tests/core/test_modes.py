@@ -1,0 +1,167 @@
+"""``mode: auto``: -F and -R as candidates of the online selector (``core.candidates``).
+
+The -R candidates solve on the labelled sums A_r that the -F learner keeps beside its A: each candidate must
+hold the state of a model configured with its one mode and fed the same rows; the selector must follow the
+mode that predicts better, whichever it starts with; the choice survives a snapshot.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from iolstream.core.candidates import CandidateSelector
+from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.state_io import load_model, save_model
+
+
+def _stream(model: EdRVFL, x, y, b: int) -> EdRVFL:
+    """Predict each batch, learn its labels one batch late (the paper's protocol), each candidate scored on
+    its own prediction."""
+    prev = None
+    for start in range(0, len(x), b):
+        pred = model.observe(x[start : start + b])
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
+        prev = (pred, model.encode_labels(y[start : start + b]))
+    return model
+
+
+def _classes(seed: int, rows: int = 900):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 4))
+    return x, (x[:, 0] * x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"lam": "auto"}, {"forgetting": 300.0}, {"lam": "auto", "forgetting": "auto"}]
+)
+def test_every_candidate_is_the_model_of_its_one_mode(kw):
+    seed = 41
+    x, y = _classes(seed)
+    base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", seed=seed, **kw)
+    auto = _stream(EdRVFL(ModelConfig(**base, mode="auto")), x, y, 60)
+    assert sorted(set(auto.modes)) == ["forward", "ridge"]
+    assert len(auto.learners) == 2 * len(EdRVFL(ModelConfig(**base, mode="forward")).learners)
+    for j, ((lam, h), mode) in enumerate(zip(auto.candidates, auto.modes)):
+        fixed = _stream(EdRVFL(ModelConfig(**{**base, "lam": lam, "forgetting": h}, mode=mode)), x, y, 60)
+        for layer, (a, b) in enumerate(zip(auto.learners[j].state.layers, fixed.learner.state.layers)):
+            np.testing.assert_allclose(
+                a.beta, b.beta, rtol=1e-10, atol=1e-12, err_msg=f"{mode} λ={lam} h={h} layer {layer}"
+            )
+        own, alone = auto.regret(j), fixed.regret()
+        np.testing.assert_allclose(own.cumulative_loss, alone.cumulative_loss, rtol=1e-10)
+        np.testing.assert_allclose(own.cumulative_regret, alone.cumulative_regret, rtol=1e-8, atol=1e-8)
+
+
+def test_the_forward_update_still_enters_every_batch_before_it_is_predicted():
+    x, y = _classes(42, 200)
+    model = EdRVFL(
+        ModelConfig(n_inputs=4, classes=(0, 1, 2), n_nodes=8, n_layers=1, scaler="none", mode="auto")
+    )
+    forward, ridge = model.learners
+
+    def a(ln):  # A's lower triangle (authoritative)
+        return np.tril(ln.state.layers[0].gram)
+
+    before = a(forward)
+    pred = model.observe(x[:50])
+    gram = np.tril(pred.features_t[0] @ pred.features_t[0].T)
+    np.testing.assert_allclose(a(forward), before + gram, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(a(ridge), before)  # -R: no label yet, A_r = λI
+    model.learn(pred.features_t, model.encode_labels(y[:50]), predicted=pred.predicted)
+    ridge.sync()
+    np.testing.assert_allclose(a(ridge), before + gram, rtol=1e-12, atol=1e-12)
+
+
+def _supplement_f(seed: int, rows: int = 600, noise: float = 0.15):
+    """Supplementary F's batch stream: large β° ~ N(20, 1), relative noise. -F's prediction is shrunk by its
+    own batch's Gram; with this signal the bias dominates and -R predicts better (its CR_T ≈ ½ -F's)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 20))
+    beta = rng.normal(20.0, 1.0, 20)
+    return x, x @ beta + noise * np.linalg.norm(beta) * rng.standard_normal(rows)
+
+
+def _paper_regime(seed: int, rows: int = 3000):
+    """N(0,1) random weights, λ = 2⁻⁶, a noisy non-linear target: -R overshoots where A is ill-conditioned."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 10))
+    return x, np.sin(x @ rng.standard_normal(10)) + 0.5 * rng.standard_normal(rows)
+
+
+def _regression(**kw) -> ModelConfig:
+    return ModelConfig(n_outputs=1, n_layers=2, scaler="none", target_scaler="none", mode="auto", **kw)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("start", ["forward", "ridge"])
+def test_auto_follows_ridge_where_ridge_predicts_better(seed, start):
+    x, y = _supplement_f(seed)
+    model = EdRVFL(_regression(n_inputs=20, n_nodes=16, seed=seed))
+    model.selector = CandidateSelector(2, model.modes.index(start))
+    _stream(model, x, y, 10)
+    assert model.effective["mode"] == "ridge", f"seed={seed} start={start}: {model.effective}"
+    forward, ridge = model.regret(0), model.regret(1)
+    assert ridge.mean_regret < 0.6 * forward.mean_regret, f"seed={seed}"  # else the stream tests nothing
+    assert model.selector.switches == (start == "forward"), f"seed={seed} start={start}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_follows_forward_where_forward_predicts_better(seed):
+    x, y = _paper_regime(seed)
+    model = EdRVFL(_regression(n_inputs=10, n_nodes=64, init="normal", lam=2**-6, seed=seed))
+    assert model.effective["mode"] == "ridge"  # the default start: it has to move
+    _stream(model, x, y, 20)
+    assert model.effective["mode"] == "forward", f"seed={seed}: {model.effective}"
+    forward, ridge, emitted = model.regret(0), model.regret(1), model.regret()
+    assert forward.mean_regret < 0.5 * ridge.mean_regret, f"seed={seed}"
+    # what the model emitted: -R's early batches, then -F's
+    assert forward.mean_regret <= emitted.mean_regret < ridge.mean_regret, f"seed={seed}"
+    np.testing.assert_allclose(emitted.expert_loss, forward.expert_loss, rtol=1e-9)  # one expert for both
+
+
+def test_mode_auto_survives_a_snapshot_and_continues_as_if_never_stopped():
+    seed = 43
+    x, y = _paper_regime(seed, 2000)
+    cfg = _regression(n_inputs=10, n_nodes=32, init="normal", lam=2**-6, seed=seed, forgetting="auto")
+    model = _stream(EdRVFL(cfg), x[:1500], y[:1500], 20)
+    buf = io.BytesIO()
+    save_model(buf, model)
+    buf.seek(0)
+    restored = load_model(buf)
+    assert restored.modes == model.modes and restored.candidates == model.candidates
+    assert restored.effective == model.effective
+    np.testing.assert_array_equal(restored.emitted_loss, model.emitted_loss)
+    for a, b in zip(restored.learners, model.learners):
+        for la, lb in zip(a.state.layers, b.state.layers):
+            np.testing.assert_array_equal(la.beta, lb.beta)
+    for m in (model, restored):
+        _stream(m, x[1500:], y[1500:], 20)
+    np.testing.assert_array_equal(restored.predict(x[:100]), model.predict(x[:100]))
+    assert restored.effective == model.effective
+    np.testing.assert_allclose(restored.regret().cumulative_regret, model.regret().cumulative_regret)
+
+
+def test_a_saved_mode_grid_that_lacks_the_start_is_refused():
+    from iolstream.core.state_io import StateFormatError, model_from_arrays, model_to_arrays
+
+    model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, n_layers=1, scaler="none", mode="auto"))
+    manifest, arrays = model_to_arrays(model)
+    manifest["selection"]["modes"] = ["forward", "forward"]
+    with pytest.raises(StateFormatError, match="lacks the default setting"):
+        model_from_arrays(manifest, arrays)
+    manifest["selection"]["modes"] = ["forward", "sideways"]
+    with pytest.raises(StateFormatError, match="modes"):
+        model_from_arrays(manifest, arrays)
+
+
+def test_fixed_modes_keep_one_learner_and_a_bad_mode_is_named():
+    for mode in ("forward", "ridge"):
+        model = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, n_layers=1, mode=mode))
+        assert model.modes == [mode] and len(model.learners) == 1
+        assert model.effective == {"lam": 0.5, "forgetting": None, "mode": mode}
+    with pytest.raises(ValueError, match="model.mode: must be one of"):
+        ModelConfig(n_inputs=3, classes=(0, 1), mode="both")
