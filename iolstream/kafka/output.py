@@ -2,7 +2,7 @@
 
 Dead letters are sized before they are produced: one larger than the dead-letter limit (the smaller of
 the producer's ``message.max.bytes`` and the dead-letter topic's ``max.message.bytes``, read at start,
-``topics.DeadLetterLimit``) goes as an excerpt; one the broker refuses anyway is counted in
+``deadletters.DeadLetterLimit``) goes as an excerpt; one the broker refuses anyway is counted in
 ``iolstream_dead_letters_dropped_total``, logged once per reason and skipped (exactly-once: its
 transaction aborts and the replay cuts it to the new limit).
 """
@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from iolstream.kafka import topics
+from iolstream.kafka import deadletters
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.ops.faults import crash_point
-from iolstream.stream import codec
 from iolstream.stream.processor import DeadLetter, StepOutput
 
 log = logging.getLogger("iolstream.worker")
@@ -51,15 +50,15 @@ class Output:
         self.producer = None
         self.delivery_errors = 0
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
-        self.dead_letter_limit = topics.DeadLetterLimit(
-            topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
+        self.dead_letter_limit = deadletters.DeadLetterLimit(
+            deadletters.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
         )
 
     def read_limits(self) -> None:
         """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the producer's
-        limits (``topics.start_limit``); WorkerError naming the keys when they contradict, warnings logged."""
+        limits (``deadletters.start_limit``); WorkerError naming the keys when they contradict, warnings logged."""
         try:
-            self.dead_letter_limit, warnings = topics.start_limit(self.cfg, client_conf(self.cfg))
+            self.dead_letter_limit, warnings = deadletters.start_limit(self.cfg, client_conf(self.cfg))
         except ValueError as exc:
             raise WorkerError(str(exc)) from None
         for warning in warnings:
@@ -130,7 +129,7 @@ class Output:
             limit.refresh()
         for d in dead:
             src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
-            headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
+            headers = deadletters.dead_letter_headers(d.bad, src_topic, part, off)
             fitted = limit.fit(d.value if d.value is not None else b"", headers)
             if fitted is None:
                 self._dropped(

@@ -69,15 +69,12 @@ import numpy as np
 import orjson
 
 from iolstream.stream.encoding import row_message
-from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.rows import REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 
 __all__ = [
     "REASONS",
     "decode_features",
     "decode_labels",
-    "dead_letter_headers",
-    "dead_letter_excerpt",
-    "headers_bytes",
 ]
 
 MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
@@ -465,52 +462,3 @@ def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
         return None
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     return Y if np.isfinite(Y).all() else None
-
-
-# ---------------------------------------------------------------- dead letters
-
-
-def dead_letter_headers(
-    bad: BadInput, source_topic: str, partition: int, offset: int
-) -> list[tuple[str, bytes]]:
-    """Kafka headers for a dead letter; its value is the raw (or re-encoded row) bytes.
-
-    >>> dead_letter_headers(BadInput("missing_id", "row 2: id is empty"), "features", 0, 41)[:2]
-    [('iolstream.reason', b'missing_id'), ('iolstream.detail', b'row 2: id is empty')]
-    """
-    return [
-        ("iolstream.reason", bad.reason.encode()),
-        ("iolstream.detail", bad.detail.encode("utf-8", "replace")),
-        ("iolstream.source.topic", str(source_topic).encode("utf-8", "replace")),
-        ("iolstream.source.partition", str(int(partition)).encode()),
-        ("iolstream.source.offset", str(int(offset)).encode()),
-    ]
-
-
-def headers_bytes(headers: list[tuple[str, bytes]]) -> int:
-    """An upper bound of the bytes ``headers`` take in a Kafka record (key, value and two varint lengths each)."""
-    return sum(len(k.encode()) + len(v) + 10 for k, v in headers)
-
-
-def dead_letter_excerpt(
-    value: bytes, headers: list[tuple[str, bytes]], budget: int, why: str
-) -> tuple[bytes, list[tuple[str, bytes]]] | None:
-    """``(value, headers)`` as they are when value and headers fit ``budget`` bytes, else an excerpt that does:
-    the first bytes of ``value``, with the headers plus ``iolstream.original.size`` (the value's length),
-    ``iolstream.truncated: true`` and ``iolstream.truncated.reason`` (``why``). None if not even the headers fit.
-
-    >>> v, h = dead_letter_excerpt(b"x" * 1000, [("iolstream.reason", b"oversize")], 300, "too large")
-    >>> len(v), h[1:3]
-    (151, [('iolstream.original.size', b'1000'), ('iolstream.truncated', b'true')])
-    """
-    if len(value) + headers_bytes(headers) <= budget:
-        return value, headers
-    headers = headers + [
-        ("iolstream.original.size", str(len(value)).encode()),
-        ("iolstream.truncated", b"true"),
-        ("iolstream.truncated.reason", why.encode("utf-8", "replace")[:MAX_DETAIL_CHARS]),
-    ]
-    keep = budget - headers_bytes(headers)
-    if keep < 0:
-        return None
-    return value[:keep], headers
