@@ -364,6 +364,18 @@ class EarlyLabels:
             if slot is not None:
                 self._sources[slot] = source
 
+    def load_arrays(self, state: dict, target) -> None:
+        """Hold the labels of a join buffer state's ``early_*`` arrays, oldest first (``target``: what they must
+        fit; their sources are not in a state)."""
+        early_ids = [str(s) for s in state["early_ids"].tolist()]
+        early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
+        if early_y.shape != (len(early_ids),) + self._y.shape[1:]:
+            raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {target}")
+        if early_ms.shape != (len(early_ids),):
+            raise ValueError("inconsistent early labels in state")
+        for row_id, y, added_ms in zip(early_ids, early_y.tolist(), early_ms.tolist()):
+            self.add(row_id, y, added_ms, None)
+
     def items(self) -> list[tuple[str, object, int, object]]:
         """(id, label, arrival ms, source) of every held label, oldest first (the dict keeps arrival order)."""
         slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
