@@ -55,6 +55,8 @@ class SnapshotVersionError(SnapshotError):
 
 @dataclass
 class Snapshot:
+    """One snapshot as read or written: its file, manifest, arrays, size and the time it took."""
+
     path: Path
     manifest: dict
     arrays: dict[str, np.ndarray]

@@ -15,6 +15,8 @@ from iolstream.stream.rows import BadInput
 
 @dataclass
 class DeadLetter:
+    """A refused input (a message or one row of it) to write to the dead-letter topic, with why."""
+
     value: bytes
     bad: BadInput
     source: object  # opaque: what the adapter passed in; None when unknown
@@ -39,7 +41,8 @@ class StepOutput:
     _encoded: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     def add_predictions(self, ids: list[str], **encode_kwargs) -> None:
-        """One predicted batch, kept as arrays until ``predictions`` is read (see encoding.encode_predictions)."""
+        """One predicted batch, kept as arrays until ``predictions`` is read (see
+        encoding.encode_predictions)."""
         self._unencoded.append((ids, encode_kwargs))
         self.rows_predicted += len(ids)
 
@@ -57,7 +60,8 @@ class StepOutput:
 
 
 class PrequentialMetric:
-    """Accuracy (classification) or RMSE (regression) of the emitted predictions, overall and over a window."""
+    """Accuracy (classification) or RMSE (regression) of the emitted predictions, overall and over a
+    window."""
 
     def __init__(self, task: str, window: int):
         self.task = task
@@ -78,8 +82,10 @@ class PrequentialMetric:
 
     @property
     def value(self) -> float:
+        """Over every emitted prediction labelled so far (NaN before the first)."""
         return self._value(self.total, self.n)
 
     @property
     def window_value(self) -> float:
+        """Over the last ``window`` of them (NaN before the first)."""
         return self._value(sum(self.window), len(self.window))
