@@ -19,10 +19,8 @@ With labels one batch late and ``label_batch_rows`` = ``batch_rows`` this is the
 paper's recursion (evaluate's protocol), step for step.
 
 Rules worth knowing:
-- While the warm-up scaler is not frozen, batches are held (no prediction, no Gram); once
-  it freezes they are predicted in order, each after the labels of the ones before. A
-  forced step (shutdown, rebalance) never freezes it early: the scaling would then
-  depend on when the worker stopped.
+- While the warm-up scaler is not frozen, batches are held (``stream.warmup``); once it
+  freezes they are predicted in order, each after the labels of the ones before.
 - A feature row whose id is pending, done, or already waiting in the batcher or the
   warm-up hold is a ``duplicate_id`` at arrival: it never enters A.
 - The features D of a label batch are recomputed from the stored rows, except when the batch is
@@ -64,8 +62,9 @@ from iolstream.stream.config import StreamConfig
 from iolstream.stream.feature_cache import FeatureCache
 from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
-from iolstream.stream.outputs import DeadLetter, PrequentialMetric, StepOutput
+from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
+from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold
 
