@@ -65,16 +65,18 @@ def dead_letter_headers(
 
 
 def headers_bytes(headers: list[tuple[str, bytes]]) -> int:
-    """An upper bound of the bytes ``headers`` take in a Kafka record (key, value and two varint lengths each)."""
+    """An upper bound of the bytes ``headers`` take in a Kafka record (key, value and two varint lengths
+    each)."""
     return sum(len(k.encode()) + len(v) + 10 for k, v in headers)
 
 
 def dead_letter_excerpt(
     value: bytes, headers: list[tuple[str, bytes]], budget: int, why: str
 ) -> tuple[bytes, list[tuple[str, bytes]]] | None:
-    """``(value, headers)`` as they are when value and headers fit ``budget`` bytes, else an excerpt that does:
-    the first bytes of ``value``, with the headers plus ``iolstream.original.size`` (the value's length),
-    ``iolstream.truncated: true`` and ``iolstream.truncated.reason`` (``why``). None if not even the headers fit.
+    """``(value, headers)`` as they are when value and headers fit ``budget`` bytes, else an excerpt that
+    does: the first bytes of ``value``, with the headers plus ``iolstream.original.size`` (the value's
+    length), ``iolstream.truncated: true`` and ``iolstream.truncated.reason`` (``why``). None if not even the
+    headers fit.
 
     >>> v, h = dead_letter_excerpt(b"x" * 1000, [("iolstream.reason", b"oversize")], 300, "too large")
     >>> len(v), h[1:3]
@@ -116,10 +118,12 @@ class DeadLetterLimit:
 
     @property
     def limit(self) -> int:
+        """The largest dead letter produced as it is: min(P, D), bytes."""
         return self.producer_bytes if self.topic_bytes is None else min(self.producer_bytes, self.topic_bytes)
 
     @property
     def source(self) -> str:
+        """Which setting the limit comes from, for messages that name it."""
         if self.topic_bytes is not None and self.topic_bytes < self.producer_bytes:
             return f"max.message.bytes of topic {self.topic}"
         return "kafka.producer.message.max.bytes"
@@ -127,7 +131,8 @@ class DeadLetterLimit:
     def fit(
         self, value: bytes, headers: list[tuple[str, bytes]]
     ) -> tuple[bytes, list[tuple[str, bytes]]] | None:
-        """The dead letter as it is when it fits, else an excerpt that does; None if not even its headers fit."""
+        """The dead letter as it is when it fits, else an excerpt that does; None if not even its headers
+        fit."""
         budget = self.limit - framing_bytes(self.limit)
         why = f"value of {len(value)} bytes and its headers over the dead-letter limit of {self.limit} bytes ({self.source})"
         return dead_letter_excerpt(value, headers, budget, why)
@@ -138,8 +143,9 @@ class DeadLetterLimit:
         self.refresh_due = True
 
     def refresh(self) -> None:
-        """Read the topic's limit again after a refusal; if it cannot be read, assume half of the limit used so far
-        (each refusal halves it, so a broker that keeps refusing ends with every dead letter dropped, not a loop)."""
+        """Read the topic's limit again after a refusal; if it cannot be read, assume half of the limit used
+        so far (each refusal halves it, so a broker that keeps refusing ends with every dead letter dropped,
+        not a loop)."""
         self.refresh_due = False
         now = (
             describe_max_message_bytes(AdminClient(self.admin_conf), self.topic, timeout=5.0)
@@ -156,8 +162,8 @@ class DeadLetterLimit:
         )
 
     def note(self, kind: str, reason: str) -> bool:
-        """Count a dead letter ``kind`` ("truncated" or "dropped"); True the first time ``(kind, reason)`` is seen:
-        what is cut or dropped is logged once per kind and reason, however many messages follow."""
+        """Count a dead letter ``kind`` ("truncated" or "dropped"); True the first time ``(kind, reason)`` is
+        seen: what is cut or dropped is logged once per kind and reason, however many messages follow."""
         self.counts[kind] += 1
         if (kind, reason) in self.logged:
             return False
@@ -172,7 +178,8 @@ def producer_bytes(producer: dict) -> int:
 
 def start_limit(cfg, admin_conf: dict) -> tuple[DeadLetterLimit, list[str]]:
     """The dead-letter limit at start, from the producer's settings and the output topics' limits read from
-    the broker (ValueError naming the keys when they contradict, see the module docstring); and the warnings."""
+    the broker (ValueError naming the keys when they contradict, see the module docstring); and the
+    warnings."""
     producer = cfg.kafka.producer
     admin = AdminClient(admin_conf)
     p = producer_bytes(producer)
@@ -198,7 +205,8 @@ def check_dead_letter_topic(
     predictions_bytes: int | None,
     max_message_bytes: int,
 ) -> list[str]:
-    """Refuse output topics that would refuse what the producer sends (ValueError naming the keys); return warnings.
+    """Refuse output topics that would refuse what the producer sends (ValueError naming the keys); return
+    warnings.
 
     batch_bytes : the largest batch the producer builds, min(message.max.bytes, batch.size)
     """

@@ -28,6 +28,7 @@ class Record:
 
     @property
     def intact(self) -> bool:
+        """The blob has the size its headers announced."""
         return len(self.blob) == self.size
 
 

@@ -114,6 +114,7 @@ class OffsetBook:
             book.pop(key, None)
 
     def replaying(self, key: Key, offset: int) -> bool:
+        """Whether ``offset`` of ``key`` is input a committed transaction already covered."""
         until = self.replay_until.get(key)
         return until is not None and offset < until
 
@@ -172,4 +173,5 @@ def parse_metadata(text: str | None) -> tuple[str, int | None]:
 
 
 def fmt(offsets: dict) -> str:
+    """Positions as ``topic[partition]@offset``, sorted, for log lines."""
     return ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))

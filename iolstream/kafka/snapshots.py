@@ -132,6 +132,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def sequence_of(path: Path) -> int:
+    """The sequence number in a snapshot's file name."""
     return int(path.name[len("snap-") : -len(".iolsnap")])
 
 

@@ -60,6 +60,7 @@ class Stopping:
         )
 
     def cancel(self) -> None:
+        """Cancel the grace-period timer (the worker stopped in time)."""
         if self._timer is not None:
             self._timer.cancel()
 

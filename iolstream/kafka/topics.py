@@ -49,7 +49,8 @@ def create_topics(
     configs: dict[str, dict[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> list[str]:
-    """Create those of ``names`` that do not exist yet, each with ``configs.get(name)``; returns those created."""
+    """Create those of ``names`` that do not exist yet, each with ``configs.get(name)``; returns those
+    created."""
     existing = set(admin.list_topics(timeout=timeout).topics)
     configs = configs or {}
     new = [
@@ -84,7 +85,8 @@ def describe_max_message_bytes(admin: AdminClient, topic: str, timeout: float = 
 
 
 def _int_setting(section: dict, key: str, where: str, default: int) -> tuple[int, bool]:
-    """(value, explicitly set) of a librdkafka size setting; ValueError naming ``where.key`` if not an integer."""
+    """(value, explicitly set) of a librdkafka size setting; ValueError naming ``where.key`` if not an
+    integer."""
     if key not in section:
         return default, False
     try:

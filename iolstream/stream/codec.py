@@ -3,8 +3,8 @@ No I/O, no Kafka types; the way out (predictions, one-row messages) is ``encodin
 
 A message carries one row or a batch::
 
-    features  {"id": "a1", "x": [0.1, 2.0], "ts": 123}
-              {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts" optional; a list or one int)
+    features  {"id": "a1", "x": [0.1, 2.0], "ts": 123}            ("ts" optional)
+              {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts": a list or one int)
     labels    {"id": "a1", "y": 3}
               {"ids": ["a1", "a2"], "y": [3, 0]}
 
@@ -129,7 +129,8 @@ def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]
 
 
 def _parse(value: bytes | None, max_bytes: int):
-    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks (both "id" and "ids": bad_schema)."""
+    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks (both "id" and "ids":
+    bad_schema)."""
     raw = value if type(value) is bytes else bytes(value or b"")
     if not raw:
         return None, raw, _whole("malformed_json", "empty value (null or zero bytes)", raw)
@@ -147,7 +148,8 @@ def _parse(value: bytes | None, max_bytes: int):
 
 
 def _batch_columns(obj: dict, raw: bytes, key: str):
-    """(ids, values, None) or (None, None, dead letters): a batch's "ids" and ``key`` arrays, of one non-zero length."""
+    """(ids, values, None) or (None, None, dead letters): a batch's "ids" and ``key`` arrays, of one non-zero
+    length."""
     ids, values = obj["ids"], obj.get(key)
     if type(ids) is not list or type(values) is not list:
         which = "ids" if type(ids) is not list else key
