@@ -297,22 +297,23 @@ class Worker:
     def _feed(self, ready: list, now: int) -> None:
         """Feed the released messages to the processor and emit what each gives; only now may a snapshot or a
         commit cover them. One-row messages make this loop hot, so it is kept lean."""
-        proc, emitter, book, metrics = self.processor, self.emitter, self.book, self.metrics
+        feed, emitter, book, metrics = self.processor.feed, self.emitter, self.book, self.metrics
         features = self.cfg.topics.features
         positions, replay_until = book.positions, book.replay_until
         for key, msg in ready:
             topic, offset = key[0], msg.offset()
             replay = key in replay_until and offset < replay_until[key]
             if replay != emitter.replaying:
-                emitter.step(
-                    now, force=True
-                )  # never mix replayed (already emitted) and new input in one step
+                # never mix replayed (already emitted) and new input in one step
+                emitter.step(now, force=True)
                 emitter.replaying = replay
             accepted = None
             if metrics is not None and topic == features:  # produce time, for the latency histogram
                 accepted = lambda msg=msg: metrics.on_features(self, msg.timestamp())  # noqa: E731
-            source = (topic, key[1], offset)
-            emitter.emit(proc.feed(msg.value(), source, now, labels=topic != features, accepted=accepted))
+            # positional: (value, source, now, labels, accepted), the hot path
+            out = feed(msg.value(), (topic, key[1], offset), now, topic != features, accepted)
+            if out is not None:
+                emitter.emit(out)
             if replay:
                 book.processed(key, offset)
             else:

@@ -124,7 +124,7 @@ class StreamProcessor:
 
     # ------------------------------------------------------------ input
     def feed(
-        self, value: bytes | None, source, now_ms: int, *, labels: bool, accepted=None
+        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None
     ) -> StepOutput | None:
         """One message in (features, or ``labels``): decoded, batched or joined. Returns what to emit: its
         dead letters, and the predictions of the batch it filled; None when there is nothing. A full batch is
