@@ -9,7 +9,7 @@ test set, batches of 100 rows); at the model defaults and in the paper's regime 
 the -F and -R predictions of each repetition.
 
 Columns: the prequential metric (accuracy, or RMSE for regression), the cumulative squared-loss regret
-against the offline expert (SPEC §3, mean over layers; for auto, the loss of what it emitted), the final test
+against the offline expert (docs/design.md §3, mean over layers; for auto, the loss of what it emitted), the final test
 metric, and training rows per second (the stream's predict + learn time; on the small sets it is mostly fixed
 per-batch cost). The output is the markdown table, preceded by the command that made it.
 

@@ -2,7 +2,7 @@
 (Gram, labels, decay); the others hold its sums with their own λ on the diagonal, A_j = A_p + (λ_j − λ_p)I and
 c_j = c_p, and solve for their own β (a Cholesky per λ, no second Gram). An -R candidate of an -F learner holds
 its labelled sums instead, A_j = A_r + (λ_j − λ_p)I: -R's A is exactly the Gram of the labelled rows
-(Algorithm 1), which -F keeps beside its own A (SPEC §3).
+(Algorithm 1), which -F keeps beside its own A (docs/design.md §3).
 """
 
 from __future__ import annotations

@@ -50,6 +50,8 @@ class SnapshotVersionError(SnapshotError):
 
 @dataclass
 class Snapshot:
+    """One snapshot as read or written: its file, manifest, arrays, size and the time it took."""
+
     path: Path
     manifest: dict
     arrays: dict[str, np.ndarray]
@@ -117,6 +119,7 @@ def decode(blob: bytes) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def sequence_of(path: Path) -> int:
+    """The sequence number in a snapshot's file name."""
     return int(path.name[len("snap-") : -len(".iolsnap")])
 
 

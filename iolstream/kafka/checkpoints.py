@@ -25,6 +25,7 @@ from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
+from iolstream.stream.warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
 
@@ -43,9 +44,30 @@ class Checkpoint:
     written_at: float = 0.0
 
 
+@dataclass
+class Loaded:
+    """What ``Checkpointer.load`` read: the processor, the input positions it covers, and the group
+    learning state saved with it (None: none)."""
+
+    processor: StreamProcessor
+    positions: dict
+    group: tuple[dict, dict] | None = None
+
+
 class Checkpointer:
-    def __init__(self, cfg: WorkerConfig, calls: ClientCalls, *, metrics=None):
+    """The snapshot store seen from the worker: loads the newest snapshot, says when the next one is due,
+    writes one. ``agreement``: group learning's scaling agreement, given to every processor it makes."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        calls: ClientCalls,
+        *,
+        metrics=None,
+        agreement: ScalingAgreement | None = None,
+    ):
         self.cfg = cfg
+        self.agreement = agreement
         self.calls = calls
         self.metrics = metrics
         self.store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
@@ -53,36 +75,36 @@ class Checkpointer:
         self.first_due: float | None = (
             None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         )
-        self.group = None  # group learning (kafka.group.GroupSync): its state goes into every snapshot
-        self.loaded_group: tuple[dict, dict] | None = None  # the group state of the snapshot ``load`` read
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
         first = self.cfg.snapshot.first_after_seconds
         self.first_due = None if first is None else time.monotonic() + first
 
-    def load(self) -> tuple[StreamProcessor, dict]:
-        """The newest valid snapshot's processor and positions (a fresh processor and none if there is none)."""
+    def load(self) -> Loaded:
+        """The newest valid snapshot's processor, positions and group state (a fresh processor and none if
+        there is none)."""
         try:
             snap = self.store.load_latest()
         except SnapshotError as exc:  # another format version: never skipped silently
             raise WorkerError(f"cannot load the snapshots in {self.store.dir}: {exc}") from None
-        self.loaded_group = None
-        if snap is not None and "group" in snap.manifest:
-            self.loaded_group = (
-                snap.manifest["group"],
-                {k: v for k, v in snap.arrays.items() if k.startswith("group/")},
-            )
         if snap is None:
             log.info("no snapshot in %s: starting a fresh model", self.store.dir)
             self.last = Checkpoint()
             proc = StreamProcessor(
-                EdRVFL(self.cfg.model), self.cfg.stream, window_rows=self.cfg.metrics.window_rows
+                EdRVFL(self.cfg.model),
+                self.cfg.stream,
+                window_rows=self.cfg.metrics.window_rows,
+                agreement=self.agreement,
             )
+            loaded = Loaded(proc, {})
         else:
-            proc, positions = self._restore(snap)
-        runtime.configure_for_model(proc.model)  # BLAS threads (MEASUREMENTS.md trap)
-        return proc, ({} if snap is None else positions)
+            loaded = Loaded(*self._restore(snap))
+            if "group" in snap.manifest:
+                group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
+                loaded.group = (snap.manifest["group"], group_arrays)
+        runtime.configure_for_model(loaded.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
+        return loaded
 
     def _restore(self, snap) -> tuple[StreamProcessor, dict]:
         try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
@@ -98,7 +120,11 @@ class Checkpointer:
             )
         try:
             proc = StreamProcessor.from_state(
-                snap.manifest, snap.arrays, self.cfg.stream, window_rows=self.cfg.metrics.window_rows
+                snap.manifest,
+                snap.arrays,
+                self.cfg.stream,
+                window_rows=self.cfg.metrics.window_rows,
+                agreement=self.agreement,
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
@@ -124,6 +150,8 @@ class Checkpointer:
         return proc, positions
 
     def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
+        """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds``, or soon after a
+        start."""
         cp, snap = self.last, self.cfg.snapshot
         batches = processor.counters["batches"] - cp.batches_at
         if positions == cp.offsets and batches == 0:
@@ -146,9 +174,11 @@ class Checkpointer:
         delivery_errors: Callable[[], int],
         *,
         wait: float | None = None,
+        group=None,
     ) -> bool:
         """Steps 1 and 2 (module docstring); ``wait``: how long to wait for deliveries (None: FLUSH_SECONDS,
-        postponing if they are not done). Returns whether the snapshot was written."""
+        postponing if they are not done); ``group``: group learning (``kafka.group.GroupSync``), whose state
+        goes into the snapshot. Returns whether the snapshot was written."""
         final = wait is not None
         wait = FLUSH_SECONDS if wait is None else wait
         try:
@@ -176,8 +206,8 @@ class Checkpointer:
             "exactly_once": self.cfg.durability.exactly_once,
             "group_id": self.cfg.kafka.group_id,
         }
-        if self.group is not None:
-            manifest["group"], group_arrays = self.group.to_state()
+        if group is not None:
+            manifest["group"], group_arrays = group.to_state()
             arrays.update(group_arrays)
         try:
             snap = self.store.write(manifest, arrays)

@@ -54,6 +54,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class KafkaConfig:
+    """The ``kafka`` section: the broker, the consumer group, librdkafka settings per client kind."""
+
     bootstrap_servers: str = "127.0.0.1:19092"
     group_id: str = "iolstream"
     client: dict = field(
@@ -70,6 +72,9 @@ class KafkaConfig:
 
 @dataclass(frozen=True)
 class TopicsConfig:
+    """The ``topics`` section: the names of the input, output and model-deltas topics, and whether to
+    create them."""
+
     features: str = "iol.features"
     labels: str = "iol.labels"
     predictions: str = "iol.predictions"
@@ -82,6 +87,8 @@ class TopicsConfig:
 
 @dataclass(frozen=True)
 class SnapshotConfig:
+    """The ``snapshot`` section: where snapshots go, how often, how many are kept."""
+
     dir: str = "snapshots"
     every_batches: int = 200
     every_seconds: float = 60.0
@@ -93,6 +100,8 @@ class SnapshotConfig:
 
 @dataclass(frozen=True)
 class DurabilityConfig:
+    """The ``durability`` section: at-least-once or exactly-once, the shutdown grace, the watchdog."""
+
     exactly_once: bool = False
     transactional_id: str | None = None  # default: "<group_id>-worker"
     shutdown_grace_seconds: float = 25.0
@@ -115,6 +124,8 @@ class GroupConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
+    """The ``metrics`` section: the HTTP endpoint (metrics, health) and the prequential window."""
+
     port: int = 9108  # 0 disables the HTTP endpoint (metrics, /healthz, /readyz)
     host: str = "0.0.0.0"
     window_rows: int = 1000  # sliding window of the prequential metric
@@ -122,6 +133,8 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
+    """The ``logging`` section: level, text or JSON lines, how often the status line is written."""
+
     level: str = "INFO"
     format: str = "text"  # text | json
     status_every_seconds: float = 5.0
@@ -129,6 +142,8 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """A worker's whole configuration, one frozen section per YAML section, validated when loaded."""
+
     model: ModelConfig
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -146,8 +161,8 @@ class WorkerConfig:
 
     @property
     def transactional_id(self) -> str:
-        """``durability.transactional_id``, else "<group_id>-worker" (group learning: "<group_id>-<member_id>",
-        one per member: members sharing one would fence each other)."""
+        """``durability.transactional_id``, else "<group_id>-worker" (group learning:
+        "<group_id>-<member_id>", one per member: members sharing one would fence each other)."""
         if self.durability.transactional_id:
             return self.durability.transactional_id
         return (
@@ -158,7 +173,8 @@ class WorkerConfig:
 
     @property
     def snapshot_dir(self) -> str:
-        """Where this worker's snapshots go: ``snapshot.dir``, with group learning its ``<member_id>`` below it."""
+        """Where this worker's snapshots go: ``snapshot.dir``, with group learning its ``<member_id>`` below
+        it."""
         return os.path.join(self.snapshot.dir, self.member_id) if self.group.enabled else self.snapshot.dir
 
 
@@ -387,9 +403,10 @@ def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
 
 
 def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
-    """Check the client size settings against stream.max_message_bytes (ConfigError naming the keys) and set the
-    producer's message.max.bytes when it is not given: librdkafka's default (1,000,000) is below the default
-    stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue 12)."""
+    """Check the client size settings against stream.max_message_bytes (ConfigError naming the keys) and set
+    the producer's message.max.bytes when it is not given: librdkafka's default (1,000,000) is below the
+    default stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue
+    12)."""
     from iolstream.kafka import (
         topics,  # imports confluent_kafka: not at module level, the config loads without it
     )

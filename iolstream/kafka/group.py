@@ -19,9 +19,9 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
   member whose rows still wait for that agreement waits for it, then learns them.
 
-Record value: a ``kafka.snapshots`` blob (manifest + arrays, checksummed) cut into chunks; headers
-``iolstream.kind`` (sums | scaling), ``iolstream.member``, ``iolstream.seq``, ``iolstream.chunk``
-("i/n"), ``iolstream.size`` (bytes of the whole blob).
+The processor proposes its warm-up scaling to this object (``stream.warmup.ScalingAgreement``, given to
+the processor when it is made, ``kafka.checkpoints``). Records as Kafka messages (chunks, headers, keys):
+``kafka.group_records``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from confluent_kafka.admin import AdminClient
 from iolstream.kafka import snapshots, topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
-from iolstream.stream import handover
+from iolstream.kafka.group_records import Reassembly, chunked
 from iolstream.stream.group import GroupState
 
 log = logging.getLogger("iolstream.group")
@@ -49,7 +49,8 @@ HANDOVER_SKEW_MS = 10_000  # a handover published this long before a member star
 
 
 def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
-    """The model-deltas topic: compacted (the newest record per key is the group's state), records up to a chunk."""
+    """The model-deltas topic: compacted (the newest record per key is the group's state), records up to a
+    chunk."""
     return {
         "cleanup.policy": "compact",
         "max.message.bytes": str(max(topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
@@ -58,24 +59,11 @@ def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
     }
 
 
-class _Pending:
-    """The chunks of one record read so far: ``first`` (partition, offset) of the first one read."""
-
-    def __init__(self, count: int, size: int, first: tuple[int, int]):
-        self.count, self.size, self.first = count, size, first
-        self.parts: dict[int, bytes] = {}
-
-
-def _header(headers, name: str) -> str | None:
-    for key, value in headers or ():
-        if key == name:
-            return value.decode() if isinstance(value, bytes) else value
-    return None
-
-
 class GroupSync:
-    """The group side of one worker. ``attach`` binds it to the processor the worker holds (after a load or a
-    roll-back); ``open`` makes the consumer; then ``catch_up`` once, ``poll`` every cycle, ``publish`` when due."""
+    """The group side of one worker: its records in and out, and the scaling agreement its processor proposes
+    to. ``attach`` gives it the processor and the group state of the snapshot loaded (``reload`` after a
+    roll-back, the processor restored in place); ``open`` makes the consumer; then ``catch_up`` once, ``poll``
+    every cycle, ``publish`` when due."""
 
     def __init__(self, cfg, output):
         self.cfg = cfg
@@ -87,9 +75,7 @@ class GroupSync:
         self.consumer: Consumer | None = None
         self.proposer: Producer | None = None  # warm-up scaling proposals, outside any transaction
         self.positions: dict[int, int] = {}  # deltas partition -> next offset to read (in snapshots)
-        self.chunks: dict[
-            tuple[str, int, str], _Pending
-        ] = {}  # (member, seq, kind) -> the chunks read so far
+        self.chunks = Reassembly()  # the chunks of records read so far (kafka.group_records)
         self.caught_up = False
         self.restored = False  # a snapshot was loaded: no adoption of this member's own record
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
@@ -110,16 +96,14 @@ class GroupSync:
 
     # ------------------------------------------------------------ state
     def attach(self, processor, saved: tuple[dict, dict] | None, *, start: bool = False) -> None:
-        """Bind to ``processor``'s model, with the group state of the snapshot it came from (None: fresh). Only at
-        ``start`` may a fresh state take this member's own newest record back (a roll-back to no snapshot replays
-        the input from its beginning instead)."""
+        """Bind to ``processor``'s model, with the group state of the snapshot it came from (None: fresh).
+        Only at ``start`` may a fresh state take this member's own newest record back (a roll-back to no
+        snapshot replays the input from its beginning instead)."""
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
         self.model_digest = model_digest(
             processor.model.config, processor.model.candidates, processor.model.modes
         )
-        processor.propose_scaling = self.state.propose_scaling
-        processor.model.targets.propose = self.state.propose_targets  # regression, target_scaler warmup
         self.restored = saved is not None or not start
         self.own_rows = self.adopted_positions = None
         if saved is not None:
@@ -132,19 +116,24 @@ class GroupSync:
         if self.consumer is not None:
             self._seek()
 
+    def reload(self, saved: tuple[dict, dict] | None) -> None:
+        """After a roll-back (the processor restored in place): the group state of the snapshot it went back
+        to."""
+        self.attach(self.processor, saved)
+
     def to_state(self) -> tuple[dict, dict]:
-        """The group state and the deltas positions to resume from: before the first chunk of any record read in
-        part (a snapshot between two chunks must not skip the first ones; records read again are stale)."""
+        """The group state and the deltas positions to resume from: before the first chunk of any record read
+        in part (a snapshot between two chunks must not skip the first ones; records read again are stale)."""
         manifest, arrays = self.state.to_state()
         positions = dict(self.positions)
-        for pending in self.chunks.values():
-            partition, offset = pending.first
+        for partition, offset in self.chunks.first_offsets():
             positions[partition] = min(positions.get(partition, offset), offset)
         manifest["positions"] = sorted([p, o] for p, o in positions.items())
         return manifest, arrays
 
     # ------------------------------------------------------------ the consumer
     def open(self) -> None:
+        """Create the model-deltas topic if asked, and the consumer and proposal producer of this member."""
         if self.cfg.topics.create:
             admin = AdminClient(client_conf(self.cfg))
             created = topics.create_topics(
@@ -190,8 +179,8 @@ class GroupSync:
         self.partitions = set(meta.partitions)
         self.caught_up = False
         self.eof = set()
-        # caught up: at the end the log had now (not at an end-of-partition event: while other members publish,
-        # every fetch brings new records and that event may not come for as long as they do)
+        # caught up: at the end the log had now (not at an end-of-partition event: while other members
+        # publish, every fetch brings new records and that event may not come for as long as they do)
         timeout = self.cfg.kafka.call_timeout_seconds
         self.start_ends = {
             p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)[1]
@@ -240,8 +229,9 @@ class GroupSync:
         return done
 
     def _at_start_ends(self) -> bool:
-        """Every partition read to the end it had when the consumer was assigned (or to an end-of-partition event).
-        The consumer's position steps over transaction markers, which the last record's offset does not."""
+        """Every partition read to the end it had when the consumer was assigned (or to an end-of-partition
+        event). The consumer's position steps over transaction markers, which the last record's offset does
+        not."""
         behind = [p for p in self.partitions if p not in self.eof and self.start_ends.get(p, 0) > 0]
         if not behind:
             return True
@@ -250,7 +240,7 @@ class GroupSync:
 
     def _adopt_rows(self, member: str, ids: np.ndarray, payload: np.ndarray) -> None:
         ids = [str(i) for i in ids.tolist()]
-        added = handover.adopt_rows(self.processor, ids, payload, _now_ms())
+        added = self.processor.adopt_rows(ids, payload, _now_ms())
         log.info(
             "%d rows waiting for labels handed over by member %s (%d new here)",
             len(ids),
@@ -260,25 +250,34 @@ class GroupSync:
         )
 
     def _propose(self) -> None:
-        """Warm-up scaling proposals waiting (``GroupState.propose_scaling``, ``propose_targets``): produce them now,
-        once each."""
+        """This member's warm-up proposals waiting (``GroupState.propose_scaling``, ``propose_targets``):
+        produce them now, once each, with the proposals' own producer (outside any transaction)."""
         st = self.state
         if not self.caught_up:
             return
-        for kind, proposal, done in (
-            ("scaling", "proposal", "proposed"),
-            ("targets", "target_proposal", "target_proposed"),
-        ):
-            if getattr(st, proposal) is not None and not getattr(st, done):
-                self._produce(
-                    kind, 0, {"published_ms": _now_ms()}, getattr(st, proposal), producer=self.proposer
-                )
-                self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
-                setattr(st, done, True)
+        if st.proposal is not None and not st.proposed:
+            self._publish_proposal("scaling", st.proposal)
+            st.proposed = True
+        if st.target_proposal is not None and not st.target_proposed:
+            self._publish_proposal("targets", st.target_proposal)
+            st.target_proposed = True
+
+    def _publish_proposal(self, kind: str, arrays: dict) -> None:
+        self._produce(kind, 0, {"published_ms": _now_ms()}, arrays, producer=self.proposer)
+        self.proposer.flush(self.cfg.kafka.call_timeout_seconds)
+
+    # ------------------------------------------------------------ the processor's scaling agreement
+    def propose_scaling(self, head: np.ndarray) -> None:
+        """The processor's warm-up rows (``stream.warmup.ScalingAgreement``): proposed to the group."""
+        self.state.propose_scaling(head)
+
+    def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """The model's target scaling (regression, ``target_scaler: warmup``): proposed to the group."""
+        self.state.propose_targets(mean, std)
 
     def settle(self, timeout: float, tick=lambda: None) -> None:
-        """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up scaling
-        can be learned (the scaling agreed); what still waits then is logged."""
+        """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up
+        scaling can be learned (the scaling agreed); what still waits then is logged."""
         until = time.monotonic() + timeout
         model = self.processor.model
 
@@ -298,52 +297,19 @@ class GroupSync:
             )
 
     def _take(self, msg) -> int:
-        try:
-            headers = msg.headers()
-            kind, member = _header(headers, "iolstream.kind"), _header(headers, "iolstream.member")
-            seq = int(_header(headers, "iolstream.seq") or 0)
-            index, count = (int(v) for v in (_header(headers, "iolstream.chunk") or "0/1").split("/"))
-            size = int(_header(headers, "iolstream.size") or len(msg.value() or b""))
-            if not (0 <= index < count and size >= 0):
-                raise ValueError(f"chunk {index}/{count}, size {size}")
-        except ValueError as exc:  # UnicodeDecodeError included
-            log.warning(
-                "model-deltas %d@%d: unreadable headers (%s), skipped", msg.partition(), msg.offset(), exc
-            )
+        """One message of the topic: a record once its last chunk is read, applied (1) or refused (0)."""
+        record = self.chunks.add(msg)
+        if record is None:
             return 0
-        if kind not in ("sums", "scaling", "targets", "rows") or member is None:
-            log.warning(
-                "model-deltas %d@%d: not an iolstream record (kind %r), skipped",
-                msg.partition(),
-                msg.offset(),
-                kind,
-            )
-            return 0
-        pending = self.chunks.get((member, seq, kind))
-        if pending is None or (pending.count, pending.size) != (
-            count,
-            size,
-        ):  # another record under the same sequence
-            pending = self.chunks[(member, seq, kind)] = _Pending(
-                count, size, (msg.partition(), msg.offset())
-            )
-        pending.parts[index] = msg.value() or b""
-        if len(pending.parts) < count:
-            return 0
-        del self.chunks[(member, seq, kind)]
+        kind, member, seq, blob = record.kind, record.member, record.seq, record.blob
         self.records[(kind, "in")] += 1
-        for key in [k for k in self.chunks if k[0] == member and k[2] == kind and k[1] < seq]:
-            del self.chunks[
-                key
-            ]  # an older record of it that will not complete (compacted, or cut by a crash)
-        blob = b"".join(pending.parts[i] for i in range(count))
-        if len(blob) != size:
+        if not record.intact:
             log.warning(
                 "model-deltas: record %s#%d is %d bytes, its header says %d: skipped",
                 member,
                 seq,
                 len(blob),
-                size,
+                record.size,
             )
             return 0
         try:
@@ -352,13 +318,14 @@ class GroupSync:
             log.warning("model-deltas: record %s#%d cannot be read (%s): skipped", member, seq, exc)
             return 0
         if manifest.get("model") != self.model_digest:
-            # Sums of another model config cannot be added. Not fatal: the compacted topic keeps a record of every
-            # member that ever published, and a group redeployed with a new model section would read the old
-            # ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
+            # Sums of another model config cannot be added. Not fatal: the compacted topic keeps a record of
+            # every member that ever published, and a group redeployed with a new model section would read the
+            # old ones for ever (a model change needs a new topics.model_deltas, docs/operations.md).
             return self._refuse(
                 kind, member, manifest.get("model"), "another model config or auto candidate grid"
             )
-        try:  # a record the model cannot take changes nothing (the checks come before any change) and stops nothing
+        # a record the model cannot take changes nothing (the checks come before any change) and stops nothing
+        try:
             return self._apply(kind, member, seq, manifest, arrays)
         except (KeyError, TypeError, ValueError) as exc:
             return self._refuse(kind, member, manifest.get("model"), f"a record that does not load ({exc!r})")
@@ -382,8 +349,9 @@ class GroupSync:
             if member == self.member:  # its own: a restart without a snapshot goes on with the next sequence
                 self.state.handovers = max(self.state.handovers, seq)
             # Handovers are for the members of the rebalance that made them: one published before this member
-            # started reading (10 s of clock skew allowed) is older than its membership, except its own last one
-            # when it takes its own sums back (no snapshot): the rows it was waiting on, adopted once caught up.
+            # started reading (10 s of clock skew allowed) is older than its membership, except its own last
+            # one when it takes its own sums back (no snapshot): the rows it was waiting on, adopted once
+            # caught up.
             if member != self.member and published_ms >= self.started_ms - HANDOVER_SKEW_MS:
                 self._adopt_rows(member, *rows)
             elif member == self.member and not self.caught_up and self.adopted_positions is not None:
@@ -407,7 +375,8 @@ class GroupSync:
         return 1
 
     def _refuse(self, kind: str, member: str, model: str | None, why: str) -> int:
-        """Skip a record this model cannot take: counted as refused, logged once per (member, model digest)."""
+        """Skip a record this model cannot take: counted as refused, logged once per (member, model
+        digest)."""
         self.records[(kind, "refused")] += 1
         if (member, model) not in self.refused:
             self.refused.add((member, model))
@@ -425,11 +394,13 @@ class GroupSync:
 
     # ------------------------------------------------------------ publishing
     def due(self, now_ms: int) -> bool:
+        """Whether this member's sums are due for publishing (``group.sync_every_ms``)."""
         return now_ms - self.last_publish_ms >= self.gc.sync_every_ms
 
     def publish(self, positions: dict, *, force: bool = False) -> bool:
-        """Produce this member's own sums if due (or ``force``) and changed, and a scaling proposal if one waits;
-        never before the log was read to its end (the sequence would be unknown). Returns whether produced."""
+        """Produce this member's own sums if due (or ``force``) and changed, and a scaling proposal if one
+        waits; never before the log was read to its end (the sequence would be unknown). Returns whether
+        produced."""
         now = _now_ms()
         if not self.caught_up or (not force and not self.due(now)):
             return False
@@ -449,8 +420,9 @@ class GroupSync:
         return True
 
     def hand_over(self) -> None:
-        """Before partitions go (a revoke, a shutdown): the rows waiting for labels, for whoever gets their labels."""
-        ids, payload = handover.pending_rows(self.processor)
+        """Before partitions go (a revoke, a shutdown): the rows waiting for labels, for whoever gets their
+        labels."""
+        ids, payload = self.processor.waiting_rows()
         if ids:
             self.state.handovers += 1
             self._produce(
@@ -464,28 +436,15 @@ class GroupSync:
     def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict, producer=None) -> None:
         manifest = {**manifest, "kind": kind, "member": self.member, "seq": seq, "model": self.model_digest}
         blob = snapshots.encode(manifest, arrays)
-        step = self.gc.chunk_bytes
-        count = max(1, -(-len(blob) // step))
-        for index in range(count):
-            headers = [
-                ("iolstream.kind", kind.encode()),
-                ("iolstream.member", self.member.encode()),
-                ("iolstream.seq", str(seq).encode()),
-                ("iolstream.chunk", f"{index}/{count}".encode()),
-                ("iolstream.size", str(len(blob)).encode()),
-            ]
-            key = (
-                f"{self.member}/{kind}/{index}"  # compaction keeps every chunk of the newest record of a kind
-            )
-            chunk = blob[index * step : (index + 1) * step]
-            if producer is None:  # the worker's (exactly-once: in the open transaction)
-                self.output.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)
-            else:
-                producer.produce(self.topic, chunk, key=key.encode(), headers=headers, partition=0)
+        # the worker's producer (exactly-once: in the open transaction), or the proposals' own
+        produce = self.output.produce if producer is None else producer.produce
+        for key, chunk, headers in chunked(self.member, kind, seq, blob, self.gc.chunk_bytes):
+            produce(self.topic, chunk, key=key, headers=headers, partition=0)
         self.bytes_out += len(blob)
         self.records[(kind, "out")] += 1
 
     def status(self) -> dict:
+        """The group state for the status line and the metrics (``ops.group_metrics``)."""
         out = self.state.status(_now_ms())
         out.update(
             {
@@ -498,6 +457,7 @@ class GroupSync:
         return out
 
     def close(self) -> None:
+        """Flush the proposals, close the deltas consumer."""
         if self.proposer is not None:
             self.proposer.flush(1.0)
         if self.consumer is not None:
@@ -513,8 +473,8 @@ def _now_ms() -> int:
 
 
 def model_digest(config, candidates: list[tuple] | None = None, modes: list[str] | None = None) -> str:
-    """A short digest of what the members must share: the model config and, with ``lam`` or ``forgetting: auto``,
-    the candidate grid the model keeps. The grid is not in the config: it is the release's
+    """A short digest of what the members must share: the model config and, with ``lam``, ``forgetting`` or
+    ``mode: auto``, the candidate grid the model keeps. The grid is not in the config: it is the release's
     (``core.candidates``), and a member restored from a snapshot keeps the one it was saved with
     (``core.state_io``). After a release that changed it, sums of the old grid and the new are laid out alike
     but hold other settings, and must not be added. A fixed config has one candidate, given by the config."""

@@ -27,6 +27,8 @@ Key = tuple[str, int]
 
 
 class OffsetBook:
+    """Where each input partition stands: processed positions, committed floors, replay bounds, ends."""
+
     def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None, group: bool = False):
         self.exactly_once = exactly_once
         self.group = (
@@ -38,8 +40,9 @@ class OffsetBook:
         self.assigned: set[Key] = set()
         self.ends: dict[Key, int] = {}
         self.eof: dict[Key, int] = {}
-        # group learning: where this member took a partition over from another (that one's commit), kept through
-        # roll-backs and named in this member's commits: a state that predates the take-over resumes there
+        # group learning: where this member took a partition over from another (that one's commit), kept
+        # through roll-backs and named in this member's commits: a state that predates the take-over resumes
+        # there
         self.bases: dict[Key, int] = {}
 
     def reset(self, positions: dict[Key, int]) -> None:
@@ -51,7 +54,8 @@ class OffsetBook:
         return commit_metadata(member, self.bases.get(key))
 
     def start(self, key: Key) -> int | None:
-        """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this state)."""
+        """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this
+        state)."""
         return self.positions.get(key)
 
     def assign(
@@ -110,6 +114,7 @@ class OffsetBook:
             book.pop(key, None)
 
     def replaying(self, key: Key, offset: int) -> bool:
+        """Whether ``offset`` of ``key`` is input a committed transaction already covered."""
         until = self.replay_until.get(key)
         return until is not None and offset < until
 
@@ -168,4 +173,5 @@ def parse_metadata(text: str | None) -> tuple[str, int | None]:
 
 
 def fmt(offsets: dict) -> str:
+    """Positions as ``topic[partition]@offset``, sorted, for log lines."""
     return ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))

@@ -2,7 +2,7 @@
 
 Dead letters are sized before they are produced: one larger than the dead-letter limit (the smaller of
 the producer's ``message.max.bytes`` and the dead-letter topic's ``max.message.bytes``, read at start,
-``topics.DeadLetterLimit``) goes as an excerpt; one the broker refuses anyway is counted in
+``deadletters.DeadLetterLimit``) goes as an excerpt; one the broker refuses anyway is counted in
 ``iolstream_dead_letters_dropped_total``, logged once per reason and skipped (exactly-once: its
 transaction aborts and the replay cuts it to the new limit).
 """
@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from iolstream.kafka import topics
+from iolstream.kafka import deadletters
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.ops.faults import crash_point
-from iolstream.stream import codec
 from iolstream.stream.processor import DeadLetter, StepOutput
 
 log = logging.getLogger("iolstream.worker")
@@ -50,16 +49,18 @@ class Output:
         self.refused = refused
         self.producer = None
         self.delivery_errors = 0
-        # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
-        self.dead_letter_limit = topics.DeadLetterLimit(
-            topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
+        # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
+        # start
+        self.dead_letter_limit = deadletters.DeadLetterLimit(
+            deadletters.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
         )
 
     def read_limits(self) -> None:
-        """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the producer's
-        limits (``topics.start_limit``); WorkerError naming the keys when they contradict, warnings logged."""
+        """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the
+        producer's limits (``deadletters.start_limit``); WorkerError naming the keys when they contradict,
+        warnings logged."""
         try:
-            self.dead_letter_limit, warnings = topics.start_limit(self.cfg, client_conf(self.cfg))
+            self.dead_letter_limit, warnings = deadletters.start_limit(self.cfg, client_conf(self.cfg))
         except ValueError as exc:
             raise WorkerError(str(exc)) from None
         for warning in warnings:
@@ -78,6 +79,8 @@ class Output:
     def produce(
         self, topic: str, value: bytes, key=None, headers=None, on_delivery=None, partition: int | None = None
     ) -> None:
+        """Produce one record; a full local queue is waited out (the loop ticking); exactly-once: in the open
+        transaction."""
         if self.begin is not None and not self.begin():
             return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
         extra = (
@@ -122,15 +125,15 @@ class Output:
             crash_point("after_produce")
 
     def emit_dead(self, dead: list[DeadLetter], *, count: bool = True) -> None:
-        """Produce dead letters: as they are when they fit the dead-letter limit, else as excerpts (sized before
-        producing: a record the broker refuses would fail an exactly-once transaction); one whose headers alone
-        do not fit is counted, logged once per reason and skipped."""
+        """Produce dead letters: as they are when they fit the dead-letter limit, else as excerpts (sized
+        before producing: a record the broker refuses would fail an exactly-once transaction); one whose
+        headers alone do not fit is counted, logged once per reason and skipped."""
         limit = self.dead_letter_limit
         if limit.refresh_due:
             limit.refresh()
         for d in dead:
             src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
-            headers = codec.dead_letter_headers(d.bad, src_topic, part, off)
+            headers = deadletters.dead_letter_headers(d.bad, src_topic, part, off)
             fitted = limit.fit(d.value if d.value is not None else b"", headers)
             if fitted is None:
                 self._dropped(
@@ -158,9 +161,9 @@ class Output:
 
     def _dead_delivery(self, reason: str):
         """The delivery callback of one dead letter (called on failures only): one the broker refused as too
-        large (the topic's limit was lowered since the start) makes the worker read the limit again; at-least-once
-        it is counted as dropped and skipped, exactly-once its transaction aborts and the replay cuts it to the
-        new limit. Other failures go to ``on_delivery``."""
+        large (the topic's limit was lowered since the start) makes the worker read the limit again;
+        at-least-once it is counted as dropped and skipped, exactly-once its transaction aborts and the replay
+        cuts it to the new limit. Other failures go to ``on_delivery``."""
 
         def delivered(err, msg) -> None:
             if err is None or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:

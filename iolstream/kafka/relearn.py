@@ -30,10 +30,11 @@ log = logging.getLogger("iolstream.group")
 
 
 def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int], int]:
-    """{key: committed offset} of the input partitions whose group commit is this member's own and ahead of the
-    state: of the snapshot's position, or, for a partition the snapshot does not hold (first read after it was
-    written), of the offset the commit names as the take-over from another member (``offsets.commit_metadata``;
-    ``bases`` gets it), else of the partition's beginning (this member read it from there)."""
+    """{key: committed offset} of the input partitions whose group commit is this member's own and ahead of
+    the state: of the snapshot's position, or, for a partition the snapshot does not hold (first read after it
+    was written), of the offset the commit names as the take-over from another member
+    (``offsets.commit_metadata``; ``bases`` gets it), else of the partition's beginning (this member read it
+    from there)."""
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
         keys = set(positions)
@@ -64,9 +65,9 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
 def relearn(
     cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str, int], int], timeout: float
 ) -> int:
-    """Feed ``processor`` the messages from ``positions[key]`` (else ``bases[key]``, else the partition's beginning)
-    up to ``ranges[key]`` (exclusive) of every key, in timestamp order, outputs dropped (they were emitted
-    before); positions move to the range ends. Returns the messages re-learned."""
+    """Feed ``processor`` the messages from ``positions[key]`` (else ``bases[key]``, else the partition's
+    beginning) up to ``ranges[key]`` (exclusive) of every key, in timestamp order, outputs dropped (they were
+    emitted before); positions move to the range ends. Returns the messages re-learned."""
     conf = {
         **client_conf(cfg),
         "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}",
@@ -99,11 +100,8 @@ def relearn(
     now = int(time.time() * 1000)
     for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
         key = (msg.topic(), msg.partition())
-        handler = processor.on_features if key[0] == features else processor.on_labels
-        handler(msg.value(), (key[0], key[1], msg.offset()), now)
+        processor.feed(msg.value(), (key[0], key[1], msg.offset()), now, labels=key[0] != features)
         positions[key] = msg.offset() + 1
-        if len(processor.batcher) >= cfg.stream.batch_rows:
-            processor.step(now)
     processor.step(now, force=True)
     for key, end in ranges.items():
         if key not in left:

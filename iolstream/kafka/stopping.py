@@ -22,6 +22,8 @@ log = logging.getLogger("iolstream.worker")
 
 
 class Stopping:
+    """A stop requested (signal or call), and the grace period the shutdown must fit in."""
+
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
         self.event = threading.Event()
@@ -58,6 +60,7 @@ class Stopping:
         )
 
     def cancel(self) -> None:
+        """Cancel the grace-period timer (the worker stopped in time)."""
         if self._timer is not None:
             self._timer.cancel()
 
@@ -68,9 +71,9 @@ class Stopping:
         return max(0.5, min(seconds, self.deadline - time.monotonic() - 1.0))
 
     def watchdog_seconds(self) -> float:
-        """How long the loop may go without a tick before the watchdog ends the process. Client calls tick while
-        they wait, so the bound covers the main thread's own work: twice a snapshot's estimated time, one client
-        call (those inside a rebalance callback cannot tick) and a margin; at least 60 s."""
+        """How long the loop may go without a tick before the watchdog ends the process. Client calls tick
+        while they wait, so the bound covers the main thread's own work: twice a snapshot's estimated time,
+        one client call (those inside a rebalance callback cannot tick) and a margin; at least 60 s."""
         if self.cfg.durability.watchdog_seconds is not None:
             return self.cfg.durability.watchdog_seconds
         snapshot_s = estimated_snapshot_bytes(self.cfg) / SNAPSHOT_BYTES_PER_SECOND

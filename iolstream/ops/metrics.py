@@ -8,16 +8,13 @@ One small HTTP server (a daemon thread) answers:
 - ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
   broker is reachable and no stop was requested; else 503 and the reason.
 
-What it reads of the worker (the view it is given, ``kafka.worker.Worker`` implements it; ops never
-imports kafka): ``processor`` (the StreamProcessor: its model and counters), ``checkpoint`` (the last
-durable one: ``written_at``, ``snapshot_seconds``, ``snapshot_bytes``), ``last_tick`` (monotonic time of
-the loop's last tick), ``stopping``, ``connected``, ``partitions`` (how many are assigned),
-``replay_pending`` (exactly-once replay not over), ``broker_unreachable_seconds`` (None: reachable) and
-``group_status`` (group learning; None: off; its families are in ``ops.group_metrics``).
+What it reads of the worker is typed in ``ops.status``: ``WorkerView`` (``kafka.worker.Worker`` fills it;
+ops never imports kafka), and the copy a scrape reports, ``ModelStatus``. The families are built in
+``ops.collector`` (group learning's in ``ops.group_metrics``).
 
 Threads: the worker thread writes, HTTP threads read. Everything a scrape reads is either
 a prometheus-client object (locked), or a dict/array the worker thread *replaces* (never
-mutates) under ``_lock``, so a scrape never sees the learner's live state half-updated.
+mutates) under a lock, so a scrape never sees the learner's live state half-updated.
 The worker calls ``tick`` every loop, which refreshes that copy at most every
 ``REFRESH_SECONDS`` (and the regret, a factorisation per layer, at most every
 ``REGRET_SECONDS``); ``refresh`` forces it (status lines, snapshots, shutdown).
@@ -42,12 +39,12 @@ labels_total                           counter     outcome = joined | duplicate 
 rows_unlabelled_total                  counter     why = expired | evicted
 dead_letters_total                     counter     reason (every codec.REASONS value)
 dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
-dead_letters_dropped_total             counter     reason: dead letters not written (refused even as an excerpt)
+dead_letters_dropped_total             counter     reason: dead letters not written (refused even as excerpts)
 transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
 model_version                          gauge       changes of β
 prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
-immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch (mean over layers)
+immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
 cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (docs/design.md §3)
@@ -60,7 +57,7 @@ snapshot_duration_seconds, _bytes      gauge       write time and size of the la
 consumer_lag                           gauge       topic, partition: last stable offset − position
 ready                                  gauge       1 when /readyz answers 200
 batch_update_seconds                   histogram   one step: forward update, predict, fold-in
-prediction_latency_seconds             histogram   Kafka produce timestamp of the features → prediction produced
+prediction_latency_seconds             histogram   Kafka produce time of the features → prediction produced
 event_latency_seconds                  histogram   the row's "ts" (event time) → prediction produced
 =====================================  ==========  =============================================
 """
@@ -77,84 +74,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from iolstream.ops.group_metrics import group_families
+from iolstream.ops.collector import (
+    LABEL_OUTCOMES,
+    LATENCY_BUCKETS,
+    PLAIN_COUNTERS,
+    PREFIX,
+    UNLABELLED,
+    ArrayHistogram,
+    WorkerCollector,
+)
+from iolstream.ops.status import ModelStatus, WorkerView, model_status
 from iolstream.stream import codec
 
+__all__ = ["LATENCY_BUCKETS", "Metrics"]
 log = logging.getLogger("iolstream.metrics")
 
-PREFIX = "iolstream_"
-LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    300.0,
-)
 REFRESH_SECONDS = 0.5  # staleness of the state copy a scrape sees
 REGRET_SECONDS = 5.0  # the regret costs one Cholesky per layer: recomputed at most this often
 HEALTH_MIN_SECONDS = 10.0
-
-# label value -> state counter; labels_early_held is no outcome (those end joined or orphan)
-LABEL_OUTCOMES = {
-    "joined": "join_labels_joined",
-    "duplicate": "join_labels_duplicate",
-    "expired": "join_labels_expired_id",
-    "orphan": "join_labels_orphan",
-}
-UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
-PLAIN_COUNTERS = {  # state counter -> (metric, help)
-    "rows_in": ("rows_in", "Feature rows accepted"),
-    "rows_learned": ("rows_learned", "Labelled rows folded into the model"),
-    "batches": ("batches", "Forward steps (feature batches)"),
-    "label_batches": ("label_batches", "Label batches folded in"),
-    "labels_in": ("labels_received", "Labels decoded (before the join)"),
-}
-
-
-class _Histogram:
-    """A histogram observed a whole array at a time (one step can predict thousands of rows)."""
-
-    def __init__(self, name: str, doc: str, buckets=LATENCY_BUCKETS):
-        self.name, self.doc = name, doc
-        self.bounds = np.asarray(buckets, dtype=np.float64)
-        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # last: above the largest bound
-        self.sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, values) -> None:
-        values = np.asarray(values, dtype=np.float64).ravel()
-        if not len(values):
-            return
-        index = np.searchsorted(self.bounds, values, side="left")  # first bound ≥ value: Prometheus' "le"
-        add = np.bincount(index, minlength=len(self.counts))
-        with self._lock:
-            self.counts += add
-            self.sum += float(values.sum())
-
-    def family(self) -> HistogramMetricFamily:
-        with self._lock:
-            cumulative, total = np.cumsum(self.counts).tolist(), self.sum
-        les = [_le(b) for b in self.bounds] + ["+Inf"]
-        return HistogramMetricFamily(
-            PREFIX + self.name, self.doc, buckets=list(zip(les, cumulative)), sum_value=total
-        )
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
 
 
 class _Arrivals:
@@ -196,129 +134,6 @@ class _Arrivals:
             self.rows = queued_rows
 
 
-class _WorkerCollector:
-    """Yields the metric families built from the last copy of the worker's state."""
-
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
-
-    def collect(self):
-        m = self.metrics
-        with m._lock:
-            v, totals, lag = m._view, m._totals, m._lag
-        for hist in (m.batch_seconds, m.latency, m.event_latency):
-            yield hist.family()
-        ready = GaugeMetricFamily(PREFIX + "ready", "1 when /readyz answers 200")
-        ready.add_metric([], float(m.ready()[0]))
-        yield ready
-        if not v:  # no worker attached yet (the model is loading)
-            return
-
-        def counter(name, doc, value):
-            c = CounterMetricFamily(PREFIX + name, doc)
-            c.add_metric([], value)
-            return c
-
-        def gauge(name, doc, value, **labels):
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
-            g.add_metric(list(labels.values()), _finite(value))
-            return g
-
-        for key, (name, doc) in PLAIN_COUNTERS.items():
-            yield counter(name, doc, totals.get(key, 0))
-        labels = CounterMetricFamily(PREFIX + "labels", "Labels by outcome of the join", labels=["outcome"])
-        for outcome, key in LABEL_OUTCOMES.items():
-            labels.add_metric([outcome], totals.get(key, 0))
-        yield labels
-        unlabelled = CounterMetricFamily(
-            PREFIX + "rows_unlabelled", "Rows that left the join buffer unlabelled", labels=["why"]
-        )
-        for why, key in UNLABELLED.items():
-            unlabelled.add_metric([why], totals.get(key, 0))
-        yield unlabelled
-
-        mode = v["mode"]
-        yield gauge("pending_rows", "Rows waiting for their label", v["pending"])
-        yield gauge("held_rows", "Rows waiting for the warm-up scaler (not predicted yet)", v["held"])
-        yield gauge("early_labels", "Labels waiting for their feature row", v["early_labels"])
-        yield gauge("model_version", "Model version (changes of β)", v["model_version"])
-        preq = GaugeMetricFamily(
-            PREFIX + "prequential",
-            "Prequential metric of the emitted predictions",
-            labels=["metric", "window", "mode"],
-        )
-        preq.add_metric([v["metric_name"], "all", mode], _finite(v["metric"]))
-        preq.add_metric([v["metric_name"], "sliding", mode], _finite(v["metric_window"]))
-        yield preq
-        yield gauge(
-            "immediate_loss",
-            "½‖Dβ − Y‖² of the last label batch, mean over layers (docs/design.md §3)",
-            v["immediate_loss"],
-            mode=mode,
-        )
-        yield gauge("label_batch_rows", "Rows in the last label batch", v["label_batch_rows"])
-        yield gauge(
-            "cumulative_loss", "Σ_t ½‖D_t β_t − Y_t‖², mean over layers", v["cumulative_loss"], mode=mode
-        )
-        yield gauge(
-            "cumulative_regret",
-            "Cumulative regret vs the offline expert, mean over layers (docs/design.md §3)",
-            v["regret"],
-            mode=mode,
-        )
-        yield gauge(
-            "regret_bound",
-            "Theorem 4 (-R) / 5 (-F) bound on the cumulative regret",
-            v["regret_bound"],
-            mode=mode,
-        )
-        eff = v["effective"]  # the λ and half-life in force (model.lam / model.forgetting: auto picks them)
-        yield gauge("effective_lambda", "The ridge λ in force", eff["lam"])
-        yield gauge(
-            "effective_half_life_rows",
-            "The forgetting half-life in force, in rows (NaN: no forgetting)",
-            float("nan") if eff["forgetting"] is None else eff["forgetting"],
-        )
-        yield gauge(
-            "effective_mode",
-            "1, labelled with the update in force: forward (-F) or ridge (-R)",
-            1,
-            mode=eff["mode"],
-        )
-        loss = GaugeMetricFamily(
-            PREFIX + "candidate_recent_loss",
-            "auto: each candidate's recent loss per row",
-            labels=["lam", "half_life", "mode"],
-        )
-        for c in eff.get("candidates", []):
-            loss.add_metric(
-                [f"{c['lam']:g}", "none" if c["forgetting"] is None else f"{c['forgetting']:g}", c["mode"]],
-                _finite(c["recent_loss"]),
-            )
-        yield loss
-        written = v["snapshot_written_at"]
-        yield gauge(
-            "snapshot_age_seconds",
-            "Seconds since the newest durable snapshot",
-            time.time() - written if written else float("nan"),
-        )
-        yield gauge("snapshot_duration_seconds", "Write time of the last snapshot", v["snapshot_seconds"])
-        yield gauge("snapshot_bytes", "Size of the last snapshot", v["snapshot_bytes"])
-        lag_family = GaugeMetricFamily(
-            PREFIX + "consumer_lag",
-            "Messages behind the end of each consumed partition (librdkafka statistics)",
-            labels=["topic", "partition"],
-        )
-        for (topic, part), value in sorted(lag.items()):
-            lag_family.add_metric([topic, str(part)], value)
-        yield lag_family
-        yield from group_families(v.get("group"))
-
-
-def _finite(v) -> float:
-    return float(v) if v is not None and math.isfinite(v) else float("nan")
-
-
 class Metrics:
     """The worker's metrics registry plus the HTTP endpoints (see the module docstring)."""
 
@@ -352,28 +167,28 @@ class Metrics:
         )
         self.transactions_committed = self.transactions.labels("committed")
         self.transactions_aborted = self.transactions.labels("aborted")
-        self.batch_seconds = _Histogram(
+        self.batch_seconds = ArrayHistogram(
             "batch_update_seconds", "Duration of one step (forward update, predict, fold-in)"
         )
-        self.latency = _Histogram(
+        self.latency = ArrayHistogram(
             "prediction_latency_seconds",
             "Kafka produce timestamp of the features message to prediction produced",
         )
-        self.event_latency = _Histogram(
+        self.event_latency = ArrayHistogram(
             "event_latency_seconds", "Event time (ts on the feature row) to prediction produced"
         )
-        self.registry.register(_WorkerCollector(self))
+        self.registry.register(WorkerCollector(self))
 
         self._lock = threading.Lock()
-        self._view: dict = {}  # replaced, never mutated (read by HTTP threads)
+        self._status: ModelStatus | None = None  # replaced, never mutated (read by HTTP threads)
         self._totals: dict[str, int] = {}  # process-local counter values
         self._lag: dict[tuple[str, int], int] = {}
         self._last_raw: dict[str, int] = {}
         self._refreshed_at = 0.0
         self._regret_at = -math.inf
-        self._regret_batches = -1
+        self._regret_version = -1
         self._regret = (float("nan"), float("nan"), float("nan"))  # (cumulative loss, regret, bound)
-        self._proc = None  # the processor the arrival queue follows
+        self._proc = None  # (processor, its roll-backs) the arrival queue follows
         self._arrivals = _Arrivals()
         self._rows_in_seen = 0
         self.broker_up: bool | None = None  # None: no statistics yet
@@ -381,35 +196,38 @@ class Metrics:
         self.server: ThreadingHTTPServer | None = None
 
     # ---------------------------------------------------- worker thread
-    def attach(self, worker) -> None:
+    def attach(self, worker: WorkerView) -> None:
         """Follow ``worker``: its restored counters are the baseline of this process' counters."""
         self.worker = worker
         self._follow(worker)
         self.refresh(worker)
 
     def _follow(self, worker):
-        """The processor to read; a new one (restored after an aborted transaction) resets the arrival queue."""
+        """The processor to read; a new one, or one restored in place after an aborted transaction, resets the
+        arrival queue."""
         proc = worker.processor
-        if proc is not self._proc:
-            self._proc = proc
+        if (proc, proc.restored) != self._proc:
+            self._proc = (proc, proc.restored)
             self._rows_in_seen = proc.counters["rows_in"]
-            self._arrivals = _Arrivals(len(proc.batcher) + proc.held_rows)
+            self._arrivals = _Arrivals(proc.queued_rows)
         return proc
 
-    def on_features(self, worker, timestamp) -> None:
-        """After ``processor.on_features`` of one message; ``timestamp``: confluent-kafka's (type, ms)."""
+    def on_features(self, worker: WorkerView, timestamp) -> None:
+        """Once the processor took a features message in (before a batch it filled is predicted);
+        ``timestamp``: confluent-kafka's (type, ms)."""
         proc = self._follow(worker)
         accepted = proc.counters["rows_in"] - self._rows_in_seen
         self._rows_in_seen = proc.counters["rows_in"]
         kind, ts = timestamp if timestamp is not None else (0, 0)
         self._arrivals.push(accepted, ts if kind and ts > 0 else None)  # kind 0: TIMESTAMP_NOT_AVAILABLE
 
-    def on_step(self, worker, out, replay: bool = False) -> None:
+    def on_step(self, worker: WorkerView, out, replay: bool = False) -> None:
+        """A step's outputs (``replay``: not emitted): its duration, predictions and their latencies."""
         proc = self._follow(worker)
         if out.batch_seconds and (out.rows_predicted or out.rows_learned):
             self.batch_seconds.observe([out.batch_seconds])
         taken = self._arrivals.pop(out.rows_predicted)
-        self._arrivals.align(len(proc.batcher) + proc.held_rows)
+        self._arrivals.align(proc.queued_rows)
         if replay:
             self.rows_replayed.inc(out.rows_predicted)
             return
@@ -427,10 +245,12 @@ class Metrics:
             self.event_latency.observe(np.maximum(now_ms - ts[ts >= 0], 0.0) / 1000.0)
 
     def on_dead_letters(self, dead) -> None:
+        """Dead letters emitted, by reason."""
         for d in dead:
             self.dead_letters.labels(d.bad.reason).inc()
 
     def on_snapshot(self, snap) -> None:
+        """A snapshot was written: its age and size are reported at once."""
         if self.worker is not None:
             self.refresh(self.worker)
 
@@ -451,47 +271,30 @@ class Metrics:
         except Exception:  # a callback must never break the consumer
             log.exception("cannot read librdkafka statistics")
 
-    def tick(self, worker) -> None:
+    def tick(self, worker: WorkerView) -> None:
         """Called every loop: refresh the copy a scrape reads when it is older than REFRESH_SECONDS."""
         if time.monotonic() - self._refreshed_at >= REFRESH_SECONDS:
             self.refresh(worker, regret_due=time.monotonic() - self._regret_at >= REGRET_SECONDS)
 
-    def refresh(self, worker, *, regret_due: bool = True) -> None:
+    def refresh(self, worker: WorkerView, *, regret_due: bool = True) -> None:
         """Copy what the collector reports (worker thread only)."""
         proc = self._follow(worker)
         s = proc.status()
         totals = self._count(s)
-        mc = proc.model.config
-        st = proc.model.learner.state
-        if regret_due and st.label_batches != self._regret_batches:
+        version = proc.model.version  # the regret changes with β only
+        if regret_due and version != self._regret_version:
             self._regret = _regret(proc.model)
-            self._regret_batches, self._regret_at = st.label_batches, time.monotonic()
-        cp = worker.checkpoint
-        view = {
-            "mode": mc.mode,
-            "metric_name": "accuracy" if mc.task == "classification" else "rmse",
-            "pending": s["pending"],
-            "held": s["held"],
-            "early_labels": s["early_labels"],
-            "model_version": s["model_version"],
-            "metric": s["metric"],
-            "metric_window": s["metric_window"],
-            "immediate_loss": float(proc.last_losses.mean())
-            if len(proc.last_losses) and proc.last_label_rows
-            else float("nan"),
-            "label_batch_rows": proc.last_label_rows,
-            "cumulative_loss": self._regret[0],
-            "regret": self._regret[1],
-            "regret_bound": self._regret[2],
-            "effective": proc.model.effective,
-            "snapshot_written_at": cp.written_at,
-            "snapshot_seconds": cp.snapshot_seconds,
-            "snapshot_bytes": cp.snapshot_bytes,
-            "group": getattr(worker, "group_status", None),  # group learning (ops.group_metrics)
-        }
+            self._regret_version, self._regret_at = version, time.monotonic()
+        group = getattr(worker, "group_status", None)  # group learning (ops.group_metrics); None: off
+        status = model_status(proc, s, worker.checkpoint, self._regret, group)
         with self._lock:
-            self._view, self._totals = view, totals
+            self._status, self._totals = status, totals
         self._refreshed_at = time.monotonic()
+
+    def scrape_copy(self) -> tuple[ModelStatus | None, dict[str, int], dict[tuple[str, int], int]]:
+        """What a scrape reports (any thread): the status copy (None: no worker yet), counters and lag."""
+        with self._lock:
+            return self._status, self._totals, self._lag
 
     def _count(self, status: dict) -> dict[str, int]:
         """Process-local counters from the state's counters: only increases count (a state reloaded
@@ -507,6 +310,7 @@ class Metrics:
 
     # ------------------------------------------------------------ http
     def healthy(self) -> tuple[bool, str]:
+        """``/healthz``: (ok, why): the loop ticked recently."""
         w = self.worker
         if w is None:
             return False, "starting"
@@ -515,6 +319,7 @@ class Metrics:
         return (True, "ok") if idle <= limit else (False, f"loop stalled for {idle:.1f} s")
 
     def ready(self) -> tuple[bool, str]:
+        """``/readyz``: (ok, why): assigned, replay over, broker reachable, not stopping."""
         w = self.worker
         if w is None:
             return False, "starting"
@@ -534,7 +339,8 @@ class Metrics:
         return True, "ready"
 
     def serve(self) -> int:
-        """Start the HTTP server (daemon thread); returns the bound port (``metrics.port`` 0: any free one)."""
+        """Start the HTTP server (daemon thread); returns the bound port (``metrics.port`` 0: any free
+        one)."""
         metrics = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -569,6 +375,7 @@ class Metrics:
         return self.server.server_address[1]
 
     def close(self) -> None:
+        """Stop the HTTP server."""
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

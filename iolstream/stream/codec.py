@@ -3,8 +3,8 @@ No I/O, no Kafka types; the way out (predictions, one-row messages) is ``encodin
 
 A message carries one row or a batch::
 
-    features  {"id": "a1", "x": [0.1, 2.0], "ts": 123}
-              {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts" optional; a list or one int)
+    features  {"id": "a1", "x": [0.1, 2.0], "ts": 123}            ("ts" optional)
+              {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts": a list or one int)
     labels    {"id": "a1", "y": 3}
               {"ids": ["a1", "a2"], "y": [3, 0]}
 
@@ -69,15 +69,12 @@ import numpy as np
 import orjson
 
 from iolstream.stream.encoding import row_message
-from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.rows import REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 
 __all__ = [
     "REASONS",
     "decode_features",
     "decode_labels",
-    "dead_letter_headers",
-    "dead_letter_excerpt",
-    "headers_bytes",
 ]
 
 MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
@@ -132,7 +129,8 @@ def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]
 
 
 def _parse(value: bytes | None, max_bytes: int):
-    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks (both "id" and "ids": bad_schema)."""
+    """(obj, raw, None) or (None, raw, dead letters) for the message-level checks (both "id" and "ids":
+    bad_schema)."""
     raw = value if type(value) is bytes else bytes(value or b"")
     if not raw:
         return None, raw, _whole("malformed_json", "empty value (null or zero bytes)", raw)
@@ -150,7 +148,8 @@ def _parse(value: bytes | None, max_bytes: int):
 
 
 def _batch_columns(obj: dict, raw: bytes, key: str):
-    """(ids, values, None) or (None, None, dead letters): a batch's "ids" and ``key`` arrays, of one non-zero length."""
+    """(ids, values, None) or (None, None, dead letters): a batch's "ids" and ``key`` arrays, of one non-zero
+    length."""
     ids, values = obj["ids"], obj.get(key)
     if type(ids) is not list or type(values) is not list:
         which = "ids" if type(ids) is not list else key
@@ -465,52 +464,3 @@ def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
         return None
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     return Y if np.isfinite(Y).all() else None
-
-
-# ---------------------------------------------------------------- dead letters
-
-
-def dead_letter_headers(
-    bad: BadInput, source_topic: str, partition: int, offset: int
-) -> list[tuple[str, bytes]]:
-    """Kafka headers for a dead letter; its value is the raw (or re-encoded row) bytes.
-
-    >>> dead_letter_headers(BadInput("missing_id", "row 2: id is empty"), "features", 0, 41)[:2]
-    [('iolstream.reason', b'missing_id'), ('iolstream.detail', b'row 2: id is empty')]
-    """
-    return [
-        ("iolstream.reason", bad.reason.encode()),
-        ("iolstream.detail", bad.detail.encode("utf-8", "replace")),
-        ("iolstream.source.topic", str(source_topic).encode("utf-8", "replace")),
-        ("iolstream.source.partition", str(int(partition)).encode()),
-        ("iolstream.source.offset", str(int(offset)).encode()),
-    ]
-
-
-def headers_bytes(headers: list[tuple[str, bytes]]) -> int:
-    """An upper bound of the bytes ``headers`` take in a Kafka record (key, value and two varint lengths each)."""
-    return sum(len(k.encode()) + len(v) + 10 for k, v in headers)
-
-
-def dead_letter_excerpt(
-    value: bytes, headers: list[tuple[str, bytes]], budget: int, why: str
-) -> tuple[bytes, list[tuple[str, bytes]]] | None:
-    """``(value, headers)`` as they are when value and headers fit ``budget`` bytes, else an excerpt that does:
-    the first bytes of ``value``, with the headers plus ``iolstream.original.size`` (the value's length),
-    ``iolstream.truncated: true`` and ``iolstream.truncated.reason`` (``why``). None if not even the headers fit.
-
-    >>> v, h = dead_letter_excerpt(b"x" * 1000, [("iolstream.reason", b"oversize")], 300, "too large")
-    >>> len(v), h[1:3]
-    (151, [('iolstream.original.size', b'1000'), ('iolstream.truncated', b'true')])
-    """
-    if len(value) + headers_bytes(headers) <= budget:
-        return value, headers
-    headers = headers + [
-        ("iolstream.original.size", str(len(value)).encode()),
-        ("iolstream.truncated", b"true"),
-        ("iolstream.truncated.reason", why.encode("utf-8", "replace")[:MAX_DETAIL_CHARS]),
-    ]
-    keep = budget - headers_bytes(headers)
-    if keep < 0:
-        return None
-    return value[:keep], headers

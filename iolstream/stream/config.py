@@ -38,6 +38,8 @@ RULES = {  # key -> (predicate, what is allowed)
 
 @dataclass(frozen=True)
 class StreamConfig:
+    """The ``stream`` section: batching, the label join's bounds, catch-up alignment; validated when made."""
+
     batch_rows: int = 256
     max_batch_latency_ms: int = 50
     label_batch_rows: int = 256
@@ -72,3 +74,17 @@ class StreamConfig:
                 raise ValueError(f"stream.{f.name}: must be {allowed}, got {value!r}")
         if self.label_batch_rows > self.max_pending_rows:
             raise ValueError("stream.label_batch_rows: must not exceed stream.max_pending_rows")
+
+    def join_settings(self, target, width: int) -> dict:
+        """The JoinBuffer's keyword arguments: the ``target``, the payload ``width`` and this config's
+        bounds."""
+        return dict(
+            target=target,
+            n_features=width,
+            max_pending_rows=self.max_pending_rows,
+            row_ttl_ms=self.row_ttl_ms,
+            row_ttl_batches=self.row_ttl_batches,
+            early_label_ttl_ms=self.early_label_ttl_ms,
+            max_early_labels=self.max_early_labels,
+            remember_done=self.remember_done,
+        )

@@ -1,4 +1,4 @@
-"""The bounded label-join buffer and the micro-batcher (docs/design.md §5). Pure logic, explicit state.
+"""The bounded label-join buffer (docs/design.md §5). Pure logic, explicit state.
 
 ``JoinBuffer`` holds feature rows that were observed (their Gram already in A,
 docs/design.md §2 -F) and wait for a label, and labels that came before their row
@@ -56,7 +56,7 @@ import numpy as np
 
 from iolstream.stream.encoding import feature_message, label_message
 from iolstream.stream.joined import ExpireResult, JoinResult
-from iolstream.stream.recent_ids import FINGERPRINT_VERSION, RecentIds, fingerprints
+from iolstream.stream.recent_ids import RecentIds
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.stores import EarlyLabels, PendingRows, id_array
 
@@ -146,10 +146,12 @@ class JoinBuffer:
 
     @property
     def n_early(self) -> int:
+        """Labels held until their row comes."""
         return len(self._early)
 
     @property
     def n_remembered(self) -> int:
+        """Ids remembered as labelled or expired."""
         return len(self._done)
 
     def early_labels(self) -> list[tuple[str, object, int, object]]:
@@ -157,7 +159,8 @@ class JoinBuffer:
         return self._early.items()
 
     def set_early_sources(self, pairs) -> None:
-        """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are passed over."""
+        """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are
+        passed over."""
         self._early.set_sources(pairs)
 
     def __repr__(self) -> str:
@@ -462,22 +465,16 @@ class JoinBuffer:
 
     # ------------------------------------------------------------ state
     def to_state(self) -> dict[str, np.ndarray]:
-        """Plain arrays (no objects: loads with allow_pickle=False), every sequence oldest first.
-
-        Remembered ids are stored as their fingerprints (``done_fingerprints``, (n, 2) int64, with
-        ``done_fingerprint_version``); a state of an older version holds the ids (``done_ids``)
-        instead, which ``from_state`` reads too."""
+        """Plain arrays (no objects: loads with allow_pickle=False), every sequence oldest first; remembered
+        ids as their fingerprints (``RecentIds.state_arrays``)."""
         early = self._early.items()
         early_y = self._y_array([y for _, y, _, _ in early])
-        done_fps, done_kinds = self._done.to_arrays()
         return {
             **self._rows.to_state(),
             "early_ids": id_array([row_id for row_id, _, _, _ in early]),
             "early_Y": early_y,
             "early_added_ms": np.array([t for _, _, t, _ in early], dtype=np.int64),
-            "done_fingerprints": done_fps,
-            "done_fingerprint_version": np.array(FINGERPRINT_VERSION, dtype=np.int64),
-            "done_kind": done_kinds,
+            **self._done.state_arrays(),
             "counter_names": id_array(self.counters),
             "counter_values": np.fromiter(self.counters.values(), dtype=np.int64, count=len(self.counters)),
         }
@@ -489,38 +486,8 @@ class JoinBuffer:
         buf = cls(**kwargs)
         buf._rows.load(state)
 
-        early_ids = [str(s) for s in state["early_ids"].tolist()]
-        early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
-        if early_y.shape != (len(early_ids),) + buf._no_y.shape[1:]:
-            raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {buf.target}")
-        if early_ms.shape != (len(early_ids),):
-            raise ValueError("inconsistent early labels in state")
-        for row_id, y, added_ms in zip(early_ids, early_y.tolist(), early_ms.tolist()):
-            buf._early.add(row_id, y, added_ms, None)
-
-        if "done_fingerprints" in state:
-            version = int(np.asarray(state.get("done_fingerprint_version", -1)))
-            if version != FINGERPRINT_VERSION:
-                raise ValueError(
-                    f"remembered ids in state are fingerprints of version {version}; "
-                    f"this build reads version {FINGERPRINT_VERSION}"
-                )
-            fps = np.asarray(state["done_fingerprints"])
-            if fps.ndim != 2 or fps.shape[1] != 2 or fps.dtype.kind not in "iu":
-                raise ValueError(
-                    f"remembered ids in state: fingerprints of shape {fps.shape} and dtype {fps.dtype}"
-                )
-            fps = (
-                np.ascontiguousarray(fps).view(np.int64) if fps.dtype.itemsize == 8 else fps.astype(np.int64)
-            )
-        else:  # written before fingerprints: the ids themselves
-            fps = fingerprints(np.asarray(state["done_ids"]))
-        kinds = np.asarray(state["done_kind"])
-        if kinds.shape != (len(fps),) or not set(np.unique(kinds).tolist()) <= {LABELLED, EXPIRED}:
-            raise ValueError("inconsistent remembered ids in state")
-        buf._done.add_many(
-            fps, kinds.astype(np.int8)
-        )  # oldest first: past remember_done the oldest are forgotten
+        buf._early.load_arrays(state, buf.target)
+        buf._done.load_arrays(state, kinds={LABELLED, EXPIRED})  # oldest first: past capacity, forgotten
 
         names = [str(s) for s in state["counter_names"].tolist()]
         buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))

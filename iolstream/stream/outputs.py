@@ -1,10 +1,10 @@
-"""What the processor hands the adapter: each step's predictions and dead letters (``StepOutput``,
-``DeadLetter``), and the prequential metric it keeps (``PrequentialMetric``). No Kafka types.
+"""What the processor hands the adapter: what to emit (``StepOutput``: predictions, encoded only when read,
+and dead letters) and what a refused input becomes (``DeadLetter``, its source passed back untouched).
+No Kafka types: the adapter turns them into records (``kafka.output``, ``kafka.deadletters``).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +15,8 @@ from iolstream.stream.rows import BadInput
 
 @dataclass
 class DeadLetter:
+    """A refused input (a message or one row of it) to write to the dead-letter topic, with why."""
+
     value: bytes
     bad: BadInput
     source: object  # opaque: what the adapter passed in; None when unknown
@@ -39,7 +41,8 @@ class StepOutput:
     _encoded: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     def add_predictions(self, ids: list[str], **encode_kwargs) -> None:
-        """One predicted batch, kept as arrays until ``predictions`` is read (see encoding.encode_predictions)."""
+        """One predicted batch, kept as arrays until ``predictions`` is read (see
+        encoding.encode_predictions)."""
         self._unencoded.append((ids, encode_kwargs))
         self.rows_predicted += len(ids)
 
@@ -54,32 +57,3 @@ class StepOutput:
 
     def __bool__(self):
         return bool(self.rows_predicted or self.dead_letters or self.rows_learned)
-
-
-class PrequentialMetric:
-    """Accuracy (classification) or RMSE (regression) of the emitted predictions, overall and over a window."""
-
-    def __init__(self, task: str, window: int):
-        self.task = task
-        self.n = 0
-        self.total = 0.0
-        self.window = deque(maxlen=window)
-
-    def update(self, errors: np.ndarray) -> None:
-        """errors: per row, 1/0 correctness (classification) or squared error (regression)."""
-        self.n += len(errors)
-        self.total += float(errors.sum())
-        self.window.extend(errors.tolist())
-
-    def _value(self, total, n):
-        if n == 0:
-            return float("nan")
-        return total / n if self.task == "classification" else float(np.sqrt(total / n))
-
-    @property
-    def value(self) -> float:
-        return self._value(self.total, self.n)
-
-    @property
-    def window_value(self) -> float:
-        return self._value(sum(self.window), len(self.window))

@@ -274,6 +274,7 @@ class RecentIds:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the fixed arrays."""
         return self._table.nbytes + self._ring.nbytes + self._kinds.nbytes + self._state.nbytes
 
     def get(self, h1: int, h2: int) -> int:
@@ -283,6 +284,7 @@ class RecentIds:
         return int(_get(self._table, self._ring, self._kinds, h1, h2))
 
     def add(self, h1: int, h2: int, kind: int) -> None:
+        """Remember one fingerprint as ``kind`` (the oldest is forgotten when full)."""
         if self.capacity:
             _add(self._table, self._ring, self._kinds, self._state, h1, h2, kind)
 
@@ -348,6 +350,41 @@ class RecentIds:
             return OneId(self, ids[0])
         return Session(self, ids, fps)
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The remembered ids as a state's ``done_*`` arrays: their fingerprints (``done_fingerprints``, (n,
+        2) int64, with ``done_fingerprint_version``) and kinds, oldest first."""
+        fps, kinds = self.to_arrays()
+        return {
+            "done_fingerprints": fps,
+            "done_fingerprint_version": np.array(FINGERPRINT_VERSION, dtype=np.int64),
+            "done_kind": kinds,
+        }
+
+    def load_arrays(self, state: dict, kinds: set[int]) -> None:
+        """Remember what ``state_arrays`` wrote (a state older than fingerprints holds the ids themselves,
+        ``done_ids``); ValueError on another fingerprint version, or kinds not in ``kinds``."""
+        if "done_fingerprints" in state:
+            version = int(np.asarray(state.get("done_fingerprint_version", -1)))
+            if version != FINGERPRINT_VERSION:
+                raise ValueError(
+                    f"remembered ids in state are fingerprints of version {version}; "
+                    f"this build reads version {FINGERPRINT_VERSION}"
+                )
+            fps = np.asarray(state["done_fingerprints"])
+            if fps.ndim != 2 or fps.shape[1] != 2 or fps.dtype.kind not in "iu":
+                raise ValueError(
+                    f"remembered ids in state: fingerprints of shape {fps.shape} and dtype {fps.dtype}"
+                )
+            fps = (
+                np.ascontiguousarray(fps).view(np.int64) if fps.dtype.itemsize == 8 else fps.astype(np.int64)
+            )
+        else:  # written before fingerprints: the ids themselves
+            fps = fingerprints(np.asarray(state["done_ids"]))
+        done_kinds = np.asarray(state["done_kind"])
+        if done_kinds.shape != (len(fps),) or not set(np.unique(done_kinds).tolist()) <= kinds:
+            raise ValueError("inconsistent remembered ids in state")
+        self.add_many(fps, done_kinds.astype(np.int8))
+
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """((n, 2) int64 fingerprints, (n,) int8 kinds), oldest first."""
         head, size = int(self._state[0]), int(self._state[1])
@@ -381,12 +418,14 @@ class Session:
         return max(0, self._size0 + self._inserts - self.mem.capacity)
 
     def get(self, row_id: str) -> int:
+        """The kind ``row_id`` is remembered as (0: not)."""
         hit = self._known.get(row_id)
         if hit is None or hit[1] < self._forgotten():
             return 0
         return hit[0]
 
     def add(self, row_id: str, kind: int) -> None:
+        """Remember ``row_id`` as ``kind``."""
         fp = self._fps.get(row_id)
         if fp is None:
             fp = self._fps[row_id] = tuple(fingerprints([row_id])[0].tolist())
@@ -414,10 +453,13 @@ class OneId:
         self.mem, self.row_id, self.fp = mem, row_id, fingerprint(row_id)
 
     def get(self, row_id: str) -> int:
+        """The kind ``row_id`` is remembered as (0: not)."""
         return self.mem.get(*self.fp) if row_id == self.row_id else 0
 
     def add(self, row_id: str, kind: int) -> None:
+        """Remember ``row_id`` as ``kind``."""
         self.mem.add(*(self.fp if row_id == self.row_id else fingerprint(row_id)), kind)
 
     def commit(self) -> None:
+        """Nothing to flush for one id."""
         pass

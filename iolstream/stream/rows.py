@@ -135,9 +135,23 @@ class TargetSpec:
 
     @classmethod
     def classification(cls, classes) -> TargetSpec:
+        """The target of a classification over ``classes``."""
         classes = tuple(classes)
         return cls("classification", classes, len(classes))
 
     @classmethod
     def regression(cls, n_outputs: int = 1) -> TargetSpec:
+        """The target of a regression with ``m`` outputs."""
         return cls("regression", None, n_outputs)
+
+
+def concat_rows(rows: list[FeatureRows], k: int) -> dict[str, np.ndarray]:
+    """The ids, features and stamps of several row batches as three arrays (k: features, for none)."""
+    if not rows:
+        return {"ids": np.array([], dtype="U1"), "X": np.empty((0, k)), "ts": np.empty(0, dtype=np.int64)}
+    ids = [i for r in rows for i in r.ids]
+    return {
+        "ids": np.array(ids, dtype=str),
+        "X": np.concatenate([r.X for r in rows]),
+        "ts": np.concatenate([r.ts for r in rows]).astype(np.int64),
+    }

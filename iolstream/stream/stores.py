@@ -40,6 +40,7 @@ class ArrivalOrder:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of its arrays."""
         return self._ring.nbytes + self._at.nbytes
 
     def _fit_slots(self, high: int) -> None:
@@ -92,6 +93,7 @@ class ArrivalOrder:
         self._n -= len(slots)
 
     def drop_one(self, slot: int) -> None:
+        """Take the entry of ``slot`` out of the order."""
         self._at[slot] = -1
         self._n -= 1
 
@@ -207,7 +209,8 @@ class PendingRows:
         return X, seq
 
     def pop_oldest(self, n: int) -> tuple[list[str], list[int]]:
-        """(ids, slots) of the n oldest rows, taken out (their data stays until ``release(..., ordered=False)``)."""
+        """(ids, slots) of the n oldest rows, taken out: their data stays until
+        ``release(..., ordered=False)``."""
         slots = [self.order.pop() for _ in range(n)]
         ids = [str(row_id) for row_id in self.ids[slots].tolist()]
         for row_id in ids:
@@ -234,7 +237,8 @@ class PendingRows:
         return out_ids, out_slots
 
     def to_state(self) -> dict[str, np.ndarray]:
-        """The rows oldest first: ``pending_ids``, ``pending_X``, ``pending_batch_seq``, ``pending_added_ms``."""
+        """The rows oldest first: ``pending_ids``, ``pending_X``, ``pending_batch_seq``,
+        ``pending_added_ms``."""
         slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
         return {
             "pending_ids": id_array(self.index),
@@ -358,14 +362,28 @@ class EarlyLabels:
         return row_id, y, ms, source
 
     def set_sources(self, pairs) -> None:
-        """(id, source) pairs: the sources of held labels (a restored store has none); ids not held are passed over."""
+        """(id, source) pairs: the sources of held labels (a restored store has none); ids not held are passed
+        over."""
         for row_id, source in pairs:
             slot = self.index.get(row_id)
             if slot is not None:
                 self._sources[slot] = source
 
+    def load_arrays(self, state: dict, target) -> None:
+        """Hold the labels of a join buffer state's ``early_*`` arrays, oldest first (``target``: what they
+        must fit; their sources are not in a state)."""
+        early_ids = [str(s) for s in state["early_ids"].tolist()]
+        early_y, early_ms = np.asarray(state["early_Y"]), np.asarray(state["early_added_ms"])
+        if early_y.shape != (len(early_ids),) + self._y.shape[1:]:
+            raise ValueError(f"early labels in state of shape {early_y.shape} do not fit {target}")
+        if early_ms.shape != (len(early_ids),):
+            raise ValueError("inconsistent early labels in state")
+        for row_id, y, added_ms in zip(early_ids, early_y.tolist(), early_ms.tolist()):
+            self.add(row_id, y, added_ms, None)
+
     def items(self) -> list[tuple[str, object, int, object]]:
-        """(id, label, arrival ms, source) of every held label, oldest first (the dict keeps arrival order)."""
+        """(id, label, arrival ms, source) of every held label, oldest first (the dict keeps arrival
+        order)."""
         slots = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
         sources = [self._sources[s] for s in slots.tolist()]
         return list(zip(self.index, self._y[slots].tolist(), self._ms[slots].tolist(), sources))

@@ -83,6 +83,8 @@ def gemm_rate(shape_mk_kn: list[tuple[int, int, int]], dtype, seconds: float = 0
 
 @dataclass
 class CoreResult:
+    """One measurement of the core suite: rows/s of a full -F step, its FLOPs and the GEMM rate."""
+
     config: str
     dtype: str
     k: int

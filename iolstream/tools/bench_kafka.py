@@ -11,8 +11,8 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
    timestamps of the prediction messages (the worker's produce times), so process start,
    group join and the first fetch are not in it (``bench --suite core`` and the startup
    numbers in docs/benchmarks.md cover those). Its peak RSS is the OS's high-water mark (VmHWM);
-4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on
-   the same topics (counted from its first message);
+4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on the
+   same topics (counted from its first message; ``bench_river``);
 5. ``latency``: the worker process running, a producer paced at half the worker's measured
    throughput for 20 s stamps each message's event time at send; produce-to-prediction latency is the
    broker's append time of the prediction minus that event time (p50 / p99), read after the run;
@@ -47,6 +47,7 @@ from confluent_kafka.admin import NewTopic
 
 from iolstream.kafka import clients
 from iolstream.tools.bench_core import bench_core_step
+from iolstream.tools.bench_river import river_loop
 
 CONFIGS = {"small": (128, 4), "poker": (989, 5)}  # (N, L); k = 10, m = 10
 BATCH = {"small": 256, "poker": 2200}  # the worker's batch_rows, as in the core suite
@@ -178,8 +179,9 @@ class WorkerProcess:
     def __init__(
         self, cfg_dict: dict, workdir: Path, *, stop_at_end: bool = False, command: list[str] | None = None
     ):
-        """``command``: what runs the worker, given ``-c CONFIG`` and the options (default ``python -m iolstream run``);
-        ``stop_at_end``: it stops once it has worked through the input there was when it joined (``--stop-at-end``)."""
+        """``command``: what runs the worker, given ``-c CONFIG`` and the options (default
+        ``python -m iolstream run``); ``stop_at_end``: it stops once it has worked through the input there was
+        when it joined (``--stop-at-end``)."""
         self.path = workdir / f"worker-{uuid.uuid4().hex[:6]}.yaml"
         self.path.write_text(yaml.safe_dump(cfg_dict))
         self.log = workdir / (self.path.stem + ".log")
@@ -243,10 +245,12 @@ class WorkerProcess:
             time.sleep(0.02)
 
     def stop(self, timeout: float = 60) -> int:
+        """Ask the worker to stop (SIGTERM) and wait for its exit code."""
         self.proc.terminate()
         return self.wait(timeout)
 
     def check(self, code: int) -> None:
+        """Raise with the worker's log when it did not exit cleanly."""
         if code != 0:
             tail = self.log.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"the worker exited {code}; its log ends:\n{tail}")
@@ -346,57 +350,6 @@ def _processor_rate(name: str, X, y) -> float:
     return (len(X) - warm * b) / seconds
 
 
-def _river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float:
-    """River SoftmaxRegression, predict-then-learn, as a plain consumer loop (rows/s from its first message)."""
-    from river import linear_model, optim, preprocessing
-
-    model = preprocessing.StandardScaler() | linear_model.SoftmaxRegression(optimizer=optim.SGD(0.01))
-    c = clients.consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"river-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    c.subscribe([features, labels])
-    pending: dict[str, dict] = {}
-    early: dict[str, object] = {}
-    done = 0
-    t0 = None
-    deadline = time.monotonic() + timeout
-    while done < rows and time.monotonic() < deadline:
-        for msg in c.consume(500, 0.5):
-            if msg.error():
-                continue
-            if t0 is None:
-                t0 = time.monotonic()
-            obj = orjson.loads(msg.value())
-            ids = obj["ids"] if "ids" in obj else [obj["id"]]
-            if msg.topic() == features:
-                xs = obj["x"] if "ids" in obj else [obj["x"]]
-                for i, x in zip(ids, xs):
-                    xd = dict(enumerate(x))
-                    model.predict_one(xd)
-                    if i in early:
-                        model.learn_one(xd, early.pop(i))
-                        done += 1
-                    else:
-                        pending[i] = xd
-            else:
-                ys = obj["y"] if "ids" in obj else [obj["y"]]
-                for i, yv in zip(ids, ys):
-                    xd = pending.pop(i, None)
-                    if xd is None:
-                        early[i] = yv
-                    else:
-                        model.learn_one(xd, yv)
-                        done += 1
-    seconds = time.monotonic() - (t0 or time.monotonic())
-    c.close()
-    return done / max(seconds, 1e-9)
-
-
 def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
     c = clients.consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
@@ -485,6 +438,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
 
 
 def run_kafka(args) -> dict:
+    """The kafka suite (module docstring) on fresh topics of the local broker."""
     bootstrap = args.bootstrap or f"127.0.0.1:{os.environ.get('KAFKA_PORT', '19092')}"
     scale = getattr(args, "kafka_scale", 1.0)
     workdir = Path(tempfile.mkdtemp(prefix="iolstream-bench-"))
@@ -509,7 +463,7 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
         }
         batch = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="batch")
         entry["worker_batch_messages"] = {k: v for k, v in batch.items() if k != "topics"}
-        entry["river_softmax_rows_per_second"] = _river_loop(
+        entry["river_softmax_rows_per_second"] = river_loop(
             bootstrap, *batch["topics"][:2], min(rows, 40_000), 120
         )
         n_rows = max(rows // 4, 4 * BATCH[name])

@@ -101,9 +101,9 @@ def _mark(proc, messages: int, rss0: int, traced0: int, peak_rss: int, trace: bo
         current, peak = tracemalloc.get_traced_memory()
         out["traced_mb"] = (current - traced0) / 1e6
         out["traced_peak_mb"] = (peak - traced0) / 1e6
-        out["feature_cache_mb"] = proc._cache_bytes / 1e6
+        out["feature_cache_mb"] = proc.feature_cache.bytes / 1e6
     item = max(waiting, 1)
-    rest = proc._cache_bytes if trace else 0
+    rest = proc.feature_cache.bytes if trace else 0
     out["rss_bytes_per_item"] = (_rss() - rss0) / item
     if trace:
         out["traced_bytes_per_item"] = (current - traced0 - rest) / item
@@ -123,7 +123,8 @@ def _child(kind: str, n: int, trace: bool) -> dict:
 
 
 def run_memory(args) -> dict:
-    """Both floods, each in its own processes (RSS, then tracemalloc); a summary line per mark unless --json."""
+    """Both floods, each in its own processes (RSS, then tracemalloc); a summary line per mark unless
+    --json."""
     n = args.memory_messages
     out = {
         "suite": "memory",

@@ -23,6 +23,8 @@ import orjson
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """How a data set is turned into a stream of messages: batching, label delays and faults."""
+
     batch_rows: int = 1  # rows per message: 1 = row messages {"id", "x"}, more = batch messages {"ids", "x"}
     label_delay_rows: int = 0  # a label is sent once this many later rows have been sent
     label_delay_seconds: float = 0.0  # ... and this long after it became due (applied by ``send``)
@@ -49,6 +51,8 @@ class PlanOptions:
 
 @dataclass
 class Message:
+    """One message of a planned stream: features or labels, its key, JSON object and rows."""
+
     kind: str  # "features" or "labels"
     key: bytes
     obj: dict  # the JSON object, without "ts" (stamped by ``encode``)
@@ -69,6 +73,7 @@ def label_value(y):
 
 
 def row_ids(n: int, options: PlanOptions) -> list[str]:
+    """The ids of ``n`` rows: ``options.id_prefix`` and the row's index."""
     return [f"{options.id_prefix}{i}" for i in range(n)]
 
 
@@ -128,6 +133,7 @@ def plan(X: np.ndarray, y, options: PlanOptions) -> list[Message]:
 
 
 def plan_summary(messages: Iterable[Message]) -> dict:
+    """Messages and rows of each kind in a plan."""
     out = {"feature_messages": 0, "feature_rows": 0, "label_messages": 0, "label_rows": 0}
     for m in messages:
         if m.kind == "features":

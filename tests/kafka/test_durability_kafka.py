@@ -722,7 +722,7 @@ def test_abortable_commit_error_aborts_and_the_worker_rolls_the_model_back(tmp_p
     worker.book.assign(("l", 0), None)
     worker.book.positions.update({("f", 0): 12, ("l", 0): 7})
     worker.processor.counters["rows_in"] = 99  # consumed since the snapshot
-    worker._rewind("a test")
+    worker.commit.roll_back("a test")
     assert worker.processor.counters["rows_in"] == 0 and worker.book.positions == {}
     assert sorted(worker.consumer.seeks) == [("f", 0, OFFSET_BEGINNING), ("l", 0, OFFSET_BEGINNING)]
     assert worker.book.replay_until == {("f", 0): 10}  # what the group committed is replayed without emitting

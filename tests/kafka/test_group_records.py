@@ -73,7 +73,7 @@ def _record(
 
 def _attached(cfg, candidates=None, saved=None):
     sync = GroupSync(cfg, output=None)
-    proc = StreamProcessor(EdRVFL(cfg.model, candidates=candidates), cfg.stream)
+    proc = StreamProcessor(EdRVFL(cfg.model, candidates=candidates), cfg.stream, agreement=sync)
     sync.attach(proc, saved, start=True)
     sync.caught_up = True
     return sync, proc

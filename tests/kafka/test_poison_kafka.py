@@ -22,7 +22,7 @@ import pytest
 from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
 
 from iolstream.core.model import EdRVFL
-from iolstream.kafka import topics
+from iolstream.kafka import deadletters, topics
 from iolstream.kafka.config import ConfigError, config_from_dict
 from iolstream.kafka.worker import EXIT_FATAL, EXIT_OK, Worker, WorkerError, ensure_topics
 from iolstream.stream import codec
@@ -240,16 +240,16 @@ def test_producer_and_consumer_limits_below_max_message_bytes_are_config_errors_
 
 
 def test_dead_letter_excerpt_keeps_the_first_bytes_and_says_so():
-    headers = codec.dead_letter_headers(codec.BadInput("oversize", "value is 5000 bytes"), "f", 0, 7)
-    assert codec.dead_letter_excerpt(b"v" * 100, headers, 1000, "why") == (b"v" * 100, headers)
-    value, cut = codec.dead_letter_excerpt(bytes(range(256)) * 20, headers, 1000, "too large")
+    headers = deadletters.dead_letter_headers(codec.BadInput("oversize", "value is 5000 bytes"), "f", 0, 7)
+    assert deadletters.dead_letter_excerpt(b"v" * 100, headers, 1000, "why") == (b"v" * 100, headers)
+    value, cut = deadletters.dead_letter_excerpt(bytes(range(256)) * 20, headers, 1000, "too large")
     assert cut[: len(headers)] == headers and dict(cut)["iolstream.original.size"] == b"5120"
     assert (
         dict(cut)["iolstream.truncated.reason"] == b"too large"
         and value == (bytes(range(256)) * 20)[: len(value)]
     )
-    assert len(value) + codec.headers_bytes(cut) == 1000
-    assert codec.dead_letter_excerpt(b"v" * 100, headers, 100, "why") is None
+    assert len(value) + deadletters.headers_bytes(cut) == 1000
+    assert deadletters.dead_letter_excerpt(b"v" * 100, headers, 100, "why") is None
 
 
 @pytest.mark.kafka
@@ -268,17 +268,17 @@ def test_start_up_check_of_the_output_topics_limits(kafka_bootstrap, kafka_topic
 
     conf = {"bootstrap.servers": kafka_bootstrap}
     with pytest.raises(ValueError, match=rf"{tiny} \(topics\.dead_letters\) has max\.message\.bytes=4096"):
-        topics.start_limit(cfg(tiny), conf)
+        deadletters.start_limit(cfg(tiny), conf)
     with pytest.raises(ValueError, match=rf"topic {half} allows .*=500000.*kafka\.producer\.batch\.size"):
-        topics.start_limit(cfg(half), conf)
-    limit, warnings = topics.start_limit(cfg(half, **{"batch.size": 400_000}), conf)
+        deadletters.start_limit(cfg(half), conf)
+    limit, warnings = deadletters.start_limit(cfg(half, **{"batch.size": 400_000}), conf)
     assert limit.topic_bytes == 500_000 and limit.limit == 500_000
     assert (
         len(warnings) == 1
         and "go to it as excerpts" in warnings[0]
         and "stream.max_message_bytes" in warnings[0]
     )
-    limit, warnings = topics.start_limit(
+    limit, warnings = deadletters.start_limit(
         cfg(f"{half}-missing"), conf
     )  # cannot be described: sized to P alone
     assert limit.topic_bytes is None and "cannot read max.message.bytes" in warnings[0]

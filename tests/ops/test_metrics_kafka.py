@@ -24,7 +24,8 @@ from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.checkpoints import Checkpoint
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.worker import Worker
-from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _Histogram, _partition_lag
+from iolstream.ops.collector import ArrayHistogram
+from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _partition_lag
 from iolstream.stream import codec
 from iolstream.stream.config import StreamConfig
 from iolstream.stream.processor import StreamProcessor
@@ -105,7 +106,7 @@ def test_histogram_matches_prometheus_client():
     values = np.concatenate(
         [rng.exponential(0.05, 500), LATENCY_BUCKETS, [0.0, 1e9]]
     )  # bounds themselves: "le"
-    ours = _Histogram("h_seconds", "test")
+    ours = ArrayHistogram("h_seconds", "test")
     ours.observe(values[:100])
     ours.observe(values[100:])
     reference = Histogram(

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from iolstream.kafka.deadletters import dead_letter_headers
 from iolstream.stream import codec
-from iolstream.stream.codec import dead_letter_headers, decode_features, decode_labels
+from iolstream.stream.codec import decode_features, decode_labels
 from iolstream.stream.encoding import encode_predictions
 from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 

@@ -170,8 +170,7 @@ def test_scaling_first_proposal_wins_and_held_rows_wait_for_it():
     cfg = _config(scaler="warmup", warmup_rows=20)
     model = EdRVFL(cfg)
     state = GroupState("a", model)
-    proc = StreamProcessor(model, StreamConfig(batch_rows=10, max_batch_latency_ms=10))
-    proc.propose_scaling = state.propose_scaling
+    proc = StreamProcessor(model, StreamConfig(batch_rows=10, max_batch_latency_ms=10), agreement=state)
     rng = np.random.default_rng(1)
     for i in range(3):
         rows = [{"id": f"r{i}-{j}", "x": rng.standard_normal(5).tolist()} for j in range(10)]

@@ -1,0 +1,65 @@
+"""The River baseline of ``iolstream bench --suite kafka``: River's ``SoftmaxRegression`` (after a
+``StandardScaler``), predict-then-learn one row at a time, as a plain consumer loop on the same topics as
+the worker: a label that comes before its row waits for it, as in the worker's join.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+
+from iolstream.kafka import clients
+
+
+def river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float:
+    """River SoftmaxRegression, predict-then-learn, as a plain consumer loop (rows/s from its first
+    message)."""
+    from river import linear_model, optim, preprocessing
+
+    model = preprocessing.StandardScaler() | linear_model.SoftmaxRegression(optimizer=optim.SGD(0.01))
+    c = clients.consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"river-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([features, labels])
+    pending: dict[str, dict] = {}
+    early: dict[str, object] = {}
+    done = 0
+    t0 = None
+    deadline = time.monotonic() + timeout
+    while done < rows and time.monotonic() < deadline:
+        for msg in c.consume(500, 0.5):
+            if msg.error():
+                continue
+            if t0 is None:
+                t0 = time.monotonic()
+            obj = orjson.loads(msg.value())
+            ids = obj["ids"] if "ids" in obj else [obj["id"]]
+            if msg.topic() == features:
+                xs = obj["x"] if "ids" in obj else [obj["x"]]
+                for i, x in zip(ids, xs):
+                    xd = dict(enumerate(x))
+                    model.predict_one(xd)
+                    if i in early:
+                        model.learn_one(xd, early.pop(i))
+                        done += 1
+                    else:
+                        pending[i] = xd
+            else:
+                ys = obj["y"] if "ids" in obj else [obj["y"]]
+                for i, yv in zip(ids, ys):
+                    xd = pending.pop(i, None)
+                    if xd is None:
+                        early[i] = yv
+                    else:
+                        model.learn_one(xd, yv)
+                        done += 1
+    seconds = time.monotonic() - (t0 or time.monotonic())
+    c.close()
+    return done / max(seconds, 1e-9)
