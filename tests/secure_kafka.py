@@ -26,6 +26,16 @@ IOLSTREAM = Path(sys.executable).with_name("iolstream")
 WINE_CLASSES = [0, 1, 2]
 
 
+def lib_dir() -> str:
+    """Where scripts/kafka.sh keeps the Kafka jars (the same rule as the script's)."""
+    if os.environ.get("IOLSTREAM_KAFKA_CACHE"):
+        return os.path.join(os.environ["IOLSTREAM_KAFKA_CACHE"], "lib")
+    pom = (REPO / "scripts" / "kafka" / "pom.xml").read_text()
+    version = pom.split("<kafka.version>", 1)[1].split("<", 1)[0]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
+    return os.path.join(cache, "iolstream", f"kafka-{version}", "lib")
+
+
 class SecureBroker:
     """One secured broker: SASL_SSL SCRAM-SHA-512, its own CA, ACLs enforced; users admin (super user),
     worker and producer with the passwords kafka.sh made."""
@@ -47,6 +57,7 @@ class SecureBroker:
             "KAFKA_SECURITY": "sasl_ssl",
             "IOLSTREAM_KAFKA_DATA": str(self.state_dir),
             "KAFKA_HEAP_OPTS": os.environ.get("KAFKA_HEAP_OPTS", "-Xms128m -Xmx384m"),
+            "KAFKA_SCRAM_USERS": "reader",  # a client of the predictions (the Java console consumer)
         }
         return subprocess.run(
             ["bash", str(KAFKA_SH), cmd],
@@ -73,6 +84,21 @@ class SecureBroker:
     def stop(self) -> None:
         if self.owned:
             self._sh("wipe", timeout=120)
+
+    def properties(self, user: str) -> str:
+        """The Java client settings file kafka.sh wrote for ``user``."""
+        return str(self.secure_dir / f"{user}.properties")
+
+    def java(self, main: str, *args: str, stdin: str | None = None, timeout: float = 120.0):
+        """Run a Java tool of the Kafka jars kafka.sh resolved (``main`` class) to its end."""
+        return subprocess.run(
+            ["java", "-Xmx256m", "-cp", f"{lib_dir()}/*", main, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def log_text(self) -> str:
         return (self.state_dir / "kafka.log").read_text(errors="replace")
