@@ -9,6 +9,7 @@ The fixture ``secure_kafka`` (tests/secure/conftest.py) starts one per session i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ def lib_dir() -> str:
     if os.environ.get("IOLSTREAM_KAFKA_CACHE"):
         return os.path.join(os.environ["IOLSTREAM_KAFKA_CACHE"], "lib")
     pom = (REPO / "scripts" / "kafka" / "pom.xml").read_text()
-    version = pom.split("<kafka.version>", 1)[1].split("<", 1)[0]
+    version = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom).group(1)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/tmp"), ".cache")
     return os.path.join(cache, "iolstream", f"kafka-{version}", "lib")
 
@@ -130,7 +131,7 @@ class SecureBroker:
         return names
 
     def grant(self, acls, user: str) -> None:
-        """Create ``acls`` (iolstream.kafka.acls.Acl) for ``User:<user>`` and wait until they are listed."""
+        """Create ``acls`` (iolstream.kafka.acls.Acl) for ``User:<user>`` and wait until the broker lists them."""
         from iolstream.kafka.acls import acl_bindings
 
         bindings = acl_bindings(acls, f"User:{user}")
@@ -138,6 +139,23 @@ class SecureBroker:
             return
         for fut in self.admin.create_acls(bindings, request_timeout=30).values():
             fut.result(30)
+        # the broker's authorizer applies them from the metadata log a moment later: wait until it lists them
+        from confluent_kafka.admin import AclBindingFilter
+
+        deadline = time.monotonic() + 30
+        for b in bindings:
+            pattern = AclBindingFilter(
+                b.restype,
+                b.name,
+                b.resource_pattern_type,
+                b.principal,
+                b.host,
+                b.operation,
+                b.permission_type,
+            )
+            while not self.admin.describe_acls(pattern, request_timeout=10).result(10):
+                assert time.monotonic() < deadline, f"ACL {b} not in force after 30 s"
+                time.sleep(0.05)
 
 
 def stream(n: int | None = None):

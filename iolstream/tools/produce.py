@@ -55,12 +55,27 @@ def send(
     plan summary of what was sent, plus "seconds". Raises RuntimeError on delivery errors."""
     from confluent_kafka import Producer
 
-    producer = Producer({"linger.ms": 5, "enable.idempotence": True, **producer_conf})
+    from iolstream.kafka.security_errors import AccessDenied, explain
+
+    refused: list[str] = []  # authentication, TLS or a missing ACL: one line, exit 6 (kafka.security_errors)
+
+    def on_error(err):
+        if (line := explain(err, producer_conf)) is not None and not refused:
+            refused.append(line)
+
+    producer = Producer({"linger.ms": 5, "enable.idempotence": True, "error_cb": on_error, **producer_conf})
     errors: list[str] = []
 
-    def on_delivery(err, _msg):
+    def on_delivery(err, msg):
         if err is not None:
             errors.append(str(err))
+            if (line := explain(err, producer_conf, operation="Write", name=msg.topic())) and not refused:
+                refused.append(line)
+
+    def check_refused() -> None:
+        if refused:
+            producer.purge()
+            raise AccessDenied(refused[0])
 
     started = time.monotonic()
     delayed: deque[tuple[float, Message]] = deque()
@@ -97,11 +112,15 @@ def send(
             if progress is not None:
                 progress(rows_sent)
         producer.poll(0)
+        check_refused()
     while delayed and not (stop is not None and stop.is_set()):
         due, m = delayed.popleft()
         time.sleep(max(0.0, due - time.monotonic()))
         produce(m)
-    remaining = producer.flush(60)
+    deadline = time.monotonic() + 60
+    while (remaining := producer.flush(0.5)) and time.monotonic() < deadline:
+        check_refused()
+    check_refused()
     if remaining or errors:
         raise RuntimeError(
             f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})"
