@@ -139,8 +139,16 @@ class SecureBroker:
             return
         for fut in self.admin.create_acls(bindings, request_timeout=30).values():
             fut.result(30)
-        # the broker's authorizer applies them from the metadata log a moment later: wait until it lists them
+        self.wait_listed(acls, user)
+
+    def wait_listed(self, acls, user: str) -> None:
+        """The broker's authorizer applies new ACLs from the metadata log a moment later: wait until it lists
+        them."""
         from confluent_kafka.admin import AclBindingFilter
+
+        from iolstream.kafka.acls import acl_bindings
+
+        bindings = acl_bindings(acls, f"User:{user}")
 
         deadline = time.monotonic() + 30
         for b in bindings:

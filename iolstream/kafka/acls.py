@@ -21,7 +21,7 @@ Write on any topic implies the cluster's IdempotentWrite, which the idempotent p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iolstream.kafka.config import WorkerConfig
 
@@ -143,3 +143,54 @@ def acl_bindings(acls: list[Acl], principal: str, host: str = "*") -> list:
 def _snake(operation: str) -> str:
     """ "DescribeConfigs" -> "describe_configs"."""
     return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(operation))
+
+
+def settings(cfg: WorkerConfig) -> list[tuple[str, list[Acl]]]:
+    """The worker's ACLs setting by setting, for the docs: the at-least-once base (``topics.create`` off), then
+    what each setting adds to it. ``cfg`` gives the names (topics, group id, transactional id)."""
+
+    def variant(*, exactly_once=False, group=False, create=False) -> list[Acl]:
+        return worker_acls(
+            replace(
+                cfg,
+                durability=replace(cfg.durability, exactly_once=exactly_once),
+                group=replace(cfg.group, enabled=group),
+                topics=replace(cfg.topics, create=create),
+            )
+        )
+
+    base = variant()
+
+    def adds(acls: list[Acl]) -> list[Acl]:
+        return [a for a in acls if a not in base]
+
+    return [
+        ("At-least-once, `topics.create` off", base),
+        ("Exactly-once adds", adds(variant(exactly_once=True))),
+        ("Group learning adds", adds(variant(group=True))),
+        (
+            "Group learning with exactly-once: instead of the exactly-once line",
+            [a for a in adds(variant(group=True, exactly_once=True)) if a not in variant(group=True)],
+        ),
+        ("With `topics.create` on, add", adds(variant(create=True))),
+        (
+            "With `topics.create` on and group learning, also",
+            [
+                a
+                for a in adds(variant(group=True, create=True))
+                if a not in variant(group=True) + variant(create=True)
+            ],
+        ),
+    ]
+
+
+def render_markdown(cfg: WorkerConfig, principal: str = "User:worker") -> str:
+    """``settings(cfg)`` as the Markdown docs/operations.md shows (a test keeps the two equal)."""
+    parts = []
+    for title, acls in settings(cfg):
+        parts.append(
+            f"{title[0].upper()}{title[1:]}:\n\n```sh\n"
+            + "\n".join(kafka_acls_lines(acls, principal))
+            + "\n```"
+        )
+    return "\n\n".join(parts) + "\n"

@@ -36,6 +36,10 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "acls": (
+        "iolstream.tools.acls",
+        "the kafka-acls lines granting a worker (or producer) exactly what it needs",
+    ),
 }
 
 EXIT_USAGE = 2

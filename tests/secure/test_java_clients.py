@@ -3,6 +3,8 @@ reads the predictions (read_committed) of an exactly-once worker, all over SASL_
 
 from __future__ import annotations
 
+import shlex
+
 import orjson
 import pytest
 from secure_kafka import feature_and_label_messages, run_worker, stream, worker_raw, write_config
@@ -14,6 +16,7 @@ pytestmark = pytest.mark.kafka
 ROWS = 50
 PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
 CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+ACL_TOOL = "org.apache.kafka.tools.AclCommand"  # what kafka-acls.sh runs
 
 
 def test_java_console_producer_in_java_console_consumer_out_exactly_once(secure_kafka, tmp_path):
@@ -42,8 +45,19 @@ def test_java_console_producer_in_java_console_consumer_out_exactly_once(secure_
     code, out, _ = run_worker(write_config(raw, tmp_path / "worker.yaml"), "--max-seconds", "90")
     assert code == 0, out[-4000:]
 
+    # the reader's ACLs granted with the Java kafka-acls tool, from the lines iolstream.kafka.acls renders
     group = f"java-reader-{predictions}"
-    secure_kafka.grant([acls.Acl("topic", predictions, "Read"), acls.Acl("group", group, "Read")], "reader")
+    wanted = [acls.Acl("topic", predictions, "Read"), acls.Acl("group", group, "Read")]
+    for line in acls.kafka_acls_lines(
+        wanted,
+        "User:reader",
+        bootstrap=secure_kafka.bootstrap,
+        command_config=secure_kafka.properties("admin"),
+        command=ACL_TOOL,
+    ):
+        r = secure_kafka.java(*shlex.split(line))
+        assert r.returncode == 0, r.stdout + r.stderr
+    secure_kafka.wait_listed(wanted, "reader")
     r = secure_kafka.java(
         CONSUMER,
         "--bootstrap-server",
