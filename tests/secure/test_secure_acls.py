@@ -4,8 +4,10 @@ nothing more is granted."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import orjson
@@ -98,7 +100,6 @@ def test_a_two_member_group_works_with_exactly_its_acls(secure_kafka, tmp_path):
         "partitions": 2,
         "create": True,
     }
-    produce_rows(secure_kafka, topics, tmp_path)
     procs, logs = [], []
     group = None
     for member in ("a", "b"):
@@ -113,22 +114,32 @@ def test_a_two_member_group_works_with_exactly_its_acls(secure_kafka, tmp_path):
         if member == "a":
             secure_kafka.grant(acls.worker_acls(cfg), "worker")
         config = write_config(raw, tmp_path / f"member-{member}.yaml")
-        log = open(tmp_path / f"member-{member}.log", "w+")
+        log = tmp_path / f"member-{member}.log"
         procs.append(
-            subprocess.Popen([str(IOLSTREAM), "run", "-c", str(config)], cwd=REPO, stdout=log, stderr=log)
+            subprocess.Popen(
+                [str(IOLSTREAM), "run", "-c", str(config)],
+                cwd=REPO,
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
         )
         logs.append(log)
     try:
+        deadline = time.monotonic() + 90  # both members hold a features partition before any row is sent
+        while not all(re.search(r"assigned [^\n]*features\[\d\]", log.read_text()) for log in logs):
+            assert time.monotonic() < deadline, "\n----\n".join(log.read_text()[-2000:] for log in logs)
+            time.sleep(0.2)
+        produce_rows(secure_kafka, topics, tmp_path)
         ids, _, _ = stream(ROWS)
         assert predictions(secure_kafka, predictions_topic, ROWS) == dict.fromkeys(ids, 1)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(90) for p in procs]
-    texts = []
-    for log in logs:
-        log.seek(0)
-        texts.append(log.read())
+    texts = [log.read_text() for log in logs]
     assert codes == [0, 0], "\n----\n".join(t[-3000:] for t in texts)
     for text in texts:
         assert_quiet_log(text)
+        assert re.search(r"assigned [^\n]*features\[\d\]", text), (
+            f"a member never read features:\n{text[-3000:]}"
+        )
