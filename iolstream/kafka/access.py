@@ -73,7 +73,7 @@ def problems(cfg: WorkerConfig, timeout: float = 15.0) -> list[str]:
                 refused.append(line)
     try:
         futures = admin.describe_consumer_groups(
-            [cfg.kafka.group_id], request_timeout=max(1.0, deadline - time.monotonic())
+            [cfg.kafka.group_id], request_timeout=min(5.0, max(1.0, deadline - time.monotonic()))
         )
         futures[cfg.kafka.group_id].result()
     except KafkaException as exc:
