@@ -152,9 +152,13 @@ class Refusals:
     the same line is never reported twice."""
 
     def __init__(self, cfg):
-        self.client = dict(cfg.kafka.client)
-        self.group = cfg.kafka.group_id
-        self.transactional_id = cfg.transactional_id
+        """``cfg``: a WorkerConfig, or a client's settings (a dict) for a client of no group and no transaction."""
+        if isinstance(cfg, dict):
+            self.client, self.group, self.transactional_id = dict(cfg), None, cfg.get("transactional.id")
+        else:
+            self.client = dict(cfg.kafka.client)
+            self.group = cfg.kafka.group_id
+            self.transactional_id = cfg.transactional_id
         self.first: str | None = None
 
     def note(

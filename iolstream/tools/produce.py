@@ -55,27 +55,18 @@ def send(
     plan summary of what was sent, plus "seconds". Raises RuntimeError on delivery errors."""
     from confluent_kafka import Producer
 
-    from iolstream.kafka.security_errors import AccessDenied, explain
+    from iolstream.kafka.security_errors import Refusals
 
-    refused: list[str] = []  # authentication, TLS or a missing ACL: one line, exit 6 (kafka.security_errors)
-
-    def on_error(err):
-        if (line := explain(err, producer_conf)) is not None and not refused:
-            refused.append(line)
-
-    producer = Producer({"linger.ms": 5, "enable.idempotence": True, "error_cb": on_error, **producer_conf})
+    refusals = Refusals(producer_conf)  # authentication, TLS or a missing ACL: one line, exit 6
+    producer = Producer(
+        {"linger.ms": 5, "enable.idempotence": True, "error_cb": refusals.note, **producer_conf}
+    )
     errors: list[str] = []
 
     def on_delivery(err, msg):
         if err is not None:
             errors.append(str(err))
-            if (line := explain(err, producer_conf, operation="Write", name=msg.topic())) and not refused:
-                refused.append(line)
-
-    def check_refused() -> None:
-        if refused:
-            producer.purge()
-            raise AccessDenied(refused[0])
+            refusals.note(err, name=msg.topic())
 
     started = time.monotonic()
     delayed: deque[tuple[float, Message]] = deque()
@@ -112,15 +103,15 @@ def send(
             if progress is not None:
                 progress(rows_sent)
         producer.poll(0)
-        check_refused()
+        refusals.check()
     while delayed and not (stop is not None and stop.is_set()):
         due, m = delayed.popleft()
         time.sleep(max(0.0, due - time.monotonic()))
         produce(m)
     deadline = time.monotonic() + 60
     while (remaining := producer.flush(0.5)) and time.monotonic() < deadline:
-        check_refused()
-    check_refused()
+        refusals.check()
+    refusals.check()
     if remaining or errors:
         raise RuntimeError(
             f"{remaining} messages undelivered, {len(errors)} delivery errors (first: {errors[:1]})"
