@@ -33,10 +33,25 @@ def rogue_ca(tmp_path_factory) -> str:
     """A CA the broker's certificate was not signed by."""
     d = tmp_path_factory.mktemp("rogue")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rogue CA",
-         "-keyout", str(d / "rogue.key"), "-out", str(d / "rogue.pem")],
-        check=True, capture_output=True,
-    )  # fmt: off
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=rogue CA",
+            "-keyout",
+            str(d / "rogue.key"),
+            "-out",
+            str(d / "rogue.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(d / "rogue.pem")
 
 
@@ -141,8 +156,12 @@ def test_produce_with_a_wrong_password_exits_6_in_one_line(secure_kafka, tmp_pat
     config = write_config(raw, tmp_path / "producer.yaml")
     r = subprocess.run(
         [str(IOLSTREAM), "produce", "-c", str(config), "--dataset", "wine", "--rows", "5", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: off
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == EXIT_ACCESS, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("iolstream produce: error:")]
     assert len(errors) == 1 and "authentication failed" in errors[0] and "'producer'" in errors[0], r.stderr[
@@ -160,7 +179,11 @@ def test_produce_without_write_names_the_topic(secure_kafka, tmp_path):
     config = write_config(raw, tmp_path / "producer.yaml")
     r = subprocess.run(
         [str(IOLSTREAM), "produce", "-c", str(config), "--dataset", "wine", "--rows", "5", "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: off
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == EXIT_ACCESS, r.stderr[-3000:]
     assert f"may not Write topic '{features}'" in r.stderr, r.stderr[-3000:]
