@@ -32,23 +32,9 @@ pytestmark = pytest.mark.kafka
 def rogue_ca(tmp_path_factory) -> str:
     """A CA the broker's certificate was not signed by."""
     d = tmp_path_factory.mktemp("rogue")
+    args = "req -x509 -newkey rsa:2048 -nodes -days 2 -subj".split() + ["/CN=rogue CA"]
     subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=rogue CA",
-            "-keyout",
-            str(d / "rogue.key"),
-            "-out",
-            str(d / "rogue.pem"),
-        ],
+        ["openssl", *args, "-keyout", str(d / "rogue.key"), "-out", str(d / "rogue.pem")],
         check=True,
         capture_output=True,
     )
