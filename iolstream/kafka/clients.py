@@ -16,6 +16,7 @@ from iolstream.kafka import diagnose, topics
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.security_errors import AccessDenied, explain
 
 CALL_GRACE = (
     5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
@@ -106,6 +107,11 @@ def new_producer(cfg: WorkerConfig, calls: ClientCalls, *, error_cb, on_delivery
             grace=CALL_GRACE,
         )
     except (KafkaException, CallTimedOut) as exc:
+        refused = isinstance(exc, KafkaException) and explain(
+            exc.args[0], cfg.kafka.client, operation="Write", name=cfg.transactional_id
+        )
+        if refused:  # no Write on the transactional id: one line, exit 6
+            raise AccessDenied(refused) from None
         raise WorkerError(
             f"init_transactions for transactional.id {cfg.transactional_id!r} failed: {exc} "
             "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"

@@ -19,6 +19,7 @@ from iolstream.kafka import topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.security_errors import AccessDenied
 from iolstream.ops.faults import crash_point
 from iolstream.stream import codec
 from iolstream.stream.processor import DeadLetter, StepOutput
@@ -50,6 +51,7 @@ class Output:
         self.refused = refused
         self.producer = None
         self.delivery_errors = 0
+        self.refusals = None  # security_errors.Refusals: a refused write is fatal, named once
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at start
         self.dead_letter_limit = topics.DeadLetterLimit(
             topics.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
@@ -69,6 +71,8 @@ class Output:
         """The producer's delivery callback (failures only: ``delivery.report.only.error``)."""
         if err is not None:
             self.delivery_errors += 1
+            if self.refusals is not None and self.refusals.note(err, source="producer", name=msg.topic()):
+                return
             if err.code() not in (
                 KafkaError._PURGE_QUEUE,
                 KafkaError._PURGE_INFLIGHT,
@@ -95,6 +99,8 @@ class Output:
                 self.producer.poll(0.05)
                 self.waiting("room in the producer's queue", time.monotonic() - waited)
             except KafkaException as exc:
+                if self.refusals is not None and self.refusals.note(exc.args[0], name=topic):
+                    raise AccessDenied(self.refusals.first) from None  # no Write on the topic: exit 6
                 # exactly-once: an earlier output of this transaction failed (e.g. too large), which
                 # left it in an error state; at-least-once: a refused produce is fatal as ever
                 if self.refused is None or exc.args[0].code() != KafkaError._STATE:
@@ -115,6 +121,10 @@ class Output:
                     done += 1
             except BufferError:  # the local queue is full: the rest goes through produce(), which waits
                 pass
+            except KafkaException as exc:  # no Write on the topic: exit 6 (security_errors)
+                if self.refusals is not None and self.refusals.note(exc.args[0], name=topic):
+                    raise AccessDenied(self.refusals.first) from None
+                raise
         for key, value in predictions[done:]:
             self.produce(topic, value, key=key)
         self.emit_dead(out.dead_letters, count=False)

@@ -41,7 +41,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from iolstream.kafka import clients, diagnose, relearn
+from iolstream.kafka import access, clients, diagnose, relearn
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -52,6 +52,7 @@ from iolstream.kafka.group import GroupSync
 from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
+from iolstream.kafka.security_errors import Refusals
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
@@ -102,6 +103,9 @@ class Worker:
         self.processor, positions = self.checkpoints.load()
         self.book = OffsetBook(exactly_once=self.exactly_once, positions=positions, group=cfg.group.enabled)
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
+        self.refusals = self.output.refusals = Refusals(
+            cfg
+        )  # authentication, TLS, ACLs: exit 6 (security_errors)
         self.group = (
             GroupSync(cfg, self.output) if cfg.group.enabled else None
         )  # group learning (kafka.group)
@@ -158,6 +162,7 @@ class Worker:
         log.info(
             "kernels loaded in %.2f s", seconds
         )  # before the first message, not in the middle of the stream
+        access.probe(self.cfg)  # a refused login or topic: one line and exit 6, not a wait in the calls below
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)
             if created:
@@ -248,6 +253,10 @@ class Worker:
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
         watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
+        refused_lines = (
+            self.refusals.handler()
+        )  # librdkafka's log lines that name a refusal (security_errors)
+        logging.getLogger("iolstream.kafka").addHandler(refused_lines)
         try:
             self._open()
             if freeze_startup:
@@ -281,8 +290,9 @@ class Worker:
             log.error("fatal: %s", why, extra={"event": "fatal"})
             self.stop_event.set()  # no checkpoint from the revoke that close() triggers: the state may be ahead of Kafka
             self._close()
-            return EXIT_FATAL
+            return getattr(exc, "exit_code", EXIT_FATAL)
         finally:
+            logging.getLogger("iolstream.kafka").removeHandler(refused_lines)
             watchdog.stop()
             self.calls.close()
             self.stopper.cancel()
@@ -385,6 +395,7 @@ class Worker:
         """Between two cycles: metrics, client errors, the broker probe, the status line."""
         if self.metrics is not None:
             self.metrics.tick(self)
+        self.refusals.check()
         if self.consumer_error is not None:
             err, self.consumer_error = self.consumer_error, None
             self._replace_consumer(err)
@@ -557,6 +568,8 @@ class Worker:
     def _on_error(self, err: KafkaError, source: str = "producer") -> None:
         """librdkafka's error callback (and the consumer's error events): a fatal error is handled by the loop;
         an unreachable broker is noted; the rest is logged (RepeatFilter: once per kind per interval)."""
+        if self.refusals.note(err, source=source):
+            return
         if err.fatal():
             self.fatal_error = err
             return

@@ -81,7 +81,7 @@ def run(args) -> int:
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
             log.error("cannot start: %s", exc)
-            return EXIT_FATAL
+            return exc.exit_code
         if metrics is not None:
             metrics.attach(worker)
         return worker.run(
