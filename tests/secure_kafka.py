@@ -9,7 +9,6 @@ The fixture ``secure_kafka`` (tests/secure/conftest.py) starts one per session i
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -29,7 +28,9 @@ WINE_CLASSES = [0, 1, 2]
 
 def lib_dir() -> str:
     """Where scripts/kafka.sh keeps the Kafka jars of its pom (``kafka.sh jars`` resolves them and says)."""
-    r = subprocess.run(["bash", str(KAFKA_SH), "jars"], capture_output=True, text=True, timeout=900, check=True)
+    r = subprocess.run(
+        ["bash", str(KAFKA_SH), "jars"], capture_output=True, text=True, timeout=900, check=True
+    )
     return r.stdout.strip().splitlines()[-1]
 
 

@@ -19,9 +19,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
-from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.errors import AccessDenied, WorkerError
 from iolstream.kafka.output import Output
-from iolstream.kafka.security_errors import AccessDenied
 from iolstream.ops.faults import crash_point, fault_point
 
 log = logging.getLogger("iolstream.worker")
@@ -119,7 +118,7 @@ class Transactions:
         except KafkaException as exc:
             err = exc.args[0]
             outputs = (self.cfg.topics.predictions, self.cfg.topics.dead_letters)
-            if self.output.refusals is not None and self.output.refusals.note(err, names=outputs):
+            if self.output.refusals is not None and self.output.refusals.note(err, topics=outputs):
                 raise AccessDenied(
                     self.output.refusals.first
                 ) from None  # a missing ACL: exit 6, nothing committed

@@ -52,11 +52,11 @@ from iolstream.kafka.group import GroupSync
 from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
-from iolstream.kafka.security_errors import Refusals
+from iolstream.kafka.refusals import Refusals
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
-from iolstream.ops.lifecycle import EXIT_FATAL, EXIT_OK, LoopWatchdog
+from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
 from iolstream.stream import warm
@@ -103,9 +103,8 @@ class Worker:
         self.processor, positions = self.checkpoints.load()
         self.book = OffsetBook(exactly_once=self.exactly_once, positions=positions, group=cfg.group.enabled)
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
-        self.refusals = self.output.refusals = Refusals(
-            cfg
-        )  # authentication, TLS, ACLs: exit 6 (security_errors)
+        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
+        self.refusals = self.output.refusals = Refusals(cfg)
         self.group = (
             GroupSync(cfg, self.output) if cfg.group.enabled else None
         )  # group learning (kafka.group)
@@ -162,7 +161,8 @@ class Worker:
         log.info(
             "kernels loaded in %.2f s", seconds
         )  # before the first message, not in the middle of the stream
-        access.probe(self.cfg)  # a refused login or topic: one line and exit 6, not a wait in the calls below
+        # check's probes of the topics and groups: a refusal is one line and exit 6, not a wait in the calls below
+        access.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)
             if created:
@@ -253,9 +253,7 @@ class Worker:
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
         watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
-        refused_lines = (
-            self.refusals.handler()
-        )  # librdkafka's log lines that name a refusal (security_errors)
+        refused_lines = self.refusals.handler()  # librdkafka's log lines that name a refusal (kafka.refusals)
         logging.getLogger("iolstream.kafka").addHandler(refused_lines)
         try:
             self._open()
@@ -284,13 +282,15 @@ class Worker:
                     break
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
-            why = (
-                exc if isinstance(exc, WorkerError) else diagnose.explain(exc, clients.client_conf(self.cfg))
-            )
+            if isinstance(exc, WorkerError):
+                why, code = exc, exc.exit_code
+            else:
+                why = diagnose.explain(exc, clients.client_conf(self.cfg))
+                code = EXIT_ACCESS if why.refusal else EXIT_FATAL
             log.error("fatal: %s", why, extra={"event": "fatal"})
             self.stop_event.set()  # no checkpoint from the revoke that close() triggers: the state may be ahead of Kafka
             self._close()
-            return getattr(exc, "exit_code", EXIT_FATAL)
+            return code
         finally:
             logging.getLogger("iolstream.kafka").removeHandler(refused_lines)
             watchdog.stop()

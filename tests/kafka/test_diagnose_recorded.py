@@ -1,6 +1,7 @@
 """Refusals explained in one line (no broker): librdkafka's own words for each case, as recorded against Kafka
 4.3.1 with SCRAM-SHA-512 over TLS and StandardAuthorizer (confluent-kafka 2.16.1 / librdkafka 2.16.0), turned
-into the line naming the mechanism and user, the certificate, or the operation and resource."""
+by kafka.diagnose into the line naming the mechanism and user, the certificate, or the operation and resource,
+and kept by kafka.refusals until the worker stops with exit 6."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 from confluent_kafka import KafkaError
 
 from iolstream.kafka.config import config_from_dict
-from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.security_errors import AccessDenied, Refusals, explain, explain_log
+from iolstream.kafka.diagnose import explain, explain_log, named, refusal
+from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.kafka.refusals import Refusals
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL
 
 CLIENT = {
+    "bootstrap.servers": "127.0.0.1:19192",
     "security.protocol": "SASL_SSL",
     "sasl.mechanism": "SCRAM-SHA-512",
     "sasl.username": "worker",
@@ -69,18 +72,20 @@ def error(case: str) -> KafkaError:
 def test_a_wrong_password_names_the_broker_mechanism_and_user_never_the_password():
     line = explain(error("wrong password"), CLIENT)
     assert line == (
-        "authentication failed: 127.0.0.1:19192 refused SCRAM-SHA-512 for user 'worker' "
-        "(wrong password or no such user: kafka.client sasl.username, sasl.password)"
+        "authentication failed at 127.0.0.1:19192: SASL SCRAM-SHA-512 as user 'worker' refused: wrong password "
+        "or no such user (kafka.client.sasl.username, kafka.client.sasl.password)"
     )
-    assert "s3cret-pw" not in line
+    assert line.refusal and "s3cret-pw" not in line
 
 
 @pytest.mark.parametrize("case", ["untrusted CA", "untrusted CA, first attempt"])
 def test_an_untrusted_certificate_names_the_broker_and_the_ca_file(case):
-    assert explain(error(case), CLIENT) == (
-        "TLS: the certificate of 127.0.0.1:19192 is not trusted: certificate verify failed (error:0A000086) "
-        "against kafka.client ssl.ca.location /etc/iolstream/ca.pem"
+    line = explain(error(case), CLIENT)
+    assert line == (
+        "TLS with 127.0.0.1:19192 failed: its certificate is not trusted: certificate verify failed "
+        "(error:0A000086) against the CA file /etc/iolstream/ca.pem (kafka.client.ssl.ca.location)"
     )
+    assert line.refusal
 
 
 def test_authorisation_names_principal_operation_and_resource():
@@ -88,17 +93,30 @@ def test_authorisation_names_principal_operation_and_resource():
     assert explain(error("no Read on a subscribed topic"), CLIENT, operation="Read").startswith(
         f"{who} Read topic 'iol.features' ("
     )
-    assert explain(
-        error("no Write (delivery report)"), CLIENT, operation="Write", name="iol.predictions"
-    ).startswith(f"{who} Write topic 'iol.predictions' (")
-    two = explain(error("no Write (delivery report)"), CLIENT, operation="Write", names=("p", "d"))
+    line = explain(
+        error("no Write (delivery report)"),
+        CLIENT,
+        operation="Write",
+        resource=named("topic", "iol.predictions"),
+    )
+    assert line.startswith(f"{who} Write topic 'iol.predictions' (") and line.refusal
+    two = explain(
+        error("no Write (delivery report)"), CLIENT, operation="Write", resource=named("topic", "p", "d")
+    )
     assert f"{who} Write topic 'p' or 'd' (" in two
 
 
 def test_other_errors_are_not_refusals():
-    assert explain(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:19192/1: Connection refused"), CLIENT) is None
-    assert explain(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"), CLIENT) is None
-    assert explain(KafkaError(KafkaError.NOT_COORDINATOR, "Broker: Not coordinator"), CLIENT) is None
+    assert refusal(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:19192/1: Connection refused"), CLIENT) is None
+    assert refusal(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"), CLIENT) is None
+    assert refusal(KafkaError(KafkaError.NOT_COORDINATOR, "Broker: Not coordinator"), CLIENT) is None
+    tls_to_plaintext = KafkaError(
+        KafkaError._SSL,
+        "127.0.0.1:19092/bootstrap: SSL handshake failed: Disconnected: connecting to a PLAINTEXT "
+        "broker listener?",
+    )
+    assert refusal(tls_to_plaintext, CLIENT) is None  # a setting to fix, not a refusal (exit 3)
+    assert explain(tls_to_plaintext, CLIENT).rule == "tls"
 
 
 def test_log_lines_name_the_refused_transaction_topic():
@@ -113,7 +131,7 @@ def test_log_lines_name_the_refused_transaction_topic():
         + RECORDED["wrong password"][1]
     )
     assert explain_log(fail, CLIENT).startswith(
-        "authentication failed: 127.0.0.1:19192 refused SCRAM-SHA-512"
+        "authentication failed at 127.0.0.1:19192: SASL SCRAM-SHA-512"
     )
     assert explain_log("FETCH [rdkafka#consumer-1] [thrd:main]: fetch backoff", CLIENT) is None
 
@@ -122,7 +140,10 @@ def test_refusals_keep_the_first_name_the_group_and_transactional_id_and_raise_e
     cfg = config_from_dict(
         {
             "model": {"n_inputs": 2, "classes": [0, 1]},
-            "kafka": {"group_id": "g1", "client": CLIENT},
+            "kafka": {
+                "group_id": "g1",
+                "client": {k: v for k, v in CLIENT.items() if k != "bootstrap.servers"},
+            },
             "durability": {"exactly_once": True},
         },
         environ={},
@@ -141,7 +162,8 @@ def test_refusals_keep_the_first_name_the_group_and_transactional_id_and_raise_e
     other = Refusals(cfg)
     other.note(error("no Write on the transactional id"))
     assert "may not Write transactional id 'g1-worker'" in other.first
-    handler = Refusals(cfg).handler()
-    handler.handle(
+    refusals = Refusals(cfg)
+    refusals.handler().handle(
         logging.makeLogRecord({"msg": "FAIL [x] [thrd:y]: " + RECORDED["untrusted CA"][1], "levelno": 40})
     )
+    assert refusals.first.startswith("TLS with 127.0.0.1:19192 failed: its certificate is not trusted")
