@@ -18,7 +18,7 @@ Exit codes of ``iolstream run`` (also in README "Operations"):
 5     the loop was stuck (no tick within the watchdog bound): a client call that never returns
 6     the broker refused the worker: authentication failed, its TLS certificate is not trusted, or an ACL
       is missing (the one line logged names the mechanism and user, the certificate, or the resource and
-      operation; see ``kafka.security_errors``)
+      operation; see ``kafka.diagnose``); ``iolstream check`` and ``iolstream produce`` exit 6 too
 ====  =========================================================================================
 """
 

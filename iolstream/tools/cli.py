@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except WorkerError as exc:  # e.g. the broker refused the client (kafka.security_errors: exit 6)
+    except WorkerError as exc:  # e.g. the broker refused the client (kafka.errors.AccessDenied: exit 6)
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

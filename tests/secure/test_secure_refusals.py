@@ -1,12 +1,14 @@
 """Each refusal of a secured broker ends ``iolstream run`` (and ``iolstream produce``) with exit code 6 and one
 line naming what failed — the mechanism and user, the certificate, or the resource and operation — logged once,
-never the password. Each case grants the worker's ACLs (``iolstream.kafka.acls``) but one, or breaks one setting.
+never the password; ``iolstream check`` run before prints the same line and exits 6 too. Each case grants the
+worker's ACLs (``iolstream.kafka.acls``) but one, or breaks one setting.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import uuid
 from collections import Counter
 
 import pytest
@@ -57,14 +59,32 @@ def setup(secure_kafka, tmp_path, *, exactly_once=False, create=False):
     return raw
 
 
+def check(config) -> tuple[int, str]:
+    """``iolstream check -c config``: (exit code, its lines)."""
+    r = subprocess.run(
+        [str(IOLSTREAM), "check", "-c", str(config), "--timeout", "20"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert not r.stderr.strip(), r.stderr[-3000:]  # nothing raw from librdkafka, no traceback
+    return r.returncode, r.stdout
+
+
 def run_refused(secure_kafka, tmp_path, raw, *, leave_out=(), add=()) -> str:
     """Grant the worker's ACLs less those matching ``leave_out`` ((topic/group/txn name, operation) pairs) plus
-    ``add``; run it; it must exit 6 with one fatal line, logged once; return that line."""
+    ``add``; ``iolstream check`` must exit 6; run the worker: it must exit 6 with one fatal line, logged once,
+    and check must have printed that very line as a FAIL; return the line."""
     want = acls.worker_acls(config_from_dict(raw))
     granted = [a for a in want if (a.name, a.operation) not in leave_out]
     assert len(want) - len(granted) == len(leave_out), "a left-out ACL is not among the worker's"
     secure_kafka.grant(granted + list(add), "worker")
-    code, out, seconds = run_worker(write_config(raw, tmp_path / "worker.yaml"), "--max-seconds", "60")
+    config = write_config(raw, tmp_path / "worker.yaml")
+    checked, check_out = check(config)
+    assert checked == EXIT_ACCESS, check_out
+    code, out, seconds = run_worker(config, "--max-seconds", "60")
     assert code == EXIT_ACCESS, f"exit {code} after {seconds:.0f} s:\n{out[-4000:]}"
     fatal = [line for line in out.splitlines() if "fatal:" in line or "cannot start:" in line]
     assert len(fatal) == 1, out[-4000:]
@@ -74,15 +94,21 @@ def run_refused(secure_kafka, tmp_path, raw, *, leave_out=(), add=()) -> str:
     )
     assert max(loud.values()) == 1, f"repeated: {loud.most_common(2)}"
     for password in secure_kafka.passwords.values():
-        assert password not in out
-    return fatal[0].split("fatal: ", 1)[-1].split("cannot start: ", 1)[-1]
+        assert password not in out and password not in check_out
+    line = fatal[0].split("fatal: ", 1)[-1].split("cannot start: ", 1)[-1]
+    assert any(c.startswith("FAIL") and c.endswith(": " + line) for c in check_out.splitlines()), (
+        line,
+        check_out,
+    )
+    return line
 
 
 def test_a_wrong_password_names_the_mechanism_and_the_user(secure_kafka, tmp_path):
     raw = setup(secure_kafka, tmp_path)
     raw["kafka"]["client"]["sasl.password"] = "not-the-password"
     line = run_refused(secure_kafka, tmp_path, raw)
-    assert line.startswith("authentication failed:") and "SCRAM-SHA-512" in line and "'worker'" in line, line
+    assert line.startswith("authentication failed at 127.0.0.1:"), line
+    assert "SASL SCRAM-SHA-512 as user 'worker' refused: wrong password or no such user" in line, line
     assert "not-the-password" not in line
 
 
@@ -90,7 +116,7 @@ def test_an_untrusted_certificate_names_the_broker_and_the_ca_file(secure_kafka,
     raw = setup(secure_kafka, tmp_path)
     raw["kafka"]["client"]["ssl.ca.location"] = rogue_ca
     line = run_refused(secure_kafka, tmp_path, raw)
-    assert line.startswith("TLS: the certificate of 127.0.0.1:") and "not trusted" in line, line
+    assert line.startswith("TLS with 127.0.0.1:") and "certificate is not trusted" in line, line
     assert "certificate verify failed" in line and rogue_ca in line, line
 
 
@@ -133,7 +159,7 @@ def test_no_create_for_a_topic_the_worker_must_create(secure_kafka, tmp_path):
     raw = setup(secure_kafka, tmp_path, create=True)
     topic = raw["topics"]["predictions"]
     line = run_refused(secure_kafka, tmp_path, raw, leave_out=[(topic, "Create")])
-    assert f"may not Write or Create topic '{topic}'" in line, line
+    assert f"may not Create topic '{topic}'" in line, line
 
 
 def test_produce_with_a_wrong_password_exits_6_in_one_line(secure_kafka, tmp_path):
@@ -173,3 +199,41 @@ def test_produce_without_write_names_the_topic(secure_kafka, tmp_path):
     )
     assert r.returncode == EXIT_ACCESS, r.stderr[-3000:]
     assert f"may not Write topic '{features}'" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("create", [False, True], ids=["topics exist", "topics.create"])
+def test_check_names_each_missing_acl_of_the_workers_list(secure_kafka, tmp_path, create):
+    """Every ACL of ``iolstream acls`` for an exactly-once worker, left out in turn (fresh topics, group and
+    transactional id each time): ``check`` names its operation and resource and exits 6, but for
+    DescribeConfigs, which the worker can run without (a warning, exit 0). With ``topics.create`` on and the
+    topics not there yet, the ACLs left out are the Creates."""
+
+    def fresh() -> dict:
+        roles = ("features", "labels", "predictions", "dead_letters")
+        if create:
+            tag = uuid.uuid4().hex[:8]
+            names = [f"s-{tag}-{role}" for role in roles]  # not created
+        else:
+            names = secure_kafka.topics(*roles)
+        raw = worker_raw(secure_kafka, dict(zip(roles, names)), tmp_path / "snap")
+        raw["durability"] = {"exactly_once": True}
+        raw["topics"]["create"] = create
+        return raw
+
+    count = len(acls.worker_acls(config_from_dict(fresh())))
+    checked = 0
+    for i in range(count):
+        raw = fresh()
+        want = acls.worker_acls(config_from_dict(raw))
+        left = want[i]
+        if create and left.operation != "Create":
+            continue
+        secure_kafka.grant(want[:i] + want[i + 1 :], "worker")
+        code, out = check(write_config(raw, tmp_path / f"check-{i}.yaml"))
+        kind = {"transactional-id": "transactional id"}.get(left.resource, left.resource)
+        named = f"may not {left.operation} {kind} '{left.name}'"
+        status = "warn" if left.operation == "DescribeConfigs" else "FAIL"
+        assert any(c.startswith(status) and named in c for c in out.splitlines()), (left, out)
+        assert code == (0 if status == "warn" else EXIT_ACCESS), (left, out)
+        checked += 1
+    assert checked == (4 if create else count)
