@@ -261,7 +261,10 @@ class Access:
         try:
             producer.init_transactions(self.timeout)
         except KafkaException as exc:
-            producer.poll(0)
+            try:
+                producer.poll(0)  # the error callbacks queued meanwhile
+            except KafkaException:  # a fatal error (TRANSACTIONAL_ID_AUTHORIZATION_FAILED) raises here again
+                pass
             resource = diagnose.named("transactional id", tid)
             line = diagnose.explain(exc, self.conf, operation="Write", resource=resource, seen=seen.errors)
             return Finding(False, what, line)
