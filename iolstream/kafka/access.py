@@ -20,8 +20,10 @@ line is a refusal (exit 6), else a failed finding is a cluster problem (exit 3).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -290,16 +292,34 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
     the rest (an unreachable broker, a missing topic) is left to the worker, which meets it as before. What
     only using a resource shows (a transaction's outputs, the transactional id) its clients report
     (``refusals.Refusals``)."""
-    meta, why = diagnose.probe(conf, timeout)
-    if why is not None:
-        if why.refusal:
-            raise AccessDenied(why)
-        return
-    for finding in Access(cfg, conf, timeout).at_start():
+    with no_collection():
+        meta, why = diagnose.probe(conf, timeout)
+        if why is not None:
+            if why.refusal:
+                raise AccessDenied(why)
+            return
+        findings = Access(cfg, conf, timeout).at_start()
+    for finding in findings:
         if finding.refused:
             raise AccessDenied(finding.line)
         if finding.warning and getattr(finding.line, "refusal", False):
             log.warning("%s: %s", finding.what, finding.line, extra={"event": "access"})
+
+
+@contextmanager
+def no_collection():
+    """No garbage collection while the probes run: librdkafka runs an admin result's Python callback on its own
+    thread, and a collection started there that finalises an unreachable client (one a finished worker left
+    in a reference cycle, in a process running several) destroys it from librdkafka's thread, which crashes
+    the process (confluent-kafka-python pull request 2129). What is garbage is collected first, here."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _missing(found) -> bool:

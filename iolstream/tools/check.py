@@ -145,7 +145,7 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
 
 def check_cluster(cfg, timeout: float, report: Report) -> None:
     from iolstream.kafka import diagnose
-    from iolstream.kafka.access import Access
+    from iolstream.kafka.access import Access, no_collection
     from iolstream.kafka.clients import client_conf
 
     conf = client_conf(cfg)
@@ -157,5 +157,7 @@ def check_cluster(cfg, timeout: float, report: Report) -> None:
     report.say(
         True, "broker", f"{conf['bootstrap.servers']} answers ({brokers} broker{'s' * (brokers != 1)})"
     )
-    for f in Access(cfg, conf, timeout=max(timeout, 1.0)).all():
+    with no_collection():  # kafka.access: no collection on librdkafka's thread
+        findings = Access(cfg, conf, timeout=max(timeout, 1.0)).all()
+    for f in findings:
         report.say(f.ok, f.what, f.line, warning=f.warning)
