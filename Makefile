@@ -9,7 +9,7 @@ export KAFKA_PORT ?= 19092
 # they are present and is skipped, with the reason, where they are not.
 export IOLSTREAM_INSTALL_SYSTEM ?= 0
 
-.PHONY: install lint format test test-fast container-test demo kafka-start kafka-stop bench clean
+.PHONY: install lint format test test-fast test-cluster container-test demo kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +28,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format --quiet iolstream tests scripts
 	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts
 
-# The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one).
+# The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one); the secured
+# broker and the three-node cluster are started by their own fixtures (tests/secure, tests/cluster).
 test: $(STAMP) lint
 	@if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh start; fi
 	@status=0; \
 	IOLSTREAM_TEST_BOOTSTRAP=$${IOLSTREAM_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} \
-	  $(PY) -m pytest -q $(PYTEST_ARGS) || status=$$?; \
+	  $(PY) -m pytest -q -m "not cluster_full" $(PYTEST_ARGS) || status=$$?; \
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
 
@@ -43,6 +44,11 @@ test: $(STAMP) lint
 # Prometheus. Here a missing podman is a failure, not a skip.
 container-test: $(STAMP)
 	IOLSTREAM_CONTAINER_TEST=require $(PY) -m pytest -q -m container tests/containers/test_container_stack.py $(PYTEST_ARGS)
+
+# Every leader-loss case on a three-node cluster (tests/cluster/; `make test` runs one of them). The fixture starts
+# the cluster itself (scripts/kafka_cluster.sh, ports 19292-19297, ~1 GB of RAM) and wipes it at the end.
+test-cluster: $(STAMP)
+	$(PY) -m pytest -q -m cluster tests/cluster $(PYTEST_ARGS)
 
 # Unit tests only (no broker).
 test-fast: $(STAMP)

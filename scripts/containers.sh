@@ -170,10 +170,12 @@ kafka_lib() {
     local version pom_sum lib
     version="$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' "$POM" | head -n1)"
     pom_sum="$(sha256sum "$POM" | cut -d' ' -f1)"
-    lib="${IOLSTREAM_KAFKA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/iolstream/kafka-$version}/lib"
-    if [ "$(cat "$lib/.pom.sum" 2>/dev/null)" = "$pom_sum" ] && compgen -G "$lib/kafka_2.13-*.jar" >/dev/null; then
-        echo "$lib"; return
-    fi
+    local cache="${IOLSTREAM_KAFKA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/iolstream/kafka-$version}"
+    for lib in "$cache/lib-${pom_sum:0:16}" "$cache/lib"; do  # where scripts/kafka.sh resolves them
+        if [ "$(cat "$lib/.pom.sum" 2>/dev/null)" = "$pom_sum" ] && compgen -G "$lib/kafka_2.13-*.jar" >/dev/null; then
+            echo "$lib"; return
+        fi
+    done
     lib="$STATE/kafka-lib-${pom_sum:0:16}"
     if ! compgen -G "$lib/kafka_2.13-*.jar" >/dev/null; then
         command -v mvn >/dev/null 2>&1 || die "the Kafka jars are not cached and mvn is not installed"

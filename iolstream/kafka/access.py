@@ -1,21 +1,29 @@
-"""What a worker needs of its cluster, asked before its first run (``iolstream check``): its topics exist
-or can be created, the features and labels topics have the same partition count, and its principal may
-do what the worker does. Every probe writes nothing into a user topic:
+"""What a worker needs of its cluster, asked before it uses it: by ``iolstream check`` before a first run
+(``Access.all``), and by the worker itself at start (``startup``: the same probes of its topics, their configs
+and its groups), so that a refusal stops the worker with the very line ``check`` prints. The ACLs probed
+are those of ``kafka.acls.worker_acls``. Every probe writes nothing into a user topic:
 
-    topics               metadata; a missing one: CreateTopics with validate_only (nothing is created)
-    read the inputs      the topics' authorised operations (DescribeTopics), READ
-    the group            its committed offsets (OffsetFetch) and its authorised operations, READ
-    write the outputs    the topics' authorised operations, WRITE
-    dead-letter configs  DescribeConfigs of the dead-letter topic (the worker reads its max.message.bytes)
+    topics               DescribeTopics with the principal's authorised operations: each topic exists (a
+                         missing one: CreateTopics with validate_only when topics.create is on, nothing
+                         created) and the principal may Read the inputs and Write the outputs
+    partition counts     the features and labels topics have the same
+    output configs       DescribeConfigs of the predictions and dead-letter topics (their max.message.bytes;
+                         a worker refused it runs without knowing the limits: a warning)
+    the groups           the group's committed offsets (OffsetFetch) and Read on it (its authorised
+                         operations); group learning: also Read on the member's deltas group
     transactional id     exactly-once: init_transactions, only while no member of the group is running
                          (it would fence a running worker that uses the id)
 
-Each finding is a ``Finding``: ``ok`` or not, what was checked, one line (``diagnose``).
+Each finding is a ``Finding``: ``ok`` or not, what was checked, one line (``diagnose``); ``refused`` when the
+line is a refusal (exit 6), else a failed finding is a cluster problem (exit 3).
 """
 
 from __future__ import annotations
 
+import gc
+import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -25,10 +33,12 @@ from confluent_kafka import (
     Producer,
     TopicCollection,
 )
-from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from iolstream.kafka import diagnose
+from iolstream.kafka.acls import worker_acls
 from iolstream.kafka.config import WorkerConfig
+from iolstream.kafka.errors import AccessDenied
 
 TIMEOUT = 10.0
 
@@ -38,22 +48,27 @@ class Finding:
     ok: bool
     what: str
     line: str
-    warning: bool = False  # ok, but worth a look (a probe that had to be skipped)
+    warning: bool = False  # ok, but worth a look (a probe that had to be skipped, an ACL the worker can lack)
+
+    @property
+    def refused(self) -> bool:
+        """A failed finding the broker's refusal explains (authentication, TLS trust, a missing ACL)."""
+        return not self.ok and getattr(self.line, "refusal", False)
 
 
 class Access:
     """The probes of one worker config against its cluster; ``conf``: the client settings (address, security)."""
 
-    def __init__(self, cfg: WorkerConfig, conf: dict, metadata, timeout: float = TIMEOUT):
+    def __init__(self, cfg: WorkerConfig, conf: dict, timeout: float = TIMEOUT):
         self.cfg = cfg
         self.conf = conf
-        self.meta = metadata
         self.timeout = timeout
         self.seen = diagnose.Collector()
         self.admin = AdminClient({**conf, **self.seen.conf()})
         self.address = conf.get("bootstrap.servers")
+        self._found: dict | None = None
 
-    def explain(self, err, operation: str, resource: str) -> str:
+    def explain(self, err, operation: str, resource: str) -> diagnose.Explanation:
         self.admin.poll(0)
         return diagnose.explain(err, self.conf, operation=operation, resource=resource, seen=self.seen.errors)
 
@@ -71,30 +86,67 @@ class Access:
             names[t.model_deltas] = "topics.model_deltas"
         return names
 
+    def wanted(self, topic: str) -> list[str]:
+        """The operations the worker's ACL list grants on ``topic`` that using it needs (Read, Write)."""
+        return [
+            a.operation
+            for a in worker_acls(self.cfg)
+            if a.resource == "topic" and a.name == topic and a.operation in ("Read", "Write")
+        ]
+
+    def found(self) -> dict:
+        """{topic: its TopicDescription, or the KafkaError describing it gave} (asked once)."""
+        if self._found is None:
+            names = list(self.topics())
+            futures = self.admin.describe_topics(
+                TopicCollection(names), include_authorized_operations=True, request_timeout=self.timeout
+            )
+            self._found = {}
+            for name in names:
+                try:
+                    self._found[name] = futures[name].result(self.timeout)
+                except KafkaException as exc:
+                    self._found[name] = exc.args[0]
+        return self._found
+
     def partitions(self, topic: str) -> int | None:
         """The partition count the topic has, or will have when the worker creates it (None: neither)."""
-        found = self.meta.topics.get(topic)
-        if found is not None and found.error is None:
+        found = self.found().get(topic)
+        if found is not None and not isinstance(found, KafkaError):
             return len(found.partitions)
-        if found is None and self.cfg.topics.create:
+        if _missing(found) and self.cfg.topics.create:
             return 1 if topic == self.cfg.topics.model_deltas else self.cfg.topics.partitions
         return None
 
     def check_topics(self) -> list[Finding]:
         out = []
         for topic, key in self.topics().items():
-            found = self.meta.topics.get(topic)
-            what = f"topic {topic} ({key})"
-            if found is not None and found.error is not None:
-                out.append(Finding(False, what, self.explain(found.error, "describe", f"topic {topic}")))
-            elif found is not None:
-                out.append(Finding(True, what, f"exists, {_partitions(len(found.partitions))}"))
-            elif not self.cfg.topics.create:
+            found, what = self.found()[topic], f"topic {topic} ({key})"
+            ops = self.wanted(topic)
+            resource = diagnose.named("topic", topic)
+            if _missing(found):
+                if self.cfg.topics.create:
+                    out.append(self._can_create(topic, what))
+                else:
+                    out.append(
+                        Finding(False, what, f"does not exist at {self.address}, and topics.create is false")
+                    )
+            elif isinstance(found, KafkaError):  # refused: the principal may not even describe it
                 out.append(
-                    Finding(False, what, f"does not exist at {self.address}, and topics.create is false")
+                    Finding(False, what, self.explain(found, " and ".join(ops) or "Describe", resource))
                 )
+            elif found.authorized_operations is None:
+                line = f"exists, {_partitions(len(found.partitions))}; the broker does not report operations"
+                out.append(Finding(True, what, line, True))
             else:
-                out.append(self._can_create(topic, what))
+                names = {op.name for op in found.authorized_operations}
+                missing = [op for op in ops if op.upper() not in names and "ALL" not in names]
+                if missing:
+                    err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+                    out.append(Finding(False, what, self.explain(err, " and ".join(missing), resource)))
+                else:
+                    may = f"; {' and '.join(ops)}" if ops else ""
+                    out.append(Finding(True, what, f"exists, {_partitions(len(found.partitions))}{may}"))
         return out
 
     def _can_create(self, topic: str, what: str) -> Finding:
@@ -105,7 +157,7 @@ class Access:
                 self.timeout
             )
         except KafkaException as exc:
-            return Finding(False, what, self.explain(exc, "create", f"topic {topic}"))
+            return Finding(False, what, self.explain(exc, "Create", diagnose.named("topic", topic)))
         return Finding(
             True, what, f"does not exist yet; the worker creates it ({_partitions(new.num_partitions)})"
         )
@@ -125,66 +177,30 @@ class Access:
             "label must meet in the same partition number; give both topics the same count",
         )
 
-    # ------------------------------------------------------------------ permissions
-    def check_operations(self) -> list[Finding]:
-        """READ on the inputs (and model deltas), WRITE on the outputs (and model deltas), from the operations the
-        broker says the principal has on each existing topic."""
-        t = self.cfg.topics
-        wanted = {
-            t.features: ["READ"],
-            t.labels: ["READ"],
-            t.predictions: ["WRITE"],
-            t.dead_letters: ["WRITE"],
-        }
-        if self.cfg.group.enabled:
-            wanted[t.model_deltas] = ["READ", "WRITE"]
-        existing = [n for n in wanted if n in self.meta.topics and self.meta.topics[n].error is None]
-        if not existing:
-            return []
-        futures = self.admin.describe_topics(
-            TopicCollection(existing), include_authorized_operations=True, request_timeout=self.timeout
-        )
+    def check_output_configs(self) -> list[Finding]:
+        """DescribeConfigs of the output topics that exist (the worker reads their max.message.bytes at start)."""
         out = []
-        for topic in existing:
-            what = f"access to topic {topic}"
+        for topic in (self.cfg.topics.predictions, self.cfg.topics.dead_letters):
+            what = f"configs of {topic} ({self.topics()[topic]})"
+            if isinstance(self.found().get(topic), KafkaError):
+                continue  # missing, or refused: check_topics said so
+            resource = ConfigResource("topic", topic)
             try:
-                allowed = futures[topic].result(self.timeout).authorized_operations
+                entries = self.admin.describe_configs([resource], request_timeout=self.timeout)[
+                    resource
+                ].result(self.timeout)
             except KafkaException as exc:
-                out.append(Finding(False, what, self.explain(exc, "describe", f"topic {topic}")))
+                line = self.explain(exc, "DescribeConfigs", diagnose.named("topic", topic))
+                # the worker runs without them, not knowing the topic's size limit
+                out.append(Finding(line.refusal, what, line, warning=line.refusal))
                 continue
-            if allowed is None:
-                out.append(Finding(True, what, "the broker does not report operations; not checked", True))
-                continue
-            names = {op.name for op in allowed}
-            missing = [op for op in wanted[topic] if op not in names and AclOperation.ALL.name not in names]
-            if missing:
-                err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
-                ops = " and ".join(op.lower() for op in missing)
-                out.append(Finding(False, what, self.explain(err, ops, f"topic {topic}")))
-            else:
-                out.append(Finding(True, what, " and ".join(op.lower() for op in wanted[topic])))
+            out.append(Finding(True, what, f"max.message.bytes={entries['max.message.bytes'].value}"))
         return out
 
-    def check_dead_letter_configs(self) -> Finding:
-        topic = self.cfg.topics.dead_letters
-        what = f"configs of {topic} (topics.dead_letters)"
-        if topic not in self.meta.topics:
-            return Finding(
-                True, what, "not checked: the topic does not exist yet (the worker creates it)", True
-            )
-        resource = ConfigResource("topic", topic)
-        try:
-            entries = self.admin.describe_configs([resource], request_timeout=self.timeout)[resource].result(
-                self.timeout
-            )
-        except KafkaException as exc:
-            return Finding(False, what, self.explain(exc, "describe the configs of", f"topic {topic}"))
-        return Finding(True, what, f"max.message.bytes={entries['max.message.bytes'].value}")
-
-    def describe_group(self, with_operations: bool = False):
+    # ------------------------------------------------------------------ groups
+    def describe_group(self, group: str, with_operations: bool = False):
         """The consumer group's description (its members, and with ``with_operations`` what the principal may do
         on it); KafkaException when it cannot be had. The coordinator may not be known at the first call."""
-        group = self.cfg.kafka.group_id
         for attempt in range(3):
             futures = self.admin.describe_consumer_groups(
                 [group], include_authorized_operations=with_operations, request_timeout=self.timeout
@@ -200,25 +216,30 @@ class Access:
                     raise
                 time.sleep(1.0)
 
-    def check_group(self) -> Finding:
-        group = self.cfg.kafka.group_id
-        what = f"group {group} (kafka.group_id)"
+    def check_group(self, group: str, key: str) -> Finding:
+        what = f"group {group} ({key})"
+        resource = diagnose.named("group", group)
         request = [ConsumerGroupTopicPartitions(group)]
         try:
             self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout)[group].result(
                 self.timeout
             )
-        except KafkaException as exc:
-            return Finding(False, what, self.explain(exc, "read the committed offsets of", f"group {group}"))
-        try:
-            found = self.describe_group(with_operations=True)
-        except KafkaException as exc:
-            return Finding(False, what, self.explain(exc, "describe", f"group {group}"))
+            found = self.describe_group(group, with_operations=True)
+        except KafkaException as exc:  # Describe (implied by Read) refused, or the coordinator unknown
+            return Finding(False, what, self.explain(exc, "Read", resource))
         names = {op.name for op in (found.authorized_operations or [])}
         if found.authorized_operations is not None and not names & {"READ", "ALL"}:
             err = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)
-            return Finding(False, what, self.explain(err, "read (join and commit to)", f"group {group}"))
-        return Finding(True, what, f"read; {len(found.members)} members running now")
+            return Finding(False, what, self.explain(err, "Read", resource))
+        return Finding(True, what, f"Read; {len(found.members)} members running now")
+
+    def check_groups(self) -> list[Finding]:
+        """The consumer group, and with group learning this member's deltas group (``kafka.group``)."""
+        out = [self.check_group(self.cfg.kafka.group_id, "kafka.group_id")]
+        if self.cfg.group.enabled:
+            deltas = f"{self.cfg.kafka.group_id}.deltas.{self.cfg.member_id}"
+            out.append(self.check_group(deltas, "group learning: <kafka.group_id>.deltas.<member_id>"))
+        return out
 
     def check_transactional_id(self) -> Finding | None:
         """Exactly-once only: init_transactions with the worker's transactional id, unless a worker may be using it."""
@@ -227,7 +248,7 @@ class Access:
         tid = self.cfg.transactional_id
         what = f"transactional id {tid} (durability.transactional_id)"
         try:
-            members = len(self.describe_group().members)
+            members = len(self.describe_group(self.cfg.kafka.group_id).members)
         except KafkaException:
             members = None
         if members != 0:
@@ -242,22 +263,70 @@ class Access:
         try:
             producer.init_transactions(self.timeout)
         except KafkaException as exc:
-            producer.poll(0)
-            line = diagnose.explain(
-                exc, self.conf, operation="use", resource=f"transactional id {tid}", seen=seen.errors
-            )
+            try:
+                producer.poll(0)  # the error callbacks queued meanwhile
+            except KafkaException:  # a fatal error (TRANSACTIONAL_ID_AUTHORIZATION_FAILED) raises here again
+                pass
+            resource = diagnose.named("transactional id", tid)
+            line = diagnose.explain(exc, self.conf, operation="Write", resource=resource, seen=seen.errors)
             return Finding(False, what, line)
         return Finding(True, what, "init_transactions accepted (no transaction begun)")
+
+    def at_start(self) -> list[Finding]:
+        """The probes the worker makes at start (``startup``)."""
+        return self.check_topics() + self.check_output_configs() + self.check_groups()
 
     def all(self) -> list[Finding]:
         """Every probe, in the order a reader fixes things."""
         out = self.check_topics()
         out.append(self.check_partition_counts())
-        out += self.check_operations()
-        out.append(self.check_dead_letter_configs())
-        out.append(self.check_group())
+        out += self.check_output_configs()
+        out += self.check_groups()
         txn = self.check_transactional_id()
         return out + ([txn] if txn is not None else [])
+
+
+def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float = TIMEOUT) -> None:
+    """At the worker's start, before any blocking call: ``check``'s probes of what it uses (``at_start``). The
+    first refusal is raised as ``AccessDenied`` (exit 6), one the worker can run with is logged as a warning;
+    the rest (an unreachable broker, a missing topic) is left to the worker, which meets it as before. What
+    only using a resource shows (a transaction's outputs, the transactional id) its clients report
+    (``refusals.Refusals``)."""
+    with no_collection():
+        meta, why = diagnose.probe(conf, timeout)
+        if why is not None:
+            if why.refusal:
+                raise AccessDenied(why)
+            return
+        findings = Access(cfg, conf, timeout).at_start()
+    for finding in findings:
+        if finding.refused:
+            raise AccessDenied(finding.line)
+        if finding.warning and getattr(finding.line, "refusal", False):
+            log.warning("%s: %s", finding.what, finding.line, extra={"event": "access"})
+
+
+@contextmanager
+def no_collection():
+    """No garbage collection while the probes run: librdkafka runs an admin result's Python callback on its own
+    thread, and a collection started there that finalises an unreachable client (one a finished worker left
+    in a reference cycle, in a process running several) destroys it from librdkafka's thread, which crashes
+    the process (confluent-kafka-python pull request 2129). What is garbage is collected first, here."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _missing(found) -> bool:
+    return isinstance(found, KafkaError) and found.code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+    )
 
 
 def _partitions(n: int) -> str:

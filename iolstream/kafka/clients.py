@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from iolstream.kafka import diagnose, topics
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
-from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.errors import AccessDenied, WorkerError
 
 CALL_GRACE = (
     5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
@@ -106,6 +106,14 @@ def new_producer(cfg: WorkerConfig, calls: ClientCalls, *, error_cb, on_delivery
             grace=CALL_GRACE,
         )
     except (KafkaException, CallTimedOut) as exc:
+        refused = isinstance(exc, KafkaException) and diagnose.refusal(
+            exc.args[0],
+            client_conf(cfg),
+            operation="Write",
+            resource=diagnose.named("transactional id", cfg.transactional_id),
+        )
+        if refused:  # no Write on the transactional id: one line, exit 6
+            raise AccessDenied(refused) from None
         raise WorkerError(
             f"init_transactions for transactional.id {cfg.transactional_id!r} failed: {exc} "
             "(kafka.producer.transaction.timeout.ms must not exceed the broker's transaction.max.timeout.ms)"
@@ -149,8 +157,10 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
         )
     except KafkaException as exc:
         why = diagnose.explain(
-            exc, client_conf(cfg), operation="create", resource=f"topics {', '.join(names)}"
+            exc, client_conf(cfg), operation="Create", resource=diagnose.named("topic", *names)
         )
+        if why.refusal:
+            raise AccessDenied(why) from None
         raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
 
 

@@ -1,11 +1,15 @@
 """A Kafka problem as one line a user can act on: what failed, at which address or on which resource, and
-which configuration key to look at. ``run``, ``produce`` and ``check`` all explain errors here.
+which configuration key to look at. ``run``, ``produce`` and ``check`` all explain errors here, so that
+``check`` says before a run exactly what the worker would say.
 
 librdkafka reports a failure twice: the call fails with a generic code ("Failed to get metadata: Local:
 Broker transport failure") while the cause ("Connect to ipv4#10.0.0.1:9092 failed: Connection refused")
 comes through the client's error callback and log. ``Collector`` gathers both for a client it is given to,
 so that nothing reaches the terminal raw, and ``explain`` picks the most telling error and turns it into
 a line from ``RULES``, a table read top to bottom (the first rule whose codes or pattern match wins).
+The line is an ``Explanation``: a str that also says which rule made it and whether it is a refusal
+(authentication, TLS trust, a missing ACL), which ends ``run``, ``produce`` and ``check`` with exit 6
+(``ops.lifecycle.EXIT_ACCESS``; every other cluster problem is 3).
 
     >>> from confluent_kafka import KafkaError
     >>> conf = {"bootstrap.servers": "10.0.0.1:9092"}
@@ -13,13 +17,47 @@ a line from ``RULES``, a table read top to bottom (the first rule whose codes or
     ...                  "Connection refused (after 0ms in state CONNECT)")
     >>> explain(err, conf)
     'cannot reach the broker at 10.0.0.1:9092 (kafka.bootstrap_servers): connection refused'
-    >>> conf = {**conf, "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "worker", "sasl.password": "s3cret"}
-    >>> explain(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: s3cret refused"), conf)
-    "authentication failed at 10.0.0.1:9092: SASL SCRAM-SHA-512 as user 'worker' refused (kafka.client.sasl.username, kafka.client.sasl.password): SASL authentication error: *** refused"
-    >>> explain(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), conf, operation="write", resource="topic iol.predictions")
-    "not authorised to write topic iol.predictions (user 'worker' at 10.0.0.1:9092)"
+    >>> conf = {**conf, "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+    ...         "sasl.username": "worker", "sasl.password": "s3cret"}
+    >>> line = explain(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: s3cret refused"), conf)
+    >>> line, line.refusal
+    ("authentication failed at 10.0.0.1:9092: SASL SCRAM-SHA-512 as user 'worker' refused: SASL authentication error: *** refused (kafka.client.sasl.username, kafka.client.sasl.password)", True)
+    >>> explain(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), conf, operation="Write",
+    ...         resource=named("topic", "iol.predictions"))
+    "not authorised: user 'worker' (SCRAM-SHA-512) may not Write topic 'iol.predictions' (a missing ACL: iolstream acls prints those iolstream needs)"
 
-Another security setup adds rows to ``RULES`` (and, when it has its own keys to name, to ``KEYS``).
+What librdkafka reports for each refusal (confluent-kafka 2.16.1, librdkafka 2.16.0, against Kafka 4.3.1 with
+SCRAM-SHA-512 over TLS and StandardAuthorizer; tests/kafka/test_diagnose_recorded.py keeps these texts):
+
+=========================  ==============================  =================================================
+case                       where it comes                  code: text
+=========================  ==============================  =================================================
+wrong password / user      error callback, at every        _AUTHENTICATION (-169): "<broker>: SASL
+                           reconnect (not fatal)           authentication error: Authentication failed
+                                                           during authentication due to invalid credentials
+                                                           with SASL mechanism SCRAM-SHA-512 (after ...)"
+untrusted CA               error callback, at every        _SSL (-181): "<broker>: SSL handshake failed:
+                           reconnect (not fatal)           error:0A000086:SSL routines::certificate verify
+                                                           failed: broker certificate could not be
+                                                           verified, ..." (sometimes _TRANSPORT (-195))
+no Read on an input topic  consumer event, once            TOPIC_AUTHORIZATION_FAILED (29): "Subscribed
+                                                           topic not available: <topic>: Broker: Topic
+                                                           authorization failed"
+no Read on the group       consumer event, once            GROUP_AUTHORIZATION_FAILED (30): "FindCoordinator
+                                                           response error: Group authorization failed."
+no Write on an output      delivery report of each         TOPIC_AUTHORIZATION_FAILED (29): "Broker: Topic
+topic                      message                         authorization failed"
+no Write on the            init_transactions raises        TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53),
+transactional id           (fatal)                         fatal: "Failed to find transaction coordinator:
+                                                           ...: Transactional Id authorization failed."
+no Read on the group,      send_offsets_to_transaction     GROUP_AUTHORIZATION_FAILED (30), abortable
+exactly-once               raises
+no Create (topics.create)  create_topics future            TOPIC_AUTHORIZATION_FAILED (29)
+=========================  ==============================  =================================================
+
+Since Kafka 3.0 Write on a topic implies the cluster's IdempotentWrite: an idempotent producer without it was
+never refused here (CLUSTER_AUTHORIZATION_FAILED (31) is explained all the same, for older brokers). A
+transaction's refused output topic is named only in a log line (ADDPARTS), which ``explain_log`` reads.
 """
 
 from __future__ import annotations
@@ -34,30 +72,68 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from iolstream.kafka.errors import AccessDenied
+
 ADDRESS_KEY = "kafka.bootstrap_servers"
 # the configuration keys a line names, by the librdkafka setting they hold
 KEYS = {
     "bootstrap.servers": ADDRESS_KEY,
+    "security.protocol": "kafka.client.security.protocol",
     "sasl.username": "kafka.client.sasl.username",
     "sasl.password": "kafka.client.sasl.password",
     "ssl.ca.location": "kafka.client.ssl.ca.location",
 }
+ACL_HINT = "a missing ACL: iolstream acls prints those iolstream needs"
 
 
 @dataclass(frozen=True)
 class Context:
-    """What a line may name: the address, the SASL mechanism and user (never the password), and what was
-    being attempted (``operation`` on ``resource``, e.g. "write" on "topic iol.predictions")."""
+    """What a line may name: the client's settings (the address, the SASL mechanism and user, never the
+    password), the broker the error came from, and what was being attempted (``operation`` on ``resource``:
+    "Write" on "topic 'iol.predictions'")."""
 
-    address: str
-    mechanism: str | None = None
-    user: str | None = None
+    conf: dict
+    broker: str
     operation: str | None = None
     resource: str | None = None
 
     @property
-    def who(self) -> str:
-        return f"user {self.user!r} at {self.address}" if self.user else f"at {self.address}"
+    def address(self) -> str:
+        return self.conf.get("bootstrap.servers", "?")
+
+    @property
+    def mechanism(self) -> str:
+        return self.conf.get("sasl.mechanism") or self.conf.get("sasl.mechanisms") or "GSSAPI"
+
+    @property
+    def user(self) -> str | None:
+        return self.conf.get("sasl.username")
+
+    @property
+    def principal(self) -> str:
+        """Who the client authenticates as, in words."""
+        protocol = str(self.conf.get("security.protocol", "plaintext")).lower()
+        if protocol.startswith("sasl"):
+            return f"user {self.user or '?'!r} ({self.mechanism})"
+        if protocol == "ssl":
+            return f"the client certificate {self.conf.get('ssl.certificate.location', '(none)')}"
+        return "the anonymous principal (security.protocol plaintext)"
+
+
+class Explanation(str):
+    """One line (a str), with the name of the ``RULES`` row that made it (``rule``) and whether the broker
+    refused the client (``refusal``: authentication, TLS trust or a missing ACL, exit 6)."""
+
+    rule: str
+
+    def __new__(cls, line: str, rule: str) -> Explanation:
+        made = super().__new__(cls, line)
+        made.rule = rule
+        return made
+
+    @property
+    def refusal(self) -> bool:
+        return self.rule in REFUSALS
 
 
 @dataclass(frozen=True)
@@ -89,41 +165,69 @@ _CAUSES = (
     (r"connection reset|disconnected", "the connection was closed by the other side (a TLS or SASL port?)"),
 )
 
-_AUTHORISATION = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    }
+_RESOURCE = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "a topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "a group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "a transactional id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the cluster",
+}
+_SUBSCRIBED = re.compile(r"Subscribed topic not available: (\S+):")
+_OPENSSL = re.compile(r"(error:[0-9A-F]{8}):SSL routines::([^:(]+)")
+_ADDPARTS = re.compile(
+    r'Failed to add partition "([^"]+)" \[\d+\] to transaction: Broker: Topic authorization failed'
 )
+_BROKER = re.compile(
+    r"^(?:[A-Za-z]+: )?(?:[a-z_]+://)?([^/\s:]+:\d+)/"
+)  # "sasl_ssl://127.0.0.1:19192/bootstrap: "
+
+
+def named(kind: str, *names: str) -> str:
+    """A resource in words: ``named("topic", "p", "d")`` is "topic 'p' or 'd'"."""
+    return f"{kind} " + " or ".join(repr(n) for n in names)
+
+
+def _authentication(ctx: Context, detail: str) -> str:
+    why = "wrong password or no such user" if "invalid credentials" in detail else detail
+    return (
+        f"authentication failed at {ctx.broker}: SASL {ctx.mechanism} as user {ctx.user!r} refused: {why} "
+        f"({KEYS['sasl.username']}, {KEYS['sasl.password']})"
+    )
+
+
+def _certificate(ctx: Context, detail: str) -> str:
+    m = _OPENSSL.search(detail)
+    reason = f"{m.group(2).strip()} ({m.group(1)})" if m else "certificate verify failed"
+    ca = ctx.conf.get("ssl.ca.location", "the system's CA store")
+    return (
+        f"TLS with {ctx.broker} failed: its certificate is not trusted: {reason} against the CA file {ca} "
+        f"({KEYS['ssl.ca.location']})"
+    )
+
+
+def _authorisation(ctx: Context, detail: str) -> str:
+    resource = ctx.resource
+    if resource is None and (m := _SUBSCRIBED.search(detail)):
+        resource = named("topic", m.group(1))
+    return f"not authorised: {ctx.principal} may not {ctx.operation or 'use'} {resource or 'it'} ({ACL_HINT})"
+
 
 RULES = (
     Rule(
         "authentication",
         frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}),
         re.compile(r"SASL authentication|authentication failed", re.IGNORECASE),
-        lambda ctx, detail: (
-            f"authentication failed at {ctx.address}: SASL {ctx.mechanism or 'GSSAPI'} as user {ctx.user!r} refused "
-            f"({KEYS['sasl.username']}, {KEYS['sasl.password']}): {detail}"
-        ),
+        _authentication,
     ),
+    Rule("certificate", frozenset(), re.compile(r"certificate verify failed"), _certificate),
     Rule(
-        "certificate",
+        "tls",
         frozenset({KafkaError._SSL}),
-        re.compile(r"SSL handshake|certificate|SSL routines", re.IGNORECASE),
+        re.compile(r"SSL handshake|SSL routines", re.IGNORECASE),
         lambda ctx, detail: (
-            f"TLS with {ctx.address} failed: {detail} (kafka.client.security.protocol, {KEYS['ssl.ca.location']})"
+            f"TLS with {ctx.broker} failed: {detail} ({KEYS['security.protocol']}, {KEYS['ssl.ca.location']})"
         ),
     ),
-    Rule(
-        "authorisation",
-        _AUTHORISATION,
-        None,
-        lambda ctx, detail: (
-            f"not authorised to {ctx.operation or 'use'} {ctx.resource or 'the cluster'} ({ctx.who})"
-        ),
-    ),
+    Rule("authorisation", frozenset(_RESOURCE), None, _authorisation),
     Rule(
         "unknown topic",
         frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}),
@@ -140,18 +244,13 @@ RULES = (
     ),
 )
 FALLBACK = Rule(
-    "other", line=lambda ctx, detail: f"{ctx.operation or 'a Kafka call'} failed ({ctx.who}): {detail}"
+    "other",
+    line=lambda ctx, detail: (
+        f"{' '.join(filter(None, (ctx.operation, ctx.resource))) or 'a Kafka call'} failed "
+        f"({'user ' + repr(ctx.user) + ' at ' if ctx.user else 'at '}{ctx.address}): {detail}"
+    ),
 )
-
-
-def context(conf: dict, *, operation: str | None = None, resource: str | None = None) -> Context:
-    return Context(
-        conf.get("bootstrap.servers", "?"),
-        conf.get("sasl.mechanism") or conf.get("sasl.mechanisms"),
-        conf.get("sasl.username"),
-        operation,
-        resource,
-    )
+REFUSALS = frozenset({"authentication", "certificate", "authorisation"})  # exit 6; the rest of a cluster: 3
 
 
 def rule_of(err: KafkaError) -> Rule:
@@ -173,22 +272,49 @@ def best(errors: list[KafkaError]) -> KafkaError | None:
     return min(errors, key=rank, default=None)
 
 
-def explain(err: KafkaError | BaseException, conf: dict, *, operation=None, resource=None, seen=()) -> str:
+def explain(
+    err: KafkaError | BaseException, conf: dict, *, operation=None, resource=None, seen=()
+) -> Explanation:
     """One line for ``err`` (a KafkaError, or an exception carrying one), preferring a more telling error
-    among ``seen`` (what the client's error callback reported meanwhile). Never shows ``sasl.password``."""
+    among ``seen`` (what the client's error callback reported meanwhile). ``conf``: the client's settings
+    (``bootstrap.servers`` and ``kafka.client``); ``operation`` (an ACL operation: Read, Write, Create, ...)
+    and ``resource`` (``named``): what was asked, when the caller knows it. Never shows ``sasl.password``."""
     if isinstance(err, KafkaException) and err.args and isinstance(err.args[0], KafkaError):
         err = err.args[0]
     if not isinstance(err, KafkaError):
         err = KafkaError(KafkaError._FAIL, str(err))
     chosen = best([*seen, err])
-    detail = _detail(chosen)
-    line = rule_of(chosen).line(context(conf, operation=operation, resource=resource), detail)
+    text = chosen.str() or chosen.name()
+    m = _BROKER.match(text)
+    ctx = Context(conf, m.group(1) if m else conf.get("bootstrap.servers", "?"), operation, resource)
+    rule = rule_of(chosen)
+    line = rule.line(ctx, _detail(text))
     password = conf.get("sasl.password")
-    return line.replace(password, "***") if password else line
+    return Explanation(line.replace(password, "***") if password else line, rule.name)
 
 
-def _detail(err: KafkaError) -> str:
-    text = err.str() or err.name()
+def refusal(err: KafkaError, conf: dict, **what) -> Explanation | None:
+    """``explain(err, conf, **what)`` if it is a refusal, else None."""
+    line = explain(err, conf, **what)
+    return line if line.refusal else None
+
+
+def explain_log(message: str, conf: dict) -> Explanation | None:
+    """A refusal in one of librdkafka's log lines (``iolstream.kafka`` logger), else None: a refused login, an
+    untrusted certificate, or a transaction's output topic refused (ADDPARTS names the topic, the error
+    the transaction call raises does not)."""
+    body = message.split("]: ", 1)[-1]  # after "FAC [rdkafka#producer-1] [thrd:...]: "
+    if m := _ADDPARTS.search(body):
+        err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, body)
+        return explain(err, conf, operation="Write", resource=named("topic", m.group(1)))
+    if "SASL authentication error" in body:
+        return explain(KafkaError(KafkaError._AUTHENTICATION, body), conf)
+    if "certificate verify failed" in body:
+        return explain(KafkaError(KafkaError._SSL, body), conf)
+    return None
+
+
+def _detail(text: str) -> str:
     text = re.sub(r"^\S+/(bootstrap|\d+): ", "", text)  # "host:port/bootstrap: " prefix
     return re.sub(r" \(after \d+ms in state \w+\)", "", text)
 
@@ -222,10 +348,10 @@ class Collector:
         return {"logger": self, "error_cb": self.error}
 
 
-DEFINITIVE = ("authentication", "certificate")  # rules whose errors waiting longer does not mend
+DEFINITIVE = ("authentication", "certificate", "tls")  # rules whose errors waiting longer does not mend
 
 
-def probe(conf: dict, timeout: float) -> tuple[object | None, str | None]:
+def probe(conf: dict, timeout: float) -> tuple[object | None, Explanation | None]:
     """Ask the cluster at ``conf``'s address for its metadata within ``timeout`` seconds: (metadata, None), or
     (None, one line saying why not). An authentication or TLS failure answers at once."""
     seen = Collector()
@@ -251,12 +377,14 @@ def wait_for_broker(
 ):
     """Probe until the cluster answers (returns its metadata) or ``deadline`` (time.monotonic) passes (returns
     None, having logged why). While it does not answer, one line says why, repeated at most every
-    ``every_seconds``."""
+    ``every_seconds``. A refusal (authentication, TLS trust) is not waited out: ``AccessDenied``."""
     started = time.monotonic()
     said_at = None
     while True:
         first = said_at is None  # a short first probe: the first line comes soon
         meta, why = probe(conf, min(2.0 if first else probe_seconds, max(0.5, deadline - time.monotonic())))
+        if why is not None and getattr(why, "refusal", False):
+            raise AccessDenied(why)
         if meta is not None:
             if said_at is not None:
                 log.info(

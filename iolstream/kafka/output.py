@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from iolstream.kafka import deadletters
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
-from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.errors import AccessDenied, WorkerError
 from iolstream.ops.faults import crash_point
 from iolstream.stream.processor import DeadLetter, StepOutput
 
@@ -49,6 +49,7 @@ class Output:
         self.refused = refused
         self.producer = None
         self.delivery_errors = 0
+        self.refusals = None  # refusals.Refusals: a refused write is fatal, named once
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
         # start
         self.dead_letter_limit = deadletters.DeadLetterLimit(
@@ -70,6 +71,10 @@ class Output:
         """The producer's delivery callback (failures only: ``delivery.report.only.error``)."""
         if err is not None:
             self.delivery_errors += 1
+            if self.refusals is not None and self.refusals.note(
+                err, source="producer", topics=(msg.topic(),)
+            ):
+                return
             if err.code() not in (
                 KafkaError._PURGE_QUEUE,
                 KafkaError._PURGE_INFLIGHT,
@@ -98,6 +103,8 @@ class Output:
                 self.producer.poll(0.05)
                 self.waiting("room in the producer's queue", time.monotonic() - waited)
             except KafkaException as exc:
+                if self.refusals is not None and self.refusals.note(exc.args[0], topics=(topic,)):
+                    raise AccessDenied(self.refusals.first) from None  # no Write on the topic: exit 6
                 # exactly-once: an earlier output of this transaction failed (e.g. too large), which
                 # left it in an error state; at-least-once: a refused produce is fatal as ever
                 if self.refused is None or exc.args[0].code() != KafkaError._STATE:
@@ -118,6 +125,10 @@ class Output:
                     done += 1
             except BufferError:  # the local queue is full: the rest goes through produce(), which waits
                 pass
+            except KafkaException as exc:  # no Write on the topic: exit 6 (refusals)
+                if self.refusals is not None and self.refusals.note(exc.args[0], topics=(topic,)):
+                    raise AccessDenied(self.refusals.first) from None
+                raise
         for key, value in predictions[done:]:
             self.produce(topic, value, key=key)
         self.emit_dead(out.dead_letters, count=False)

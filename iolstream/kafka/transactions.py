@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
-from iolstream.kafka.errors import WorkerError
+from iolstream.kafka.errors import AccessDenied, WorkerError
 from iolstream.kafka.output import Output
 from iolstream.ops.faults import crash_point, fault_point
 
@@ -117,6 +117,11 @@ class Transactions:
             return f"{exc.name} overran its deadline"
         except KafkaException as exc:
             err = exc.args[0]
+            outputs = (self.cfg.topics.predictions, self.cfg.topics.dead_letters)
+            if self.output.refusals is not None and self.output.refusals.note(err, topics=outputs):
+                raise AccessDenied(
+                    self.output.refusals.first
+                ) from None  # a missing ACL: exit 6, nothing committed
             if err.fatal() and err.code() in FENCED:
                 raise WorkerError(fatal_message(err, self.cfg.transactional_id)) from None
             if err.fatal() or not err.txn_requires_abort():

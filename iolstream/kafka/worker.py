@@ -35,7 +35,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from iolstream.kafka import clients, diagnose, relearn
+from iolstream.kafka import access, clients, diagnose, relearn
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -49,10 +49,11 @@ from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.intake import Intake
 from iolstream.kafka.offsets import OffsetBook
 from iolstream.kafka.output import Output
+from iolstream.kafka.refusals import Refusals
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
-from iolstream.ops.lifecycle import EXIT_FATAL, EXIT_OK, LoopWatchdog
+from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
 from iolstream.stream import warm
@@ -87,6 +88,8 @@ class Worker:
         for warning in check_timing(cfg):
             log.warning("%s", warning)
         self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
+        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
+        self.refusals = self.output.refusals = Refusals(cfg)
         # group learning (kafka.group): the processor proposes its warm-up scaling to it
         self.group = GroupSync(cfg, self.output) if cfg.group.enabled else None
         self.checkpoints = Checkpointer(cfg, self.calls, metrics=metrics, agreement=self.group)
@@ -162,6 +165,9 @@ class Worker:
         seconds = warm.preload(self.processor.model.config, parallel=parallel)
         # before the first message, not in the middle of the stream
         log.info("kernels loaded in %.2f s", seconds)
+        # check's probes of the topics and groups: a refusal is one line and exit 6, not a wait in the calls
+        # below
+        access.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
             created = ensure_topics(self.cfg)
             if created:
@@ -244,6 +250,8 @@ class Worker:
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
         watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
+        refused_lines = self.refusals.handler()  # librdkafka's log lines that name a refusal (kafka.refusals)
+        logging.getLogger("iolstream.kafka").addHandler(refused_lines)
         try:
             self._open()
             if freeze_startup:
@@ -271,15 +279,18 @@ class Worker:
                     break
             return EXIT_OK if self._shutdown() else EXIT_FATAL
         except (WorkerError, KafkaException) as exc:
-            why = (
-                exc if isinstance(exc, WorkerError) else diagnose.explain(exc, clients.client_conf(self.cfg))
-            )
+            if isinstance(exc, WorkerError):
+                why, code = exc, exc.exit_code
+            else:
+                why = diagnose.explain(exc, clients.client_conf(self.cfg))
+                code = EXIT_ACCESS if why.refusal else EXIT_FATAL
             log.error("fatal: %s", why, extra={"event": "fatal"})
             # no checkpoint from the revoke that close() triggers: the state may be ahead of Kafka
             self.stop_event.set()
             self._close()
-            return EXIT_FATAL
+            return code
         finally:
+            logging.getLogger("iolstream.kafka").removeHandler(refused_lines)
             watchdog.stop()
             self.calls.close()
             self.stopper.cancel()
@@ -328,6 +339,7 @@ class Worker:
         """Between two cycles: metrics, client errors, the broker probe, the status line."""
         if self.metrics is not None:
             self.metrics.tick(self)
+        self.refusals.check()
         if self.intake.consumer_error is not None:
             err, self.intake.consumer_error = self.intake.consumer_error, None
             self._replace_consumer(err)
@@ -350,6 +362,8 @@ class Worker:
         """librdkafka's error callback (and the consumer's error events): a fatal error is handled by the
         loop; an unreachable broker is noted; the rest is logged (RepeatFilter: once per kind per
         interval)."""
+        if self.refusals.note(err, source=source):
+            return
         if err.fatal():
             self.fatal_error = err
             return

@@ -16,6 +16,9 @@ Exit codes of ``iolstream run`` (also in README "Operations"):
 3     fatal: fenced producer, undeliverable output, incompatible snapshot, bad config
 4     a stop (SIGTERM/SIGINT) could not finish within ``durability.shutdown_grace_seconds``
 5     the loop was stuck (no tick within the watchdog bound): a client call that never returns
+6     the broker refused the worker: authentication failed, its TLS certificate is not trusted, or an ACL
+      is missing (the one line logged names the mechanism and user, the certificate, or the resource and
+      operation; see ``kafka.diagnose``); ``iolstream check`` and ``iolstream produce`` exit 6 too
 ====  =========================================================================================
 """
 
@@ -36,6 +39,7 @@ EXIT_OK = 0
 EXIT_FATAL = 3
 EXIT_SHUTDOWN_OVERRUN = 4
 EXIT_STUCK = 5
+EXIT_ACCESS = 6
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

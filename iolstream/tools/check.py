@@ -6,18 +6,21 @@ One line per finding, ``ok``, ``warn`` or ``FAIL``, then the exit code:
     2   a config or data problem: the config does not load or contradicts itself, or the CSV does not
         fit the model (its width against model.n_inputs, its labels against model.classes)
     3   a cluster problem (and the config and data are fine): the broker does not answer within
-        --timeout, authentication or TLS fails, a topic is missing (topics.create false) or cannot be
-        created, the features and labels topics differ in partition count, or the principal may not
-        read the inputs or the group, write the outputs, read the dead-letter topic's configs, or use
-        the transactional id (exactly-once)
+        --timeout, a topic is missing (topics.create false), or the features and labels topics differ
+        in partition count
+    6   the broker refused (and the config and data are fine): authentication fails, its TLS certificate
+        is not trusted, or an ACL of the worker's list (``iolstream acls``) is missing: Read on the inputs
+        and the group, Write on the outputs, Create on a topic to create, Write on the transactional id
+        (exactly-once); the line is the one ``iolstream run`` would stop with (same code)
 
-The cluster probes (``kafka.access``) write nothing into a user topic. The broker's address comes from
-the config (``kafka.bootstrap_servers``, or ``--bootstrap``) and its client settings from ``kafka.client``.
+Both 3 and 6 found: 6. The cluster probes (``kafka.access``, the worker's own at start) write nothing into a
+user topic. The broker's address comes from the config (``kafka.bootstrap_servers``, or ``--bootstrap``)
+and its client settings from ``kafka.client``.
 """
 
 from __future__ import annotations
 
-EXIT_READY, EXIT_CONFIG, EXIT_CLUSTER = 0, 2, 3
+EXIT_READY, EXIT_CONFIG, EXIT_CLUSTER, EXIT_ACCESS = 0, 2, 3, 6
 
 
 def add_parser(subparsers):
@@ -29,7 +32,8 @@ def add_parser(subparsers):
         description=(
             "Check a worker config before its first run: the config itself, the broker, the topics and their "
             "partition counts, what the principal may do, and a CSV sample against the model. One line per "
-            "finding; exit 0 ready, 2 config or data problem, 3 cluster problem."
+            "finding; exit 0 ready, 2 config or data problem, 3 cluster problem, 6 refused by the broker "
+            "(authentication, TLS trust, a missing ACL)."
         ),
     )
     p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
@@ -57,20 +61,24 @@ class Report:
         import sys
 
         self.stream = stream or sys.stdout
-        self.config_failed = self.cluster_failed = False
+        self.config_failed = self.cluster_failed = self.refused = False
 
     def say(self, ok: bool, what: str, line: str, *, warning: bool = False, cluster: bool = True) -> None:
         status = "FAIL" if not ok else ("warn" if warning else "ok")
         print(f"{status:<4}  {what}: {line}", file=self.stream, flush=True)
         if not ok:
-            if cluster:
-                self.cluster_failed = True
-            else:
+            if not cluster:
                 self.config_failed = True
+            elif getattr(line, "refusal", False):  # a diagnose.Explanation
+                self.refused = True
+            else:
+                self.cluster_failed = True
 
     @property
     def code(self) -> int:
-        return EXIT_CONFIG if self.config_failed else EXIT_CLUSTER if self.cluster_failed else EXIT_READY
+        if self.config_failed:
+            return EXIT_CONFIG
+        return EXIT_ACCESS if self.refused else EXIT_CLUSTER if self.cluster_failed else EXIT_READY
 
 
 def main(args) -> int:
@@ -137,7 +145,7 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
 
 def check_cluster(cfg, timeout: float, report: Report) -> None:
     from iolstream.kafka import diagnose
-    from iolstream.kafka.access import Access
+    from iolstream.kafka.access import Access, no_collection
     from iolstream.kafka.clients import client_conf
 
     conf = client_conf(cfg)
@@ -149,5 +157,7 @@ def check_cluster(cfg, timeout: float, report: Report) -> None:
     report.say(
         True, "broker", f"{conf['bootstrap.servers']} answers ({brokers} broker{'s' * (brokers != 1)})"
     )
-    for f in Access(cfg, conf, meta, timeout=max(timeout, 1.0)).all():
+    with no_collection():  # kafka.access: no collection on librdkafka's thread
+        findings = Access(cfg, conf, timeout=max(timeout, 1.0)).all()
+    for f in findings:
         report.say(f.ok, f.what, f.line, warning=f.warning)

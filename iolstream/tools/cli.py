@@ -20,6 +20,8 @@ import importlib
 import os
 import sys
 
+from iolstream.kafka.errors import WorkerError
+
 # Subcommand -> (module defining add_parser(subparsers), one-line summary for --help), in --help order.
 COMMANDS = {
     "evaluate": (
@@ -38,6 +40,10 @@ COMMANDS = {
     "snapshot": (
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
+    ),
+    "acls": (
+        "iolstream.tools.acls",
+        "the kafka-acls lines granting a worker (or producer) exactly what it needs",
     ),
 }
 
@@ -90,6 +96,9 @@ def main(argv=None) -> int:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except WorkerError as exc:  # e.g. the broker refused the client (kafka.errors.AccessDenied: exit 6)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

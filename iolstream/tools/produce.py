@@ -19,7 +19,7 @@ import numpy as np
 from iolstream.tools.follow import Follower, plot_curve
 from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary, row_ids
 from iolstream.tools.progress import Reporter
-from iolstream.tools.send import EXIT_CLUSTER, SendFailed, create_topics, preflight, send
+from iolstream.tools.send import SendFailed, create_topics, preflight, send
 
 __all__ = [
     "PlanOptions",
@@ -223,18 +223,19 @@ def load_rows(args):
 
 def main(args) -> int:
     """Exit 0 when sent (and, with --follow, predicted); 1 when rows got no prediction in time; 2 for bad
-    arguments or data (the data checked against the config's model first); 3 for a cluster problem."""
+    arguments or data (the data checked against the config's model first); 3 for a cluster problem; 6 when the
+    broker refused us (authentication, TLS trust, a missing ACL)."""
     try:
         return replay(args)
     except SendFailed as exc:
-        return _cluster_error(str(exc))
+        return _cluster_error(exc)
 
 
-def _cluster_error(line: str) -> int:
+def _cluster_error(failed: SendFailed) -> int:
     import sys
 
-    print(f"iolstream produce: error: {line}", file=sys.stderr)
-    return EXIT_CLUSTER
+    print(f"iolstream produce: error: {failed}", file=sys.stderr)
+    return failed.exit_code
 
 
 def replay(args) -> int:
@@ -267,9 +268,10 @@ def replay(args) -> int:
             raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
     n = len(X)
     needed = [target.features, target.labels] + ([target.predictions] if args.follow else [])
-    why = preflight(target.client_conf, needed, args.create_topics)
+    reads = {target.predictions: "Read"} if args.follow else {}
+    why = preflight(target.client_conf, needed, args.create_topics, operations=reads)
     if why is not None:
-        return _cluster_error(why)
+        return _cluster_error(SendFailed(why))
     say = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     say(
         f"{description}\nsending {n} rows to {target.features} (labels to {target.labels}) "

@@ -75,13 +75,13 @@ def run(args) -> int:
             log.error("cannot start: metrics.port %s:%d: %s", cfg.metrics.host, cfg.metrics.port, exc)
             return EXIT_FATAL
     try:
-        if not _broker_answers(cfg, started, args.max_seconds, log):
-            return EXIT_FATAL
-        try:
+        try:  # a refused login or certificate: AccessDenied (exit 6) at once, not waited out
+            if not _broker_answers(cfg, started, args.max_seconds, log):
+                return EXIT_FATAL
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
             log.error("cannot start: %s", exc)
-            return EXIT_FATAL
+            return exc.exit_code
         if metrics is not None:
             metrics.attach(worker)
         return worker.run(
@@ -99,7 +99,8 @@ def run(args) -> int:
 
 def _broker_answers(cfg, started: float, max_seconds: float | None, log) -> bool:
     """Wait for the broker up to ``kafka.connect_timeout_seconds`` (or ``--max-seconds``, if sooner), a line
-    naming the address and ``kafka.bootstrap_servers`` at most every 10 s; False if it never answered."""
+    naming the address and ``kafka.bootstrap_servers`` at most every 10 s; False if it never answered,
+    ``AccessDenied`` if it refused us."""
     import time
 
     from iolstream.kafka import diagnose

@@ -1,7 +1,8 @@
 """The Kafka part of ``iolstream produce``: one idempotent producer sends a plan (id as key, optional rate
 limit, event time stamped when a features message goes out), missing topics are created, and before
 anything is sent ``preflight`` checks that the broker answers and the topics exist. A cluster problem is
-one line (``kafka.diagnose``), never a traceback.
+one line (``kafka.diagnose``), never a traceback: exit 6 when the broker refused us (authentication, TLS trust,
+a missing ACL), else 3.
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ from collections.abc import Iterable
 from iolstream.kafka.clients import LOGGER
 from iolstream.tools.plan import Message, plan_summary
 
-EXIT_CLUSTER = 3  # the broker cannot be reached, refuses us, or lacks a topic (2: bad arguments or data)
+EXIT_CLUSTER = 3  # the broker cannot be reached or lacks a topic (2: bad arguments or data)
+EXIT_ACCESS = 6  # the broker refused us: authentication, TLS trust, a missing ACL (ops.lifecycle.EXIT_ACCESS)
 CONNECT_SECONDS = 10.0  # the broker must answer a metadata request within this before anything is sent
 
 
 class SendFailed(RuntimeError):
-    """Messages the cluster did not take; the message is one line naming why (``kafka.diagnose``)."""
+    """Messages the cluster did not take; the message is one line naming why (``kafka.diagnose``), and
+    ``exit_code`` says whether the broker refused us (6) or another cluster problem stopped us (3)."""
+
+    def __init__(self, line: str, refused: bool | None = None):
+        super().__init__(line)
+        self.exit_code = (
+            EXIT_ACCESS if (getattr(line, "refusal", False) if refused is None else refused) else 3
+        )
 
 
 def send(
@@ -40,14 +49,29 @@ def send(
     from confluent_kafka import KafkaException, Producer
 
     from iolstream.kafka import diagnose
+    from iolstream.kafka.refusals import Refusals
 
     seen = diagnose.Collector(forward=logging.getLogger(LOGGER))
-    producer = Producer({"linger.ms": 5, "enable.idempotence": True, **producer_conf, **seen.conf()})
+    refusals = Refusals(producer_conf)  # the first refusal stops the send (exit 6)
+
+    def on_error(err) -> None:
+        seen.error(err)
+        refusals.note(err)
+
+    producer = Producer(
+        {"linger.ms": 5, "enable.idempotence": True, **producer_conf, **seen.conf(), "error_cb": on_error}
+    )
     errors: list = []  # (error, topic) of the failed deliveries
 
     def on_delivery(err, msg):
         if err is not None:
             errors.append((err, msg.topic()))
+            refusals.note(err, topics=(msg.topic(),))
+
+    def refused() -> None:
+        if refusals.first is not None:
+            producer.purge()
+            raise SendFailed(refusals.first)
 
     started = time.monotonic()
     delayed: deque[tuple[float, Message]] = deque()
@@ -84,22 +108,30 @@ def send(
             if progress is not None:
                 progress(rows_sent)
         producer.poll(0)
+        refused()
     while delayed and not (stop is not None and stop.is_set()):
         due, m = delayed.popleft()
         time.sleep(max(0.0, due - time.monotonic()))
         produce(m)
+    deadline = time.monotonic() + 60
     try:
-        remaining = producer.flush(60)
+        while (remaining := producer.flush(0.5)) and time.monotonic() < deadline:
+            refused()
     except KafkaException as exc:  # a fatal producer error
         errors.append((exc.args[0], None))
         remaining = len(producer)
+    refused()
     if remaining or errors:
         first, topic = errors[0] if errors else (diagnose.best(seen.errors) or "delivery timed out", None)
         why = diagnose.explain(
-            first, producer_conf, operation="write", resource=topic and f"topic {topic}", seen=seen.errors
+            first,
+            producer_conf,
+            operation="Write",
+            resource=topic and diagnose.named("topic", topic),
+            seen=seen.errors,
         )
         failed = remaining + sum(1 for _, topic in errors if topic is not None)
-        raise SendFailed(f"{failed} messages not delivered: {why}")
+        raise SendFailed(f"{failed} messages not delivered: {why}", why.refusal)
     return {**summary, "seconds": time.monotonic() - started}
 
 
@@ -135,25 +167,46 @@ def create_topics(
             timeout=timeout,
         )
     except KafkaException as exc:
-        raise SendFailed(
-            diagnose.explain(exc, admin_conf, operation="create", resource=f"topics {', '.join(names)}")
-        ) from None
+        resource = diagnose.named("topic", *names)
+        raise SendFailed(diagnose.explain(exc, admin_conf, operation="Create", resource=resource)) from None
 
 
 def preflight(
-    conf: dict, topic_names: list[str], create: bool, timeout: float = CONNECT_SECONDS
+    conf: dict,
+    topic_names: list[str],
+    create: bool,
+    timeout: float = CONNECT_SECONDS,
+    operations: dict[str, str] | None = None,
 ) -> str | None:
-    """Why nothing can be sent (one line), or None: the broker at ``conf`` answers within ``timeout`` and each
-    of ``topic_names`` exists (or will be created, ``create``) and may be described."""
+    """Why nothing can be sent (one line, a ``diagnose.Explanation`` when Kafka said why), or None: the broker at
+    ``conf`` answers within ``timeout`` and each of ``topic_names`` exists (or will be created, ``create``) and
+    the principal has its operation of ``operations`` (default Write) on it."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
     from iolstream.kafka import diagnose
 
     meta, why = diagnose.probe(conf, timeout)
     if why is not None:
         return why
+    seen = diagnose.Collector()
+    admin = AdminClient({**conf, **seen.conf()})
+    futures = admin.describe_topics(
+        TopicCollection(list(topic_names)), include_authorized_operations=True, request_timeout=timeout
+    )
     for name in topic_names:
-        topic = meta.topics.get(name)
-        if topic is not None and topic.error is not None:
-            return diagnose.explain(topic.error, conf, operation="describe", resource=f"topic {name}")
-        if topic is None and not create:
-            return f"topic {name} does not exist at {conf['bootstrap.servers']}: create it, or pass --create-topics"
+        operation = (operations or {}).get(name, "Write")
+        resource = diagnose.named("topic", name)
+        try:
+            found = futures[name].result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                if create:
+                    continue
+                return f"topic {name} does not exist at {conf['bootstrap.servers']}: create it, or pass --create-topics"
+            return diagnose.explain(exc, conf, operation=operation, resource=resource, seen=seen.errors)
+        allowed = found.authorized_operations
+        if allowed is not None and not {operation.upper(), "ALL"} & {op.name for op in allowed}:
+            err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+            return diagnose.explain(err, conf, operation=operation, resource=resource)
     return None

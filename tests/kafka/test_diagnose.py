@@ -83,12 +83,20 @@ def test_each_kind_is_one_line_naming_where_and_which_key(error, needles):
 
 def test_authorisation_names_the_resource_and_the_operation():
     for code, resource in [
-        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "topic iol.predictions"),
-        (KafkaError.GROUP_AUTHORIZATION_FAILED, "group iolstream"),
-        (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional id iolstream-worker"),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, diagnose.named("topic", "iol.predictions")),
+        (KafkaError.GROUP_AUTHORIZATION_FAILED, diagnose.named("group", "iolstream")),
+        (
+            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            diagnose.named("transactional id", "iolstream-worker"),
+        ),
     ]:
-        line = diagnose.explain(KafkaException(err(code)), CONF, operation="write", resource=resource)
-        assert line == f"not authorised to write {resource} (user 'iol-worker' at kafka-1.example:9093)"
+        line = diagnose.explain(KafkaException(err(code)), CONF, operation="Write", resource=resource)
+        assert line == (
+            f"not authorised: user 'iol-worker' (SCRAM-SHA-512) may not Write {resource} "
+            "(a missing ACL: iolstream acls prints those iolstream needs)"
+        )
+        assert line.refusal and line.rule == "authorisation"
+    assert diagnose.named("topic", "p", "d") == "topic 'p' or 'd'"
 
 
 def test_the_password_never_shows_even_when_the_broker_repeats_it():

@@ -140,7 +140,8 @@ def test_check_a_ready_setup_exit_0(tmp_path, kafka_bootstrap, kafka_topics):
         "csv:",
         "broker:",
         "partition counts",
-        "access to topic",
+        "(topics.features): exists, 1 partition; Read",
+        "(topics.predictions): exists, 1 partition; Write",
         "configs of",
         "group ",
         "transactional id",
@@ -209,9 +210,9 @@ def test_run_without_prometheus_client_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "client,needles",
+    "client,code,needles",
     [
-        ({"security.protocol": "SSL"}, ["TLS with", "kafka.client.security.protocol"]),
+        ({"security.protocol": "SSL"}, 3, ["TLS with", "kafka.client.security.protocol"]),
         (
             {
                 "security.protocol": "SASL_PLAINTEXT",
@@ -219,17 +220,19 @@ def test_run_without_prometheus_client_is_one_line(tmp_path):
                 "sasl.username": "bob",
                 "sasl.password": "pw-never-shown",
             },
+            6,
             ["authentication failed at", "SCRAM-SHA-512 as user 'bob'", "kafka.client.sasl.password"],
         ),
     ],
 )
-def test_check_names_a_security_mismatch_at_once(tmp_path, kafka_bootstrap, client, needles):
+def test_check_names_a_security_mismatch_at_once(tmp_path, kafka_bootstrap, client, code, needles):
     """TLS or SASL against the plaintext listener: one line naming the setting, the user, never the password,
-    without waiting for --timeout."""
+    without waiting for --timeout; a failed login is a refusal (exit 6, as ``run`` would), TLS against a
+    plaintext port a cluster problem (3)."""
     cfg = write_config(tmp_path, kafka_bootstrap, kafka={"client": client})
     rc, out, err, seconds = iolstream("check", "-c", cfg, "--timeout", "20")
     assert_clean(out, err)
-    assert rc == 3 and seconds < 15
+    assert rc == code and seconds < 15
     line = next(line for line in out.splitlines() if line.startswith("FAIL  broker:"))
     for needle in needles:
         assert needle in line, line

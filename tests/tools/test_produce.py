@@ -132,6 +132,9 @@ class FakeProducer:
     def flush(self, _timeout=None):
         return 0
 
+    def purge(self):
+        pass
+
 
 def test_send_keeps_the_rate_and_delays_labels_by_seconds(monkeypatch):
     import confluent_kafka
@@ -300,16 +303,25 @@ class RefusingProducer(FakeProducer):
         on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), Msg())
 
 
-def test_refused_deliveries_are_one_line_naming_the_topic(monkeypatch):
+def test_a_refused_delivery_stops_the_send_in_one_line_naming_the_topic_exit_6(monkeypatch):
     import confluent_kafka
 
     from iolstream.tools.send import SendFailed
 
     monkeypatch.setattr(confluent_kafka, "Producer", RefusingProducer)
     X, y = rows(3)
-    conf = {"bootstrap.servers": "b:9", "sasl.username": "alice", "sasl.password": "secret-pw"}
+    conf = {
+        "bootstrap.servers": "b:9",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
+        "sasl.password": "secret-pw",
+    }
     with pytest.raises(SendFailed) as caught:
         produce.send(iter_plan(X, y, PlanOptions()), producer_conf=conf, features_topic="F", labels_topic="L")
-    assert (
-        str(caught.value) == "6 messages not delivered: not authorised to write topic F (user 'alice' at b:9)"
+    assert str(caught.value) == (
+        "not authorised: user 'alice' (PLAIN) may not Write topic 'F' "
+        "(a missing ACL: iolstream acls prints those iolstream needs)"
     )
+    assert caught.value.exit_code == 6
+    assert len(FakeProducer.sent) == 0 and "secret-pw" not in str(caught.value)
