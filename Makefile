@@ -46,7 +46,7 @@ container-test: $(STAMP)
 	IOLSTREAM_CONTAINER_TEST=require $(PY) -m pytest -q -m container tests/containers/test_container_stack.py $(PYTEST_ARGS)
 
 # Every leader-loss case on a three-node cluster (tests/cluster/; `make test` runs one of them). The fixture starts
-# the cluster itself (scripts/kafka_cluster.sh, ports 19292-19297, ~1 GB of RAM) and wipes it at the end.
+# the cluster itself (scripts/kafka_cluster.sh, ports 19492-19497, ~1 GB of RAM) and wipes it at the end.
 test-cluster: $(STAMP)
 	$(PY) -m pytest -q -m cluster tests/cluster $(PYTEST_ARGS)
 

@@ -2,7 +2,7 @@
 client settings, and a worker run as ``iolstream run`` in a subprocess.
 
 The fixture ``secure_kafka`` (tests/secure/conftest.py) starts one per session in a fresh state dir on
-``IOLSTREAM_TEST_SECURE_PORT`` (default 19192, controller on the next port) and wipes it at the end; with
+``IOLSTREAM_TEST_SECURE_PORT`` (default 19392, controller on the next port) and wipes it at the end; with
 ``IOLSTREAM_TEST_SECURE_DATA`` naming the state dir of one already running, it uses that one and leaves it.
 """
 

@@ -1,6 +1,6 @@
 """The three-node KRaft cluster of the tests in this folder (session scope): started from
-scripts/kafka_cluster.sh in a fresh state dir on ``IOLSTREAM_TEST_CLUSTER_PORT`` (default 19292: nodes on
-19292, 19294, 19296, controllers on the next ports), wiped at the end. A node a test killed is started again
+scripts/kafka_cluster.sh in a fresh state dir on ``IOLSTREAM_TEST_CLUSTER_PORT`` (default 19492: nodes on
+19492, 19494, 19496, controllers on the next ports), wiped at the end. A node a test killed is started again
 before the next test."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory) -> Iterator[Cluster]:
     cluster = Cluster(
-        int(os.environ.get("IOLSTREAM_TEST_CLUSTER_PORT", "19292")), tmp_path_factory.mktemp("cluster")
+        int(os.environ.get("IOLSTREAM_TEST_CLUSTER_PORT", "19492")), tmp_path_factory.mktemp("cluster")
     )
     try:
         cluster.sh("start")
