@@ -18,6 +18,8 @@ from iolstream.core import linalg
 
 @dataclass
 class RegretReport:
+    """The cumulative regret of each layer against the offline expert, with the paper's bound."""
+
     cumulative_loss: np.ndarray  # (L,) Σ_t L_{l,t}(β_{l,t})
     expert_loss: np.ndarray  # (L,) min_β over everything labelled
     cumulative_regret: np.ndarray  # (L,)

@@ -45,6 +45,8 @@ TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class Finding:
+    """One line of ``iolstream check``: whether it passed, what was checked, and what to print."""
+
     ok: bool
     what: str
     line: str
