@@ -264,10 +264,12 @@ def run_with_restart(events, cut: int, tmp_path, make):
     return first.predictions + second.predictions, first.dead + second.dead, restored
 
 
-@pytest.mark.parametrize("mode", ["forward", "ridge"])
+@pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
 def test_state_round_trip_mid_stream_continues_bitwise(mode, tmp_path):
     """Cut anywhere (warm-up hold, partial batches, queued labels, early labels): restored and
-    continued, the processor emits the same bytes and ends with the same β, bit for bit."""
+    continued, the processor emits the same bytes and ends with the same β, bit for bit. With
+    ``mode: auto`` also every candidate's sums and β, the selector's recent losses and the loss of
+    what was emitted: given the same batches, a restart changes nothing the selector sees."""
     X, y = data(180, seed=5)
     events, _ = faulty_events(X, y, seed=5)
 
@@ -289,6 +291,25 @@ def test_state_round_trip_mid_stream_continues_bitwise(mode, tmp_path):
         assert restored.counters == whole.proc.counters, f"cut {cut}"
         assert restored.join.counters == whole.proc.join.counters, f"cut {cut}"
         assert_bitwise(state_arrays(restored), state_arrays(whole.proc), f"{mode}, cut {cut}")
+        if mode == "auto":
+            assert_same_selection(restored.model, whole.proc.model, f"cut {cut}")
+
+
+def assert_same_selection(got: EdRVFL, want: EdRVFL, what: str) -> None:
+    """Every candidate's A, A_r, c and β, and the selector's state, bit for bit (``mode: auto``)."""
+    assert got.modes == want.modes == ["forward", "ridge"], what
+    for j, (a, b) in enumerate(zip(got.learners, want.learners)):
+        for i, (la, lb) in enumerate(zip(a.state.layers, b.state.layers)):
+            for name in ("gram", "gram_labelled", "rhs", "beta"):
+                va, vb = getattr(la, name), getattr(lb, name)
+                assert (va is None) == (vb is None), f"{what}: candidate {j} layer {i} {name}"
+                if va is not None:
+                    assert np.array_equal(np.tril(va), np.tril(vb)), f"{what}: candidate {j} layer {i} {name}"
+    sa, sb = got.selector, want.selector
+    assert (sa.chosen, sa.switches, sa.clock) == (sb.chosen, sb.switches, sb.clock), what
+    for name in ("loss", "pair", "rows"):
+        assert np.array_equal(getattr(sa, name), getattr(sb, name)), f"{what}: selector {name}"
+    assert np.array_equal(got.emitted_loss, want.emitted_loss), what
 
 
 def test_one_row_labels_one_row_behind_fold_whole_batches_from_the_cache(monkeypatch):
