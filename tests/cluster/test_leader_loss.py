@@ -42,7 +42,7 @@ N_ROWS = 16_000
 RATE = 2_000  # feature rows/s: the stream lasts 8 s
 KILL_AFTER = 3.0  # s after the stream starts
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261126"))
-MODEL_ARRAYS = re.compile(r"model/layer\d+/(gram|rhs|beta|gram_labelled)$")
+MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$")
 COUNTERS = ("messages_features", "messages_labels", "rows_in", "predictions_out", "labels_in", "rows_learned")
 
 

@@ -656,7 +656,7 @@ def test_the_run_command_freezes_the_start_up_objects_once_the_kernels_are_loade
         "    print(opened[0], gc.get_freeze_count() > 1000)\n"
         "    raise Stop\n"
         "worker.Worker._open = fake_open\n"
-        "worker.Worker._poll_once = first_poll\n"
+        "worker.Worker._cycle = first_poll\n"
         "try:\n"
         "    cli.main(['run', '-c', sys.argv[1]])\n"
         "except Stop:\n"

@@ -19,6 +19,7 @@ SHAPES = {
     "wine": (178, 13, 3),
     "digits": (1797, 64, 10),
     "breast_cancer": (569, 30, 2),
+    "diabetes": (442, 10, None),
     "poker": (5000, 10, 10),
     "friedman": (20_000, 10, None),
 }
