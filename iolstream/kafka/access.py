@@ -9,7 +9,7 @@ are those of ``kafka.acls.worker_acls``. Every probe writes nothing into a user 
     partition counts     the features and labels topics have the same
     output configs       DescribeConfigs of the predictions and dead-letter topics (their max.message.bytes;
                          a worker refused it runs without knowing the limits: a warning)
-    the groups           the group's committed offsets (OffsetFetch) and Read on it (its authorised
+    the groups           its description (DescribeGroups) and Read on it (the principal's authorised
                          operations); group learning: also Read on the member's deltas group
     transactional id     exactly-once: init_transactions, only while no member of the group is running
                          (it would fence a running worker that uses the id)
@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Producer,
@@ -221,11 +220,10 @@ class Access:
     def check_group(self, group: str, key: str) -> Finding:
         what = f"group {group} ({key})"
         resource = diagnose.named("group", group)
-        request = [ConsumerGroupTopicPartitions(group)]
+        # Not OffsetFetch (list_consumer_group_offsets): for a group the cluster has not seen yet, librdkafka
+        # may answer a NOT_COORDINATOR through a consumer-group handle an admin client does not have, and
+        # crash the process. The group's description with the principal's operations says the same.
         try:
-            self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout)[group].result(
-                self.timeout
-            )
             found = self.describe_group(group, with_operations=True)
         except KafkaException as exc:  # Describe (implied by Read) refused, or the coordinator unknown
             return Finding(False, what, self.explain(exc, "Read", resource))

@@ -26,6 +26,9 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a crash in a C extension leaves the Python stack of every thread on stderr
     import dataclasses
     import os
     import time
