@@ -26,14 +26,13 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    import faulthandler
-
-    faulthandler.enable()  # a crash in a C extension leaves the Python stack of every thread on stderr
     import dataclasses
+    import faulthandler
     import os
     import time
 
     started = time.monotonic()
+    faulthandler.enable()  # a crash in a C extension leaves the Python stack of every thread on stderr
 
     from iolstream.kafka.config import load_config
     from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
