@@ -43,12 +43,7 @@ import numpy as np
 from iolstream.core.model import ModelConfig
 from iolstream.tools.baselines import make_baseline
 from iolstream.tools.datasets import DataError, Dataset
-from iolstream.tools.learners import (  # noqa: F401 (public here too)
-    MODE_SHORT,
-    MODES,
-    EdRVFLLearner,
-    StreamLearner,
-)
+from iolstream.tools.learners import EdRVFLLearner, StreamLearner  # noqa: F401 (public here too)
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     CurvePoint,
     EvaluationResult,
