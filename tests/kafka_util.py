@@ -7,6 +7,7 @@ fixture in tests/conftest.py; topics from the ``kafka_topics`` fixture.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -345,3 +346,24 @@ def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
     while describe_max_message_bytes(admin, topic) != max_message_bytes:
         assert time.monotonic() < deadline, f"{topic}: max.message.bytes not {max_message_bytes} after 10 s"
         time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ the uninterrupted reference
+# every learned array of a snapshot: per layer, of the one learner or of each candidate (auto)
+MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$")
+
+
+def reference_state(raw_cfg: dict, messages) -> tuple[dict, dict]:
+    """The final state of one uninterrupted pass over ``messages`` (no Kafka, no clock): what a worker
+    killed and restarted on the same messages must end with."""
+    from iolstream.core.model import EdRVFL
+    from iolstream.kafka.config import config_from_dict
+    from iolstream.stream.processor import StreamProcessor
+
+    cfg = config_from_dict(raw_cfg, environ={})
+    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows)
+    for i, m in enumerate(messages):
+        (proc.on_features if m.kind == "features" else proc.on_labels)(m.encode(), (m.kind, 0, i), 0)
+        proc.step(0)
+    proc.step(0, force=True)
+    return proc.to_state()

@@ -12,7 +12,6 @@ the reader saw no new prediction after the kill — and the nodes' memory are pr
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,13 +26,11 @@ import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka_util import unique_group
+from kafka_util import MODEL_ARRAYS, reference_state, unique_group
 
-from iolstream.core.model import EdRVFL
 from iolstream.kafka import snapshots
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import config_from_dict
-from iolstream.stream.processor import StreamProcessor
 from iolstream.tools import produce
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
@@ -42,7 +39,6 @@ N_ROWS = 16_000
 RATE = 2_000  # feature rows/s: the stream lasts 8 s
 KILL_AFTER = 3.0  # s after the stream starts
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261126"))
-MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$")
 COUNTERS = ("messages_features", "messages_labels", "rows_in", "predictions_out", "labels_in", "rows_learned")
 
 
@@ -65,17 +61,6 @@ def worker_config(bootstrap: str, topics: dict, snap_dir: Path) -> dict:
         "metrics": {"port": 0},
         "logging": {"status_every_seconds": 1},
     }
-
-
-def reference_state(raw: dict, messages):
-    """The final state of one uninterrupted pass over ``messages`` (no Kafka, no clock)."""
-    cfg = config_from_dict(raw, environ={})
-    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows)
-    for i, m in enumerate(messages):
-        (proc.on_features if m.kind == "features" else proc.on_labels)(m.encode(), (m.kind, 0, i), 0)
-        proc.step(0)
-    proc.step(0, force=True)
-    return proc.to_state()
 
 
 def assert_same_model(snap, reference) -> None:

@@ -30,16 +30,17 @@ import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from kafka_util import (
+    MODEL_ARRAYS,
     committed_offsets,
     consume_all,
     create_topics,
     delete_topics,
     produce_json,
+    reference_state,
     set_topic_limit,
     unique_group,
 )
 
-from iolstream.core.model import EdRVFL
 from iolstream.kafka import snapshots as snapshot
 from iolstream.kafka.calls import ClientCalls
 from iolstream.kafka.config import config_from_dict
@@ -49,7 +50,6 @@ from iolstream.kafka.transactions import Transactions
 from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 from iolstream.ops import faults
 from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
-from iolstream.stream.processor import StreamProcessor
 from iolstream.tools import produce
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,9 +58,6 @@ N_ROWS = 50_000
 SEED = int(os.environ.get("IOLSTREAM_TEST_SEED", "20261125"))
 CRASHED = faults.CRASH_EXIT_CODE
 KILLED = -signal.SIGKILL
-MODEL_ARRAYS = re.compile(
-    r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$"
-)  # cand: lam / forgetting auto
 STREAM_COUNTERS = (
     "messages_features",
     "messages_labels",
@@ -110,17 +107,6 @@ def base_config(
         "metrics": {"port": 0},
         "logging": {"status_every_seconds": 60},
     }
-
-
-def reference_state(raw_cfg: dict, messages) -> tuple[dict, dict]:
-    """The final state of one uninterrupted pass over ``messages`` (no Kafka, no clock)."""
-    cfg = config_from_dict(raw_cfg, environ={})
-    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows)
-    for i, m in enumerate(messages):
-        (proc.on_features if m.kind == "features" else proc.on_labels)(m.encode(), (m.kind, 0, i), 0)
-        proc.step(0)
-    proc.step(0, force=True)
-    return proc.to_state()
 
 
 def join_counters(arrays) -> dict:
