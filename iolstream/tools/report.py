@@ -27,23 +27,28 @@ def summary(results, stream) -> None:
     print(file=stream)
     table = Table(columns, stream=stream)
     table.header()
+
+    def row(name, test, preq, first20, last20, regret, bound, rate, seconds):
+        middle = [preq, first20, last20] if stream_order else [test, preq]
+        table.row(name, *middle, regret, bound, rate, seconds)
+
     for r in results:
-        values = [r.name]
-        if not stream_order:
-            values.append(r.test_metric)
-        values.append(r.prequential_metric)
-        if stream_order:
-            values += [r.prequential_first20, r.prequential_last20]
-        values += [r.cumulative_regret, r.regret_bound, r.rows_per_second, r.seconds]
-        table.row(*values)
+        row(
+            r.name,
+            r.test_metric,
+            r.prequential_metric,
+            r.prequential_first20,
+            r.prequential_last20,
+            r.cumulative_regret,
+            r.regret_bound,
+            r.rows_per_second,
+            r.seconds,
+        )
         if r.config.get("mode") == "auto":  # its candidates, side by side, measured in the same run
             for c in r.config["candidate_results"]:
-                name = f"  {MODE_SHORT[c['mode']]}" + (
-                    "" if c["lam"] == r.config.get("lam") else f" λ={c['lam']:g}"
-                )
-                cells = [name] + ([None] if not stream_order else [])
-                cells += [c["prequential_metric"]] + ([None, None] if stream_order else [])
-                table.row(*cells, c["cumulative_regret"], None, None, None)
+                lam = "" if c["lam"] == r.config.get("lam") else f" λ={c['lam']:g}"
+                name = f"  {MODE_SHORT[c['mode']]}{lam}"
+                row(name, None, c["prequential_metric"], None, None, c["cumulative_regret"], None, None, None)
     notes = []
     if stream_order:
         notes.append(
