@@ -4,12 +4,17 @@ one in force.
 The candidates all use the same random features and learn every row; the one whose recent prequential
 loss is lowest predicts (``CandidateSelector``). The candidates of one half-life share its sums
 (``core.shared_gram.SharedGramLearner``: one Gram, a Cholesky per λ; with ``mode: auto`` the -R candidates
-solve on the labelled sums A_r that the -F learner keeps beside its A).
+solve on the labelled sums A_r that the -F learner keeps beside its A). The candidates not in force predict the
+batches a budget pays for (``ScoringBudget``); ``candidate_step`` runs a batch through them all.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from iolstream.core import work
 
 LAM_CANDIDATES = (0.05, 0.5, 5.0)
 # rows; None: no forgetting. 512 replaced 16384: on rbf-drift (centroids always moving) the candidate
@@ -36,6 +41,10 @@ SELECTION_Z = (
 # by 0.9σ at the end: kept to the end, it cost 0.008 test accuracy. 1σ was too much: on segment (-R, seed 0)
 # λ = 0.05 (0.013 better on the test set) fell to 0.8σ once and never came back.
 SELECTION_KEEP_Z = 0.5
+# The candidates not in force are scored on as many batches as a quarter of the step's own work pays for
+# (ScoringBudget). Counted in FLOPs; a scored candidate's Cholesky and solve run at about half the rate of the step's
+# Gram and products on the small config (n = 139), so this is about half the step's time (docs/benchmarks.md).
+SCORING_SHARE = 0.15
 PAIR_CHUNK = 4096  # rows of a labelled batch whose paired differences the selector forms at once
 
 
@@ -107,11 +116,12 @@ class CandidateSelector:
         self.z = z
         self.keep_z = keep_z
 
-    def record(self, row_losses: np.ndarray) -> None:
-        """row_losses: (K, b) each candidate's loss on each row of one labelled batch."""
+    def record(self, row_losses: np.ndarray, rows: int | None = None) -> None:
+        """row_losses: (K, s) each candidate's loss on each scored row of a labelled batch of ``rows`` rows
+        (default s: all were scored). The sums decay by ``rows``; only the scored rows add to them."""
         row_losses = np.asarray(row_losses, dtype=np.float64)
         b = row_losses.shape[1]
-        self.advance(b)
+        self.advance(b if rows is None else rows)
         self.loss += row_losses.sum(axis=1)
         for start in range(
             0, b, PAIR_CHUNK
@@ -154,47 +164,55 @@ class CandidateSelector:
         return self.loss / self.rows if self.rows > 0 else np.full(len(self.loss), np.nan)
 
 
-def make_learners(config, n_columns: int, pairs: list[tuple], modes: list[str]) -> list:
-    """One learner per candidate (``pairs``: (lam, half_life), ``modes``: its mode). The first candidate of each
-    half-life makes every update (Gram, labels, decay); the others share its sums (``SharedGramLearner``): one
-    Gram, one Cholesky per λ; half-lives differ in sums. With ``mode: auto`` that first one is -F and keeps A_r
-    beside A, the -R candidates' A."""
-    from iolstream.core.learner import OnlineLearner
-    from iolstream.core.shared_gram import SharedGramLearner
+class ScoringBudget:
+    """Which batches the candidates not in force predict, to be judged on (``CandidateSelector``).
 
-    if len(pairs) != len(modes):
-        raise ValueError(f"{len(pairs)} candidate settings but {len(modes)} modes")
-    learners, primaries = [], {}
-    for (lam, half_life), mode in zip(pairs, modes):
-        if half_life in primaries:
-            learners.append(SharedGramLearner(primaries[half_life], lam, mode=mode))
-            continue
-        primaries[half_life] = ln = OnlineLearner(
-            n_columns,
-            config.m,
-            config.n_layers,
-            lam=lam,
-            mode=mode,
-            solver=config.solver,
-            refactor_every=config.refactor_every,
-            track_regret=config.track_regret,
-            half_life=half_life,
-            keep_labelled=config.mode == "auto",
-        )
-        learners.append(ln)
-    return learners
+    The one in force predicts every batch; the others cost a Cholesky (unless A⁻¹ is kept by Woodbury), a
+    solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on the first batch and then whenever the credit pays for it:
+    every batch earns ``share`` × the FLOPs of one -F step of its rows (``work.step_flops``), and a scored batch
+    spends what scoring it costs. With few candidates or large batches that is every batch (the default -F and
+    -R pair on the small and poker configs of ``bench --suite core``); with 18 candidates on 256-row batches of
+    139 columns, about one in four. The selector's sums decay by every labelled row and gain only scored ones:
+    it reacts to a drift as fast, on fewer rows of evidence. Deterministic: the same batches, the same choice.
 
+    dims : (k, m, N, L, bias_column) of the model.
+    """
 
-def observe_candidates(learners: list, network, x_scaled: np.ndarray, parallel: bool):
-    """A new batch seen by every candidate: (features_t (L, n, b), every candidate's layer outputs (K, L, b, m)).
-    The first learner computes the features (fused with its -F step); the others take them. Learners listed
-    before the candidates sharing their sums (``make_learners``), so these find them up to date. ``parallel``:
-    the thread setting of the one in force, for all."""
-    learners[0].parallel = parallel
-    features_t, first_outputs = learners[0].observe_rows(network, x_scaled)
-    outputs = np.empty((len(learners), *first_outputs.shape))
-    outputs[0] = first_outputs
-    for j, other in enumerate(learners[1:], start=1):
-        other.parallel = parallel
-        outputs[j] = other.observe_and_predict(features_t)
-    return features_t, outputs
+    def __init__(self, dims: tuple, share: float = SCORING_SHARE):
+        self.dims, self.share = tuple(dims), share
+        self.credit = math.inf  # FLOPs earned and not spent (inf: the first batch is scored)
+        self.rows = 0  # rows observed
+        self.scored_rows = 0  # rows the candidates not in force predicted
+
+    def step(self, b: int) -> float:
+        """FLOPs of one -F step of b rows."""
+        return work.step_flops(*self.dims[:4], b, self.dims[4])
+
+    def take(self, b: int, cost: float) -> bool:
+        """Whether the batch of b rows now observed is scored, ``cost`` FLOPs (then spent)."""
+        self.credit = min(self.credit + self.share * self.step(b), cost)  # no saving up beyond one scoring
+        self.rows += b
+        if self.credit < cost:
+            return False
+        self.credit -= cost
+        self.scored_rows += b
+        return True
+
+    @property
+    def scored_share(self) -> float:
+        """The share of the rows observed that every candidate predicted (1.0 before any row)."""
+        return self.scored_rows / self.rows if self.rows else 1.0
+
+    def to_state(self) -> dict:
+        return {
+            "credit": None if math.isinf(self.credit) else self.credit,
+            "rows": self.rows,
+            "scored_rows": self.scored_rows,
+        }
+
+    def load_state(self, state: dict | None) -> None:
+        """As ``to_state`` gave it; None (a snapshot saved when every batch was scored): the first batch next."""
+        state = state or {}
+        credit = state.get("credit")
+        self.credit = math.inf if credit is None else float(credit)
+        self.rows, self.scored_rows = int(state.get("rows", 0)), int(state.get("scored_rows", 0))

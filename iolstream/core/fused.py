@@ -263,6 +263,54 @@ def observe_parallel(
 
 
 @nb.njit(**JIT)
+def add_grams(features_t, gram):
+    """A_l += D_lᵀD_l for every layer, and nothing else (the sums of a learner that does not predict this batch,
+    or one batch Gram that several learners then add, ``candidate_step``)."""
+    for layer in range(features_t.shape[0]):
+        _add_gram(features_t[layer].T, gram[layer].T)
+
+
+@nb.njit(**JIT_PARALLEL)
+def add_grams_parallel(features_t, gram):
+    for layer in nb.prange(features_t.shape[0]):
+        _add_gram(features_t[layer].T, gram[layer].T)
+
+
+@nb.njit(**JIT)
+def solve_predict_layer(features_t, layer, gram, shift, scratch, rhs, beta, out, info):
+    """β_l = (A_l + shift_l I)⁻¹ c_l by a Cholesky factor in ``scratch``, then out[l] = D_l β_l. ``gram`` and
+    ``rhs`` may be another learner's (a λ candidate reads its primary's sums, shifted on the diagonal: the
+    same bits as a copy of them, ``shared_gram``); info[l] as in ``forward_layer``."""
+    n = scratch.shape[0]
+    gram_l = gram[layer]
+    for j in range(n):  # row j of the C blocks = column j of the matrices: the lower triangle
+        for i in range(j, n):
+            scratch[j, i] = gram_l[j, i]
+        scratch[j, j] = gram_l[j, j] + shift[layer]
+    info[layer] = potrf_lower(scratch.T)
+    if info[layer] != 0:
+        return
+    info[layer] = _solve(scratch, layer, rhs, beta)
+    if out.shape[1] > 0:
+        predict_layer(features_t, layer, beta, out)
+
+
+@nb.njit(**JIT)
+def solve_predict_serial(features_t, gram, shift, scratch, rhs, beta, out, info):
+    """``solve_predict_layer`` for every layer (scratch: (threads, n, n)); returns how many failed."""
+    for layer in range(features_t.shape[0]):
+        solve_predict_layer(features_t, layer, gram, shift, scratch[0], rhs, beta, out, info)
+    return np.count_nonzero(info)
+
+
+@nb.njit(**JIT_PARALLEL)
+def solve_predict_parallel(features_t, gram, shift, scratch, rhs, beta, out, info):
+    for layer in nb.prange(features_t.shape[0]):
+        solve_predict_layer(features_t, layer, gram, shift, scratch[nb.get_thread_id()], rhs, beta, out, info)
+    return np.count_nonzero(info)
+
+
+@nb.njit(**JIT)
 def learn_layer(
     features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
 ):

@@ -32,7 +32,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, kernels, linalg
+from iolstream.core import fused, kernels, linalg, work
+from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
@@ -67,7 +68,7 @@ def as_lams(lam, n_layers: int) -> list[float]:
     return lams
 
 
-class OnlineLearner:
+class OnlineLearner(LabelFold):
     """L independent ridge learners on the layer features, updated by -F or -R.
 
     Parameters
@@ -160,12 +161,49 @@ class OnlineLearner:
 
     # ------------------------------------------------------------ prediction
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
-        """D_l β_l for every layer: (L, b, m). Pure: changes nothing (but solves a stale β)."""
+        """D_l β_l for every layer: (L, b, m). Pure: changes nothing (but solves a stale β). After A changed
+        (every factor and β stale, as ``observe_sums`` leaves them) A is factored in scratch memory, as the
+        -F step does, and solved and predicted from in one kernel call."""
         features_t = self._kernel_features(features_t)
-        solve_stale(self.state)
+        a = self.state.arrays
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
-        fused.predict_all(features_t, self.state.arrays.beta, out)
+        if a.beta_stale.all() and a.factor_stale.all():
+            self.solve_and_predict(features_t, a.gram, a.rhs, np.zeros(self.n_layers), a.beta, out)
+            a.beta_stale[:] = False
+            return out
+        solve_stale(self.state)
+        fused.predict_all(features_t, a.beta, out)
         return out
+
+    def solve_and_predict(self, features_t, gram, rhs, shift, beta, out) -> None:
+        """β_l = (A_l + shift_l I)⁻¹ c_l from ``gram`` and ``rhs`` (this learner's sums, or the ones it shares,
+        ``shared_gram``) into ``beta``, factored in scratch memory; ``out`` (L, b, m) = D_l β_l."""
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        kernel = fused.solve_predict_parallel if self.parallel else fused.solve_predict_serial
+        if kernel(features_t, gram, shift, self.scratch(), rhs, beta, out, info):
+            raise_for(info)
+
+    def scoring_flops(self, b: int) -> float:
+        """FLOPs of predicting a b-row batch it would not predict otherwise (``candidates.ScoringBudget``): a
+        Cholesky per layer, unless -F keeps A⁻¹ by Woodbury for batches of b rows."""
+        cholesky = self.mode == "ridge" or self._uses_cholesky(b)
+        return work.scoring_flops(self.n_columns, self.n_outputs, self.n_layers, b, cholesky)
+
+    @property
+    def version(self) -> int:
+        """Bumped at every change of the sums."""
+        return self.state.version
+
+    @property
+    def clock(self) -> int:
+        """Rows seen so far (``state.clock``)."""
+        return self.state.clock
+
+    def scratch(self) -> np.ndarray:
+        """(threads, n, n): the Cholesky factors of the fused kernels, one block per Numba thread."""
+        if self._scratch is None:
+            self._scratch = np.empty((numba.config.NUMBA_NUM_THREADS, self.n_columns, self.n_columns))
+        return self._scratch
 
     # ----------------------------------------------------------------- update
     def observe(self, features_t: np.ndarray) -> None:
@@ -201,9 +239,7 @@ class OnlineLearner:
         a = st.arrays
         out = np.empty((self.n_layers, b, self.n_outputs))
         info = np.zeros(self.n_layers, dtype=np.int32)
-        if self._scratch is None:
-            self._scratch = np.empty((numba.config.NUMBA_NUM_THREADS, self.n_columns, self.n_columns))
-        arrays = (a.gram, self._scratch, a.rhs, a.beta, out, info)
+        arrays = (a.gram, self.scratch(), a.rhs, a.beta, out, info)
         if inputs is None:
             kernel = fused.forward_parallel if self.parallel else fused.forward_serial
             failed = kernel(features_t, *arrays)
@@ -212,7 +248,7 @@ class OnlineLearner:
         else:
             failed = fused.observe_serial(*inputs, *arrays)
         if failed:
-            _raise_for(info)
+            raise_for(info)
         a.factor_inverse[:] = False
         a.woodbury_steps[:] = 0
         a.factor_stale[:] = True  # factored in scratch: A's own factor is made when read
@@ -220,6 +256,34 @@ class OnlineLearner:
         st.rows_observed += b
         st.version += 1
         return out
+
+    def observe_sums(self, features_t: np.ndarray, batch_gram: np.ndarray | None = None) -> None:
+        """``observe`` without solving: the clock moves on and, under -F, the batch's Gram enters A
+        (``batch_gram``: its D_lᵀD_l, lower triangles, already formed once for every half-life of ``auto``);
+        factors and β are left stale, solved when next read. ``auto``'s learners that do not predict this
+        batch, or that predict it after a shared Gram (``candidate_step``)."""
+        b = features_t.shape[2]
+        if b == 0:
+            return
+        if self.mode == "forward" and not self._uses_cholesky(b):  # keep a Woodbury P current: O(b·n²)
+            self.observe(features_t)
+            return
+        self._tick(b)
+        if self.mode == "ridge":
+            return
+        st, a = self.state, self.state.arrays
+        if batch_gram is not None:
+            a.gram += batch_gram
+        elif self._fusable(features_t):
+            (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
+        else:
+            for layer, ls in enumerate(st.layers):
+                linalg.gram_update(ls.gram, features_t[layer])
+        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_inverse[:] = False  # a Woodbury P is rebuilt from A when next needed
+        a.woodbury_steps[:] = 0
+        st.rows_observed += b
+        st.version += 1
 
     def _forward(self, features_t: np.ndarray, *, predict: bool) -> np.ndarray | None:
         b = features_t.shape[2]
@@ -238,141 +302,6 @@ class OnlineLearner:
         st.rows_observed += b
         st.version += 1
         return None
-
-    def learn(
-        self,
-        features_t: np.ndarray,
-        targets: np.ndarray,
-        *,
-        gram_in: np.ndarray | None = None,
-        predicted: np.ndarray | None = None,
-        observed_at=None,
-    ) -> np.ndarray:
-        """Fold labelled rows in: c_l += D_lᵀY (and their Gram, where it has not entered yet).
-
-        features_t : (L, n, b) — D_lᵀ of the labelled rows
-        targets    : (b, m) float — Y (one-hot for classification)
-        gram_in    : (b,) bool — rows whose Gram is already in A. Default: all (-F), none (-R).
-        predicted  : (L, b, m) — the layer outputs that were emitted for these rows (the β that
-                     made the prediction); default: computed now, before this update.
-        observed_at : int or (b,) ints — with forgetting, each row's stamp (``state.clock`` right
-                     after its batch was seen); the row enters with weight 2^(−(clock − stamp)/half_life).
-                     Default: the current clock (weight 1). Ignored without forgetting.
-        Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β (unweighted; the
-        weighted loss is what accumulates in ``loss_sum`` with forgetting).
-        β is left stale (solved when read): under -F the next observe replaces it unread.
-        """
-        b = features_t.shape[2]
-        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
-        if self.half_life is not None and b:
-            return self._learn_weighted(features_t, targets, gram_in, predicted, observed_at)
-        return self._learn(features_t, targets, gram_in, predicted)
-
-    def row_weights(self, observed_at, b: int) -> np.ndarray:
-        """(b,) weights 2^(−(clock − stamp)/half_life) of rows stamped ``observed_at`` (all 1 without forgetting)."""
-        if self.half_life is None or observed_at is None:
-            return np.ones(b)
-        stamps = np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
-        ages = self.state.clock - stamps
-        if (ages < 0).any() or not np.isfinite(ages).all():
-            raise ValueError(
-                f"observed_at: stamps must be ≤ the clock ({self.state.clock}), got up to {stamps.max()}"
-            )
-        return np.exp2(-ages / self.half_life)
-
-    def _learn_weighted(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
-        """``learn`` with row weights w: every row's D, Y and prediction are scaled by √w, so the same
-        kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and A_r, and Σ w ½‖Dβ − Y‖² to the loss."""
-        b = features_t.shape[2]
-        if predicted is None:
-            predicted = self.layer_outputs(features_t)
-        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
-        plain = np.empty(self.n_layers)
-        fused.label_losses(predicted, targets, plain)
-        weights = self.row_weights(observed_at, b)
-        if not (weights == 1.0).all():
-            root = np.sqrt(weights)
-            features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
-            targets = targets * root[:, None]
-            predicted = predicted * root[:, None]
-        self._learn(features_t, targets, gram_in, predicted)
-        return plain
-
-    def _learn(self, features_t, targets, gram_in, predicted) -> np.ndarray:
-        b = features_t.shape[2]
-        if self.mode == "ridge":
-            new, n_new = slice(None), b  # -R: no row's Gram is in A
-        elif gram_in is None:
-            new, n_new = slice(0), 0  # -F: every row's is
-        else:
-            new = np.flatnonzero(~np.asarray(gram_in, dtype=bool))  # rows whose Gram enters now
-            n_new = new.size
-        if predicted is None:
-            predicted = self.layer_outputs(features_t)
-        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
-        st = self.state
-        a = st.arrays
-        losses = np.empty(self.n_layers)
-        if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
-            info = np.zeros(self.n_layers, dtype=np.int32)
-            kernel = fused.learn_parallel if self.parallel else fused.learn_serial
-            state = (a.rhs, a.gram, a.factor, a.gram_labelled)
-            sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
-            if info.any():
-                _raise_for(info)
-            if n_new:  # the kernel factored A into ``factor``
-                a.factor_inverse[:] = a.factor_stale[:] = False
-                a.woodbury_steps[:] = 0
-        else:
-            sum_y2 = fused.label_losses(predicted, targets, losses)
-            if b == 0:
-                return losses
-            self._learn_layers(features_t, targets, n_new, new)
-        a.loss_sum += losses
-        a.beta_stale[:] = True
-        st.rows_observed += n_new
-        st.rows_labelled += b
-        st.label_batches += 1
-        st.max_label_batch = max(st.max_label_batch, b)
-        st.sum_y2 += sum_y2
-        if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
-            st.d_max = max(st.d_max, fused.abs_max(features_t))
-            st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
-        st.version += 1
-        return losses
-
-    def _learn_layers(self, features_t, targets, n_new, new) -> None:
-        """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""
-        b = features_t.shape[2]
-        targets_f = np.asfortranarray(targets)
-        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
-        for layer, ls in enumerate(self.state.layers):
-            d_t = features_t[layer]
-            if n_new:
-                self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
-            if ls.gram_labelled is not None:
-                linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.product(
-                d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True
-            )  # c += DᵀY
-
-    def forget(self, features_t: np.ndarray, observed_at=None) -> None:
-        """Downdate: remove rows' Gram from A (-F rows whose label will never come; docs/design.md §2 option).
-
-        With forgetting, each row is removed with its present weight (``observed_at`` as in ``learn``).
-        The factor is rebuilt from the exact A by Cholesky (a Woodbury downdate is not stable).
-        """
-        if self.mode == "ridge" or features_t.shape[2] == 0:
-            return
-        weights = self.row_weights(observed_at, features_t.shape[2])
-        if not (weights == 1.0).all():
-            features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
-        for layer, ls in enumerate(self.state.layers):
-            linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
-            self._refactor(ls)
-        self.state.arrays.beta_stale[:] = True
-        self.state.rows_forgotten += features_t.shape[2]
-        self.state.version += 1
 
     # -------------------------------------------------------------- internals
     def _uses_cholesky(self, b: int) -> bool:
@@ -433,13 +362,3 @@ class OnlineLearner:
         for ls in self.state.layers:
             self._refactor(ls)
             ls.solve()
-
-
-def _raise_for(info: np.ndarray) -> None:
-    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
-    layer = int(np.flatnonzero(info)[0])
-    if info[layer] > 0:
-        raise linalg.NotPositiveDefinite(
-            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
-        )
-    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

@@ -19,198 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from iolstream.core import kernels, learner, regret
-from iolstream.core.candidates import (
-    AUTO_START_MODE,
-    HALF_LIFE_CANDIDATES,
-    LAM_CANDIDATES,
-    MODES,
-    CandidateSelector,
-    candidate_grid,
-    make_learners,
-    observe_candidates,
-    with_modes,
-)
-from iolstream.core.network import INITS, RandomNetwork, resolve_init
+from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
+from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
+from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
+from iolstream.core.network import RandomNetwork
 from iolstream.core.regret import RegretReport
-from iolstream.core.scaling import SCALER_MODES, Scaler, ScalerNotReady, TargetScaler
-
-TASKS = ("classification", "regression")
-TARGET_SCALERS = ("warmup", "fixed", "none")
-ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
-DTYPES = ("float64", "float32")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Hyperparameters, stored exactly as given and validated at construction.
-
-    Defaults were chosen from measurements over the shipped data sets (docs/benchmarks.md, "Why these defaults").
-    """
-
-    n_inputs: int
-    classes: tuple | None = None  # classification: the declared class list; None: regression
-    n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
-    n_layers: int = 2
-    lam: float | tuple = 0.5
-    activation: str = "relu"
-    init: str = "auto"  # becomes the activation's own init (network.AUTO_INITS): what configs record
-    seed: int = 0
-    mode: str = "auto"
-    ensemble: str | None = None  # default: softmax (classification) / mean (regression)
-    solver: str = "auto"
-    dtype: str = "float64"
-    bias_column: bool = True
-    scaler: str = "warmup"
-    warmup_rows: int = 256
-    scaler_mean: tuple | None = None
-    scaler_std: tuple | None = None
-    refactor_every: int = 256
-    track_regret: bool = True
-    forgetting: float | str | None = (
-        None  # half-life in rows (docs/design.md §8); None: never forget; "auto": choose online
-    )
-    target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
-    target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
-    target_std: tuple | None = None
-
-    def __post_init__(self):
-        def bad(key, allowed, got):
-            raise ValueError(f"model.{key}: must be {allowed}, got {got!r}")
-
-        if not (isinstance(self.n_inputs, int) and self.n_inputs >= 1):
-            bad("n_inputs", "an integer ≥ 1", self.n_inputs)
-        if self.classes is not None:
-            if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
-                bad("classes", "a list of at least 2 distinct labels", self.classes)
-            object.__setattr__(self, "classes", tuple(self.classes))
-        elif not (isinstance(self.n_outputs, int) and self.n_outputs >= 1):
-            bad("n_outputs", "an integer ≥ 1", self.n_outputs)
-        for key in ("n_nodes", "n_layers", "refactor_every", "warmup_rows"):
-            value = getattr(self, key)
-            if not (isinstance(value, int) and value >= 1):
-                bad(key, "an integer ≥ 1", value)
-        if self.lam == "auto":
-            pass
-        elif not isinstance(self.lam, (int, float)):
-            try:
-                object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
-            except (TypeError, ValueError):
-                bad(
-                    "lam",
-                    "a number > 0, a list of one number > 0 per layer, or auto (chosen online)",
-                    self.lam,
-                )
-        try:
-            if self.lam != "auto":
-                learner.as_lams(self.lam, self.n_layers)
-        except ValueError as exc:
-            raise ValueError(f"model.{exc}") from None  # as_lams' message starts with "lam:"
-        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
-            bad("seed", "an integer ≥ 0", self.seed)
-        for key in ("bias_column", "track_regret"):
-            if not isinstance(getattr(self, key), bool):
-                bad(key, "true or false", getattr(self, key))
-        if self.activation not in kernels.ACTIVATIONS:
-            bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
-        if self.init not in INITS:
-            bad("init", f"one of {INITS}", self.init)
-        object.__setattr__(self, "init", resolve_init(self.init, self.activation))  # names the weights drawn
-        if self.forgetting != "auto":
-            try:
-                learner.check_half_life(self.forgetting)
-            except ValueError:
-                bad(
-                    "forgetting",
-                    "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
-                    self.forgetting,
-                )
-        if self.forgetting is not None and self.solver == "woodbury":
-            bad(
-                "solver",
-                "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)",
-                self.solver,
-            )
-        if self.target_scaler not in TARGET_SCALERS:
-            bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
-        if self.target_scaler == "fixed" and self.task == "regression":
-            self._check_fixed_scaling("target", self.n_outputs, bad, store=True)
-        if self.mode not in MODES:
-            bad("mode", f"one of {MODES} (auto: -F and -R chosen online)", self.mode)
-        if self.solver not in learner.SOLVERS:
-            bad("solver", f"one of {learner.SOLVERS}", self.solver)
-        if self.dtype not in DTYPES:
-            bad("dtype", f"one of {DTYPES}", self.dtype)
-        if self.scaler not in SCALER_MODES:
-            bad("scaler", f"one of {SCALER_MODES}", self.scaler)
-        if self.scaler == "warmup" and self.warmup_rows < 2:
-            bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
-        if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
-            self._check_fixed_scaling("scaler", self.n_inputs, bad, store=False)
-        if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
-            bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
-
-    def _check_fixed_scaling(self, prefix: str, n: int, bad, *, store: bool) -> None:
-        """``<prefix>_mean`` and ``<prefix>_std`` of a fixed scaling: n finite numbers each, deviations > 0
-        (``bad`` raises naming the key); ``store``: kept as tuples of floats."""
-        switch = "target_scaler" if prefix == "target" else "scaler"
-        for key, low in ((f"{prefix}_mean", -np.inf), (f"{prefix}_std", 0.0)):
-            value = getattr(self, key)
-            try:
-                arr = np.asarray(value, dtype=np.float64)
-            except (TypeError, ValueError):
-                arr = np.empty(0)
-            if arr.shape != (n,) or not (np.isfinite(arr).all() and (arr > low).all()):
-                positive = " > 0" if low == 0.0 else ""
-                bad(key, f"a list of {n} finite numbers{positive} with {switch} 'fixed'", value)
-            if store:
-                object.__setattr__(self, key, tuple(float(v) for v in arr))
-
-    @property
-    def task(self) -> str:
-        return "classification" if self.classes is not None else "regression"
-
-    @property
-    def m(self) -> int:
-        return len(self.classes) if self.classes is not None else self.n_outputs
-
-    @property
-    def ensemble_rule(self) -> str:
-        return self.ensemble or ENSEMBLES[self.task][0]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def candidates(self) -> list[tuple]:
-        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings (with
-        ``mode: auto``, each setting twice: see ``candidate_modes``)."""
-        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
-        return with_modes(grid, self.mode)[0]
-
-    @property
-    def candidate_modes(self) -> list[str]:
-        """The mode of every learner the model keeps ("forward" or "ridge"), beside ``candidates``."""
-        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
-        return with_modes(grid, self.mode)[1]
-
-    @property
-    def default_mode(self) -> str:
-        """The mode the selector starts with: ``mode``, or with ``auto`` candidates.AUTO_START_MODE."""
-        return AUTO_START_MODE if self.mode == "auto" else self.mode
-
-    @property
-    def default_candidate(self) -> tuple:
-        """(lam, half_life) of today's fixed defaults in place of ``auto``: the selector starts with it."""
-        return (
-            0.5 if self.lam == "auto" else self.lam,
-            None if self.forgetting == "auto" else self.forgetting,
-        )
+from iolstream.core.scaling import Scaler, ScalerNotReady, TargetScaler
+from iolstream.core.shared_gram import SharedGramLearner
 
 
 @dataclass
@@ -225,8 +45,9 @@ class Prediction:
     version       : model version that made it
     clock         : the learner's clock right after this batch was seen: the rows' stamp for
                     ``learn(observed_at=...)`` under forgetting
-    candidate_outputs : (K, L, b, m) — with ``auto``, every candidate's layer outputs (pass them
-                    to ``learn(predicted=...)`` so that each is judged on its own prediction), else None
+    candidate_outputs : (K, L, b, m) — with ``auto``, every candidate's layer outputs, NaN for the candidates
+                    that did not predict this batch (``ScoringBudget``; pass them to ``learn(predicted=...)``
+                    so that each is judged on its own prediction), else None
     """
 
     features_t: np.ndarray
@@ -277,7 +98,14 @@ class EdRVFL:
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
         start = list(zip(self.candidates, self.modes)).index((config.default_candidate, config.default_mode))
         self.selector = CandidateSelector(len(self.learners), start)
+        self.scoring = ScoringBudget(
+            (config.n_inputs, config.m, config.n_nodes, config.n_layers, config.bias_column)
+        )
+        self.batch_grams = BatchGrams()  # mode auto: the last batches' Gram, for A_r when their labels come
         self.emitted_loss = np.zeros(config.n_layers)  # auto: Σ_t L_{l,t} of the candidate in force (regret)
+        self.predicted_rows = np.zeros(
+            len(self.learners), dtype=np.int64
+        )  # auto: labelled rows each predicted
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
@@ -286,6 +114,13 @@ class EdRVFL:
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+
+    def sync_candidates(self) -> None:
+        """Every candidate's ``state`` holds its sums (they read their primary's when solving: a snapshot or a
+        regret report reads the copy)."""
+        for ln in self.learners:
+            if isinstance(ln, SharedGramLearner):
+                ln.sync()
 
     @property
     def learner(self) -> learner.OnlineLearner:
@@ -298,12 +133,13 @@ class EdRVFL:
         candidate's plus the selector's switches (never goes back when another candidate takes over)."""
         if len(self.learners) == 1:
             return self.learner.state.version
-        return sum(ln.state.version for ln in self.learners) + self.selector.switches
+        return sum(ln.version for ln in self.learners) + self.selector.switches
 
     @property
     def effective(self) -> dict:
         """The λ, half-life and mode (-F "forward" or -R "ridge") in force and, with ``auto``, every candidate's
-        recent loss per row (error rate, or squared error, of its ensemble: see CandidateSelector)."""
+        recent loss per row (error rate, or squared error, of its ensemble: see CandidateSelector) and the share
+        of the rows every candidate predicted (``ScoringBudget``)."""
         chosen = self.selector.chosen
         lam, half_life = self.candidates[chosen]
         out = {"lam": lam, "forgetting": half_life, "mode": self.modes[chosen]}
@@ -312,6 +148,7 @@ class EdRVFL:
                 {"lam": c_lam, "forgetting": c_h, "mode": c_mode, "recent_loss": float(v)}
                 for (c_lam, c_h), c_mode, v in zip(self.candidates, self.modes, self.selector.recent())
             ]
+            out["scored_share"] = self.scoring.scored_share
         return out
 
     # ------------------------------------------------------------- encoding
@@ -379,7 +216,7 @@ class EdRVFL:
         features_t = self.features(x) if features_t is None else features_t
         outputs = self.learner.layer_outputs(features_t)
         proba, index, value = self.combine(outputs)
-        return Prediction(features_t, outputs, proba, index, value, self.version, self.learner.state.clock)
+        return Prediction(features_t, outputs, proba, index, value, self.version, self.learner.clock)
 
     def predict(self, x) -> np.ndarray:
         """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
@@ -398,16 +235,22 @@ class EdRVFL:
         candidate_outputs = None
         if len(self.learners) == 1:
             features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
-        else:  # the same features for every candidate; each primary before the candidates sharing its sums
+        else:  # the same features for every candidate; the others predict the batches the budget pays for
+            x_scaled = self._scaled(x)
+            b, chosen = len(x_scaled), self.selector.chosen
+            cost = sum(ln.scoring_flops(b) for j, ln in enumerate(self.learners) if j != chosen)
+            predicting = np.full(len(self.learners), self.scoring.take(b, cost))
+            predicting[chosen] = True
             features_t, candidate_outputs = observe_candidates(
-                self.learners, self.network, self._scaled(x), self.learner.parallel
+                self.learners, self.network, x_scaled, self.learner.parallel, predicting, self.batch_grams
             )
             outputs = candidate_outputs[self.selector.chosen]
         proba, index, value = self.combine(outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
-        st = self.learner.state
-        return Prediction(features_t, outputs, proba, index, value, self.version, st.clock, candidate_outputs)
+        return Prediction(
+            features_t, outputs, proba, index, value, self.version, self.learner.clock, candidate_outputs
+        )
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
@@ -436,21 +279,8 @@ class EdRVFL:
                 features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at
             )
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
-        # prediction it made; otherwise each one's present β (these labels are not in it yet either).
-        if predicted is None or np.ndim(predicted) != 4:
-            predicted = [ln.layer_outputs(features_t) for ln in self.learners]
-        chosen = self.selector.chosen
-        row_losses = np.empty((len(self.learners), features_t.shape[2]))
-        for j, ln in enumerate(self.learners):
-            losses = ln.learn(
-                features_t, targets, gram_in=gram_in, predicted=predicted[j], observed_at=observed_at
-            )
-            row_losses[j] = self._selection_loss(predicted[j], targets)
-            if j == chosen:
-                result = losses
-        self.emitted_loss += result
-        self.selector.record(row_losses)
-        return result
+        # prediction it made (NaN where it made none)
+        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at)
 
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
@@ -458,7 +288,7 @@ class EdRVFL:
         for ln in self.learners:
             ln.forget(features_t, observed_at)
 
-    def _selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
         row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
         _, index, value = self.combine(np.asarray(layer_outputs))
@@ -476,7 +306,7 @@ class EdRVFL:
             features_t,
             self.encode_labels(y),
             gram_in=np.zeros(len(x), dtype=bool),
-            observed_at=self.learner.state.clock,
+            observed_at=self.learner.clock,
         )
 
     # --------------------------------------------------------------- regret
@@ -494,4 +324,16 @@ class EdRVFL:
         return h.hexdigest()
 
 
-__all__ = ["EdRVFL", "ModelConfig", "Prediction", "RegretReport", "ScalerNotReady"]
+__all__ = [
+    "DTYPES",
+    "ENSEMBLES",
+    "HALF_LIFE_CANDIDATES",
+    "LAM_CANDIDATES",
+    "TARGET_SCALERS",
+    "TASKS",
+    "EdRVFL",
+    "ModelConfig",
+    "Prediction",
+    "RegretReport",
+    "ScalerNotReady",
+]

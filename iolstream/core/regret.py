@@ -35,11 +35,14 @@ def model_report(model, candidate: int | None = None) -> RegretReport:
     """The regret of an ``EdRVFL``: of the candidate in force (``candidate`` None) or of candidate ``candidate``
     (its own predictions, in force or not). With ``mode: auto`` and no forgetting in force, the in-force regret
     counts the predictions the model made: each batch's loss by the candidate in force when its labels came
-    (``model.emitted_loss``); -F and -R of one λ share the expert (the same labelled sums)."""
+    (``model.emitted_loss``); -F and -R of one λ share the expert (the same labelled sums). A candidate that did
+    not predict every labelled row (scored on some batches, ``candidates.ScoringBudget``) has no regret (NaN):
+    its loss sum covers the rows it predicted, ``extra`` says how many."""
     from iolstream.core.learner import as_lams
 
     j = model.selector.chosen if candidate is None else candidate
     ln, config = model.learners[j], model.config
+    model.sync_candidates()  # a λ or -R candidate's own copy of the sums it reads
     st = ln.state
     losses, experts = [], []
     for ls in st.layers:
@@ -52,6 +55,11 @@ def model_report(model, candidate: int | None = None) -> RegretReport:
     lam, half_life = model.candidates[j]
     if candidate is None and config.mode == "auto" and half_life is None:
         losses = model.emitted_loss.copy()
+    elif len(model.learners) > 1 and model.predicted_rows[j] < st.rows_labelled:
+        # scored on some batches only (candidates.ScoringBudget): its losses are a part, no regret
+        note = {"rows_predicted": int(model.predicted_rows[j]), "rows_labelled": int(st.rows_labelled)}
+        nan = np.full(len(losses), np.nan)
+        return RegretReport(losses, experts, nan, float("nan"), note)
     if half_life is not None:
         # Every sum decays on the clock, losses too: this is the *discounted* regret, exact, against the
         # fixed β minimising ½λ‖β‖² + Σ wᵢ ½‖dᵢβ − yᵢ‖² (the discounted expert). Theorems 4–5 bound the

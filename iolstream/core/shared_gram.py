@@ -1,6 +1,6 @@
 """Candidates of one half-life sharing its sums (``lam: auto``, ``mode: auto``): one learner makes the updates
-(Gram, labels, decay); the others hold its sums with their own λ on the diagonal, A_j = A_p + (λ_j − λ_p)I and
-c_j = c_p, and solve for their own β (a Cholesky per λ, no second Gram). An -R candidate of an -F learner holds
+(Gram, labels, decay); the others read its sums with their own λ on the diagonal, A_j = A_p + (λ_j − λ_p)I and
+c_j = c_p, and solve for their own β (a Cholesky per λ, no second Gram, no copy). An -R candidate of an -F learner holds
 its labelled sums instead, A_j = A_r + (λ_j − λ_p)I: -R's A is exactly the Gram of the labelled rows
 (Algorithm 1), which -F keeps beside its own A (docs/design.md §3).
 """
@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused
+from iolstream.core import fused, work
+from iolstream.core.label_fold import unpredicted_as_targets
 from iolstream.core.learner import OnlineLearner
 
 
 class SharedGramLearner(OnlineLearner):
-    """A λ candidate that shares another learner's sums (``lam: auto``): same random features, same
-    rows, same half-life, so its A = A_primary + (λ − λ_primary)I and its c = c_primary. The primary
-    makes every update (Gram, labels, decay, downdates); this one copies the sums when they changed
-    (``sync``: an n×n copy per layer) and pays one Cholesky + solve per layer when its β is next read,
-    instead of its own Gram update, label update and decay. Its own are: λ, β and factor, the loss
-    sum of its own predictions (weighted like the primary's with forgetting), and its version.
+    """A λ (or -R) candidate that shares another learner's sums: same random features, same rows, same
+    half-life, so its A = A_primary + (λ − λ_primary)I (A_r for an -R candidate of an -F primary) and its
+    c = c_primary. The primary makes every update (Gram, labels, decay, downdates); this one factors the
+    primary's sums with its shift on the diagonal when its β is next read (``layer_outputs``: a Cholesky +
+    solve per layer, no second Gram, no copy). Its own are: λ, β, the loss sum of its own predictions
+    (weighted like the primary's with forgetting) and the counters.
 
-    The model updates the primary first; every public update here then brings this one level with it.
-    ``state`` is a full LearnerState (saved and restored as any learner's).
+    Its ``state`` holds a copy of the sums, made when read (``sync``: the same bits as the primary's, shifted);
+    its own steps use the state as it is (``_state``) and read the primary's sums.
     """
 
     def __init__(self, primary: OnlineLearner, lam, mode: str | None = None):
@@ -45,51 +46,84 @@ class SharedGramLearner(OnlineLearner):
             track_regret=primary.track_regret,
             half_life=primary.half_life,
         )
-        self._synced = (
-            primary.state.version
-        )  # the primary's version these sums are a copy of (λI, c = 0: level)
+        self._shift = np.array(
+            [ls.lam - pls.lam for ls, pls in zip(self._state.layers, primary.state.layers)]
+        )
+        self._synced = primary.state.version  # the primary's version the copied sums are (λI, c = 0: level)
+        self._solved = None  # the primary's version this β was solved for (None: not since a restore)
+
+    @property
+    def state(self):
+        """The learner's state, its sums level with the primary's (copied now if they changed)."""
+        self.sync()
+        return self._state
+
+    @state.setter
+    def state(self, value) -> None:
+        self._state = value
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    @property
+    def clock(self) -> int:
+        return self.primary.clock
+
+    def scoring_flops(self, b: int) -> float:
+        return work.scoring_flops(self.n_columns, self.n_outputs, self.n_layers, b)  # a Cholesky every time
+
+    def scratch(self) -> np.ndarray:
+        return self.primary.scratch()  # the candidates solve one after another: one scratch for all
+
+    def _sync_counters(self) -> None:
+        p, st = self.primary.state, self._state
+        for key in COUNTERS:
+            setattr(st, key, getattr(p, key))  # the clock moves without a new version when nothing decays
 
     def sync(self) -> None:
-        """Copy the primary's sums (A and A_r with this λ on the diagonal, c, counters) if they changed."""
-        p, st = self.primary.state, self.state
-        for key in (
-            "rows_observed",
-            "rows_labelled",
-            "rows_forgotten",
-            "label_batches",
-            "max_label_batch",
-            "sum_y2",
-            "d_max",
-            "y_max",
-            "clock",
-        ):
-            setattr(st, key, getattr(p, key))  # the clock moves without a new version when nothing decays
+        """Copy the primary's sums (A and A_r with this λ on the diagonal, c) and counters if they changed."""
+        self._sync_counters()
+        p, st = self.primary.state, self._state
         if self._synced == p.version:
             return
         a, pa = st.arrays, p.arrays
-        shift = np.array([ls.lam - pls.lam for ls, pls in zip(st.layers, p.layers)])
         diag = np.arange(self.n_columns)
         np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
-        a.gram[:, diag, diag] += shift[:, None]
+        a.gram[:, diag, diag] += self._shift[:, None]
         if len(a.gram_labelled):
             np.copyto(a.gram_labelled, pa.gram_labelled)
-            a.gram_labelled[:, diag, diag] += shift[:, None]
+            a.gram_labelled[:, diag, diag] += self._shift[:, None]
         np.copyto(a.rhs, pa.rhs)
-        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_stale[:] = True
+        a.beta_stale[:] = self._solved != p.version  # a β solved from the primary's sums is theirs
         a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0
-        st.version += 1
+        a.woodbury_steps[:] = 0  # (the version stays: reading the state changes nothing it predicts)
         self._synced = p.version
 
     def mark_synced(self) -> None:
         """These sums are the primary's as they are now (after a restore of both)."""
         self._synced = self.primary.state.version
+        self._solved = None
 
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
-        self.sync()
-        return super().layer_outputs(features_t)
+        """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
+        features_t = self._kernel_features(features_t)
+        out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
+        p, a = self.primary.state, self._state.arrays
+        if self._solved == p.version and not a.beta_stale.any():
+            fused.predict_all(features_t, a.beta, out)
+            return out
+        gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
+        self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
+        a.beta_stale[:] = False
+        self._solved = p.version
+        return out
 
     def observe(self, features_t: np.ndarray) -> None:
+        self._own_tick(features_t.shape[2])
+
+    def observe_sums(self, features_t: np.ndarray, batch_gram=None) -> None:
         self._own_tick(features_t.shape[2])
 
     def observe_and_predict(self, features_t: np.ndarray) -> np.ndarray:
@@ -107,27 +141,46 @@ class SharedGramLearner(OnlineLearner):
     def _own_tick(self, b: int) -> None:
         """The primary has seen these b rows: its sums decayed; this loss sum decays the same."""
         if self.half_life is not None and b:
-            self.state.arrays.loss_sum *= float(np.exp2(-b / self.half_life))
-        self.sync()
+            self._state.arrays.loss_sum *= float(np.exp2(-b / self.half_life))
+        self._sync_counters()
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
-        """The primary has folded these labels in; this one scores its own prediction of them and syncs."""
+        """The primary has folded these labels in; this one scores its own prediction of them (rows it did not
+        predict, NaN, add no loss)."""
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         if predicted is None:
             predicted = self.layer_outputs(features_t)
-        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        predicted = unpredicted_as_targets(predicted, targets)
+        self._sync_counters()
         plain = np.empty(self.n_layers)
         fused.label_losses(predicted, targets, plain)
         if self.half_life is None or observed_at is None:
-            self.state.arrays.loss_sum += plain
+            self._state.arrays.loss_sum += plain
         else:  # Σ w ½‖Dβ − Y‖², as the primary accumulates it
             w = self.row_weights(observed_at, b)
-            self.state.arrays.loss_sum += 0.5 * (
+            self._state.arrays.loss_sum += 0.5 * (
                 w[None, :] * ((predicted - targets[None]) ** 2).sum(axis=2)
             ).sum(axis=1)
-        self.sync()
         return plain
 
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
+        self._sync_counters()
+
+    def refresh(self) -> None:
         self.sync()
+        super().refresh()
+
+
+# the counters a candidate takes from the primary whose sums it shares
+COUNTERS = (
+    "rows_observed",
+    "rows_labelled",
+    "rows_forgotten",
+    "label_batches",
+    "max_label_batch",
+    "sum_y2",
+    "d_max",
+    "y_max",
+    "clock",
+)

@@ -91,6 +91,7 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     if len(model.learners) == 1:
         manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
     else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
+        model.sync_candidates()
         manifest["candidates"] = [
             _learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)
         ]
@@ -103,6 +104,8 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
             "switches": sel.switches,
             "clock": sel.clock,
             "grid": [[_json_safe(lam), h] for lam, h in model.candidates],
+            "scoring": model.scoring.to_state(),
+            "predicted_rows": [int(v) for v in model.predicted_rows],
         }
         if model.config.mode == "auto":  # each candidate's mode, and the loss of what was emitted (regret)
             manifest["selection"]["modes"] = list(model.modes)
@@ -237,6 +240,12 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             model.selector.pair = np.asarray(sel["pair"], dtype=np.float64).reshape(len(saved), len(saved))
             model.selector.switches = int(sel["switches"])
             model.selector.clock = int(sel.get("clock", 0))  # saved since group learning
+            model.scoring.load_state(sel.get("scoring"))  # saved since candidates are scored on some batches
+            saved_rows = sel.get("predicted_rows")  # before: every candidate predicted every row
+            model.predicted_rows = np.array(
+                [ln.state.rows_labelled for ln in model.learners] if saved_rows is None else saved_rows,
+                dtype=np.int64,
+            ).reshape(len(model.learners))
             if "emitted_loss" in sel:  # mode: auto
                 model.emitted_loss = np.asarray(sel["emitted_loss"], dtype=np.float64).reshape(
                     config.n_layers

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.work import minimal_flops_per_row
 
 # setting name -> ModelConfig overrides (``--settings``); "fixed" is one -F learner, the others' yardstick
 SETTINGS = {
@@ -28,29 +29,6 @@ CONFIGS = {
     "small": (10, 10, 128, 4, 256),
     "poker": (10, 10, 989, 5, 2200),
 }
-
-
-def minimal_flops_per_row(
-    k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True
-) -> dict:
-    """FLOPs per row of one -F step, the least the algorithm needs (issue #5's accounting).
-
-    Per layer: features 2·fan_in·N; Gram n² (symmetric rank-b update, b·n² per batch);
-    Cholesky n³/3 per batch; one β solve 2n²m per batch (two triangular solves: the β that
-    predicts the batch; the β after its labels is never used before the next batch's Gram
-    changes A, so it need not be solved); prediction 2nm; label fold-in DᵀY 2nm.
-    """
-    n = n_nodes + k + int(bias_column)
-    parts = {"features": 0.0, "gram": 0.0, "cholesky": 0.0, "solves": 0.0, "predict_and_fold": 0.0}
-    for layer in range(n_layers):
-        fan_in = k if layer == 0 else n_nodes + k
-        parts["features"] += 2.0 * fan_in * n_nodes
-        parts["gram"] += float(n * n)
-        parts["cholesky"] += n**3 / 3.0 / b
-        parts["solves"] += 2.0 * n * n * m / b
-        parts["predict_and_fold"] += 4.0 * n * m
-    parts["total"] = sum(parts.values())
-    return parts
 
 
 def gemm_rate(shape_mk_kn: list[tuple[int, int, int]], dtype, seconds: float = 0.6) -> float:

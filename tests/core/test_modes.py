@@ -8,6 +8,8 @@ mode that predicts better, whichever it starts with; the choice survives a snaps
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,6 +31,12 @@ def _stream(model: EdRVFL, x, y, b: int) -> EdRVFL:
     return model
 
 
+def _every_batch(model: EdRVFL) -> EdRVFL:
+    """Every candidate scored on every batch (no budget): each one's losses are those of its own run."""
+    model.scoring.share = math.inf
+    return model
+
+
 def _classes(seed: int, rows: int = 900):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, 4))
@@ -42,7 +50,7 @@ def test_every_candidate_is_the_model_of_its_one_mode(kw):
     seed = 41
     x, y = _classes(seed)
     base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", seed=seed, **kw)
-    auto = _stream(EdRVFL(ModelConfig(**base, mode="auto")), x, y, 60)
+    auto = _stream(_every_batch(EdRVFL(ModelConfig(**base, mode="auto"))), x, y, 60)
     assert sorted(set(auto.modes)) == ["forward", "ridge"]
     assert len(auto.learners) == 2 * len(EdRVFL(ModelConfig(**base, mode="forward")).learners)
     for j, ((lam, h), mode) in enumerate(zip(auto.candidates, auto.modes)):
@@ -54,6 +62,46 @@ def test_every_candidate_is_the_model_of_its_one_mode(kw):
         own, alone = auto.regret(j), fixed.regret()
         np.testing.assert_allclose(own.cumulative_loss, alone.cumulative_loss, rtol=1e-10)
         np.testing.assert_allclose(own.cumulative_regret, alone.cumulative_regret, rtol=1e-8, atol=1e-8)
+
+
+def test_candidates_scored_on_some_batches_keep_exact_sums_and_score_only_those():
+    """Under the scoring budget the candidates not in force predict some batches only: their sums, and so their
+    β, are still exactly those of their one-mode models; their loss sums are those models' losses on the batches
+    they predicted; their regret is not reported (NaN, with the rows it covers)."""
+    seed = 44
+    x, y = _classes(seed)
+    base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", seed=seed, lam="auto")
+    auto = EdRVFL(ModelConfig(**base, mode="auto"))
+    fixed = [
+        EdRVFL(ModelConfig(**{**base, "lam": lam, "forgetting": h}, mode=mode))
+        for (lam, h), mode in zip(auto.candidates, auto.modes)
+    ]
+    own = np.zeros((len(fixed), 2))  # each candidate's one-mode losses on the batches it predicted
+    prev = None
+    for start in range(0, len(x), 60):
+        pred = auto.observe(x[start : start + 60])
+        alone = [m.observe(x[start : start + 60]) for m in fixed]
+        if prev is not None:
+            targets = auto.encode_labels(y[start - 60 : start])
+            auto.learn(prev[0].features_t, targets, predicted=prev[0].predicted)
+            made = ~np.isnan(prev[0].candidate_outputs[:, 0, 0, 0])
+            for j, (m, p) in enumerate(zip(fixed, prev[1])):
+                losses = m.learn(p.features_t, targets, predicted=p.layer_outputs)
+                own[j] += losses if made[j] else 0.0
+        prev = (pred, alone)
+    share = auto.scoring.scored_share
+    assert 0.05 < share < 0.9, share  # else the budget is not what this tests
+    auto.sync_candidates()
+    for j, m in enumerate(fixed):
+        for a, b in zip(auto.learners[j].state.layers, m.learner.state.layers):
+            np.testing.assert_allclose(a.beta, b.beta, rtol=1e-10, atol=1e-12, err_msg=f"candidate {j}")
+        np.testing.assert_allclose(auto.learners[j].state.arrays.loss_sum, own[j], rtol=1e-10, err_msg=f"{j}")
+        report = auto.regret(j)
+        if j == auto.selector.start and auto.selector.switches == 0:  # in force all along: every row
+            assert np.isfinite(report.mean_regret)
+            assert auto.predicted_rows[j] == auto.learner.state.rows_labelled
+        else:
+            assert np.isnan(report.mean_regret) and report.extra["rows_predicted"] < report.extra["rows_labelled"]
 
 
 def test_the_forward_update_still_enters_every_batch_before_it_is_predicted():
@@ -112,11 +160,13 @@ def test_auto_follows_ridge_where_ridge_predicts_better(seed, start):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_auto_follows_forward_where_forward_predicts_better(seed):
     x, y = _paper_regime(seed)
-    model = EdRVFL(_regression(n_inputs=10, n_nodes=64, init="normal", lam=2**-6, seed=seed))
+    cfg = _regression(n_inputs=10, n_nodes=64, init="normal", lam=2**-6, seed=seed)
+    model = EdRVFL(cfg)
     assert model.effective["mode"] == "ridge"  # the default start: it has to move
     _stream(model, x, y, 20)
     assert model.effective["mode"] == "forward", f"seed={seed}: {model.effective}"
-    forward, ridge, emitted = model.regret(0), model.regret(1), model.regret()
+    forward, ridge = (_stream(EdRVFL(replace(cfg, mode=m)), x, y, 20).regret() for m in ("forward", "ridge"))
+    emitted = model.regret()
     assert forward.mean_regret < 0.5 * ridge.mean_regret, f"seed={seed}"
     # what the model emitted: -R's early batches, then -F's
     assert forward.mean_regret <= emitted.mean_regret < ridge.mean_regret, f"seed={seed}"

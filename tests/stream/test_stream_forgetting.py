@@ -32,7 +32,7 @@ from test_stream import (
     stream_config,
 )
 
-from iolstream.core import model as model_mod
+from iolstream.core import model_config as model_mod
 from iolstream.core.model import EdRVFL
 from iolstream.stream.processor import StreamProcessor
 from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protocol
@@ -194,9 +194,11 @@ def test_auto_with_late_labels_is_evaluates_protocol_bitwise(delay, short_half_l
     b = 8
     cfg = model_config(lam="auto", forgetting="auto", scaler="none")
     proc = StreamProcessor(EdRVFL(cfg), stream_config(batch_rows=b, label_batch_rows=b))
+    learner = EdRVFLLearner(cfg)
+    if delay == 1:  # every candidate on every batch; delay 3: the scoring budget's batches, the same in both
+        proc.model.scoring.share = learner.model.scoring.share = np.inf
     rec = Recorder(proc).feed(paper_events(X, y, b) if delay == 1 else delayed_events(X, y, b, delay))
 
-    learner = EdRVFLLearner(cfg)
     split = Split("synthetic", "classification", CLASSES, tuple("x" * K), X, y, X[:3], y[:3])
     result = run_protocol(learner, split, Protocol(batch=b, label_delay=delay, curve_points=1))
     y_hat = np.array([CLASSES.index(orjson.loads(v)["y_hat"]) for _, v in rec.predictions])
@@ -210,6 +212,7 @@ def test_auto_with_late_labels_is_evaluates_protocol_bitwise(delay, short_half_l
     assert (
         np.array_equal(ours.selector.pair, theirs.selector.pair) and ours.selector.pair.any()
     )  # judged apart
+    assert ours.scoring.to_state() == theirs.scoring.to_state() and ours.scoring.scored_rows > 0
     for j, (a, b_) in enumerate(zip(ours.learners, theirs.learners)):
         for layer, (la, lb) in enumerate(zip(a.state.layers, b_.state.layers)):
             for name in ("gram", "rhs", "beta"):

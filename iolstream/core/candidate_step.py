@@ -1,0 +1,180 @@
+"""A batch through the candidates of ``auto`` (``lam``, ``forgetting`` and ``mode``; docs/design.md §9).
+
+The learners are made once (``make_learners``): per half-life one primary keeps the sums, the others share them
+(``shared_gram``). A new batch (``observe_candidates``): the features once; its Gram once, added to every
+half-life's A (each decays its own first); then the candidates that predict it solve and predict: the one in
+force always, the others on the batches the scoring budget pays for (``candidates.ScoringBudget``). Labels
+(``learn_candidates``): every primary folds them in, every candidate scores the rows it predicted, and the
+selector is given the rows every candidate predicted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iolstream.core import fused
+from iolstream.core.learner import OnlineLearner
+from iolstream.core.shared_gram import SharedGramLearner
+
+
+def make_learners(config, n_columns: int, pairs: list[tuple], modes: list[str]) -> list:
+    """One learner per candidate (``pairs``: (lam, half_life), ``modes``: its mode). The first candidate of each
+    half-life makes every update (Gram, labels, decay); the others share its sums (``SharedGramLearner``): one
+    Gram, one Cholesky per λ; half-lives differ in sums. With ``mode: auto`` that first one is -F and keeps A_r
+    beside A, the -R candidates' A."""
+    if len(pairs) != len(modes):
+        raise ValueError(f"{len(pairs)} candidate settings but {len(modes)} modes")
+    learners, primaries = [], {}
+    for (lam, half_life), mode in zip(pairs, modes):
+        if half_life in primaries:
+            learners.append(SharedGramLearner(primaries[half_life], lam, mode=mode))
+            continue
+        primaries[half_life] = ln = OnlineLearner(
+            n_columns,
+            config.m,
+            config.n_layers,
+            lam=lam,
+            mode=mode,
+            solver=config.solver,
+            refactor_every=config.refactor_every,
+            track_regret=config.track_regret,
+            half_life=half_life,
+            keep_labelled=config.mode == "auto",
+        )
+        learners.append(ln)
+    return learners
+
+
+class BatchGrams:
+    """The Gram Σ DᵀD (L, n, n) of the last ``keep`` batches observed, kept for their labels: the -F learners of
+    ``mode: auto`` keep A_r, the labelled rows' Gram, beside A; when a batch's labels come for all of its rows
+    at once (the same ``features_t``: evaluate, bench, the stream's feature cache) A_r adds the Gram formed
+    when the batch entered A, instead of a second one. Batches whose labels come later or apart form theirs."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._kept: list[tuple[np.ndarray, np.ndarray]] = []  # (features_t, its Gram), newest last
+
+    def put(self, features_t: np.ndarray, gram: np.ndarray) -> None:
+        self._kept = [*self._kept, (features_t, gram)][-self.keep :]
+
+    def take(self, features_t: np.ndarray) -> np.ndarray | None:
+        """The Gram of this very ``features_t`` if kept (then no longer), else None."""
+        for i, (kept, gram) in enumerate(self._kept):
+            if kept is features_t:
+                del self._kept[i]
+                return gram
+        return None
+
+
+def observe_candidates(
+    learners: list, network, x_scaled: np.ndarray, parallel: bool, predicting: np.ndarray, grams: BatchGrams
+):
+    """A new batch seen by every candidate: (features_t (L, n, b), layer outputs (K, L, b, m), NaN for the
+    candidates ``predicting`` (K,) bool leaves out). ``parallel``: the thread setting of the one in force, for
+    all. One primary that predicts and keeps no A_r: the fused -F step (features, Gram, Cholesky, prediction in
+    one call); else the batch's Gram once, added to each -F primary's A and kept in ``grams`` for A_r."""
+    for ln in learners:
+        ln.parallel = parallel
+    first = learners[0]
+    prim = [ln for ln in learners if not isinstance(ln, SharedGramLearner)]
+    b = x_scaled.shape[0]
+    outputs = np.full((len(learners), first.n_layers, b, first.n_outputs), np.nan)
+    done = set()
+    keeping = any(len(ln.state.arrays.gram_labelled) for ln in prim)
+    if len(prim) == 1 and predicting[0] and not keeping:
+        features_t, outputs[0] = first.observe_rows(network, x_scaled)
+        done.add(0)
+    else:
+        features_t = network.features(x_scaled, parallel=parallel)
+        forward = [ln for ln in prim if ln.mode == "forward"]
+        batch_gram = None
+        if (len(forward) > 1 or keeping) and b and features_t.flags.c_contiguous:
+            batch_gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
+            (fused.add_grams_parallel if parallel else fused.add_grams)(features_t, batch_gram)
+            if keeping:
+                grams.put(features_t, batch_gram)
+        for ln in prim:
+            ln.observe_sums(features_t, batch_gram)
+    for j, ln in enumerate(learners):
+        if j in done:
+            continue
+        if isinstance(ln, SharedGramLearner):
+            ln.advance(b)  # after its primary: the counters are level with it
+        if predicting[j]:
+            outputs[j] = ln.layer_outputs(features_t)
+    return features_t, outputs
+
+
+def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+    """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of the
+    predictions emitted for these rows (the one in force, or on rows every candidate predicted the one in force
+    now). ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it (NaN: not predicted); None: every
+    candidate's present β predicts them (these labels are not in it yet either)."""
+    learners, b = model.learners, features_t.shape[2]
+    if predicted is None or np.ndim(predicted) != 4:
+        predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
+    predicted = np.asarray(predicted, dtype=np.float64)
+    made = ~np.isnan(
+        predicted[:, 0, :, 0]
+    )  # (K, b): which candidate predicted which row (all of it, or none)
+    if b and not made.any(axis=0).all():
+        raise ValueError(
+            "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
+        )
+    scored = made.all(axis=0)
+    chosen = model.selector.chosen
+    emitter = np.where(scored | made[chosen], chosen, made.argmax(axis=0))
+    emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
+    labelled_gram = _labelled_gram(model, features_t, gram_in, observed_at)
+    for j, ln in enumerate(learners):
+        if isinstance(ln, SharedGramLearner):
+            if made[j].any():  # its loss on the rows it predicted; the sums are its primary's
+                ln.learn(features_t, targets, predicted=predicted[j], observed_at=observed_at)
+            continue
+        ln.learn(
+            features_t,
+            targets,
+            gram_in=gram_in,
+            predicted=predicted[j],
+            observed_at=observed_at,
+            labelled_gram=labelled_gram,
+        )
+    losses = np.empty(model.config.n_layers)
+    fused.label_losses(emitted, targets, losses)
+    rows = np.flatnonzero(scored)
+    row_losses = np.empty((len(learners), rows.size))
+    for j in range(len(learners) if rows.size else 0):
+        row_losses[j] = model.selection_loss(predicted[j][:, rows], targets[rows])
+    model.emitted_loss += losses
+    model.predicted_rows += made.sum(axis=1)
+    model.selector.record(row_losses, rows=b)
+    return losses
+
+
+def _labelled_gram(model, features_t, gram_in, observed_at) -> np.ndarray | None:
+    """Σ DᵀD of labelled rows (L, n, n) for the -F learners that keep A_r (each adds it at its own weight):
+    the one kept since the batch was observed (``BatchGrams``), or formed once when several keep A_r; None
+    (each forms its own) when none keeps it, or when the rows' Gram is not in A yet, or they have several
+    stamps."""
+    keeping = [
+        ln
+        for ln in model.learners
+        if not isinstance(ln, SharedGramLearner) and len(ln.state.arrays.gram_labelled)
+    ]
+    stamps = None if observed_at is None else np.asarray(observed_at, dtype=np.float64)
+    if (
+        not keeping
+        or (gram_in is not None and not np.all(gram_in))
+        or (stamps is not None and stamps.size > 1 and np.ptp(stamps) > 0)
+    ):
+        return None
+    kept = model.batch_grams.take(features_t)
+    if kept is not None or len(keeping) < 2:
+        return kept
+    if not (features_t.flags.c_contiguous and features_t.dtype in (np.float64, np.float32)):
+        return None
+    first = keeping[0]
+    gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
+    (fused.add_grams_parallel if first.parallel else fused.add_grams)(features_t, gram)
+    return gram

@@ -1,0 +1,195 @@
+"""The model's hyperparameters: ``ModelConfig``, stored exactly as given and validated at construction (a bad
+value raises naming its key), with what follows from them: the task, m, the ensemble rule and the candidates of
+``auto`` (``candidates``). ``core.model`` builds the model from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from iolstream.core import kernels, learner
+from iolstream.core.candidates import (
+    AUTO_START_MODE,
+    HALF_LIFE_CANDIDATES,
+    LAM_CANDIDATES,
+    MODES,
+    candidate_grid,
+    with_modes,
+)
+from iolstream.core.network import INITS, resolve_init
+from iolstream.core.scaling import SCALER_MODES
+
+TASKS = ("classification", "regression")
+TARGET_SCALERS = ("warmup", "fixed", "none")
+ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
+DTYPES = ("float64", "float32")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters, stored exactly as given and validated at construction.
+
+    Defaults were chosen from measurements over the shipped data sets (docs/benchmarks.md, "Why these defaults").
+    """
+
+    n_inputs: int
+    classes: tuple | None = None  # classification: the declared class list; None: regression
+    n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
+    n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
+    n_layers: int = 2
+    lam: float | tuple = 0.5
+    activation: str = "relu"
+    init: str = "auto"  # becomes the activation's own init (network.AUTO_INITS): what configs record
+    seed: int = 0
+    mode: str = "auto"
+    ensemble: str | None = None  # default: softmax (classification) / mean (regression)
+    solver: str = "auto"
+    dtype: str = "float64"
+    bias_column: bool = True
+    scaler: str = "warmup"
+    warmup_rows: int = 256
+    scaler_mean: tuple | None = None
+    scaler_std: tuple | None = None
+    refactor_every: int = 256
+    track_regret: bool = True
+    forgetting: float | str | None = (
+        None  # half-life in rows (docs/design.md §8); None: never forget; "auto": choose online
+    )
+    target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
+    target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
+    target_std: tuple | None = None
+
+    def __post_init__(self):
+        def bad(key, allowed, got):
+            raise ValueError(f"model.{key}: must be {allowed}, got {got!r}")
+
+        if not (isinstance(self.n_inputs, int) and self.n_inputs >= 1):
+            bad("n_inputs", "an integer ≥ 1", self.n_inputs)
+        if self.classes is not None:
+            if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
+                bad("classes", "a list of at least 2 distinct labels", self.classes)
+            object.__setattr__(self, "classes", tuple(self.classes))
+        elif not (isinstance(self.n_outputs, int) and self.n_outputs >= 1):
+            bad("n_outputs", "an integer ≥ 1", self.n_outputs)
+        for key in ("n_nodes", "n_layers", "refactor_every", "warmup_rows"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                bad(key, "an integer ≥ 1", value)
+        if self.lam == "auto":
+            pass
+        elif not isinstance(self.lam, (int, float)):
+            try:
+                object.__setattr__(self, "lam", tuple(float(v) for v in self.lam))
+            except (TypeError, ValueError):
+                bad(
+                    "lam",
+                    "a number > 0, a list of one number > 0 per layer, or auto (chosen online)",
+                    self.lam,
+                )
+        try:
+            if self.lam != "auto":
+                learner.as_lams(self.lam, self.n_layers)
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None  # as_lams' message starts with "lam:"
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0):
+            bad("seed", "an integer ≥ 0", self.seed)
+        for key in ("bias_column", "track_regret"):
+            if not isinstance(getattr(self, key), bool):
+                bad(key, "true or false", getattr(self, key))
+        if self.activation not in kernels.ACTIVATIONS:
+            bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
+        if self.init not in INITS:
+            bad("init", f"one of {INITS}", self.init)
+        object.__setattr__(self, "init", resolve_init(self.init, self.activation))  # names the weights drawn
+        if self.forgetting != "auto":
+            try:
+                learner.check_half_life(self.forgetting)
+            except ValueError:
+                bad(
+                    "forgetting",
+                    "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
+                    self.forgetting,
+                )
+        if self.forgetting is not None and self.solver == "woodbury":
+            bad(
+                "solver",
+                "'auto' or 'cholesky' with forgetting (it rescales A every batch: no rank-b update)",
+                self.solver,
+            )
+        if self.target_scaler not in TARGET_SCALERS:
+            bad("target_scaler", f"one of {TARGET_SCALERS}", self.target_scaler)
+        if self.target_scaler == "fixed" and self.task == "regression":
+            self._check_fixed_scaling("target", self.n_outputs, bad, store=True)
+        if self.mode not in MODES:
+            bad("mode", f"one of {MODES} (auto: -F and -R chosen online)", self.mode)
+        if self.solver not in learner.SOLVERS:
+            bad("solver", f"one of {learner.SOLVERS}", self.solver)
+        if self.dtype not in DTYPES:
+            bad("dtype", f"one of {DTYPES}", self.dtype)
+        if self.scaler not in SCALER_MODES:
+            bad("scaler", f"one of {SCALER_MODES}", self.scaler)
+        if self.scaler == "warmup" and self.warmup_rows < 2:
+            bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
+        if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
+            self._check_fixed_scaling("scaler", self.n_inputs, bad, store=False)
+        if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
+            bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+
+    def _check_fixed_scaling(self, prefix: str, n: int, bad, *, store: bool) -> None:
+        """``<prefix>_mean`` and ``<prefix>_std`` of a fixed scaling: n finite numbers each, deviations > 0
+        (``bad`` raises naming the key); ``store``: kept as tuples of floats."""
+        switch = "target_scaler" if prefix == "target" else "scaler"
+        for key, low in ((f"{prefix}_mean", -np.inf), (f"{prefix}_std", 0.0)):
+            value = getattr(self, key)
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                arr = np.empty(0)
+            if arr.shape != (n,) or not (np.isfinite(arr).all() and (arr > low).all()):
+                positive = " > 0" if low == 0.0 else ""
+                bad(key, f"a list of {n} finite numbers{positive} with {switch} 'fixed'", value)
+            if store:
+                object.__setattr__(self, key, tuple(float(v) for v in arr))
+
+    @property
+    def task(self) -> str:
+        return "classification" if self.classes is not None else "regression"
+
+    @property
+    def m(self) -> int:
+        return len(self.classes) if self.classes is not None else self.n_outputs
+
+    @property
+    def ensemble_rule(self) -> str:
+        return self.ensemble or ENSEMBLES[self.task][0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def candidates(self) -> list[tuple]:
+        """(lam, half_life) of every learner the model keeps: one, or the grid of ``auto`` settings (with
+        ``mode: auto``, each setting twice: see ``candidate_modes``)."""
+        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+        return with_modes(grid, self.mode)[0]
+
+    @property
+    def candidate_modes(self) -> list[str]:
+        """The mode of every learner the model keeps ("forward" or "ridge"), beside ``candidates``."""
+        grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
+        return with_modes(grid, self.mode)[1]
+
+    @property
+    def default_mode(self) -> str:
+        """The mode the selector starts with: ``mode``, or with ``auto`` candidates.AUTO_START_MODE."""
+        return AUTO_START_MODE if self.mode == "auto" else self.mode
+
+    @property
+    def default_candidate(self) -> tuple:
+        """(lam, half_life) of today's fixed defaults in place of ``auto``: the selector starts with it."""
+        return (
+            0.5 if self.lam == "auto" else self.lam,
+            None if self.forgetting == "auto" else self.forgetting,
+        )

@@ -1,0 +1,52 @@
+"""Work counted in floating-point operations: the least one -F step needs, and what scoring one more candidate
+adds. ``bench --suite core`` divides its measured rate by the first; the scoring budget of ``auto``
+(``candidates.ScoringBudget``) weighs the second against the first (docs/design.md §9).
+"""
+
+from __future__ import annotations
+
+# FLOP-equivalents of the fixed costs besides the arithmetic, at the ~30 GFLOP/s a step reaches on the small config
+# of ``bench --suite core``. Measured on a tiny model (N = 24, b = 10, where calls are all there is): a step of a
+# model with candidates (``auto``) takes ~100 µs of calls before any candidate not in force is scored, and scoring
+# one more ~12 µs (the calls that solve and predict, its share of the selector's sums).
+STEP_CALL_FLOPS = 3.0e6
+CALL_FLOPS = 3.6e5
+
+
+def minimal_flops_per_row(
+    k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True
+) -> dict:
+    """FLOPs per row of one -F step, the least the algorithm needs.
+
+    Per layer: features 2·fan_in·N; Gram n² (symmetric rank-b update, b·n² per batch);
+    Cholesky n³/3 per batch; one β solve 2n²m per batch (two triangular solves: the β that
+    predicts the batch; the β after its labels is never used before the next batch's Gram
+    changes A, so it need not be solved); prediction 2nm; label fold-in DᵀY 2nm.
+    """
+    n = n_nodes + k + int(bias_column)
+    parts = {"features": 0.0, "gram": 0.0, "cholesky": 0.0, "solves": 0.0, "predict_and_fold": 0.0}
+    for layer in range(n_layers):
+        fan_in = k if layer == 0 else n_nodes + k
+        parts["features"] += 2.0 * fan_in * n_nodes
+        parts["gram"] += float(n * n)
+        parts["cholesky"] += n**3 / 3.0 / b
+        parts["solves"] += 2.0 * n * n * m / b
+        parts["predict_and_fold"] += 4.0 * n * m
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def step_flops(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True) -> float:
+    """FLOPs of one -F step of a b-row batch (``minimal_flops_per_row`` × b, plus ``STEP_CALL_FLOPS``)."""
+    return (
+        minimal_flops_per_row(k, m, n_nodes, n_layers, max(b, 1), bias_column)["total"] * b + STEP_CALL_FLOPS
+    )
+
+
+def scoring_flops(n_columns: int, m: int, n_layers: int, b: int, cholesky: bool = True) -> float:
+    """FLOPs of scoring one candidate not in force on a b-row batch: per layer a Cholesky of its A (n³/3; not
+    when it keeps A⁻¹ current by Woodbury, ``cholesky`` False), its β (2n²m), its prediction and loss
+    (2nm·b + m·b), plus ``CALL_FLOPS``."""
+    n = n_columns
+    per_layer = (n**3 / 3.0 if cholesky else 0.0) + 2.0 * n * n * m + (2.0 * n * m + m) * b
+    return n_layers * per_layer + CALL_FLOPS
