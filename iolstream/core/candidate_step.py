@@ -1,4 +1,4 @@
-"""A batch through the candidates of ``auto`` (``lam``, ``forgetting`` and ``mode``; docs/design.md §9).
+"""A batch through the candidates of ``auto`` (``lam``, ``forgetting`` and ``mode``; docs/design.md §10).
 
 The learners are made once (``make_learners``): per half-life one primary keeps the sums, the others share them
 (``shared_gram``). A new batch (``observe_candidates``): the features once; its Gram once, added to every

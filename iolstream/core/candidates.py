@@ -5,7 +5,7 @@ The candidates all use the same random features and learn every row; the one who
 loss is lowest predicts (``CandidateSelector``). The candidates of one half-life share its sums
 (``core.shared_gram.SharedGramLearner``: one Gram, a Cholesky per λ; with ``mode: auto`` the -R candidates
 solve on the labelled sums A_r that the -F learner keeps beside its A). The candidates not in force predict the
-batches a budget pays for (``ScoringBudget``); ``candidate_step`` runs a batch through them all.
+batches a budget pays for (``ScoringBudget``); ``candidate_step`` runs a batch through them all (docs/design.md §10).
 """
 
 from __future__ import annotations

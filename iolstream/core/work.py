@@ -1,6 +1,6 @@
 """Work counted in floating-point operations: the least one -F step needs, and what scoring one more candidate
 adds. ``bench --suite core`` divides its measured rate by the first; the scoring budget of ``auto``
-(``candidates.ScoringBudget``) weighs the second against the first (docs/design.md §9).
+(``candidates.ScoringBudget``) weighs the second against the first (docs/design.md §10).
 """
 
 from __future__ import annotations

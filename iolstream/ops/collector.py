@@ -185,6 +185,12 @@ def model_families(v: ModelStatus):
         half_life = "none" if c["forgetting"] is None else f"{c['forgetting']:g}"
         loss.add_metric([f"{c['lam']:g}", half_life, c["mode"]], finite(c["recent_loss"]))
     yield loss
+    if "scored_share" in eff:
+        yield _gauge(
+            "candidate_scored_share",
+            "auto: share of the rows every candidate predicted (the rest, only the one in force)",
+            eff["scored_share"],
+        )
 
 
 def snapshot_families(v: ModelStatus):

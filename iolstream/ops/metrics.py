@@ -52,6 +52,7 @@ effective_lambda                       gauge       the λ in force (model.lam; a
 effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
 effective_mode                         gauge       mode = forward | ridge: 1, labelled with the update in force
 candidate_recent_loss                  gauge       lam, half_life, mode: auto, each candidate's recent loss per row
+candidate_scored_share                 gauge       auto: share of the rows every candidate predicted (scoring budget)
 snapshot_age_seconds                   gauge       since the newest durable snapshot
 snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
 consumer_lag                           gauge       topic, partition: last stable offset − position

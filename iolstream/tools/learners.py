@@ -97,8 +97,9 @@ class EdRVFLLearner:
         pred = self.model.observe(x)
         own = None
         if scored and pred.candidate_outputs is not None:  # each candidate's ensemble, scored with the labels
-            own = [
-                self.model.combine(out)[1 if self._classification else 2] for out in pred.candidate_outputs
+            own = [  # None: not scored on this batch (candidates.ScoringBudget)
+                None if np.isnan(out[0, 0, 0]) else self.model.combine(out)[1 if self._classification else 2]
+                for out in pred.candidate_outputs
             ]
         return (pred, own), (pred.index if self._classification else pred.value)
 
@@ -106,7 +107,8 @@ class EdRVFLLearner:
         pred, own = handle
         if own is not None:
             for j, guess in enumerate(own):
-                self._candidate_errors[j] += error_sums(self.config.task, guess, y)
+                if guess is not None:
+                    self._candidate_errors[j] += error_sums(self.config.task, guess, y)
         targets = self.model.one_hot(y) if self._classification else y
         losses = self.model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
         return float(losses.mean())

@@ -135,7 +135,8 @@ def metric_from(task: str, error_sum: float, count: int) -> float:
 
 def candidate_results(model, errors: np.ndarray) -> list[dict]:
     """With ``auto``: every candidate's own prequential metric (``errors`` (K, 2): its error sum and count, of
-    what it would have emitted) and cumulative regret, beside the setting it stands for."""
+    what it would have emitted, on the batches it predicted: ``scored_rows``) and cumulative regret (None unless
+    it predicted every labelled row), beside the setting it stands for."""
     task = model.config.task
     return [
         {
@@ -143,6 +144,7 @@ def candidate_results(model, errors: np.ndarray) -> list[dict]:
             "forgetting": h,
             "mode": mode,
             "prequential_metric": finite_or_none(metric_from(task, error_sum, int(count))),
+            "scored_rows": int(model.predicted_rows[j]),
             "cumulative_regret": finite_or_none(model.regret(j).mean_regret),
         }
         for j, ((lam, h), mode, (error_sum, count)) in enumerate(zip(model.candidates, model.modes, errors))
