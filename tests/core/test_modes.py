@@ -184,6 +184,8 @@ def test_mode_auto_survives_a_snapshot_and_continues_as_if_never_stopped():
     restored = load_model(buf)
     assert restored.modes == model.modes and restored.candidates == model.candidates
     assert restored.effective == model.effective
+    assert restored.scoring.to_state() == model.scoring.to_state()  # the same batches scored from here on
+    np.testing.assert_array_equal(restored.predicted_rows, model.predicted_rows)
     np.testing.assert_array_equal(restored.emitted_loss, model.emitted_loss)
     for a, b in zip(restored.learners, model.learners):
         for la, lb in zip(a.state.layers, b.state.layers):
@@ -215,3 +217,34 @@ def test_fixed_modes_keep_one_learner_and_a_bad_mode_is_named():
         assert model.effective == {"lam": 0.5, "forgetting": None, "mode": mode}
     with pytest.raises(ValueError, match="model.mode: must be one of"):
         ModelConfig(n_inputs=3, classes=(0, 1), mode="both")
+
+
+def test_the_scoring_budget_scores_the_first_batch_then_what_its_credit_pays_for():
+    """Each batch earns share × its step's FLOPs; a scored batch spends its cost; no saving beyond one scoring."""
+    from iolstream.core.candidates import ScoringBudget
+
+    budget = ScoringBudget((4, 3, 24, 2, True), share=0.5)
+    step = budget.step(10)
+    assert step > 0 and budget.take(10, cost=10 * step)  # the first batch, whatever it costs
+    taken = [budget.take(10, cost=2 * step) for _ in range(12)]  # 0.5 step a batch, 2 steps a scoring
+    assert taken == [False, False, False, True] * 3
+    assert budget.scored_rows == 40 and budget.rows == 130
+    for _ in range(50):  # cheap: every batch, and the credit never exceeds one scoring
+        assert budget.take(10, cost=0.1 * step) and budget.credit <= 0.1 * step
+    again = ScoringBudget(budget.dims)
+    again.load_state(budget.to_state())
+    assert again.to_state() == budget.to_state()
+    fresh = ScoringBudget(budget.dims)
+    fresh.load_state(None)  # a snapshot from before the budget: the next batch is scored
+    assert fresh.take(10, cost=1e30)
+
+
+def test_with_few_candidates_and_large_batches_every_batch_is_scored():
+    """The default -F and -R pair on batches of the small bench config: every batch; 18 candidates: some."""
+    base = dict(n_inputs=10, n_outputs=10, n_nodes=128, n_layers=4, scaler="none")
+    rng = np.random.default_rng(0)
+    for extra, low, high in (({}, 1.0, 1.0), ({"lam": "auto", "forgetting": "auto"}, 0.05, 0.5)):
+        model = EdRVFL(ModelConfig(**base, mode="auto", **extra))
+        x = rng.standard_normal((256 * 12, 10))
+        _stream(model, x, rng.standard_normal((len(x), 10)), 256)
+        assert low <= model.scoring.scored_share <= high, (extra, model.scoring.scored_share)
