@@ -193,6 +193,20 @@ class LayerState:
         arrays.beta_stale[index] = False
 
 
+# The learner's counters besides its version (what a λ or -R candidate takes from the learner whose sums it shares).
+COUNTERS = (
+    "rows_observed",
+    "rows_labelled",
+    "rows_forgotten",
+    "label_batches",
+    "max_label_batch",
+    "sum_y2",
+    "d_max",
+    "y_max",
+    "clock",
+)
+
+
 @dataclass
 class LearnerState:
     """The whole learned state: per-layer statistics plus counters (all plain numbers and arrays)."""

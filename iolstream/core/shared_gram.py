@@ -12,6 +12,7 @@ import numpy as np
 from iolstream.core import fused, work
 from iolstream.core.label_fold import unpredicted_as_targets
 from iolstream.core.learner import OnlineLearner
+from iolstream.core.learner_state import COUNTERS
 
 
 class SharedGramLearner(OnlineLearner):
@@ -170,17 +171,3 @@ class SharedGramLearner(OnlineLearner):
     def refresh(self) -> None:
         self.sync()
         super().refresh()
-
-
-# the counters a candidate takes from the primary whose sums it shares
-COUNTERS = (
-    "rows_observed",
-    "rows_labelled",
-    "rows_forgotten",
-    "label_batches",
-    "max_label_batch",
-    "sum_y2",
-    "d_max",
-    "y_max",
-    "clock",
-)

@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
-from iolstream.core.learner_state import LayerState
+from iolstream.core.learner_state import COUNTERS, LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -35,18 +35,7 @@ FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/
 # selection also names each candidate's mode (selection["modes"]); without it, every one has the config's.
 FORMAT_VERSION = 2
 READS = (1, 2)
-_COUNTERS = (
-    "rows_observed",
-    "rows_labelled",
-    "rows_forgotten",
-    "label_batches",
-    "max_label_batch",
-    "sum_y2",
-    "d_max",
-    "y_max",
-    "version",
-    "clock",
-)
+_COUNTERS = (*COUNTERS, "version")
 
 
 class StateFormatError(ValueError):
