@@ -148,7 +148,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
         row_losses[j] = model.selection_loss(predicted[j][:, rows], targets[rows])
     model.emitted_loss += losses
     model.predicted_rows += made.sum(axis=1)
-    model.selector.record(row_losses, rows=b)
+    model.selector.record(row_losses)
     return losses
 
 

@@ -23,9 +23,10 @@ LAM_CANDIDATES = (0.05, 0.5, 5.0)
 HALF_LIFE_CANDIDATES = (None, 2048.0, 512.0)
 # The grid of snapshots saved before the grid was saved with the selection (state_io reads them with it).
 FIRST_GRID = ((0.05, 0.5, 5.0), (None, 16384.0, 2048.0))
-# rows: the recent loss weighs rows halving every 512 rows. The prequential past was scored by β fitted on
-# fewer rows (on a stationary stream, the early rows favour a large λ): a short window judges the
-# candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows from switching.
+# rows: the recent loss weighs rows halving every 512 scored rows (every row when every batch is scored). The
+# prequential past was scored by β fitted on fewer rows (on a stationary stream, the early rows favour a large λ):
+# a short window judges the candidates as they are now, and the z-test (SELECTION_Z) keeps the noise of few rows
+# from switching.
 SELECTION_HALF_LIFE = 512.0
 MODE_CANDIDATES = ("forward", "ridge")  # mode: auto (-F first: it makes the updates the -R candidates read)
 MODES = ("forward", "ridge", "auto")  # model.mode
@@ -117,12 +118,12 @@ class CandidateSelector:
         self.z = z
         self.keep_z = keep_z
 
-    def record(self, row_losses: np.ndarray, rows: int | None = None) -> None:
-        """row_losses: (K, s) each candidate's loss on each scored row of a labelled batch of ``rows`` rows
-        (default s: all were scored). The sums decay by ``rows``; only the scored rows add to them."""
+    def record(self, row_losses: np.ndarray) -> None:
+        """row_losses: (K, b) each candidate's loss on each row of one labelled batch that every candidate
+        predicted (``ScoringBudget``: the half-life counts these rows)."""
         row_losses = np.asarray(row_losses, dtype=np.float64)
         b = row_losses.shape[1]
-        self.advance(b if rows is None else rows)
+        self.advance(b)
         self.loss += row_losses.sum(axis=1)
         for start in range(
             0, b, PAIR_CHUNK
@@ -173,8 +174,9 @@ class ScoringBudget:
     every batch earns ``share`` × the FLOPs of one -F step of its rows (``work.step_flops``), and a scored batch
     spends what scoring it costs. With few candidates or large batches that is every batch (the default -F and
     -R pair on the small and poker configs of ``bench --suite core``); with 18 candidates on 256-row batches of
-    139 columns, about one in four. The selector's sums decay by every labelled row and gain only scored ones:
-    it reacts to a drift as fast, on fewer rows of evidence. Deterministic: the same batches, the same choice.
+    139 columns, one in 15. The selector's half-life counts the rows it is given: with a share q scored it
+    judges on as many rows as with every batch, the last ~512/q labelled ones, and reacts to a drift 1/q times
+    later. Deterministic: the same batches, the same choice.
 
     dims : (k, m, N, L, bias_column) of the model.
     """
