@@ -107,17 +107,17 @@ def observe_candidates(
 
 
 def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
-    """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of the
-    predictions emitted for these rows (the one in force, or on rows every candidate predicted the one in force
-    now). ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it (NaN: not predicted); None: every
-    candidate's present β predicts them (these labels are not in it yet either)."""
+    """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of what
+    was emitted for these rows: each row's prediction by the one candidate that made it, or, on rows every
+    candidate predicted, by the one in force now. ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it
+    (NaN: not predicted); None: every candidate's present β predicts them (these labels are not in it yet
+    either)."""
     learners, b = model.learners, features_t.shape[2]
     if predicted is None or np.ndim(predicted) != 4:
         predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
     predicted = np.asarray(predicted, dtype=np.float64)
-    made = ~np.isnan(
-        predicted[:, 0, :, 0]
-    )  # (K, b): which candidate predicted which row (all of it, or none)
+    # (K, b): which candidate predicted which row (a candidate predicts all of a row's outputs, or none)
+    made = ~np.isnan(predicted[:, 0, :, 0])
     if b and not made.any(axis=0).all():
         raise ValueError(
             "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
