@@ -98,9 +98,8 @@ class EdRVFL:
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
         start = list(zip(self.candidates, self.modes)).index((config.default_candidate, config.default_mode))
         self.selector = CandidateSelector(len(self.learners), start)
-        self.scoring = ScoringBudget(
-            (config.n_inputs, config.m, config.n_nodes, config.n_layers, config.bias_column)
-        )
+        dims = (config.n_inputs, config.m, config.n_nodes, config.n_layers, config.bias_column)
+        self.scoring = ScoringBudget(dims, config.scoring)
         self.batch_grams = BatchGrams()  # mode auto: the last batches' Gram, for A_r when their labels come
         self.emitted_loss = np.zeros(config.n_layers)  # auto: Σ_t L_{l,t} of the candidate in force (regret)
         self.predicted_rows = np.zeros(

@@ -5,6 +5,7 @@ value raises naming its key), with what follows from them: the task, m, the ense
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from iolstream.core.candidates import (
     HALF_LIFE_CANDIDATES,
     LAM_CANDIDATES,
     MODES,
+    SCORING_SHARE,
     candidate_grid,
     with_modes,
 )
@@ -57,6 +59,9 @@ class ModelConfig:
     forgetting: float | str | None = (
         None  # half-life in rows (docs/design.md §8); None: never forget; "auto": choose online
     )
+    # auto: the share of the step's own work (in operations) that scoring the candidates not in force may cost
+    # (candidates.ScoringBudget); "all": they predict every batch
+    scoring_share: float | str = SCORING_SHARE
     target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
     target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
     target_std: tuple | None = None
@@ -112,6 +117,14 @@ class ModelConfig:
                     "null (never forget), auto (chosen online), or a half-life in rows, a number > 0",
                     self.forgetting,
                 )
+        share = self.scoring_share
+        if share != "all" and not (
+            isinstance(share, (int, float))
+            and not isinstance(share, bool)
+            and np.isfinite(share)
+            and share > 0
+        ):
+            bad("scoring_share", "a number > 0 (a share of the step's work), or all (every batch)", share)
         if self.forgetting is not None and self.solver == "woodbury":
             bad(
                 "solver",
@@ -180,6 +193,11 @@ class ModelConfig:
         """The mode of every learner the model keeps ("forward" or "ridge"), beside ``candidates``."""
         grid = candidate_grid(self.lam, self.forgetting, LAM_CANDIDATES, HALF_LIFE_CANDIDATES)
         return with_modes(grid, self.mode)[1]
+
+    @property
+    def scoring(self) -> float:
+        """``scoring_share`` as a number (inf: every batch)."""
+        return math.inf if self.scoring_share == "all" else float(self.scoring_share)
 
     @property
     def default_mode(self) -> str:

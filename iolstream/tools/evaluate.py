@@ -102,6 +102,13 @@ def add_parser(subparsers):
         f"{', '.join(map(str, HALF_LIFE_CANDIDATES))} (default: none, never forget)",
     )
     mdl.add_argument(
+        "--scoring-share",
+        type=_all_or(positive_float),
+        metavar="S",
+        help="auto: the candidates not in force are scored on the batches S × the step's work pays for; "
+        f"all: every batch (default: {defaults['scoring_share']})",
+    )
+    mdl.add_argument(
         "--activation", choices=ACTIVATIONS, default=defaults["activation"], help="(default: %(default)s)"
     )
     mdl.add_argument(
@@ -255,6 +262,8 @@ def main(args) -> int:
     )
     if args.forgetting is not None:
         model["forgetting"] = args.forgetting
+    if args.scoring_share is not None:
+        model["scoring_share"] = args.scoring_share
     if args.lam is not None:
         model["lam"] = args.lam
     elif args.log2_inv_lam is not None:
@@ -372,6 +381,16 @@ def _auto_or(kind):
 
     def parse(text: str):
         return "auto" if text.strip().lower() == "auto" else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _all_or(kind):
+    """An argparse type: the word ``all``, or a value of ``kind``."""
+
+    def parse(text: str):
+        return "all" if text.strip().lower() == "all" else kind(text)
 
     parse.__name__ = kind.__name__
     return parse

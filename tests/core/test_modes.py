@@ -248,3 +248,17 @@ def test_with_few_candidates_and_large_batches_every_batch_is_scored():
         x = rng.standard_normal((256 * 12, 10))
         _stream(model, x, rng.standard_normal((len(x), 10)), 256)
         assert low <= model.scoring.scored_share <= high, (extra, model.scoring.scored_share)
+
+
+def test_scoring_share_is_a_positive_number_or_all():
+    base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", lam="auto")
+    for bad in (0, -1.0, "most", True, float("inf")):
+        with pytest.raises(ValueError, match="model.scoring_share"):
+            ModelConfig(**base, scoring_share=bad)
+    x, y = _classes(45, 600)
+    every = _stream(EdRVFL(ModelConfig(**base, scoring_share="all")), x, y, 60)
+    assert every.scoring.scored_share == 1.0 and (every.predicted_rows == every.learner.state.rows_labelled).all()
+    some = _stream(EdRVFL(ModelConfig(**base)), x, y, 60)
+    assert some.scoring.scored_share < 1.0
+    more = _stream(EdRVFL(ModelConfig(**base, scoring_share=1.0)), x, y, 60)
+    assert some.scoring.scored_share < more.scoring.scored_share
