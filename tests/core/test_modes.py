@@ -101,7 +101,10 @@ def test_candidates_scored_on_some_batches_keep_exact_sums_and_score_only_those(
             assert np.isfinite(report.mean_regret)
             assert auto.predicted_rows[j] == auto.learner.state.rows_labelled
         else:
-            assert np.isnan(report.mean_regret) and report.extra["rows_predicted"] < report.extra["rows_labelled"]
+            assert (
+                np.isnan(report.mean_regret)
+                and report.extra["rows_predicted"] < report.extra["rows_labelled"]
+            )
 
 
 def test_the_forward_update_still_enters_every_batch_before_it_is_predicted():
@@ -257,7 +260,10 @@ def test_scoring_share_is_a_positive_number_or_all():
             ModelConfig(**base, scoring_share=bad)
     x, y = _classes(45, 600)
     every = _stream(EdRVFL(ModelConfig(**base, scoring_share="all")), x, y, 60)
-    assert every.scoring.scored_share == 1.0 and (every.predicted_rows == every.learner.state.rows_labelled).all()
+    assert (
+        every.scoring.scored_share == 1.0
+        and (every.predicted_rows == every.learner.state.rows_labelled).all()
+    )
     some = _stream(EdRVFL(ModelConfig(**base)), x, y, 60)
     assert some.scoring.scored_share < 1.0
     more = _stream(EdRVFL(ModelConfig(**base, scoring_share=1.0)), x, y, 60)

@@ -241,7 +241,8 @@ def test_forgetting_members_agree_on_the_group_clock_and_the_weighted_closed_for
     for m in (
         members[1:] if len(members[0].learners) > 1 else []
     ):  # auto: one selector for the group (its sums
-        scored = sum(member.scoring.scored_rows for member in members)  # labelled rows every candidate predicted
+        # labelled rows every candidate predicted
+        scored = sum(member.scoring.scored_rows for member in members)
         assert m.selector.clock == members[0].selector.clock == scored > 0  # on the clock of scored rows)
         for key in ("sel.loss", "sel.pair", "sel.rows"):
             np.testing.assert_allclose(
