@@ -170,9 +170,9 @@ class ScoringBudget:
     """Which batches the candidates not in force predict, to be judged on (``CandidateSelector``).
 
     The one in force predicts every batch; the others cost a Cholesky (unless A⁻¹ is kept by Woodbury), a
-    solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on the first batch and then whenever the credit pays for it:
-    every batch earns ``share`` × the FLOPs of one -F step of its rows (``work.step_flops``), and a scored batch
-    spends what scoring it costs. With few candidates or large batches that is every batch (the default -F and
+    solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on the first
+    batch and then whenever the credit pays for it: every batch earns ``share`` × the FLOPs of one -F step of
+    its rows (``work.step_flops``), and a scored batch spends what scoring it costs (``share`` inf: every batch). With few candidates or large batches that is every batch (the default -F and
     -R pair on the small and poker configs of ``bench --suite core``); with 18 candidates on 256-row batches of
     139 columns, one in 15. The selector's half-life counts the rows it is given: with a share q scored it
     judges on as many rows as with every batch, the last ~512/q labelled ones, and reacts to a drift 1/q times
