@@ -25,23 +25,13 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
-from iolstream.core import linalg
+from iolstream.core import learner_state, linalg
 from iolstream.core.learner import WOODBURY_RATIO, OnlineLearner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
 
 RTOL = 1e-9  # the exactness bar of issue #2 (float64)
-COUNTERS = (
-    "rows_observed",
-    "rows_labelled",
-    "rows_forgotten",
-    "label_batches",
-    "max_label_batch",
-    "sum_y2",
-    "d_max",
-    "y_max",
-    "version",
-)
+COUNTERS = (*learner_state.COUNTERS, "version")  # every counter of the state
 
 # A small network: n = N + k + 1 = 25 columns, so "auto" picks Woodbury for b ≤ 4 (b·6 ≤ n).
 K, N_NODES, N_LAYERS, M = 4, 20, 3, 2
