@@ -17,6 +17,7 @@ class list, or regression with m outputs). Arrays in, arrays out, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -113,6 +114,12 @@ class EdRVFL:
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+
+    def set_scoring_share(self, share) -> None:
+        """Another ``model.scoring_share`` (a number > 0, or "all") from now on: it sets which batches the
+        candidates not in force are scored on, not what any sums hold (a restart may change it)."""
+        self.config = dataclasses.replace(self.config, scoring_share=share)
+        self.scoring.share = self.config.scoring
 
     def sync_candidates(self) -> None:
         """Every candidate's ``state`` holds its sums (they read their primary's when solving: a snapshot or a

@@ -28,6 +28,8 @@ from iolstream.stream.processor import StreamProcessor
 from iolstream.stream.warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
+# model keys a restart may change: how much the candidates not in force are scored, not what the sums hold
+FREE_MODEL_KEYS = ("scoring_share",)
 
 FLUSH_SECONDS = 1.0  # a periodic checkpoint waits this long for deliveries, then tries again later
 
@@ -112,7 +114,9 @@ class Checkpointer:
         except StateFormatError as exc:
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         wanted = self.cfg.model.to_dict()
-        diff = [k for k in wanted if _jsonish(wanted[k]) != _jsonish(saved.get(k))]
+        diff = [
+            k for k in wanted if k not in FREE_MODEL_KEYS and _jsonish(wanted[k]) != _jsonish(saved.get(k))
+        ]
         if diff:
             raise WorkerError(
                 f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
@@ -128,6 +132,7 @@ class Checkpointer:
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
+        proc.model.set_scoring_share(self.cfg.model.scoring_share)  # this config's, whatever the snapshot's
         positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
         self.last = Checkpoint(
             proc.counters["batches"],

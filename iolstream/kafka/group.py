@@ -479,6 +479,10 @@ def model_digest(config, candidates: list[tuple] | None = None, modes: list[str]
     (``core.state_io``). After a release that changed it, sums of the old grid and the new are laid out alike
     but hold other settings, and must not be added. A fixed config has one candidate, given by the config."""
     described = config.to_dict()
+    # which batches the candidates are scored on: the selector's sums of members that score more or fewer add
+    # alike (each on its clock of scored rows), so members may differ in it, and a release that adds it changes
+    # no digest
+    described.pop("scoring_share", None)
     if candidates is not None and len(candidates) > 1:
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
         if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too

@@ -310,3 +310,47 @@ def test_a_worker_loads_a_snapshot_of_the_previous_version(tmp_path):
     raw["model"]["forgetting"] = 1000.0  # a different model: refused, naming the key
     with pytest.raises(WorkerError, match="model.forgetting"):
         Worker(config_from_dict(raw, environ={}))
+
+
+def test_a_restart_may_change_the_scoring_share_and_nothing_else_of_the_model(tmp_path):
+    """``model.scoring_share`` sets which batches the candidates not in force are scored on, not what the sums
+    hold: a worker restarts from a snapshot made with another share and scores with its own; another λ grid
+    setting is still refused. Group members may differ in it too (it is not in the model digest)."""
+    from iolstream.kafka.config import config_from_dict
+    from iolstream.kafka.group import model_digest
+    from iolstream.kafka.worker import Worker
+
+    model_raw = {"n_inputs": 3, "classes": ["a", "b"], "n_nodes": 8, "n_layers": 2, "scaler": "none"}
+    model_raw["lam"] = "auto"
+    cfg = ModelConfig(**{**model_raw, "classes": ("a", "b")})
+    proc = StreamProcessor(EdRVFL(cfg), StreamConfig(batch_rows=4, row_ttl_ms=None))
+    rng = np.random.default_rng(5)
+    for i in range(5):
+        x = rng.normal(size=(4, 3)).round(3).tolist()
+        proc.on_features(
+            json.dumps({"ids": [f"r{i}-{j}" for j in range(4)], "x": x}).encode(), ("f", 0, i), 0
+        )
+        proc.on_labels(
+            json.dumps({"ids": [f"r{i}-{j}" for j in range(4)], "y": ["a", "b", "a", "b"]}).encode(),
+            ("l", 0, i),
+            0,
+        )
+        proc.step(0)
+    manifest, arrays = proc.to_state()
+    manifest["offsets"] = []
+    SnapshotStore(tmp_path / "snapshots").write(manifest, arrays)
+    raw = {
+        "model": {**model_raw, "scoring_share": "all"},
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+        "snapshot": {"dir": str(tmp_path / "snapshots")},
+        "metrics": {"port": 0},
+    }
+    worker = Worker(config_from_dict(raw, environ={}))
+    restored = worker.processor.model
+    assert restored.config.scoring_share == "all" and restored.scoring.share == float("inf")
+    assert worker.processor.counters["rows_in"] == 20
+    assert restored.scoring.rows == proc.model.scoring.rows  # the budget's counts came back, its share is new
+    assert model_digest(restored.config) == model_digest(cfg)
+    raw["model"]["lam"] = 0.5
+    with pytest.raises(WorkerError, match="model.lam"):
+        Worker(config_from_dict(raw, environ={}))
