@@ -143,12 +143,20 @@ def _add_gram(d, gram_l):
 @nb.njit(**JIT)
 def _cholesky(gram_l, factor_l):
     """factor_l ← lower Cholesky factor of A_l (both C blocks, i.e. transposed column-major
-    matrices); returns LAPACK's info (0 on success). Only the lower triangle is copied (all
-    dpotrf reads); the upper one is left as it was."""
+    matrices); returns LAPACK's info (0 on success)."""
+    return _cholesky_shifted(gram_l, 0.0, factor_l)
+
+
+@nb.njit(**JIT)
+def _cholesky_shifted(gram_l, shift, factor_l):
+    """factor_l ← lower Cholesky factor of A_l + shift·I; returns LAPACK's info. Only the lower triangle is
+    copied (all dpotrf reads); the upper one is left as it was. A λ candidate factors its primary's A with
+    its own λ on the diagonal this way (``shared_gram``), the same bits as factoring a shifted copy."""
     n = gram_l.shape[0]
     for j in range(n):  # row j of the C blocks = column j of the matrices
         for i in range(j, n):
             factor_l[j, i] = gram_l[j, i]
+        factor_l[j, j] = gram_l[j, j] + shift
     return potrf_lower(factor_l.T)
 
 
@@ -212,6 +220,19 @@ def _yt_d(y_t, d):
 
 
 @nb.njit(**JIT)
+def solve_predict_layer(features_t, layer, gram, shift, scratch, rhs, beta, out, info):
+    """β_l = (A_l + shift·I)⁻¹ c_l by a Cholesky factor in ``scratch``, then, if ``out`` has rows,
+    out[l] = D_l β_l. ``gram`` and ``rhs`` may be another learner's (a λ candidate reads its primary's sums,
+    ``shared_gram``); info[l] as in ``forward_layer``."""
+    info[layer] = _cholesky_shifted(gram[layer], shift, scratch)
+    if info[layer] != 0:
+        return
+    info[layer] = _solve(scratch, layer, rhs, beta)
+    if out.shape[1] > 0:
+        predict_layer(features_t, layer, beta, out)
+
+
+@nb.njit(**JIT)
 def forward_layer(features_t, layer, gram, scratch, rhs, beta, out, info):
     """-F for one layer (Algorithm 2): A_l += D_lᵀD_l, β_l = A_l⁻¹c_l by a Cholesky factor in
     ``scratch`` (n, n), and, if ``out`` has rows, the prediction D_l β_l. info[l]: 0, LAPACK's
@@ -221,12 +242,7 @@ def forward_layer(features_t, layer, gram, scratch, rhs, beta, out, info):
     cache where a per-layer factor would cost a round trip to memory for each layer (~5 %).
     """
     _add_gram(features_t[layer].T, gram[layer].T)
-    info[layer] = _cholesky(gram[layer], scratch)
-    if info[layer] != 0:
-        return
-    info[layer] = _solve(scratch, layer, rhs, beta)
-    if out.shape[1] > 0:
-        predict_layer(features_t, layer, beta, out)
+    solve_predict_layer(features_t, layer, gram, 0.0, scratch, rhs, beta, out, info)
 
 
 @nb.njit(**JIT)
@@ -277,36 +293,19 @@ def add_grams_parallel(features_t, gram):
 
 
 @nb.njit(**JIT)
-def solve_predict_layer(features_t, layer, gram, shift, scratch, rhs, beta, out, info):
-    """β_l = (A_l + shift_l I)⁻¹ c_l by a Cholesky factor in ``scratch``, then out[l] = D_l β_l. ``gram`` and
-    ``rhs`` may be another learner's (a λ candidate reads its primary's sums, shifted on the diagonal: the
-    same bits as a copy of them, ``shared_gram``); info[l] as in ``forward_layer``."""
-    n = scratch.shape[0]
-    gram_l = gram[layer]
-    for j in range(n):  # row j of the C blocks = column j of the matrices: the lower triangle
-        for i in range(j, n):
-            scratch[j, i] = gram_l[j, i]
-        scratch[j, j] = gram_l[j, j] + shift[layer]
-    info[layer] = potrf_lower(scratch.T)
-    if info[layer] != 0:
-        return
-    info[layer] = _solve(scratch, layer, rhs, beta)
-    if out.shape[1] > 0:
-        predict_layer(features_t, layer, beta, out)
-
-
-@nb.njit(**JIT)
 def solve_predict_serial(features_t, gram, shift, scratch, rhs, beta, out, info):
     """``solve_predict_layer`` for every layer (scratch: (threads, n, n)); returns how many failed."""
     for layer in range(features_t.shape[0]):
-        solve_predict_layer(features_t, layer, gram, shift, scratch[0], rhs, beta, out, info)
+        solve_predict_layer(features_t, layer, gram, shift[layer], scratch[0], rhs, beta, out, info)
     return np.count_nonzero(info)
 
 
 @nb.njit(**JIT_PARALLEL)
 def solve_predict_parallel(features_t, gram, shift, scratch, rhs, beta, out, info):
     for layer in nb.prange(features_t.shape[0]):
-        solve_predict_layer(features_t, layer, gram, shift, scratch[nb.get_thread_id()], rhs, beta, out, info)
+        solve_predict_layer(
+            features_t, layer, gram, shift[layer], scratch[nb.get_thread_id()], rhs, beta, out, info
+        )
     return np.count_nonzero(info)
 
 
