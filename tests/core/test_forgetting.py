@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
+from model_util import stream_one_batch_late
 from naive import label_messages
 from test_learner import (
     N_COLUMNS,
@@ -468,16 +469,6 @@ if __name__ == "__main__":
 # --------------------------------------------------------------------------- auto
 
 
-def _stream_auto(model: EdRVFL, x, y, b=100):
-    prev = None
-    for start in range(0, len(x), b):
-        pred = model.observe(x[start : start + b])
-        if prev is not None:
-            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
-        prev = (pred, model.encode_labels(y[start : start + b]))
-    return model
-
-
 def test_auto_candidates_are_the_fixed_settings_on_the_same_features():
     """Every candidate of lam/forgetting auto holds bit for bit... to round-off the state of a model
     configured with that one setting and fed the same rows."""
@@ -486,10 +477,10 @@ def test_auto_candidates_are_the_fixed_settings_on_the_same_features():
     x = rng.standard_normal((900, 4))
     y = (x[:, 0] * x[:, 1] > 0).astype(int)
     base = dict(n_inputs=4, classes=(0, 1), n_nodes=24, n_layers=2, scaler="none", seed=seed_, mode="forward")
-    auto = _stream_auto(EdRVFL(ModelConfig(**base, lam="auto", forgetting="auto")), x, y)
+    auto = stream_one_batch_late(EdRVFL(ModelConfig(**base, lam="auto", forgetting="auto")), x, y, 100)
     assert len(auto.learners) == 9
     for (lam, h), ln in zip(auto.candidates, auto.learners):
-        fixed = _stream_auto(EdRVFL(ModelConfig(**base, lam=lam, forgetting=h)), x, y)
+        fixed = stream_one_batch_late(EdRVFL(ModelConfig(**base, lam=lam, forgetting=h)), x, y, 100)
         for layer, (a, b) in enumerate(zip(ln.state.layers, fixed.learner.state.layers)):
             assert_close(a.beta, b.beta, f"lam={lam} h={h} layer {layer} seed={seed_}", rtol=1e-12)
 
@@ -510,9 +501,9 @@ def test_forgetting_auto_picks_a_half_life_after_a_concept_flip():
             n_inputs=3, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none", forgetting="auto", seed=seed_
         )
     )
-    _stream_auto(model, x[:4000], y[:4000])
+    stream_one_batch_late(model, x[:4000], y[:4000], 100)
     assert model.effective["forgetting"] is None, f"before the flip: {model.effective}, seed={seed_}"
-    _stream_auto(model, x[4000:], y[4000:])
+    stream_one_batch_late(model, x[4000:], y[4000:], 100)
     eff = model.effective
     assert eff["forgetting"] in (2048.0, 512.0), f"after the flip: {eff}, seed={seed_}"
     recent = {c["forgetting"]: c["recent_loss"] for c in eff["candidates"]}
@@ -539,7 +530,7 @@ def test_auto_survives_a_state_round_trip():
         forgetting="auto",
         seed=seed_,
     )
-    model = _stream_auto(EdRVFL(cfg), x[:2000], y[:2000])
+    model = stream_one_batch_late(EdRVFL(cfg), x[:2000], y[:2000], 100)
     buf = io.BytesIO()
     save_model(buf, model)
     buf.seek(0)
@@ -551,7 +542,7 @@ def test_auto_survives_a_state_round_trip():
     assert restored.candidates == model.candidates
     assert [ln.half_life for ln in restored.learners] == [h for _, h in model.candidates]
     for m in (model, restored):
-        _stream_auto(m, x[2000:], y[2000:])
+        stream_one_batch_late(m, x[2000:], y[2000:], 100)
     assert restored.effective == model.effective, f"seed={seed_}"
     for a, b in zip(model.learners, restored.learners):
         assert np.array_equal(a.state.layers[1].beta, b.state.layers[1].beta), f"seed={seed_}"
@@ -580,7 +571,7 @@ def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
     )
     first = candidate_grid("auto", "auto", *FIRST_GRID)
     assert 16384.0 not in HALF_LIFE_CANDIDATES and first != cfg.candidates  # else this tests nothing
-    model = _stream_auto(EdRVFL(cfg, candidates=first), x[:2000], y[:2000])
+    model = stream_one_batch_late(EdRVFL(cfg, candidates=first), x[:2000], y[:2000], 100)
     manifest, arrays = model_to_arrays(model)
     assert manifest["selection"]["grid"] == [list(c) for c in first]
     del manifest["selection"]["grid"]  # as written before the grid was saved
@@ -589,7 +580,7 @@ def test_a_state_saved_before_the_grid_was_saved_restores_with_the_first_grid():
         h for _, h in first
     ]
     for m in (model, restored):
-        _stream_auto(m, x[2000:], y[2000:])
+        stream_one_batch_late(m, x[2000:], y[2000:], 100)
     assert restored.effective == model.effective, f"seed={seed_}"
     for a, b in zip(model.learners, restored.learners):
         assert np.array_equal(a.state.layers[1].beta, b.state.layers[1].beta), f"seed={seed_}"
@@ -644,7 +635,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     ):
         kernel = getattr(fused, name)
         monkeypatch.setattr(fused, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
-    _stream_auto(model, x, y)
+    stream_one_batch_late(model, x, y, 100)
     batches = len(range(0, 1200, 100))
     grams = [c for c in calls if c.startswith("add_grams")]
     assert len(grams) == (batches if mode == "forward" else 0), f"{calls}, seed={seed_}"  # one Gram per batch

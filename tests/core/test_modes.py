@@ -13,22 +13,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from model_util import stream_one_batch_late
 
 from iolstream.core.candidates import CandidateSelector
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.state_io import load_model, save_model
-
-
-def _stream(model: EdRVFL, x, y, b: int) -> EdRVFL:
-    """Predict each batch, learn its labels one batch late (the paper's protocol), each candidate scored on
-    its own prediction."""
-    prev = None
-    for start in range(0, len(x), b):
-        pred = model.observe(x[start : start + b])
-        if prev is not None:
-            model.learn(prev[0].features_t, prev[1], predicted=prev[0].predicted, observed_at=prev[0].clock)
-        prev = (pred, model.encode_labels(y[start : start + b]))
-    return model
 
 
 def _every_batch(model: EdRVFL) -> EdRVFL:
@@ -50,11 +39,13 @@ def test_every_candidate_is_the_model_of_its_one_mode(kw):
     seed = 41
     x, y = _classes(seed)
     base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", seed=seed, **kw)
-    auto = _stream(_every_batch(EdRVFL(ModelConfig(**base, mode="auto"))), x, y, 60)
+    auto = stream_one_batch_late(_every_batch(EdRVFL(ModelConfig(**base, mode="auto"))), x, y, 60)
     assert sorted(set(auto.modes)) == ["forward", "ridge"]
     assert len(auto.learners) == 2 * len(EdRVFL(ModelConfig(**base, mode="forward")).learners)
     for j, ((lam, h), mode) in enumerate(zip(auto.candidates, auto.modes)):
-        fixed = _stream(EdRVFL(ModelConfig(**{**base, "lam": lam, "forgetting": h}, mode=mode)), x, y, 60)
+        fixed = stream_one_batch_late(
+            EdRVFL(ModelConfig(**{**base, "lam": lam, "forgetting": h}, mode=mode)), x, y, 60
+        )
         for layer, (a, b) in enumerate(zip(auto.learners[j].state.layers, fixed.learner.state.layers)):
             np.testing.assert_allclose(
                 a.beta, b.beta, rtol=1e-10, atol=1e-12, err_msg=f"{mode} λ={lam} h={h} layer {layer}"
@@ -153,7 +144,7 @@ def test_auto_follows_ridge_where_ridge_predicts_better(seed, start):
     x, y = _supplement_f(seed)
     model = EdRVFL(_regression(n_inputs=20, n_nodes=16, seed=seed))
     model.selector = CandidateSelector(2, model.modes.index(start))
-    _stream(model, x, y, 10)
+    stream_one_batch_late(model, x, y, 10)
     assert model.effective["mode"] == "ridge", f"seed={seed} start={start}: {model.effective}"
     forward, ridge = model.regret(0), model.regret(1)
     assert ridge.mean_regret < 0.6 * forward.mean_regret, f"seed={seed}"  # else the stream tests nothing
@@ -166,9 +157,11 @@ def test_auto_follows_forward_where_forward_predicts_better(seed):
     cfg = _regression(n_inputs=10, n_nodes=64, init="normal", lam=2**-6, seed=seed)
     model = EdRVFL(cfg)
     assert model.effective["mode"] == "ridge"  # the default start: it has to move
-    _stream(model, x, y, 20)
+    stream_one_batch_late(model, x, y, 20)
     assert model.effective["mode"] == "forward", f"seed={seed}: {model.effective}"
-    forward, ridge = (_stream(EdRVFL(replace(cfg, mode=m)), x, y, 20).regret() for m in ("forward", "ridge"))
+    forward, ridge = (
+        stream_one_batch_late(EdRVFL(replace(cfg, mode=m)), x, y, 20).regret() for m in ("forward", "ridge")
+    )
     emitted = model.regret()
     assert forward.mean_regret < 0.5 * ridge.mean_regret, f"seed={seed}"
     # what the model emitted: -R's early batches, then -F's
@@ -180,7 +173,7 @@ def test_mode_auto_survives_a_snapshot_and_continues_as_if_never_stopped():
     seed = 43
     x, y = _paper_regime(seed, 2000)
     cfg = _regression(n_inputs=10, n_nodes=32, init="normal", lam=2**-6, seed=seed, forgetting="auto")
-    model = _stream(EdRVFL(cfg), x[:1500], y[:1500], 20)
+    model = stream_one_batch_late(EdRVFL(cfg), x[:1500], y[:1500], 20)
     buf = io.BytesIO()
     save_model(buf, model)
     buf.seek(0)
@@ -194,7 +187,7 @@ def test_mode_auto_survives_a_snapshot_and_continues_as_if_never_stopped():
         for la, lb in zip(a.state.layers, b.state.layers):
             np.testing.assert_array_equal(la.beta, lb.beta)
     for m in (model, restored):
-        _stream(m, x[1500:], y[1500:], 20)
+        stream_one_batch_late(m, x[1500:], y[1500:], 20)
     np.testing.assert_array_equal(restored.predict(x[:100]), model.predict(x[:100]))
     assert restored.effective == model.effective
     np.testing.assert_allclose(restored.regret().cumulative_regret, model.regret().cumulative_regret)
@@ -249,7 +242,7 @@ def test_with_few_candidates_and_large_batches_every_batch_is_scored():
     for extra, low, high in (({}, 1.0, 1.0), ({"lam": "auto", "forgetting": "auto"}, 0.05, 0.5)):
         model = EdRVFL(ModelConfig(**base, mode="auto", **extra))
         x = rng.standard_normal((256 * 12, 10))
-        _stream(model, x, rng.standard_normal((len(x), 10)), 256)
+        stream_one_batch_late(model, x, rng.standard_normal((len(x), 10)), 256)
         assert low <= model.scoring.scored_share <= high, (extra, model.scoring.scored_share)
 
 
@@ -259,12 +252,12 @@ def test_scoring_share_is_a_positive_number_or_all():
         with pytest.raises(ValueError, match="model.scoring_share"):
             ModelConfig(**base, scoring_share=bad)
     x, y = _classes(45, 600)
-    every = _stream(EdRVFL(ModelConfig(**base, scoring_share="all")), x, y, 60)
+    every = stream_one_batch_late(EdRVFL(ModelConfig(**base, scoring_share="all")), x, y, 60)
     assert (
         every.scoring.scored_share == 1.0
         and (every.predicted_rows == every.learner.state.rows_labelled).all()
     )
-    some = _stream(EdRVFL(ModelConfig(**base)), x, y, 60)
+    some = stream_one_batch_late(EdRVFL(ModelConfig(**base)), x, y, 60)
     assert some.scoring.scored_share < 1.0
-    more = _stream(EdRVFL(ModelConfig(**base, scoring_share=1.0)), x, y, 60)
+    more = stream_one_batch_late(EdRVFL(ModelConfig(**base, scoring_share=1.0)), x, y, 60)
     assert some.scoring.scored_share < more.scoring.scored_share
