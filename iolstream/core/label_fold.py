@@ -182,6 +182,69 @@ class LabelFold:
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
+    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None) -> None:
+        """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
+        put in, at the weight it has now.
+
+            A   −= Σ w dᵢdᵢᵀ   rows whose Gram is in A: every row under -F, the labelled ones under -R
+            c   −= Σ w dᵢᵀyᵢ   labelled rows;  A_r −= Σ w dᵢdᵢᵀ and Σ‖y‖² −= Σ w‖yᵢ‖² likewise
+            w    = 2^(−(clock − stamp)/half_life), 1 without forgetting
+
+        features_t : (L, n, b) — D_lᵀ of the rows, as ``learn`` takes them
+        targets    : (b, m) — Y as the layers learned it (one-hot, or scaled regression targets); rows not
+                     labelled are not read
+        labelled   : (b,) bool — whose label is in c
+        observed_at : the rows' stamps, as in ``learn``
+
+        The row counters go back (``rows_observed`` by the Gram rows, ``rows_labelled`` by the labelled ones);
+        the clock does not (it is time: the other rows keep their age). A is then factored again from the
+        sums, by Cholesky (a factor is never downdated; a Woodbury P is rebuilt from A when next needed). Should
+        round-off leave A or A_r not positive definite, every sum is put back as it was and
+        ``linalg.NotPositiveDefinite`` raised: the rows stay, nothing else changed.
+        """
+        b = features_t.shape[2]
+        labelled = np.broadcast_to(np.asarray(labelled, dtype=bool), (b,))
+        gram_rows = np.ones(b, dtype=bool) if self.mode == "forward" else labelled
+        if b == 0 or not gram_rows.any():
+            return
+        st, a = self.state, self.state.arrays
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
+        weights = self.row_weights(observed_at, b)
+        root = np.sqrt(weights)
+        scaled = features_t if (weights == 1.0).all() else features_t * root.astype(features_t.dtype)
+        scaled = np.ascontiguousarray(scaled, dtype=np.float64)
+        y_w = targets[labelled] * root[labelled, None]  # √w y: (√w d)ᵀ(√w y) = w dᵀy
+        saved = (a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy())
+        for layer, ls in enumerate(st.layers):
+            d_t = scaled[layer]
+            grams = d_t if gram_rows.all() else np.ascontiguousarray(d_t[:, gram_rows])
+            linalg.gram_update(ls.gram, grams, sign=-1.0)  # A −= Σ w ddᵀ
+            if labelled.any():
+                d_lab = d_t if labelled.all() else np.ascontiguousarray(d_t[:, labelled])
+                ls.rhs -= linalg.product(d_lab.T, np.asfortranarray(y_w), trans_a=True)  # c −= Σ w dᵀy
+                if ls.gram_labelled is not None:
+                    linalg.gram_update(ls.gram_labelled, d_lab, sign=-1.0)  # A_r −= Σ w ddᵀ
+        try:
+            self._check_definite()
+        except linalg.NotPositiveDefinite:
+            a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+            a.factor_stale[:] = a.beta_stale[:] = True
+            a.factor_inverse[:] = False
+            raise
+        a.beta_stale[:] = True
+        st.sum_y2 = max(st.sum_y2 - float((y_w**2).sum()), 0.0)
+        st.rows_observed -= int(gram_rows.sum())
+        st.rows_labelled -= int(labelled.sum())
+        st.version += 1
+
+    def _check_definite(self) -> None:
+        """Factor every layer's A from the sums (kept as its factor) and A_r where a -R candidate solves on it;
+        NotPositiveDefinite if one is not positive definite."""
+        for ls in self.state.layers:
+            ls.refactor()
+            if ls.gram_labelled is not None and self.keep_labelled:
+                linalg.cholesky(ls.gram_labelled)
+
 
 def unpredicted_as_targets(predicted, targets: np.ndarray):
     """``predicted`` (L, b, m) with every row it holds NaN for (a row this learner did not predict) replaced by

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import kernels, learner, regret
+from iolstream.core import kernels, learner, linalg, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
@@ -294,6 +294,47 @@ class EdRVFL:
         for ln in self.learners:
             ln.forget(features_t, observed_at)
 
+    def erase(self, features_t, targets, labelled, observed_at=None) -> None:
+        """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
+        sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
+        it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
+        own units); ``observed_at``: the rows' ``Prediction.clock``. A label still held for the target scaling
+        leaves the hold (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive
+        definite, every candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+        b = features_t.shape[2]
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
+        labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
+        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        keep = np.ones(b, dtype=bool)
+        if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
+            for i in np.flatnonzero(labelled).tolist():
+                in_a = self.targets.drop(
+                    features_t[:, :, i], targets[i], None if stamps is None else stamps[i]
+                )
+                if in_a is None:
+                    raise ValueError(
+                        f"erase: row {i} is labelled, but its label is neither in the sums nor held"
+                    )
+                labelled[i] = False  # never in c
+                keep[i] = in_a and self.learner.mode == "forward"  # its Gram: in A under -F
+        if not keep.all():
+            features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
+            stamps = None if stamps is None else stamps[keep]
+        scaled = self.targets.transform(targets) if self.targets.frozen else targets
+        primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
+        saved = [(ln, _sums_copy(ln.state)) for ln in primaries]
+        try:
+            for ln in primaries:
+                ln.erase(features_t, scaled, labelled, stamps)
+        except linalg.NotPositiveDefinite:
+            for ln, copy in saved:  # the ones already done put back too: all or nothing
+                _restore_sums(ln.state, copy)
+            raise
+        for ln in self.learners:
+            if isinstance(ln, SharedGramLearner):
+                ln.erase(features_t, scaled, labelled, stamps)
+        self.batch_grams.clear()  # a kept batch Gram may hold these rows
+
     def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
         row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
@@ -328,6 +369,21 @@ class EdRVFL:
             h.update(np.ascontiguousarray(w).tobytes())
             h.update(np.ascontiguousarray(b).tobytes())
         return h.hexdigest()
+
+
+def _sums_copy(st) -> tuple:
+    a = st.arrays
+    counters = (st.rows_observed, st.rows_labelled, st.sum_y2, st.version)
+    return a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy(), counters
+
+
+def _restore_sums(st, copy: tuple) -> None:
+    """A state's sums and counters back to ``_sums_copy``'s (factors and β stale: made from them when read)."""
+    a = st.arrays
+    a.gram[...], a.rhs[...], a.gram_labelled[...] = copy[:3]
+    st.rows_observed, st.rows_labelled, st.sum_y2, st.version = copy[3]
+    a.factor_stale[:] = a.beta_stale[:] = True
+    a.factor_inverse[:] = False
 
 
 __all__ = [
