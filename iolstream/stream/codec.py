@@ -7,6 +7,7 @@ A message carries one row or a batch::
               {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts": a list or one int)
     labels    {"id": "a1", "y": 3}
               {"ids": ["a1", "a2"], "y": [3, 0]}
+    forget    {"id": "a1"}  {"ids": ["a1", "a2"]}       (x and y may ride along: not read)
 
 Nothing is silently dropped. ``decode_features`` / ``decode_labels`` return the
 good rows and a list of ``(BadInput, bytes)`` dead letters:
@@ -74,6 +75,7 @@ from iolstream.stream.rows import REASONS, BadInput, FeatureRows, LabelRows, Tar
 __all__ = [
     "REASONS",
     "decode_features",
+    "decode_forget",
     "decode_labels",
 ]
 
@@ -464,3 +466,36 @@ def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
         return None
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     return Y if np.isfinite(Y).all() else None
+
+
+# ---------------------------------------------------------------- forget requests
+
+
+def decode_forget(
+    value: bytes | None, *, max_bytes: int
+) -> tuple[list[str] | None, list[tuple[BadInput, bytes]]]:
+    """The ids of a forget request (docs/design.md §13), or None when none is good, plus the dead letters. The
+    shapes of the other topics: ``{"id": "a1"}`` or ``{"ids": ["a1", "a2"]}``; the row's "x" and "y" may ride
+    along (the worker takes a row out from what it kept of it, never from what a request says it was)."""
+    obj, raw, dead = _parse(value, max_bytes)
+    if dead:
+        return None, dead
+    if "ids" not in obj:
+        row_id, reason, why = _check_id(obj.get("id"))
+        return ([row_id], []) if reason is None else (None, _whole(reason, why, raw))
+    ids = obj["ids"]
+    if type(ids) is not list:
+        return None, _whole("bad_schema", f"'ids' is {_json_type(ids)}, not an array", raw)
+    if not ids:
+        return None, _whole("bad_schema", "empty batch", raw)
+    good, dead, first = [], [], {}
+    for i, v in enumerate(ids):
+        row_id, reason, why = _check_id(v)
+        if reason is None and row_id in first:
+            reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first[row_id]})"
+        if reason is not None:
+            dead.append((BadInput(reason, f"row {i}: {why}"), orjson.dumps({"id": v})))
+            continue
+        first[row_id] = i
+        good.append(row_id)
+    return (good or None), dead

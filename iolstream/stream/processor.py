@@ -59,12 +59,14 @@ from iolstream.core.model import EdRVFL
 from iolstream.stream import codec, encoding, payload
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import StreamConfig
+from iolstream.stream.erasure import Erasure, Located
 from iolstream.stream.feature_cache import FeatureCache
-from iolstream.stream.joinbuffer import JoinBuffer
+from iolstream.stream.joinbuffer import EXPIRED, FORGOTTEN, JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
 from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
+from iolstream.stream.retention import ERASED, RetentionStore
 from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
@@ -86,6 +88,7 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        retention: RetentionStore | None = None,
     ):
         self.model = model
         self.cfg = cfg
@@ -114,6 +117,7 @@ class StreamProcessor:
             "batches": 0,
             "label_batches": 0,
             "rows_forgotten": 0,
+            "messages_forget": 0,
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
         self.metric = PrequentialMetric(mc.task, window_rows)
@@ -121,6 +125,7 @@ class StreamProcessor:
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
+        self.erasure = Erasure(model, self.layout, retention)  # forget requests, the rows kept for them
 
     # ------------------------------------------------------------ input
     def feed(
@@ -160,6 +165,9 @@ class StreamProcessor:
         if rows is not None and self._queued_ids.intersection(rows.ids):
             rows, queued = self._screen_queued(rows)
             duplicates += queued
+        if rows is not None and self.erasure.retention is not None:  # learned before, or forgotten
+            rows, kept = self._screen_retained(rows)
+            duplicates += kept
         dead += self._dead(duplicates, source, raw=value if single else None)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
@@ -182,6 +190,61 @@ class StreamProcessor:
         if not keep:
             return None, rejected
         return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+
+    def _screen_retained(self, rows: FeatureRows):
+        """Split off rows whose id the retention store holds: learned already (duplicate_id, past the id
+        memory), or forgotten on request (forgotten_id)."""
+        if not self.erasure.retention.index.remembers_any(rows.ids):
+            return rows, []
+        held = self.erasure.held(rows.ids)
+        rejected = []
+        for i in np.flatnonzero(held).tolist():
+            row_id = rows.ids[i]
+            if held[i] == ERASED:
+                bad = BadInput(
+                    "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
+                )
+                self.join.counters["rows_forgotten_id"] += 1
+            else:
+                bad = BadInput(
+                    "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
+                )
+                self.join.counters["rows_duplicate"] += 1
+            rejected.append((bad, encoding.feature_message(row_id, rows.X[i], int(rows.ts[i]))))
+        keep = np.flatnonzero(held == 0)
+        if not keep.size:
+            return None, rejected
+        return FeatureRows([rows.ids[i] for i in keep.tolist()], rows.X[keep], rows.ts[keep]), rejected
+
+    def on_forget(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+        """A forget request (docs/design.md §13): each id's row taken out of wherever it is and out of the model
+        (``stream.erasure``); its receipt waits for a snapshot without it. Ids that cannot be forgotten come back
+        as dead letters with their reason."""
+        self.counters["messages_forget"] += 1
+        ids, rejected = codec.decode_forget(value, max_bytes=self.cfg.max_message_bytes)
+        dead = self._dead(rejected, source)
+        if not ids:
+            return dead
+        remembered = self.join.remembered(ids)
+        done, failed, refused = self.erasure.forget(ids, self._take_out(ids), remembered, source, now_ms)
+        self.join.remember(done, FORGOTTEN)
+        self.join.remember(failed, EXPIRED)  # out of the buffer, their Gram still in A: as expired rows
+        single = len(ids) == 1 and not rejected
+        return dead + self._dead(refused, source, raw=value if single else None)
+
+    def _take_out(self, ids: list[str]) -> Located:
+        """The rows of ``ids`` out of the processor's own stores: not predicted yet (batcher, warm-up hold),
+        early labels, waiting for their label (join buffer) or for their fold-in (label queue)."""
+        queued = self.batcher.drop(ids) + self.held.drop(ids)
+        self._queued_ids.difference_update(queued)
+        early = self.join.drop_early(ids)
+        pending = self.join.take_rows(ids)
+        joined_ids, joined, _, joined_seqs = self.label_queue.take_ids(ids)
+        self.feature_cache.drop_batches(np.concatenate([pending.batch_seq, joined_seqs]))
+        payload = (
+            pending.X if not joined_ids else np.concatenate([pending.X.reshape(-1, joined.shape[1]), joined])
+        )
+        return Located(queued, early, pending.ids + joined_ids, payload)
 
     def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
@@ -290,6 +353,7 @@ class StreamProcessor:
         self.feature_cache.put(
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
         )
+        self.erasure.observed(list(rows.ids), rows.X, pred.clock, now_ms)
         result = self.join.add_rows(list(rows.ids), rows_payload, self.batch_seq, now_ms)
         self._queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
@@ -320,21 +384,24 @@ class StreamProcessor:
         if not screened:
             return 0
         keep = np.array(screened, dtype=np.int64)
+        adopted = [ids[i] for i in screened]
         result = self.join.add_rows(
-            [ids[i] for i in screened], np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
+            adopted, np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
         )
+        x = self.layout.x(rows_payload[keep])
+        self.erasure.observed(adopted, x, self.layout.stamp(rows_payload[keep]), now_ms)
         self._queue_joined(result, now_ms)
         return len(screened)
 
     def _queue_joined(self, result, now_ms: int) -> None:
         """Rows joined with their labels wait in the label queue until they are folded in."""
-        self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms)
+        self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms, result.ids)
 
     def _fold_labels(self, everything: bool = True) -> int:
         """Learn queued joined rows in one batch: c += DᵀY (-F, the Gram is in A already) or Gram
         and c together (-R): all of them, or (``everything`` False) up to the trailing rows of the
         batch queued last (``LabelQueue.take``)."""
-        rows, y, seqs = self.label_queue.take(everything)
+        rows, y, seqs, ids = self.label_queue.take(everything)
         mc, layout = self.model.config, self.layout
         b = len(y)
         targets = (
@@ -350,6 +417,7 @@ class StreamProcessor:
         features_t, emitted = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
+        self.erasure.labelled(ids, y)  # the retention store keeps the label as it came
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
@@ -384,6 +452,7 @@ class StreamProcessor:
                 x, stamps = self.layout.x(result.X), self.layout.stamp(result.X)
                 self.model.forget(self.model.features(x), observed_at=stamps)
                 self.counters["rows_forgotten"] += len(result.ids)
+                self.erasure.left(result.ids)
 
     # ------------------------------------------------------------ status
     @property
@@ -419,6 +488,7 @@ class StreamProcessor:
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
         c["model_version"] = self.model.version
+        c.update(self.erasure.counters)
         return c
 
     # ------------------------------------------------------------- state
@@ -442,6 +512,7 @@ class StreamProcessor:
                 [row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None
             ],
             "payload": list(PAYLOAD),
+            "erasure": self.erasure.to_state(),
         }
         return manifest, arrays
 
@@ -462,10 +533,12 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        retention: RetentionStore | None = None,
     ) -> StreamProcessor:
-        """A processor resuming from ``to_state``'s (manifest, arrays)."""
+        """A processor resuming from ``to_state``'s (manifest, arrays); ``retention``: its retention store, read
+        back to the state's tail (``RetentionStore.load``)."""
         model = state_io.model_from_arrays(manifest, arrays)
-        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement)
+        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement, retention=retention)
         st = manifest["stream"]
         proc.batch_seq = int(st["batch_seq"])
         proc.counters.update(st["counters"])
@@ -492,6 +565,7 @@ class StreamProcessor:
             (row_id, _tuples(source)) for row_id, source in st.get("early_sources", [])
         )
         proc.label_queue.load_arrays(arrays, st.get("label_queue_since_ms"))
+        proc.erasure.load_state(st.get("erasure", {}))
         return proc
 
 

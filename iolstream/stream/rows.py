@@ -24,6 +24,11 @@ REASONS: tuple[str, ...] = (
     "unknown_id",  # label whose feature row never came within the wait
     "expired_id",  # label for a row that expired (or was evicted) before its label came
     "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
+    "forgotten_id",  # a row or label for an id the model was asked to forget (docs/design.md §13)
+    "forget_unknown_id",  # forget request: id never seen here (or past both the retention and the id memory)
+    "forget_past_retention",  # forget request: the row was learned, but its record is past the retention
+    "forget_already_forgotten",  # forget request: the id was forgotten before
+    "forget_failed",  # forget request: the downdate would leave the model not positive definite (kept)
 )
 
 MAX_DETAIL_CHARS = 500
