@@ -85,6 +85,9 @@ class Access:
         }
         if self.cfg.group.enabled:
             names[t.model_deltas] = "topics.model_deltas"
+        if t.forget:
+            names[t.forget] = "topics.forget"
+            names[t.forget_receipts] = "topics.forget_receipts"
         return names
 
     def wanted(self, topic: str) -> list[str]:

@@ -25,6 +25,7 @@ from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
+from iolstream.stream.retention import RetentionStore
 from iolstream.stream.warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
@@ -77,6 +78,28 @@ class Checkpointer:
         self.first_due: float | None = (
             None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         )
+        # forget receipts whose snapshot is durable, to be produced (``take_receipts``): after a write, or the
+        # ones the snapshot just loaded names (a restart may send them again)
+        self.receipts: list[dict] = []
+
+    def retention(self) -> RetentionStore | None:
+        """The retention store of forget requests (docs/design.md §13), None without ``topics.forget``."""
+        directory = self.cfg.retention_dir
+        if directory is None:
+            return None
+        mc = self.cfg.model
+        return RetentionStore(
+            directory,
+            n_features=mc.n_inputs,
+            n_labels=1 if mc.task == "classification" else mc.m,
+            rows=self.cfg.retention.rows,
+            ms=self.cfg.retention.ms,
+        )
+
+    def take_receipts(self) -> list[dict]:
+        """The forget receipts to produce now (then no longer held here)."""
+        receipts, self.receipts = self.receipts, []
+        return receipts
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
@@ -98,10 +121,15 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                retention=self.retention(),
             )
+            proc.erasure.load_state(None)  # a fresh model: no row of an earlier one is kept
             loaded = Loaded(proc, {})
         else:
             loaded = Loaded(*self._restore(snap))
+            self.receipts = loaded.processor.erasure.due()
+            if self.receipts:  # it is the first without those rows: the older ones hold them
+                self._delete_older(snap.path.name)
             if "group" in snap.manifest:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
@@ -129,6 +157,7 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                retention=self.retention(),
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
@@ -153,6 +182,17 @@ class Checkpointer:
             extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
         )
         return proc, positions
+
+    def _delete_older(self, name: str) -> None:
+        """Snapshots older than ``name`` hold rows forgotten since: deleted (docs/design.md §13)."""
+        gone = self.store.delete_older(name)
+        if gone:
+            log.info(
+                "deleted %d older snapshot(s) that held forgotten rows: %s",
+                len(gone),
+                ", ".join(gone),
+                extra={"event": "snapshots_deleted", "snapshot": name},
+            )
 
     def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
         """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds``, or soon after a
@@ -205,6 +245,10 @@ class Checkpointer:
                 "checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"}
             )
             return False
+        name = self.store.next_name()
+        erasure = processor.erasure
+        erasure.seal(name)  # rows forgotten so far: this snapshot is the first without them
+        erasure.flush()  # the retention store's records this snapshot covers, on disk first
         manifest, arrays = processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(positions.items())]
         manifest["worker"] = {
@@ -218,6 +262,10 @@ class Checkpointer:
             snap = self.store.write(manifest, arrays)
         except OSError as exc:
             raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
+        state = manifest["stream"]["erasure"]
+        self.receipts = erasure.durable(snap.path.name, state)  # every receipt not out yet
+        if self.receipts or state.get("retention", {}).get("erased"):
+            self._delete_older(snap.path.name)
         self.last = Checkpoint(
             processor.counters["batches"],
             time.monotonic(),

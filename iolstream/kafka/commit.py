@@ -9,7 +9,8 @@ snapshot and the roll-back (as Quix Streams' ``Checkpoint``). The worker calls i
   letters and input offsets; a lost one rolls back) 4. serve delivery callbacks 5. checkpoint when due;
 - ``checkpoint``: 1. group learning: publish the sums with the offsets they cover 2. exactly-once:
   commit an open transaction 3. wait for deliveries and write the snapshot (``kafka.checkpoints``)
-  4. at-least-once: commit the snapshot's offsets;
+  4. at-least-once: commit the snapshot's offsets 5. the forget receipts the snapshot makes true
+  (``kafka.receipts``; exactly-once: in a transaction of their own, committed at once);
 - ``partitions_go`` (a revoke): every row consumed is learned first (group learning: the warm-up
   scaling agreed, the waiting rows handed over), then ``checkpoint``, waiting for deliveries up to the
   call timeout;
@@ -35,8 +36,10 @@ from iolstream.kafka.emit import Emitter
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
+from iolstream.kafka.receipts import Receipts, hold
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import Transactions
+from iolstream.ops.faults import crash_point
 from iolstream.stream.align import Aligner
 
 log = logging.getLogger("iolstream.worker")
@@ -70,6 +73,7 @@ class CommitUnit:
         self.processor = emitter.processor
         self.checkpoints, self.assignment, self.aligner = checkpoints, assignment, aligner
         self.stopper, self.group, self.waiting, self.metrics = stopper, group, waiting, metrics
+        self.receipts = Receipts(cfg, output)
 
     # ------------------------------------------------------------ the worker's four calls
     def end_cycle(self, now: int, *, processed: bool) -> None:
@@ -104,7 +108,24 @@ class CommitUnit:
         )
         if written:
             self._after_snapshot()
+            self._send_receipts(self.checkpoints.take_receipts())
         return written
+
+    def receipts_after_load(self) -> None:
+        """After a snapshot was loaded (start, roll-back): the forget receipts it names that must go out again
+        (``Receipts.unsent``)."""
+        receipts = self.checkpoints.take_receipts()
+        if receipts:
+            unsent = self.receipts.unsent(receipts, self.exactly_once)
+            self.processor.erasure.sent([r for r in receipts if r not in unsent])  # out before the restart
+            self._send_receipts(unsent)
+
+    def _send_receipts(self, receipts: list[dict]) -> None:
+        if receipts:
+            crash_point("before_receipts")  # test-only: the snapshot durable, its receipts not out
+            self.receipts.send(receipts)
+            self.processor.erasure.sent(receipts)
+            self._receipts_out()
 
     def partitions_go(self) -> bool:
         """A revoke (and the end of ``finish``): learn every row consumed, hand the waiting ones over,
@@ -141,6 +162,7 @@ class CommitUnit:
         self.emitter.replaying = False
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the positions
         self.assignment.seek_back()
+        self.receipts_after_load()
         log.info(
             "rolled back to offsets %s; replay without emitting until %s (%s)",
             fmt(self.book.positions) or "-",
@@ -166,6 +188,9 @@ class CommitUnit:
 
     def _flush_partial(self) -> None:
         """Shutdown: the partial batch."""
+
+    def _receipts_out(self) -> None:
+        """Forget receipts were just produced."""
 
     def check_deliveries(self) -> None:
         """Between cycles: what failed deliveries mean."""
@@ -210,8 +235,14 @@ class ExactlyOnce(CommitUnit):
         self.emitter.step(now, force=processed)
 
     def _commit_cycle(self) -> None:
-        """Commit the cycle's transaction with the input offsets; roll back if it was lost."""
+        """Commit the cycle's transaction with the input offsets (a forget partition's held at its oldest request
+        whose receipt is not out, ``receipts.hold``); roll back if it was lost."""
+        floor = self.processor.erasure.unsent_floor()
         offsets = self.book.to_commit()
+        if floor:
+            offsets = [
+                (t, p, o) for t, p, o in hold(offsets, floor) if o > self.book.committed_floor.get((t, p), -1)
+            ]
         member = self.cfg.member_id
         metadata = (lambda key: self.book.metadata(member, key)) if self.group is not None else None
         why = self.txn.commit(offsets, self.assignment.consumer.consumer_group_metadata, metadata)
@@ -226,6 +257,11 @@ class ExactlyOnce(CommitUnit):
 
     def _flush_partial(self) -> None:
         self.emitter.step(now_ms(), force=True)
+        self._commit_cycle()
+
+    def _receipts_out(self) -> None:
+        """The receipts' transaction commits now, with their requests' offsets: out as soon as the snapshot is
+        durable (also at shutdown, after the last one)."""
         self._commit_cycle()
 
     def lost(self, why: str) -> None:

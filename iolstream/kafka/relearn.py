@@ -38,7 +38,9 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
         keys = set(positions)
-        for topic in (cfg.topics.features, cfg.topics.labels):
+        for topic in (cfg.topics.features, cfg.topics.labels, cfg.topics.forget):
+            if topic is None:
+                continue
             meta = consumer.list_topics(topic, timeout=cfg.kafka.call_timeout_seconds).topics.get(topic)
             if meta is not None and meta.error is None:
                 keys.update((topic, p) for p in meta.partitions)
@@ -100,7 +102,11 @@ def relearn(
     now = int(time.time() * 1000)
     for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
         key = (msg.topic(), msg.partition())
-        processor.feed(msg.value(), (key[0], key[1], msg.offset()), now, labels=key[0] != features)
+        source = (key[0], key[1], msg.offset())
+        if key[0] == cfg.topics.forget:  # a forget request: the same removal again
+            processor.on_forget(msg.value(), source, now)
+        else:
+            processor.feed(msg.value(), source, now, labels=key[0] != features)
         positions[key] = msg.offset() + 1
     processor.step(now, force=True)
     for key, end in ranges.items():

@@ -36,7 +36,9 @@ from iolstream.stream.encoding import forget_message
 from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import BadInput
 
-STAGES = ("queued", "label_only", "waiting", "labelled", "observed", "left")  # where a forgotten row was
+# where a forgotten row was: not predicted yet; only its label had come; predicted, waiting for its label; joined
+# with its label, not folded in yet; labelled (folded in); expired unlabelled, its Gram kept; expired, its Gram gone
+STAGES = ("queued", "label_only", "waiting", "joined", "labelled", "observed", "left")
 
 
 @dataclass
@@ -45,14 +47,16 @@ class Located:
 
     queued : ids of rows not predicted yet (dropped: never in the model)
     early  : ids whose label came before the row (dropped)
-    ids, payload : rows predicted and waiting (the join buffer) or joined, their label not folded in (the label
-             queue): ids and payloads (``stream.payload``), their Gram is in A under -F
+    ids, payload : rows predicted and waiting for their label (the join buffer), then rows joined with it, not
+             folded in yet (the label queue): ids and payloads (``stream.payload``); their Gram is in A under -F
+    joined : how many of ``ids`` (the last ones) were joined
     """
 
     queued: list[str] = field(default_factory=list)
     early: list[str] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     payload: np.ndarray | None = None
+    joined: int = 0
 
     def found(self) -> set[str]:
         return set(self.queued) | set(self.early) | set(self.ids)
@@ -69,7 +73,13 @@ class Erasure:
         self.model, self.layout, self.retention = model, layout, retention
         self.waiting: list[dict] = []  # receipts of removals done, waiting for a snapshot without them
         self.sealed: list[dict] = []  # receipts named by the snapshot being written, until handed out
-        self.counters = {"forget_requests": 0, "ids_forgotten": 0, "rows_erased": 0, "receipts_out": 0}
+        self.counters = {
+            "forget_requests": 0,  # request messages with at least one good id
+            "ids_forgotten": 0,  # ids forgotten (each gets a receipt)
+            "ids_refused": 0,  # ids of requests refused (dead letters forget_*)
+            "rows_erased": 0,  # rows whose terms left the model
+            "receipts_out": 0,  # receipts handed out (a snapshot without their rows durable)
+        }
 
     # ------------------------------------------------------------ the stream's hooks
     def observed(self, ids: list[str], x: np.ndarray, stamp: int, now_ms: int) -> None:
@@ -97,16 +107,20 @@ class Erasure:
     def forget(self, ids: list[str], located: Located, remembered: np.ndarray, source, now_ms: int):
         """Take the rows of ``ids`` out (module docstring). ``located``: what the processor took out of its
         stores; ``remembered``: the id memory's kinds of ``ids`` (``JoinBuffer.remembered``). Returns
-        (ids forgotten, ids left in the model because the downdate failed, refusals [(BadInput, bytes)], each
-        refused id's dead letter a one-id request)."""
+        (ids forgotten, ids never seen, ids left in the model because the downdate failed, refusals
+        [(BadInput, bytes)], each refused id's dead letter a one-id request). An id never seen is refused, and
+        remembered as forgotten all the same: a request that overtook its row (the topics are aligned by time
+        only as far as ``stream.align_max_wait_ms`` allows) still keeps the row out."""
         self.counters["forget_requests"] += 1
         found = located.found()
         status, seqs = self._find(ids)
         where = dict(zip(ids, zip(status.tolist(), seqs.tolist())))
         stage = dict.fromkeys(located.early, "label_only")
         stage.update(dict.fromkeys(located.queued, "queued"))  # a queued row's early label went with it
-        stage.update(dict.fromkeys(located.ids, "waiting"))
-        refused, records, kept_ids = [], [], []
+        waiting = len(located.ids) - located.joined
+        stage.update(dict.fromkeys(located.ids[:waiting], "waiting"))
+        stage.update(dict.fromkeys(located.ids[waiting:], "joined"))
+        refused, records, kept_ids, blocked = [], [], [], []
         for row_id, kind in zip(ids, remembered.tolist()):
             if row_id in found:
                 continue
@@ -134,10 +148,13 @@ class Erasure:
                     f"id {row_id!r} was learned, but its record is past the retention "
                     f"({'none kept' if self.retention is None else f'the last {self.retention.rows} rows'})",
                 )
-            else:
+            else:  # remembered as forgotten all the same: its row, should it come later, is refused
                 why = BadInput(
-                    "forget_unknown_id", f"id {row_id!r} was never seen here (or is past retention)"
+                    "forget_unknown_id",
+                    f"id {row_id!r} was never seen here (or is past retention): nothing to take out; "
+                    "a row with this id coming later is refused",
                 )
+                blocked.append(row_id)
             if why is not None:
                 refused.append((why, forget_message(row_id)))
         failed = self._erase(located, kept_ids, records)
@@ -172,7 +189,8 @@ class Erasure:
                 }
             )
         self.counters["ids_forgotten"] += len(done)
-        return done, failed, refused
+        self.counters["ids_refused"] += len(refused)
+        return done, blocked, failed, refused
 
     def _find(self, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.retention is None:
@@ -235,10 +253,10 @@ class Erasure:
 
     def durable(self, snapshot: str, state: dict) -> list[dict]:
         """The snapshot ``snapshot``, holding ``state`` (``to_state``), is durable: the records it names erased
-        are zeroed; returns the receipts it names, to send (the caller produces them, then calls ``sent``)."""
+        are zeroed; returns the receipts to send (the caller produces them, then calls ``sent``)."""
         if self.retention is not None and "retention" in state:
             self.retention.durable(state["retention"])
-        return [r for r in self.sealed if r.get("snapshot") == snapshot]
+        return list(self.sealed)  # this snapshot's, and any an earlier one named and are not out yet
 
     def sent(self, receipts: list[dict]) -> None:
         """``receipts`` were produced: no longer held."""

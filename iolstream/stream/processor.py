@@ -226,8 +226,10 @@ class StreamProcessor:
         if not ids:
             return dead
         remembered = self.join.remembered(ids)
-        done, failed, refused = self.erasure.forget(ids, self._take_out(ids), remembered, source, now_ms)
-        self.join.remember(done, FORGOTTEN)
+        done, blocked, failed, refused = self.erasure.forget(
+            ids, self._take_out(ids), remembered, source, now_ms
+        )
+        self.join.remember(done + blocked, FORGOTTEN)  # never seen: kept out should its row come after all
         self.join.remember(failed, EXPIRED)  # out of the buffer, their Gram still in A: as expired rows
         single = len(ids) == 1 and not rejected
         return dead + self._dead(refused, source, raw=value if single else None)
@@ -244,7 +246,7 @@ class StreamProcessor:
         payload = (
             pending.X if not joined_ids else np.concatenate([pending.X.reshape(-1, joined.shape[1]), joined])
         )
-        return Located(queued, early, pending.ids + joined_ids, payload)
+        return Located(queued, early, pending.ids + joined_ids, payload, len(joined_ids))
 
     def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""

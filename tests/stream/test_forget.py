@@ -84,7 +84,7 @@ def test_a_row_is_found_wherever_it_is_and_the_model_becomes_the_one_without_it(
     assert stages == {
         "r3": "labelled",
         "r20": "labelled",
-        "r49": "waiting",
+        "r49": "joined",
         "r60": "waiting",
         "r65": "queued",
         "r70": "label_only",
