@@ -182,7 +182,9 @@ class LabelFold:
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
-    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None) -> None:
+    def erase(
+        self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None, *, gram=None
+    ) -> None:
         """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
         put in, at the weight it has now.
 
@@ -195,6 +197,9 @@ class LabelFold:
                      labelled are not read
         labelled   : (b,) bool — whose label is in c
         observed_at : the rows' stamps, as in ``learn``
+        gram       : (L, n, n) — Σ DᵀD of the rows, unweighted (lower triangles), formed once for the half-lives of
+                     ``auto``: taken out times the rows' one weight instead of forming it again (rows of one
+                     stamp, every row labelled or none)
 
         The row counters go back (``rows_observed`` by the Gram rows, ``rows_labelled`` by the labelled ones);
         the clock does not (it is time: the other rows keep their age). A is then factored again from the
@@ -211,39 +216,67 @@ class LabelFold:
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         weights = self.row_weights(observed_at, b)
         root = np.sqrt(weights)
-        scaled = features_t if (weights == 1.0).all() else features_t * root.astype(features_t.dtype)
-        scaled = np.ascontiguousarray(scaled, dtype=np.float64)
-        y_w = targets[labelled] * root[labelled, None]  # √w y: (√w d)ᵀ(√w y) = w dᵀy
+        scaled = self._kernel_features(features_t)
+        removed_y2 = float((weights[labelled] * (targets[labelled] ** 2).sum(axis=1)).sum())
+        one_gram = (  # one Gram of every row, for A (and A_r: every row labelled), times the rows' one weight
+            not np.ptp(weights)
+            and gram_rows.all()
+            and (labelled.all() or not len(a.gram_labelled))
+            and (gram is not None or (labelled.all() and len(a.gram_labelled)))  # given, or saves a product
+        )
+        if one_gram:
+            gram = self.rows_gram(scaled) if gram is None else gram
+            labelled_t, y_w, grams = scaled, targets[labelled] * weights[0], gram * weights[0]
+            if not labelled.all():
+                labelled_t = np.ascontiguousarray(scaled[:, :, labelled])
+        else:
+            if not (weights == 1.0).all():
+                scaled = np.ascontiguousarray(scaled * root.astype(scaled.dtype))
+            labelled_t = scaled if labelled.all() else np.ascontiguousarray(scaled[:, :, labelled])
+            y_w, grams = targets[labelled] * root[labelled, None], None  # (√w d)ᵀ(√w y) = w dᵀy
+        grams_t = scaled if gram_rows.all() else np.ascontiguousarray(scaled[:, :, gram_rows])
+        y_w = np.ascontiguousarray(y_w)
         saved = (a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy())
-        for layer, ls in enumerate(st.layers):
-            d_t = scaled[layer]
-            grams = d_t if gram_rows.all() else np.ascontiguousarray(d_t[:, gram_rows])
-            linalg.gram_update(ls.gram, grams, sign=-1.0)  # A −= Σ w ddᵀ
-            if labelled.any():
-                d_lab = d_t if labelled.all() else np.ascontiguousarray(d_t[:, labelled])
-                ls.rhs -= linalg.product(d_lab.T, np.asfortranarray(y_w), trans_a=True)  # c −= Σ w dᵀy
-                if ls.gram_labelled is not None:
-                    linalg.gram_update(ls.gram_labelled, d_lab, sign=-1.0)  # A_r −= Σ w ddᵀ
-        try:
-            self._check_definite()
-        except linalg.NotPositiveDefinite:
+        if grams is not None:
+            a.gram -= grams
+            if labelled.any() and len(a.gram_labelled):
+                a.gram_labelled -= grams
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        kernel = fused.erase_parallel if self.parallel else fused.erase_serial
+        check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
+        stack = (
+            a.gram,
+            a.factor,
+            a.rhs,
+            a.gram_labelled,
+            self.scratch(),
+            grams is None,
+            check_labelled,
+            info,
+        )
+        if kernel(grams_t, labelled_t, y_w, *stack):
             a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
             a.factor_stale[:] = a.beta_stale[:] = True
             a.factor_inverse[:] = False
-            raise
+            layer = int(np.flatnonzero(info)[0])
+            which = "A_r" if info[layer] > self.n_columns else "A"
+            raise linalg.NotPositiveDefinite(
+                f"layer {layer}: erasing these rows would leave {which} not positive definite (round-off); "
+                "nothing was changed"
+            )
+        a.factor_stale[:] = a.factor_inverse[:] = False  # factored from the sums just now
+        a.woodbury_steps[:] = 0
         a.beta_stale[:] = True
-        st.sum_y2 = max(st.sum_y2 - float((y_w**2).sum()), 0.0)
+        st.sum_y2 = max(st.sum_y2 - removed_y2, 0.0)
         st.rows_observed -= int(gram_rows.sum())
         st.rows_labelled -= int(labelled.sum())
         st.version += 1
 
-    def _check_definite(self) -> None:
-        """Factor every layer's A from the sums (kept as its factor) and A_r where a -R candidate solves on it;
-        NotPositiveDefinite if one is not positive definite."""
-        for ls in self.state.layers:
-            ls.refactor()
-            if ls.gram_labelled is not None and self.keep_labelled:
-                linalg.cholesky(ls.gram_labelled)
+    def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
+        """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""
+        gram = np.zeros((self.n_layers, self.n_columns, self.n_columns))
+        (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, gram)
+        return gram
 
 
 def unpredicted_as_targets(predicted, targets: np.ndarray):

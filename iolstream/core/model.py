@@ -322,10 +322,15 @@ class EdRVFL:
             stamps = None if stamps is None else stamps[keep]
         scaled = self.targets.transform(targets) if self.targets.frozen else targets
         primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
-        saved = [(ln, _sums_copy(ln.state)) for ln in primaries]
+        # each learner puts its own sums back if it fails; the ones before it are put back from these copies
+        saved = [(ln, _sums_copy(ln.state)) for ln in primaries[:-1]]
+        gram = None  # rows of one stamp: their Gram formed once for every half-life (each takes it out at its weight)
+        one_stamp = stamps is None or not np.ptp(np.asarray(stamps, dtype=np.float64))
+        if len(primaries) > 1 and one_stamp and features_t.shape[2] and features_t.flags.c_contiguous:
+            gram = primaries[0].rows_gram(features_t)
         try:
             for ln in primaries:
-                ln.erase(features_t, scaled, labelled, stamps)
+                ln.erase(features_t, scaled, labelled, stamps, gram=gram)
         except linalg.NotPositiveDefinite:
             for ln, copy in saved:  # the ones already done put back too: all or nothing
                 _restore_sums(ln.state, copy)

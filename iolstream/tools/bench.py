@@ -14,12 +14,15 @@ Suites:
 - ``group``: 1 worker against a group of workers sharing one model, the per-sync costs and the group's
   quality against one worker (see ``bench_group``).
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
+- ``core`` also times forgetting on request (``--forget``, default on): a learned batch of b rows taken back out
+  of the model against a step learning b rows, interleaved in one run (``bench_core.bench_forget_step``).
 
 Machines here are shared and noisy: compare ratios within one run, not seconds across runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -28,7 +31,7 @@ from dataclasses import asdict
 import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step
+from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step, bench_forget_step
 
 
 def run_core(args) -> list[dict]:
@@ -58,7 +61,24 @@ def run_core(args) -> list[dict]:
                         f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}  cost vs fixed {r.cost_vs_fixed:5.2f}x",
                         flush=True,
                     )
+            if args.forget:
+                results += run_forget(args, name, dtype, settings)
     return results
+
+
+def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
+    """Forgetting b rows against learning b rows, per setting (``bench_forget_step``)."""
+    out = []
+    for setting in settings:
+        f = bench_forget_step(name, dtype, seconds=args.seconds, setting=setting)
+        out.append({"case": "forget", **asdict(f)})
+        if not args.json:
+            print(
+                f"{name:6s} {dtype:8s} {setting:15s} b={f.batch:5d}  forget {f.forget_rows_per_second:10.0f} rows/s  "
+                f"learn {f.learn_rows_per_second:10.0f} rows/s  forget vs learn {f.forget_vs_learn:5.2f}x",
+                flush=True,
+            )
+    return out
 
 
 def run_poker(args) -> dict:
@@ -153,6 +173,12 @@ def add_parser(subparsers):
         default=list(SETTINGS),
         choices=list(SETTINGS),
         help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)",
+    )
+    p.add_argument(
+        "--forget",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="core suite: also time forgetting b rows on request against learning them (default: on)",
     )
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")

@@ -158,3 +158,78 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
             break
     elapsed = time.perf_counter() - t0
     return (steps - warm) * b / elapsed, elapsed
+
+
+@dataclass
+class ForgetResult:
+    """Forgetting b rows on request against learning b rows, the same model, interleaved in one run.
+
+    learn_rows_per_second  : rows/s of full -F steps (observe batch t, learn batch t − 1)
+    forget_rows_per_second : rows/s of taking a learned batch back out: its features recomputed from x, then
+                             every candidate's sums at each row's weight and the refactorisation
+                             (``EdRVFL.erase``, what a forget request costs the model)
+    forget_vs_learn        : forget's seconds per row ÷ learn's (≤ 1: forgetting costs no more than learning)
+    """
+
+    config: str
+    dtype: str
+    setting: str
+    batch: int
+    learn_rows_per_second: float
+    forget_rows_per_second: float
+    forget_vs_learn: float
+    steps: int
+
+
+def bench_forget_step(name: str, dtype: str, *, seconds: float = 5.0, setting: str = "fixed") -> ForgetResult:
+    """Steps of ``CONFIGS[name]`` in ``setting``, each followed by the erasure of the batch learned
+    ``KEPT_BATCHES`` steps before (its rows at their stamps, with their labels); both timed, in turn."""
+    k, m, n_nodes, n_layers, b = CONFIGS[name]
+    cfg = ModelConfig(
+        n_inputs=k,
+        n_outputs=m,
+        n_nodes=n_nodes,
+        n_layers=n_layers,
+        scaler="none",
+        dtype=dtype,
+        track_regret=False,
+        **SETTINGS[setting],
+    )
+    model = EdRVFL(cfg)
+    from iolstream.core import runtime
+
+    runtime.configure_for_model(model)
+    rng = np.random.default_rng(0)
+    learned: list[tuple] = []  # (x, targets, stamp) of the batches learned, oldest first
+    prev = None
+    learn_s = forget_s = 0.0
+    steps, warm, started = 0, 4, time.perf_counter()
+    while steps < warm + 3 or time.perf_counter() - started < seconds:
+        x, y = rng.standard_normal((b, k)), np.eye(m)[rng.integers(0, m, b)]
+        t0 = time.perf_counter()
+        pred = model.observe(x)
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[2], predicted=prev[0].predicted, observed_at=prev[0].clock)
+            learned.append((prev[1], prev[2], prev[0].clock))
+        t1 = time.perf_counter()
+        prev = (pred, x, y)
+        forgot = 0.0
+        if len(learned) > KEPT_BATCHES:
+            old_x, old_y, stamp = learned.pop(0)
+            t2 = time.perf_counter()
+            model.erase(model.features(old_x), old_y, np.ones(b, dtype=bool), np.full(b, stamp))
+            forgot = time.perf_counter() - t2
+        steps += 1
+        if steps == warm:
+            started = time.perf_counter()
+            learn_s = forget_s = 0.0
+        elif steps > warm:
+            learn_s += t1 - t0
+            forget_s += forgot
+    timed = steps - warm
+    erased = timed  # every timed step erased one batch (KEPT_BATCHES < warm)
+    learn_rate, forget_rate = timed * b / learn_s, erased * b / forget_s
+    return ForgetResult(name, dtype, setting, b, learn_rate, forget_rate, learn_rate / forget_rate, timed)
+
+
+KEPT_BATCHES = 2  # the batch erased was learned this many steps before

@@ -254,3 +254,15 @@ def test_a_downdate_round_off_would_leave_indefinite_changes_nothing():
         assert ln.state.rows_observed == rows
     assert model.version == version
     model.predict(x[:5])  # solves from the sums put back
+
+
+@pytest.mark.parametrize("kw", [{"mode": "auto", "lam": "auto", "forgetting": "auto"}, {"mode": "ridge"}])
+def test_whole_batches_of_one_stamp_take_one_gram_out_of_every_half_life(kw):
+    """Rows of one stamp (a batch learned together) are taken out with one Gram formed for all the half-lives,
+    each at its own weight; the model is the reference's all the same."""
+    seed = 77
+    x, y = _data(seed, 800, "classification")
+    plan = {r: r // B + 2 for r in range(B, 600) if (r // B) % 3 == 1}  # batches 1, 4, 7, ... two steps later
+    model = _stream(_every_batch(EdRVFL(_config("classification", seed, **kw))), x, y, plan, reference=False)
+    ref = _stream(_every_batch(EdRVFL(_config("classification", seed, **kw))), x, y, plan, reference=True)
+    _assert_same_sums(model, ref, f"seed {seed}, {kw}, whole batches")
