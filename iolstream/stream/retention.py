@@ -58,7 +58,7 @@ OBSERVED, LABELLED, LEFT, ERASED = 1, 2, 3, 4  # a record's status (and the inde
 VACANT = 5  # a place in the window whose record a restart did not find (keeps the index in order)
 STATUS_NAMES = {OBSERVED: "observed", LABELLED: "labelled", LEFT: "left", ERASED: "erased"}
 SEGMENT_ROWS = 65_536  # records per segment file
-OPEN_SEGMENTS = 4  # memory maps kept open (the newest, and the ones labels and requests touch)
+OPEN_SEGMENTS = 64  # memory maps kept open (address space, not memory: 4 M rows at the default segment size)
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,16 @@ class RetentionStore:
                     mm[name][offsets] = records[name][where]
             self._dirty.add(segment)
 
+    def _write_range(self, first: int, records: np.ndarray) -> None:
+        """Records of the numbers first, first + 1, ... (slices of one or two segments)."""
+        done = 0
+        while done < len(records):
+            segment, offset = divmod(first + done, self.segment_rows)
+            n = min(len(records) - done, self.segment_rows - offset)
+            self._segment(segment)[offset : offset + n] = records[done : done + n]
+            self._dirty.add(segment)
+            done += n
+
     # ------------------------------------------------------------ the stream's writes
     def append(self, ids: list[str], X: np.ndarray, *, stamp: int, at_ms: int) -> None:
         """Rows just observed (their batch predicted): one record each, OBSERVED, in order."""
@@ -198,16 +208,17 @@ class RetentionStore:
         records["seq"] = seqs = np.arange(self.tail, self.tail + b)
         records["fp"], records["stamp"], records["at_ms"] = fps, stamp, at_ms
         records["status"], records["weight"], records["x"] = OBSERVED, 1.0, X
-        repeated = self.index.kinds(fps) > 0  # screened before (an id held is a duplicate_id), so never; but
-        repeated |= _repeated_within(
-            fps
-        )  # a record per place keeps the index in order: such a row is not kept
+        # an id held already is screened as a duplicate_id before, so never; should one come all the same, it is
+        # not kept (a record per place keeps the index in order)
+        repeated = self.index.kinds(fps) > 0
+        if len(set(ids)) < b:
+            repeated |= _repeated_within(fps)
         if repeated.any():
             records[repeated] = np.zeros(int(repeated.sum()), dtype=self.dtype)
             records["seq"][repeated] = seqs[repeated]
             records["fp"][repeated, 0], records["fp"][repeated, 1] = -1, -1 - seqs[repeated]
             records["status"][repeated] = VACANT
-        self._write(seqs, records)
+        self._write_range(self.tail, records)
         self.index.add_many(records["fp"], records["status"])
         self.tail += b
 
@@ -310,7 +321,7 @@ class RetentionStore:
     def load(self, state: dict | None) -> None:
         """Back to a snapshot's ``to_state`` (None: a fresh model, nothing kept): records past its tail are
         dropped, the window's fingerprints indexed again, its erased records zeroed (again)."""
-        self._close()
+        self.close()
         self.tail = 0 if state is None else int(state["tail"])
         self.erased = []
         self.index = RecentIds(self.rows)
@@ -348,7 +359,8 @@ class RetentionStore:
                 del mm
                 path.unlink(missing_ok=True)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Flush, and let go of the memory maps (they are opened again when needed)."""
         self.flush()
         self._maps.clear()
 

@@ -14,6 +14,8 @@ Suites:
 - ``group``: 1 worker against a group of workers sharing one model, the per-sync costs and the group's
   quality against one worker (see ``bench_group``).
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
+- ``retention``: the retention store of forget requests: bytes per row, its writes, the read of a row asked for
+  (see ``bench_retention``).
 - ``core`` also times forgetting on request (``--forget``, default on): a learned batch of b rows taken back out
   of the model against a step learning b rows, interleaved in one run (``bench_core.bench_forget_step``).
 
@@ -155,7 +157,9 @@ def run_poker(args) -> dict:
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="throughput benchmarks with same-run baselines")
-    p.add_argument("--suite", choices=("core", "poker", "kafka", "memory", "group"), default="core")
+    p.add_argument(
+        "--suite", choices=("core", "poker", "kafka", "memory", "group", "retention"), default="core"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
@@ -229,6 +233,12 @@ def add_parser(subparsers):
         help="group suite: poker quality, a member syncs every S rows of its own",
     )
     p.add_argument("--memory-messages", type=int, default=600_000, help="memory suite: messages a flood")
+    p.add_argument(
+        "--retention-rows",
+        type=int,
+        default=1_000_000,
+        help="retention suite: rows the store keeps (its window)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -251,6 +261,10 @@ def run(args) -> int:
         from iolstream.tools.bench_memory import run_memory
 
         out = run_memory(args)
+    elif args.suite == "retention":
+        from iolstream.tools.bench_retention import run_retention
+
+        out = run_retention(args)
     else:
         from iolstream.tools.bench_kafka import run_kafka
 
