@@ -369,6 +369,32 @@ class RetentionStore:
         return sum(p.stat().st_blocks * 512 for p in self.dir.glob("seg-*.rows"))
 
 
+def scan(directory, ids: list[str], *, n_features: int, n_labels: int) -> dict[str, list[dict]]:
+    """What the segment files of a store's ``directory`` hold of ``ids``, read only (a running worker's store is
+    left as it is): per id, every record with its fingerprint: its number, status name and whether its
+    features and label are still there (``iolstream forget --verify``)."""
+    dtype = record_dtype(n_features, n_labels)
+    wanted = {tuple(fp): row_id for row_id, fp in zip(ids, fingerprints(ids).tolist())}
+    found: dict[str, list[dict]] = {row_id: [] for row_id in ids}
+    for path in sorted(Path(directory).glob("seg-*.rows")):
+        records = np.memmap(path, dtype=dtype, mode="r")
+        hits = np.flatnonzero(np.isin(records["fp"][:, 0], [fp[0] for fp in wanted]))
+        for i in hits.tolist():
+            row_id = wanted.get(tuple(records["fp"][i].tolist()))
+            if row_id is not None:
+                rec = records[i]
+                found[row_id].append(
+                    {
+                        "seq": int(rec["seq"]),
+                        "status": STATUS_NAMES.get(int(rec["status"]), str(int(rec["status"]))),
+                        "data": bool(rec["x"].any() or rec["y"].any() or rec["stamp"]),
+                        "file": path.name,
+                    }
+                )
+        del records
+    return found
+
+
 def _repeated_within(fps: np.ndarray) -> np.ndarray:
     """(n,) bool: fingerprints equal to an earlier one in ``fps``."""
     if len(fps) < 2:

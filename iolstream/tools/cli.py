@@ -41,6 +41,10 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "forget": (
+        "iolstream.tools.forget",
+        "forget rows by id: send the requests, wait for their receipts, or verify what the disk holds",
+    ),
     "acls": (
         "iolstream.tools.acls",
         "the kafka-acls lines granting a worker (or producer) exactly what it needs",

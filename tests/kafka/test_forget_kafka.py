@@ -175,3 +175,50 @@ def test_rows_forgotten_across_kills_leave_the_model_without_them_with_one_recei
     counters = newest.manifest["stream"]["erasure"]["counters"]
     assert counters["ids_forgotten"] >= len(gone) and counters["ids_refused"] >= 2
     assert rig.committed() == {k: v for k, v in snapshot_offsets(newest).items() if k[0] != topics["forget"]}
+
+
+@pytest.mark.kafka
+def test_the_forget_command_sends_waits_for_the_receipts_and_verifies_the_disk(
+    tmp_path, kafka_bootstrap, kafka_topics, capsys
+):
+    """``iolstream forget``: the requests out, each id's receipt (or refusal) printed once its snapshot is
+    durable; ``--verify`` then finds no snapshot and no retention record holding their data."""
+    from iolstream.tools import cli
+
+    X, first, _ = the_stream()
+    names = kafka_topics("features", "labels", "predictions", "dead", "forget", "receipts")
+    topics = dict(
+        zip(["features", "labels", "predictions", "dead_letters", "forget", "forget_receipts"], names)
+    )
+    produce.send(
+        first[:20],
+        producer_conf={"bootstrap.servers": kafka_bootstrap},
+        features_topic=topics["features"],
+        labels_topic=topics["labels"],
+    )
+    rig = WorkerRig(tmp_path, kafka_bootstrap, topics, exactly_once=False)
+    worker, log = rig.start(idle=600)
+    try:
+        config = str(rig.config_path)
+        capsys.readouterr()
+        assert cli.main(["forget", "-c", config, "r500", "r610", "--wait", "90"]) == 0, log.read_text()[
+            -3000:
+        ]
+        lines = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(r["id"], r["outcome"]) for r in lines] == [("r500", "receipt"), ("r610", "receipt")]
+        assert cli.main(["forget", "-c", config, "r610", "--wait", "60"]) == 1  # asked again: refused
+        (again,) = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert again["outcome"] == "refused" and again["reason"] == "forget_already_forgotten"
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert cli.main(["forget", "-c", config, "--verify", "r500", "r610", "r700"]) == 1  # r700 is kept
+    report = {r["id"]: r for r in map(orjson.loads, capsys.readouterr().out.splitlines())}
+    for row_id in ("r500", "r610"):
+        assert not report[row_id]["snapshots_holding"]
+        assert report[row_id]["retention"] and not any(r["data"] for r in report[row_id]["retention"])
+        assert [r["status"] for r in report[row_id]["retention"]] == ["erased"]
+    assert [r["status"] for r in report["r700"]["retention"]] == ["labelled"] and report["r700"]["retention"][
+        0
+    ]["data"]
+    assert cli.main(["forget", "-c", config, "--verify", "r500", "r610"]) == 0
