@@ -170,16 +170,22 @@ class Access:
         t = self.cfg.topics
         f, lab = self.partitions(t.features), self.partitions(t.labels)
         what = "partition counts"
-        if f is None or lab is None or f == lab:
+        if f is not None and lab is not None and f != lab:
             return Finding(
-                True, what, f"features and labels: {_partitions(f) if f == lab else 'not known yet'}"
+                False,
+                what,
+                f"features topic {t.features} has {_partitions(f)}, labels topic {t.labels} has {lab}: a row and "
+                "its label must meet in the same partition number; give both topics the same count",
             )
-        return Finding(
-            False,
-            what,
-            f"features topic {t.features} has {_partitions(f)}, labels topic {t.labels} has {lab}: a row and its "
-            "label must meet in the same partition number; give both topics the same count",
-        )
+        forget = self.partitions(t.forget) if t.forget else None
+        if forget is not None and f is not None and forget != f:  # a request must reach its row's member
+            return Finding(
+                False,
+                what,
+                f"features topic {t.features} has {_partitions(f)}, forget topic {t.forget} has {forget}: a request "
+                "must reach the partition number of its row; give both topics the same count",
+            )
+        return Finding(True, what, f"features and labels: {_partitions(f) if f == lab else 'not known yet'}")
 
     def check_output_configs(self) -> list[Finding]:
         """DescribeConfigs of the output topics that exist (the worker reads their max.message.bytes at start)."""

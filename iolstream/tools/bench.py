@@ -69,10 +69,15 @@ def run_core(args) -> list[dict]:
 
 
 def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
-    """Forgetting b rows against learning b rows, per setting (``bench_forget_step``)."""
+    """Forgetting b rows against learning b rows, per setting (``bench_forget_step``): with ``--rounds R``, each
+    setting R times in turn, the round with the median ratio kept (both rates of a round come from one run)."""
     out = []
+    rounds = {s: [] for s in settings}
+    for _ in range(args.rounds):
+        for setting in settings:
+            rounds[setting].append(bench_forget_step(name, dtype, seconds=args.seconds, setting=setting))
     for setting in settings:
-        f = bench_forget_step(name, dtype, seconds=args.seconds, setting=setting)
+        f = sorted(rounds[setting], key=lambda r: r.forget_vs_learn)[len(rounds[setting]) // 2]
         out.append({"case": "forget", **asdict(f)})
         if not args.json:
             print(
