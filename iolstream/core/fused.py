@@ -423,6 +423,17 @@ def predict_all(features_t, beta, out):
 
 
 @nb.njit(**JIT)
+def _sub_given(gram_l, given, layer, weights):
+    """Lower triangle of A_l ← A_l − Σ_k w_k G_k,l (``given``: (K, L, n, n) Grams laid out as A's stack)."""
+    n = gram_l.shape[0]
+    for k in range(given.shape[0]):
+        g, w = given[k, layer].T, weights[k]
+        for j in range(n):
+            for i in range(j, n):
+                gram_l[i, j] -= w * g[i, j]
+
+
+@nb.njit(**JIT)
 def erase_layer(
     grams_t,
     labelled_t,
@@ -433,24 +444,29 @@ def erase_layer(
     rhs,
     gram_labelled,
     scratch,
-    subtract,
-    check_labelled,
+    given,
+    weights,
+    check,
     info,
 ):
-    """Rows out of layer l's sums: when ``subtract``, A_l −= DᵀD over ``grams_t`` (L, n, bg) and A_r −= DᵀD over
-    ``labelled_t`` (L, n, bl) (else the caller took the Grams out already); c_l −= DᵀY over ``labelled_t`` with
-    ``targets`` (bl, m) (rows and targets already scaled by √w); then A_l factored again from the sums into
-    ``factor`` (and A_r into ``scratch`` when ``check_labelled``). info[l]: 0, or the column of a failed
-    Cholesky (A_l: > 0; A_r: its column + n)."""
-    if subtract:
+    """Rows out of layer l's sums: A_l −= DᵀD over ``grams_t`` (L, n, bg) and A_r −= DᵀD over ``labelled_t``
+    (L, n, bl) (rows scaled by √w) — or, when ``given`` has Grams ((K, L, n, n), their rows' ``weights`` (K,)),
+    A_l and A_r (its rows all labelled) −= Σ w_k G_k; then c_l −= DᵀY over ``labelled_t`` with ``targets``
+    (bl, m) scaled to match; then A_l factored again from the sums into ``factor`` (and A_r into ``scratch``
+    when ``check``). info[l]: 0, or the column of a failed Cholesky (A_l: > 0; A_r: its column + n)."""
+    r_layers = gram_labelled.shape[0]
+    if given.shape[0] > 0:
+        _sub_given(gram[layer].T, given, layer, weights)
+        if r_layers > 0 and labelled_t.shape[2] > 0:
+            _sub_given(gram_labelled[layer].T, given, layer, weights)
+    else:
         _sub_gram(grams_t[layer].T, gram[layer].T)
+        if r_layers > 0 and labelled_t.shape[2] > 0:
+            _sub_gram(labelled_t[layer].T, gram_labelled[layer].T)
     if labelled_t.shape[2] > 0:
-        d = labelled_t[layer].T
-        _unfold_labels(d, targets, rhs[layer].T)
-        if subtract and gram_labelled.shape[0] > 0:
-            _sub_gram(d, gram_labelled[layer].T)
+        _unfold_labels(labelled_t[layer].T, targets, rhs[layer].T)
     info[layer] = refactor_layer(layer, gram, factor)
-    if info[layer] == 0 and check_labelled and gram_labelled.shape[0] > 0:
+    if info[layer] == 0 and check and r_layers > 0:
         failed = _cholesky(gram_labelled[layer], scratch)
         if failed != 0:
             info[layer] = failed + gram.shape[1]
@@ -458,10 +474,10 @@ def erase_layer(
 
 @nb.njit(**JIT)
 def erase_serial(
-    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, subtract, check_labelled, info
+    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, given, weights, check, info
 ):
     """``erase_layer`` for every layer (scratch: (threads, n, n)); returns how many failed."""
-    for layer in range(labelled_t.shape[0]):
+    for layer in range(gram.shape[0]):
         erase_layer(
             grams_t,
             labelled_t,
@@ -472,8 +488,9 @@ def erase_serial(
             rhs,
             gram_labelled,
             scratch[0],
-            subtract,
-            check_labelled,
+            given,
+            weights,
+            check,
             info,
         )
     return np.count_nonzero(info)
@@ -481,10 +498,10 @@ def erase_serial(
 
 @nb.njit(**JIT_PARALLEL)
 def erase_parallel(
-    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, subtract, check_labelled, info
+    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, given, weights, check, info
 ):
     """``erase_serial`` with the layers spread over Numba's threads."""
-    for layer in nb.prange(labelled_t.shape[0]):
+    for layer in nb.prange(gram.shape[0]):
         erase_layer(
             grams_t,
             labelled_t,
@@ -495,8 +512,9 @@ def erase_parallel(
             rhs,
             gram_labelled,
             scratch[nb.get_thread_id()],
-            subtract,
-            check_labelled,
+            given,
+            weights,
+            check,
             info,
         )
     return np.count_nonzero(info)

@@ -183,7 +183,14 @@ class LabelFold:
         self.state.version += 1
 
     def erase(
-        self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None, *, gram=None
+        self,
+        features_t: np.ndarray,
+        targets: np.ndarray,
+        labelled,
+        observed_at=None,
+        *,
+        grams=None,
+        undo=None,
     ) -> None:
         """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
         put in, at the weight it has now.
@@ -197,9 +204,11 @@ class LabelFold:
                      labelled are not read
         labelled   : (b,) bool — whose label is in c
         observed_at : the rows' stamps, as in ``learn``
-        gram       : (L, n, n) — Σ DᵀD of the rows, unweighted (lower triangles), formed once for the half-lives of
-                     ``auto``: taken out times the rows' one weight instead of forming it again (rows of one
-                     stamp, every row labelled or none)
+        grams      : (G (K, L, n, n), stamps (K,)) — the rows' Gram by stamp, unweighted (lower triangles), formed
+                     once for the half-lives of ``auto``: A loses Σ w(stamp)·G instead of a Gram formed again
+                     (every row's Gram in A; every row labelled, or no A_r)
+        undo       : a list; once the rows are out, a function putting this learner's sums back is appended (a
+                     model taking rows out of several learners, all or nothing)
 
         The row counters go back (``rows_observed`` by the Gram rows, ``rows_labelled`` by the labelled ones);
         the clock does not (it is time: the other rows keep their age). A is then factored again from the
@@ -218,42 +227,32 @@ class LabelFold:
         root = np.sqrt(weights)
         scaled = self._kernel_features(features_t)
         removed_y2 = float((weights[labelled] * (targets[labelled] ** 2).sum(axis=1)).sum())
-        one_gram = (  # one Gram of every row, for A (and A_r: every row labelled), times the rows' one weight
-            not np.ptp(weights)
-            and gram_rows.all()
-            and (labelled.all() or not len(a.gram_labelled))
-            and (gram is not None or (labelled.all() and len(a.gram_labelled)))  # given, or saves a product
-        )
-        if one_gram:
-            gram = self.rows_gram(scaled) if gram is None else gram
-            labelled_t, y_w, grams = scaled, targets[labelled] * weights[0], gram * weights[0]
-            if not labelled.all():
-                labelled_t = np.ascontiguousarray(scaled[:, :, labelled])
-        else:
+        every_gram = gram_rows.all() and (labelled.all() or not len(a.gram_labelled))
+        no_grams = np.empty((0, self.n_layers, self.n_columns, self.n_columns))
+        if grams is not None and every_gram:  # given by stamp: A (and A_r) lose Σ w(stamp)·G, c loses Dᵀ(wY)
+            given, stamps = grams
+            given_w = np.array([float(self.row_weights(stamp, 1)[0]) for stamp in stamps])
+            y_w = targets[labelled] * weights[labelled, None]
+        elif (
+            every_gram and labelled.all() and len(a.gram_labelled)
+        ):  # A and A_r lose the same Gram: formed once
             if not (weights == 1.0).all():
                 scaled = np.ascontiguousarray(scaled * root.astype(scaled.dtype))
-            labelled_t = scaled if labelled.all() else np.ascontiguousarray(scaled[:, :, labelled])
-            y_w, grams = targets[labelled] * root[labelled, None], None  # (√w d)ᵀ(√w y) = w dᵀy
+            given, given_w, y_w = self.rows_gram(scaled)[None], np.ones(1), targets * root[:, None]
+        else:  # the kernel takes each Gram out itself
+            if not (weights == 1.0).all():
+                scaled = np.ascontiguousarray(scaled * root.astype(scaled.dtype))
+            given, given_w = no_grams, np.ones(0)
+            y_w = targets[labelled] * root[labelled, None]  # (√w d)ᵀ(√w y) = w dᵀy
+        labelled_t = scaled if labelled.all() else np.ascontiguousarray(scaled[:, :, labelled])
         grams_t = scaled if gram_rows.all() else np.ascontiguousarray(scaled[:, :, gram_rows])
         y_w = np.ascontiguousarray(y_w)
         saved = (a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy())
-        if grams is not None:
-            a.gram -= grams
-            if labelled.any() and len(a.gram_labelled):
-                a.gram_labelled -= grams
         info = np.zeros(self.n_layers, dtype=np.int32)
         kernel = fused.erase_parallel if self.parallel else fused.erase_serial
         check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
-        stack = (
-            a.gram,
-            a.factor,
-            a.rhs,
-            a.gram_labelled,
-            self.scratch(),
-            grams is None,
-            check_labelled,
-            info,
-        )
+        sums = (a.gram, a.factor, a.rhs, a.gram_labelled, self.scratch())
+        stack = (*sums, given, given_w, check_labelled, info)
         if kernel(grams_t, labelled_t, y_w, *stack):
             a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
             a.factor_stale[:] = a.beta_stale[:] = True
@@ -267,6 +266,8 @@ class LabelFold:
         a.factor_stale[:] = a.factor_inverse[:] = False  # factored from the sums just now
         a.woodbury_steps[:] = 0
         a.beta_stale[:] = True
+        if undo is not None:
+            undo.append(_putting_back(st, saved))
         st.sum_y2 = max(st.sum_y2 - removed_y2, 0.0)
         st.rows_observed -= int(gram_rows.sum())
         st.rows_labelled -= int(labelled.sum())
@@ -277,6 +278,20 @@ class LabelFold:
         gram = np.zeros((self.n_layers, self.n_columns, self.n_columns))
         (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, gram)
         return gram
+
+
+def _putting_back(st, saved: tuple):
+    """A function putting ``st``'s sums and row counters back as they are now, with these saved arrays."""
+    counters = (st.rows_observed, st.rows_labelled, st.sum_y2, st.version)
+
+    def put_back() -> None:
+        a = st.arrays
+        a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+        st.rows_observed, st.rows_labelled, st.sum_y2, st.version = counters
+        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_inverse[:] = False
+
+    return put_back
 
 
 def unpredicted_as_targets(predicted, targets: np.ndarray):

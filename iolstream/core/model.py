@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import kernels, learner, linalg, regret
+from iolstream.core import fused, kernels, learner, linalg, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
@@ -322,18 +322,16 @@ class EdRVFL:
             stamps = None if stamps is None else stamps[keep]
         scaled = self.targets.transform(targets) if self.targets.frozen else targets
         primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
-        # each learner puts its own sums back if it fails; the ones before it are put back from these copies
-        saved = [(ln, _sums_copy(ln.state)) for ln in primaries[:-1]]
-        gram = None  # rows of one stamp: their Gram formed once for every half-life (each takes it out at its weight)
-        one_stamp = stamps is None or not np.ptp(np.asarray(stamps, dtype=np.float64))
-        if len(primaries) > 1 and one_stamp and features_t.shape[2] and features_t.flags.c_contiguous:
-            gram = primaries[0].rows_gram(features_t)
+        undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
+        grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
+        if len(primaries) > 1 and features_t.shape[2] and features_t.flags.c_contiguous:
+            grams = _grams_by_stamp(primaries[0], features_t, stamps)
         try:
             for ln in primaries:
-                ln.erase(features_t, scaled, labelled, stamps, gram=gram)
+                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo)
         except linalg.NotPositiveDefinite:
-            for ln, copy in saved:  # the ones already done put back too: all or nothing
-                _restore_sums(ln.state, copy)
+            for put_back in undo:  # the ones already done put back too: all or nothing
+                put_back()
             raise
         for ln in self.learners:
             if isinstance(ln, SharedGramLearner):
@@ -376,19 +374,24 @@ class EdRVFL:
         return h.hexdigest()
 
 
-def _sums_copy(st) -> tuple:
-    a = st.arrays
-    counters = (st.rows_observed, st.rows_labelled, st.sum_y2, st.version)
-    return a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy(), counters
+SHARED_GRAM_STAMPS = 4  # up to this many stamps, erase forms one Gram per stamp for every half-life
 
 
-def _restore_sums(st, copy: tuple) -> None:
-    """A state's sums and counters back to ``_sums_copy``'s (factors and β stale: made from them when read)."""
-    a = st.arrays
-    a.gram[...], a.rhs[...], a.gram_labelled[...] = copy[:3]
-    st.rows_observed, st.rows_labelled, st.sum_y2, st.version = copy[3]
-    a.factor_stale[:] = a.beta_stale[:] = True
-    a.factor_inverse[:] = False
+def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
+    """(G (K, L, n, n), stamps (K,)): Σ DᵀD of the rows of each stamp, when the rows have at most SHARED_GRAM_STAMPS
+    stamps (each half-life then takes Σ w·G out instead of forming its own weighted Gram), else None."""
+    if stamps is None:
+        return first.rows_gram(features_t)[None], [None]
+    values = np.unique(stamps)
+    if len(values) > SHARED_GRAM_STAMPS:
+        return None
+    if len(values) == 1:
+        return first.rows_gram(features_t)[None], values
+    given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
+    add = fused.add_grams_parallel if first.parallel else fused.add_grams
+    for k, v in enumerate(values.tolist()):
+        add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
+    return given, values
 
 
 __all__ = [

@@ -72,17 +72,20 @@ def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
     """Forgetting b rows against learning b rows, per setting (``bench_forget_step``): with ``--rounds R``, each
     setting R times in turn, the round with the median ratio kept (both rates of a round come from one run)."""
     out = []
-    rounds = {s: [] for s in settings}
+    cases = [(setting, stamps) for setting in settings for stamps in (1, 2)]
+    rounds = {case: [] for case in cases}
     for _ in range(args.rounds):
-        for setting in settings:
-            rounds[setting].append(bench_forget_step(name, dtype, seconds=args.seconds, setting=setting))
-    for setting in settings:
-        f = sorted(rounds[setting], key=lambda r: r.forget_vs_learn)[len(rounds[setting]) // 2]
+        for setting, stamps in cases:
+            f = bench_forget_step(name, dtype, seconds=args.seconds, setting=setting, stamps=stamps)
+            rounds[(setting, stamps)].append(f)
+    for case in cases:
+        f = sorted(rounds[case], key=lambda r: r.forget_vs_learn)[len(rounds[case]) // 2]
         out.append({"case": "forget", **asdict(f)})
         if not args.json:
             print(
-                f"{name:6s} {dtype:8s} {setting:15s} b={f.batch:5d}  forget {f.forget_rows_per_second:10.0f} rows/s  "
-                f"learn {f.learn_rows_per_second:10.0f} rows/s  forget vs learn {f.forget_vs_learn:5.2f}x",
+                f"{name:6s} {dtype:8s} {case[0]:15s} b={f.batch:5d}  forget ({f.stamps} stamp{'s' if f.stamps > 1 else ''}) "
+                f"{f.forget_rows_per_second:8.0f} rows/s  learn {f.learn_rows_per_second:8.0f} rows/s  "
+                f"forget vs learn {f.forget_vs_learn:5.2f}x",
                 flush=True,
             )
     return out
