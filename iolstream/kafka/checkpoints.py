@@ -263,7 +263,9 @@ class Checkpointer:
         except OSError as exc:
             raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
         state = manifest["stream"]["erasure"]
-        self.receipts = erasure.durable(snap.path.name, state)  # every receipt not out yet
+        self.receipts = erasure.durable(
+            snap.path.name, state, int(time.time() * 1000)
+        )  # every receipt not out
         if self.receipts or state.get("retention", {}).get("erased"):
             self._delete_older(snap.path.name)
         self.last = Checkpoint(

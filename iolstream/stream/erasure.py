@@ -130,11 +130,12 @@ class Erasure:
                 why = BadInput("forget_already_forgotten", f"id {row_id!r} was forgotten before")
             elif st in (store.OBSERVED, store.LABELLED):
                 record = self.retention.read(np.array([seq]))
-                if self.retention.past_time(record, now_ms)[0]:
+                if (
+                    record["seq"][0] != seq or self.retention.past_time(record, now_ms)[0]
+                ):  # gone with its age
                     why = BadInput(
                         "forget_past_retention",
-                        f"id {row_id!r} was learned {now_ms - int(record['at_ms'][0])} ms ago, "
-                        f"past retention.ms ({self.retention.ms})",
+                        f"id {row_id!r} was learned over retention.ms ({self.retention.ms}) ago: its record is gone",
                     )
                 else:
                     records.append(record)
@@ -251,11 +252,11 @@ class Erasure:
         if self.retention is not None:
             self.retention.flush()
 
-    def durable(self, snapshot: str, state: dict) -> list[dict]:
+    def durable(self, snapshot: str, state: dict, now_ms: int | None = None) -> list[dict]:
         """The snapshot ``snapshot``, holding ``state`` (``to_state``), is durable: the records it names erased
         are zeroed; returns the receipts to send (the caller produces them, then calls ``sent``)."""
         if self.retention is not None and "retention" in state:
-            self.retention.durable(state["retention"])
+            self.retention.durable(state["retention"], now_ms)
         return list(self.sealed)  # this snapshot's, and any an earlier one named and are not out yet
 
     def sent(self, receipts: list[dict]) -> None:

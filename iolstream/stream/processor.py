@@ -29,6 +29,9 @@ Rules worth knowing:
   an expired row's Gram leaves at the weight its Gram has in A (its stamp), so β stays the
   closed-form weighted ridge for any label delay and order; with ``auto`` each candidate is judged
   on the prediction it made.
+- A forget request (``on_forget``, docs/design.md §13) takes each row out of wherever it waits and out of the
+  model (``stream.erasure``); its id is remembered as forgotten, so a later row or label for it is refused.
+  With a retention store, every predicted row is recorded there and its label when folded in.
 - A dead letter of a one-row message carries the message's raw bytes; one row of a
   batch message carries that row re-encoded (codec). An early label given up on
   (``unknown_id``) carries the source of the message that brought it.

@@ -178,8 +178,11 @@ class RetentionStore:
             yield segment, seqs[where] - segment * self.segment_rows, where
 
     def _write(self, seqs: np.ndarray, records: np.ndarray, fields: tuple[str, ...] | None = None) -> None:
+        """Fields of existing records (a segment deleted for its age is not made again)."""
         for segment, offsets, where in self._runs(seqs):
-            mm = self._segment(segment)
+            mm = self._segment(segment, create=False)
+            if mm is None:
+                continue
             if fields is None:
                 mm[offsets] = records[where]
             else:
@@ -260,13 +263,18 @@ class RetentionStore:
             self.index.add_many(fps[held], LEFT)
 
     def read(self, seqs: np.ndarray) -> np.ndarray:
-        """The records of ``seqs`` (copies), in order."""
+        """The records of ``seqs`` (copies), in order; one whose segment is gone (deleted for its age,
+        ``retention.ms``) comes back with ``seq`` -1 and no data."""
         seqs = np.asarray(seqs, dtype=np.int64)
         out = np.zeros(len(seqs), dtype=self.dtype)
+        out["seq"] = -1
         for segment, offsets, where in self._runs(seqs):
-            out[where] = self._segment(segment)[offsets]
-        if (out["seq"] != seqs).any():
-            bad = int(seqs[np.flatnonzero(out["seq"] != seqs)[0]])
+            mm = self._segment(segment, create=False)
+            if mm is not None:
+                out[where] = mm[offsets]
+        wrong = (out["seq"] != seqs) & (out["seq"] != -1)
+        if wrong.any():
+            bad = int(seqs[np.flatnonzero(wrong)[0]])
             raise ValueError(f"retention store {self.dir}: record {bad} is not where the index says")
         return out
 
@@ -307,9 +315,10 @@ class RetentionStore:
         """What a snapshot keeps of the store: its tail, and the records erased since the snapshot before."""
         return {"tail": self.tail, "erased": list(self.erased)}
 
-    def durable(self, state: dict) -> None:
+    def durable(self, state: dict, now_ms: int | None = None) -> None:
         """The snapshot that holds ``state`` (``to_state``) is durable: the records it names as erased are
-        zeroed, and segments before its window deleted."""
+        zeroed, segments before its window deleted, and (``retention.ms``, at ``now_ms``) whole segments older
+        than the time bound (a restart's replay would refuse their rows as past retention anyway)."""
         named = set(state["erased"])
         if named:
             self._zero(np.array(sorted(named), dtype=np.int64), ERASED)
@@ -317,6 +326,19 @@ class RetentionStore:
             self.erased = [s for s in self.erased if s not in named]
         self.kept_from = max(0, int(state["tail"]) - self.rows)
         self._delete_before(self.kept_from)
+        if self.ms is not None and now_ms is not None:
+            self._delete_older_than(now_ms - self.ms)
+
+    def _delete_older_than(self, at_ms: int) -> None:
+        """Delete the whole segments (not the one written to) whose every record was observed before ``at_ms``."""
+        current = self.tail // self.segment_rows
+        for path in sorted(self.dir.glob("seg-*.rows")):
+            segment = int(path.stem.split("-")[1]) // self.segment_rows
+            if segment >= current:
+                continue
+            newest = self._segment(segment, create=False)[-1]
+            if int(newest["at_ms"]) < at_ms and int(newest["seq"]) == (segment + 1) * self.segment_rows - 1:
+                self._forget_segment(segment, path)
 
     def load(self, state: dict | None) -> None:
         """Back to a snapshot's ``to_state`` (None: a fresh model, nothing kept): records past its tail are
@@ -354,10 +376,13 @@ class RetentionStore:
         for path in sorted(self.dir.glob("seg-*.rows")):
             segment = int(path.stem.split("-")[1]) // self.segment_rows
             if (segment + 1) * self.segment_rows <= seq:
-                mm = self._maps.pop(segment, None)
-                self._dirty.discard(segment)
-                del mm
-                path.unlink(missing_ok=True)
+                self._forget_segment(segment, path)
+
+    def _forget_segment(self, segment: int, path: Path) -> None:
+        mm = self._maps.pop(segment, None)
+        self._dirty.discard(segment)
+        del mm
+        path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Flush, and let go of the memory maps (they are opened again when needed)."""

@@ -162,3 +162,23 @@ def test_an_id_held_already_is_not_kept_twice(tmp_path):
 def test_the_config_names_the_bad_key(bad):
     with pytest.raises(ValueError, match=f"retention.{next(iter(bad))}"):
         RetentionConfig(**bad)
+
+
+def test_segments_past_the_time_bound_go_and_their_rows_are_past_retention(tmp_path):
+    store = _store(tmp_path, ms=1000)
+    store.append(_ids(0, 40), _x(0, 40), stamp=40, at_ms=0)
+    store.append(_ids(40, 80), _x(40, 80), stamp=80, at_ms=10_000)
+    store.flush()
+    store.durable(store.to_state(), now_ms=10_500)
+    files = sorted(p.name for p in (tmp_path / "ret").glob("seg-*.rows"))
+    assert files == [
+        f"seg-{32:015d}.rows",
+        f"seg-{48:015d}.rows",
+        f"seg-{64:015d}.rows",
+    ]  # 32..47 holds new rows
+    status, seqs = store.find(["r5", "r35", "r50"])
+    rec = store.read(seqs)
+    assert rec["seq"].tolist() == [-1, 35, 50] and not rec["x"][0].any()  # r5's record is gone
+    assert store.past_time(rec, now_ms=10_500).tolist() == [True, True, False]
+    store.label(["r5"], np.ones((1, 1)))  # its segment is not made again
+    assert f"seg-{0:015d}.rows" not in {p.name for p in (tmp_path / "ret").glob("seg-*.rows")}
