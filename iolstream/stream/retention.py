@@ -206,7 +206,7 @@ class RetentionStore:
         b = len(ids)
         if not b or not self.rows:
             return
-        fps = fingerprints(ids)
+        fps = self.index.fingerprints_of(ids)  # (the id lists of the last batches: hashed once)
         records = np.zeros(b, dtype=self.dtype)
         records["seq"] = seqs = np.arange(self.tail, self.tail + b)
         records["fp"], records["stamp"], records["at_ms"] = fps, stamp, at_ms
@@ -227,7 +227,7 @@ class RetentionStore:
 
     def find(self, ids: list[str], fps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """((n,) int8 status, (n,) int64 record numbers) of ``ids`` in the window (0 and -1: not held)."""
-        fps = fingerprints(ids) if fps is None else fps
+        fps = self.index.fingerprints_of(ids) if fps is None else fps
         kinds, ranks = self.index.lookup(fps)
         seqs = np.where(ranks >= 0, self.tail - len(self.index) + ranks, -1)
         kinds = np.where(kinds == VACANT, 0, kinds).astype(np.int8)
@@ -238,15 +238,18 @@ class RetentionStore:
         were held."""
         if not self.rows or not len(ids):
             return 0
-        fps = fingerprints(ids)
+        fps = self.index.fingerprints_of(ids)
         status, seqs = self.find(ids, fps)
         held = np.flatnonzero(status == OBSERVED)
         if not held.size:
             return 0
-        records = np.zeros(held.size, dtype=self.dtype)
-        records["y"] = np.asarray(y, dtype=np.float64).reshape(len(ids), self.n_labels)[held]
-        records["status"] = LABELLED
-        self._write(seqs[held], records, ("y", "status"))
+        y = np.asarray(y, dtype=np.float64).reshape(len(ids), self.n_labels)[held]
+        for segment, offsets, where in self._runs(seqs[held]):
+            mm = self._segment(segment, create=False)
+            if mm is not None:  # (not deleted for its age)
+                mm["y"][offsets] = y[where]
+                mm["status"][offsets] = LABELLED
+                self._dirty.add(segment)
         self.index.add_many(fps[held], LABELLED)  # remembered already: the kind changes, the place stays
         return int(held.size)
 
