@@ -154,7 +154,13 @@ class RetentionStore:
         if not path.exists():
             if not create:
                 return None
-            mm = np.memmap(path, dtype=self.dtype, mode="w+", shape=(self.segment_rows,))
+            size = self.segment_rows * self.dtype.itemsize
+            with open(path, "wb") as fh:  # its blocks allocated now, not page by page as the stream writes
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fh.fileno(), 0, size)
+                else:
+                    fh.truncate(size)
+            mm = np.memmap(path, dtype=self.dtype, mode="r+", shape=(self.segment_rows,))
             self._new_files = True
         else:
             if path.stat().st_size != self.segment_rows * self.dtype.itemsize:
