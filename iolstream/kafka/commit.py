@@ -143,10 +143,13 @@ class CommitUnit:
         return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
 
     def finish(self) -> bool:
-        """Shutdown: flush the partial batch, then as ``partitions_go``. False if the final snapshot
-        failed."""
+        """Shutdown: flush the partial batch, then as ``partitions_go``; the forget receipts the final snapshot
+        made true are delivered before the worker stops. False if the final snapshot failed."""
         self._flush_partial()
-        return self.partitions_go()
+        ok = self.partitions_go()
+        if self.receipts.sent and not self.exactly_once:  # (exactly-once: their transaction committed them)
+            self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
+        return ok
 
     def roll_back(self, why: str) -> None:
         """Reload the newest snapshot into the processor and seek every assigned partition to its positions;
