@@ -81,6 +81,7 @@ class Checkpointer:
         # forget receipts whose snapshot is durable, to be produced (``take_receipts``): after a write, or the
         # ones the snapshot just loaded names (a restart may send them again)
         self.receipts: list[dict] = []
+        self.last_written_ms = 0  # when the snapshot loaded or written last was written (its manifest's time)
 
     def retention(self) -> RetentionStore | None:
         """The retention store of forget requests (docs/design.md §13), None without ``topics.forget``."""
@@ -127,6 +128,7 @@ class Checkpointer:
             loaded = Loaded(proc, {})
         else:
             loaded = Loaded(*self._restore(snap))
+            self.last_written_ms = int(snap.manifest.get("written_at_ms", 0))
             self.receipts = loaded.processor.erasure.due()
             if self.receipts:  # it is the first without those rows: the older ones hold them
                 self._delete_older(snap.path.name)
@@ -263,6 +265,7 @@ class Checkpointer:
         except OSError as exc:
             raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
         state = manifest["stream"]["erasure"]
+        self.last_written_ms = int(snap.manifest["written_at_ms"])
         self.receipts = erasure.durable(
             snap.path.name, state, int(time.time() * 1000)
         )  # every receipt not out

@@ -36,7 +36,7 @@ from iolstream.kafka.emit import Emitter
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
-from iolstream.kafka.receipts import Receipts, hold
+from iolstream.kafka.receipts import Receipts
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import Transactions
 from iolstream.ops.faults import crash_point
@@ -116,7 +116,7 @@ class CommitUnit:
         (``Receipts.unsent``)."""
         receipts = self.checkpoints.take_receipts()
         if receipts:
-            unsent = self.receipts.unsent(receipts, self.exactly_once)
+            unsent = self.receipts.unsent(receipts, self.checkpoints.last_written_ms)
             self.processor.erasure.sent([r for r in receipts if r not in unsent])  # out before the restart
             self._send_receipts(unsent)
 
@@ -238,14 +238,8 @@ class ExactlyOnce(CommitUnit):
         self.emitter.step(now, force=processed)
 
     def _commit_cycle(self) -> None:
-        """Commit the cycle's transaction with the input offsets (a forget partition's held at its oldest request
-        whose receipt is not out, ``receipts.hold``); roll back if it was lost."""
-        floor = self.processor.erasure.unsent_floor()
+        """Commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
-        if floor:
-            offsets = [
-                (t, p, o) for t, p, o in hold(offsets, floor) if o > self.book.committed_floor.get((t, p), -1)
-            ]
         member = self.cfg.member_id
         metadata = (lambda key: self.book.metadata(member, key)) if self.group is not None else None
         why = self.txn.commit(offsets, self.assignment.consumer.consumer_group_metadata, metadata)

@@ -1,24 +1,30 @@
 """Forget receipts out (docs/design.md §13): one record per row forgotten on request, on
 ``topics.forget_receipts``, keyed by the row's id, produced once the snapshot that first holds the model
-without the row is durable (``checkpoints.Checkpointer`` hands them over).
+without the row is durable (``checkpoints.Checkpointer`` hands them over); exactly-once in a transaction
+committed at once.
 
-A restart from that snapshot hands its receipts out again: at-least-once all of them (a receipt may then come
-twice, the same both times); exactly-once those whose request no committed transaction covers. For that,
-exactly-once holds the commit of a forget partition at the oldest request whose receipt is not out yet
-(``hold``): the transaction that carries a receipt is the one that commits its request's offset, so after a
-crash the committed offset says whether the receipt went out.
+A restart from that snapshot (or an exactly-once roll-back to it) finds the receipts it names again. Which
+went out before is read back from the receipts topic itself (``read_committed``, from the snapshot's write
+time on): those are not sent again. Exactly-once, a receipt is out when its transaction committed, so a reader
+sees each once; at-least-once, a receipt delivered but not yet acknowledged when the worker died may come
+twice, the same both times.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 
-from confluent_kafka import Consumer, TopicPartition
+import orjson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from iolstream.kafka.clients import client_conf
 from iolstream.stream.encoding import receipt_message
 
 log = logging.getLogger("iolstream.worker")
+
+SKEW_MS = 1_000  # receipts are read back from this long before their snapshot was written
 
 
 class Receipts:
@@ -45,38 +51,57 @@ class Receipts:
                 extra={"event": "forget_receipts", "receipts": len(receipts)},
             )
 
-    def unsent(self, receipts: list[dict], exactly_once: bool) -> list[dict]:
-        """The receipts a restart from their snapshot must send: at-least-once all; exactly-once those whose
-        request offset the group has not committed past (its commit travels with the receipt, ``hold``)."""
-        if not exactly_once or not receipts:
+    def unsent(self, receipts: list[dict], since_ms: int) -> list[dict]:
+        """The receipts of a snapshot just loaded (written at ``since_ms``) that are not on the receipts topic yet."""
+        if not receipts:
             return receipts
-        keys = sorted({_key(r) for r in receipts if _key(r) is not None})
-        committed = committed_offsets(self.cfg, keys)
-        return [r for r in receipts if _key(r) is None or committed.get(_key(r), -1) <= int(r["request"][2])]
+        out = already_out(self.cfg, since_ms - SKEW_MS)
+        member = self.cfg.member_id if self.cfg.group.enabled else None
+        return [r for r in receipts if (str(r["id"]), r.get("snapshot"), member) not in out]
 
 
-def hold(offsets: list[tuple[str, int, int]], floor: dict) -> list[tuple[str, int, int]]:
-    """Exactly-once: ``offsets`` to commit, a forget partition's held at ``floor`` (its oldest request whose
-    receipt is not out, ``Erasure.unsent_floor``)."""
-    return [(t, p, min(o, floor[(t, p)]) if (t, p) in floor else o) for t, p, o in offsets]
-
-
-def committed_offsets(cfg, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    """The consumer group's committed offsets of ``keys`` (absent: none committed)."""
-    if not keys:
-        return {}
-    consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
+def already_out(cfg, since_ms: int) -> set[tuple[str, str | None, str | None]]:
+    """(id, snapshot, member) of the receipts a ``read_committed`` reader finds on ``topics.forget_receipts``
+    from ``since_ms`` to the end (member: None without group learning; two members' snapshots may share a
+    name)."""
+    topic = cfg.topics.forget_receipts
+    consumer = Consumer(
+        {
+            **client_conf(cfg),
+            "group.id": f"{cfg.kafka.group_id}.receipts.{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    timeout = cfg.kafka.call_timeout_seconds
+    found: set[tuple[str, str | None, str | None]] = set()
     try:
-        got = consumer.committed(
-            [TopicPartition(t, p) for t, p in keys], timeout=cfg.kafka.call_timeout_seconds
-        )
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return found  # not made yet: nothing out
+        wanted = [TopicPartition(topic, p, since_ms) for p in meta.partitions]
+        starts = [tp for tp in consumer.offsets_for_times(wanted, timeout=timeout) if tp.offset >= 0]
+        if not starts:
+            return found
+        consumer.assign(starts)
+        left = {tp.partition for tp in starts}
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    left.discard(msg.partition())
+                continue
+            try:
+                body = orjson.loads(msg.value())
+                found.add((str(body["id"]), body.get("snapshot"), body.get("member")))
+            except (ValueError, KeyError, TypeError):
+                continue
+        if left:
+            log.warning("reading back the forget receipts did not reach the end within %.0f s", timeout)
     finally:
         consumer.close()
-    return {(tp.topic, tp.partition): tp.offset for tp in got if tp.offset >= 0}
-
-
-def _key(receipt: dict) -> tuple[str, int] | None:
-    source = receipt.get("request")
-    if isinstance(source, list) and len(source) == 3:
-        return (str(source[0]), int(source[1]))
-    return None
+    return found

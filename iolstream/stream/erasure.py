@@ -285,17 +285,6 @@ class Erasure:
         if self.retention is not None:
             self.retention.load(None if state is None else state.get("retention"))
 
-    def unsent_floor(self) -> dict:
-        """Per request source's (topic, partition): the smallest request offset whose receipt is not out yet
-        (exactly-once holds that partition's commit there)."""
-        floor: dict = {}
-        for r in self.waiting + self.sealed:
-            source = r.get("request")
-            if isinstance(source, list) and len(source) == 3:
-                key = (source[0], int(source[1]))
-                floor[key] = min(floor.get(key, int(source[2])), int(source[2]))
-        return floor
-
 
 def _jsonable(source):
     """A source as JSON can hold it (tuples as lists)."""

@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 import orjson
 import pytest
-from kafka_util import MODEL_ARRAYS, consume_all, produce_json, reference_state
+from kafka_util import MODEL_ARRAYS, committed_offsets, consume_all, produce_json, reference_state
 from test_durability_kafka import CRASHED, LEARNER_COUNTERS, WorkerRig, base_config, snapshot_offsets
 
 from iolstream.kafka import snapshots
@@ -167,6 +167,9 @@ def test_rows_forgotten_across_kills_leave_the_model_without_them_with_one_recei
                 held = {str(i) for i in snap.arrays[key].tolist()}
                 assert not held & gone, f"{path.name} {key} holds forgotten rows"
         assert not snap.manifest["stream"]["erasure"]["waiting"], f"{path.name}: removals not sealed"
+        # every snapshot left was written after the last removal: the ones before it, holding rows, are gone
+        ids_forgotten = snap.manifest["stream"]["erasure"]["counters"]["ids_forgotten"]
+        assert ids_forgotten == newest.manifest["stream"]["erasure"]["counters"]["ids_forgotten"], path.name
     files = b"".join(p.read_bytes() for p in (rig.snap_dir / "retention").glob("seg-*.rows"))
     assert files, "the retention store holds the rows not forgotten"
     for row_id in FORGOTTEN[::10]:
@@ -174,7 +177,11 @@ def test_rows_forgotten_across_kills_leave_the_model_without_them_with_one_recei
     assert np.ascontiguousarray(X[4000]).tobytes() in files  # a row not forgotten is there
     counters = newest.manifest["stream"]["erasure"]["counters"]
     assert counters["ids_forgotten"] >= len(gone) and counters["ids_refused"] >= 2
-    assert rig.committed() == {k: v for k, v in snapshot_offsets(newest).items() if k[0] != topics["forget"]}
+    offsets = snapshot_offsets(newest)
+    assert rig.committed() == {k: v for k, v in offsets.items() if k[0] != topics["forget"]}
+    # the forget partition's commit is not held back by its receipts: it is the snapshot's, like the others'
+    forget_committed = committed_offsets(kafka_bootstrap, rig.group, topics["forget"], 1)
+    assert forget_committed == {0: offsets[(topics["forget"], 0)]}
 
 
 @pytest.mark.kafka
