@@ -24,6 +24,8 @@ REASONS: tuple[str, ...] = (
     "unknown_id",  # label whose feature row never came within the wait
     "expired_id",  # label for a row that expired (or was evicted) before its label came
     "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
+    "bad_field",  # a named field of the wrong type (text for a number, an object for a category)
+    "missing_field",  # a required named field absent or null
 )
 
 MAX_DETAIL_CHARS = 500
@@ -103,8 +105,8 @@ class LabelRows:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """What a label is: ``classification`` over declared ``classes`` (all int or all str, at
-    least 2, distinct; ``n_outputs == len(classes)``) or ``regression`` with ``n_outputs`` values."""
+    """What a label is: ``classification`` over declared ``classes`` (all int, all str, or false and true;
+    at least 2, distinct; ``n_outputs == len(classes)``) or ``regression`` with ``n_outputs`` values."""
 
     task: str
     classes: tuple | None
@@ -117,9 +119,18 @@ class TargetSpec:
                 isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in classes
             )
             all_str = all(isinstance(c, str) for c in classes)
-            if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str):
-                raise ValueError(f"classes must be at least 2 distinct ints or strings, got {self.classes!r}")
-            classes = tuple(int(c) for c in classes) if all_int else classes
+            all_bool = len(classes) == 2 and all(isinstance(c, (bool, np.bool_)) for c in classes)
+            if len(classes) < 2 or len(set(classes)) != len(classes) or not (all_int or all_str or all_bool):
+                raise ValueError(
+                    f"classes must be at least 2 distinct ints or strings, or false and true, got {self.classes!r}"
+                )
+            classes = (
+                tuple(int(c) for c in classes)
+                if all_int
+                else tuple(bool(c) for c in classes)
+                if all_bool
+                else classes
+            )
             object.__setattr__(self, "classes", classes)
             if self.n_outputs != len(classes):
                 raise ValueError(

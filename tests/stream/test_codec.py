@@ -402,7 +402,8 @@ def test_ragged_regression_batch_goes_row_by_row():
 def test_target_spec_validation():
     assert TargetSpec.classification([1, 2]).classes == (1, 2)
     assert TargetSpec.classification((np.int64(0), np.int64(1))).classes == (0, 1)
-    for bad in [(1,), (1, 1), (1, "a"), (True, False), ()]:
+    assert TargetSpec.classification((np.True_, False)).classes == (True, False)  # booleans: is_fraud
+    for bad in [(1,), (1, 1), (1, "a"), (True, 1), (True, True), (True, False, "a"), ()]:
         with pytest.raises(ValueError):
             TargetSpec.classification(bad)
     with pytest.raises(ValueError):
@@ -419,7 +420,7 @@ def test_bad_input_is_one_line_and_checked():
     assert len(BadInput("bad_schema", "y" * 10_000).detail) == MAX_DETAIL_CHARS
     with pytest.raises(ValueError):
         BadInput("not_a_reason", "x")
-    assert len(set(REASONS)) == len(REASONS) == 11
+    assert len(set(REASONS)) == len(REASONS) == 13
 
 
 def test_dead_letter_headers():
