@@ -40,7 +40,7 @@ from iolstream.core.schema import FeatureSchema, FieldSpec, bucket_of, category_
 BAD_FIELD = "bad_field"
 MISSING_FIELD = "missing_field"
 BUCKET_CACHE = 1 << 16  # remembered buckets per hashed field (cleared when full)
-_MISSING = object()  # a value that is absent, null or NaN (reference rules)
+MISSING = object()  # what ``resolve`` returns for a value absent or null on the way
 _NO_OBJECT = object()  # a path through something that is not an object (fast columns)
 _NUMBER_TYPES = frozenset((int, float, type(None)))
 _TEXT_TYPES = frozenset((str, type(None)))
@@ -91,19 +91,19 @@ def _json_type(v) -> str:
 
 
 def resolve(record, path: tuple[str, ...]):
-    """The value at ``path`` in ``record``, or _MISSING (absent or null on the way); Refused(bad_field)
+    """The value at ``path`` in ``record``, or MISSING (absent or null on the way); Refused(bad_field)
     when the path goes through something that is not an object."""
     node = record
     for depth, part in enumerate(path):
         if node is None:
-            return _MISSING
+            return MISSING
         if type(node) is not dict:
             where = ".".join(path[:depth])
             raise Refused(
                 BAD_FIELD, f"field {'.'.join(path)!r}: {where!r} is {_json_type(node)}, not an object"
             )
         node = node.get(part)
-    return _MISSING if node is None else node
+    return MISSING if node is None else node
 
 
 # ---------------------------------------------------------------- the reference rules, one value each
@@ -111,7 +111,7 @@ def resolve(record, path: tuple[str, ...]):
 
 def _number(f: FieldSpec, v) -> float:
     """The raw value of a number field (NaN: missing)."""
-    if v is _MISSING:
+    if v is MISSING:
         return math.nan
     t = type(v)
     if t is not int and t is not float:
@@ -129,7 +129,7 @@ def _number(f: FieldSpec, v) -> float:
 
 def _boolean(f: FieldSpec, v) -> float:
     """1.0 / 0.0, or NaN when missing. true/false, 1/0 and the texts "true"/"false" (any case)."""
-    if v is _MISSING:
+    if v is MISSING:
         return math.nan
     t = type(v)
     if t is bool:
@@ -147,7 +147,7 @@ def _boolean(f: FieldSpec, v) -> float:
 
 def _category(f: FieldSpec, v) -> str | None:
     """The value as text (``category_key``), None when missing."""
-    if v is _MISSING:
+    if v is MISSING:
         return None
     try:
         return category_key(v)
@@ -228,7 +228,7 @@ class RecordEncoder:
         for j, fld in enumerate(self.fields):
             v = resolve(record, fld.path)
             kind, at = fld.spec.type, fld.at
-            if v is _MISSING and fld.required:
+            if v is MISSING and fld.required:
                 raise Refused(MISSING_FIELD, f"field {fld.spec.name!r} is required, but missing or null")
             if kind == "category":
                 key = _category(fld.spec, v)
