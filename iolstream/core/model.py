@@ -70,6 +70,23 @@ class Prediction:
         return [classes[i] for i in self.index]
 
 
+def make_scaler(config: ModelConfig) -> Scaler:
+    """The input scaler of ``config`` (docs/design.md §4); with a feature schema (§11) it z-scores the number
+    columns only, and a fixed scaling comes from each number field's mean and std."""
+    schema = config.schema
+    mean, std = config.scaler_mean, config.scaler_std
+    if schema is not None and config.scaler == "fixed":
+        mean, std = schema.fixed_scaling()
+    return Scaler(
+        config.scaler,
+        config.n_inputs,
+        warmup_rows=config.warmup_rows,
+        mean=mean,
+        std=std,
+        scaled=None if schema is None else schema.scaled,
+    )
+
+
 class EdRVFL:
     """An ensemble deep RVFL network learning online by -F or -R."""
 
@@ -88,19 +105,8 @@ class EdRVFL:
             dtype=np.dtype(config.dtype),
             bias_column=config.bias_column,
         )
-        schema = config.schema  # named fields (docs/design.md §11): only number values are z-scored
-        mean, std = config.scaler_mean, config.scaler_std
-        if schema is not None and config.scaler == "fixed":
-            mean, std = schema.fixed_scaling()
-        self.scaler = Scaler(
-            config.scaler,
-            config.n_inputs,
-            warmup_rows=config.warmup_rows,
-            mean=mean,
-            std=std,
-            scaled=None if schema is None else schema.scaled,
-        )
-        self.encoder = None if schema is None else RecordEncoder(schema)
+        self.scaler = make_scaler(config)
+        self.encoder = None if config.schema is None else RecordEncoder(config.schema)
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)

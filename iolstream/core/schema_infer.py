@@ -6,7 +6,8 @@ Per column, over the values present (missing: absent, null, NaN, a blank text, o
 - only booleans, or the texts true/false (any case) -> ``boolean``;
 - only numbers, or texts that read as finite numbers -> ``number``;
 - anything else -> ``category``: its values, most frequent first, when there are at most ``max_values``
-  distinct ones, else ``buckets`` hashed slots.
+  distinct ones, else ``buckets`` hashed slots; but a text column whose every value is present and
+  distinct (``MIN_ID_ROWS`` rows or more) is an identifier, not an input: it is left out (``id_like``).
 
 A number or boolean column without a gap gets ``indicator: false`` (its missing-indicator column would be
 constant); a value missing later becomes the warm-up mean, and is counted per field.
@@ -30,6 +31,7 @@ import numpy as np
 from iolstream.core.schema import FeatureSchema, FieldSpec, category_key
 
 MAX_VALUES = 20  # declared category values, at most; more distinct values: hashed buckets
+MIN_ID_ROWS = 20  # a text column all distinct over at least this many rows is an identifier
 BUCKETS = 64
 NA_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})  # compared stripped and lower-case
 BOOL_TEXTS = {"true": True, "false": False}
@@ -73,8 +75,9 @@ def as_boolean(value) -> bool | None:
 
 def infer_field(
     name: str, values, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS
-) -> tuple[FieldSpec, str]:
-    """(the field, a note: how many values are missing and, for a category, how many distinct ones)."""
+) -> tuple[FieldSpec | None, str]:
+    """(the field, a note: how many values are missing and, for a category, how many distinct ones); the field
+    is None for an identifier (every value a distinct text)."""
     present = [v for v in values if not is_missing(v)]
     n, gaps = len(values), len(values) - len(present)
     note = f"{gaps} of {n} missing" if gaps else "no gaps"
@@ -90,6 +93,8 @@ def infer_field(
             key = str(v)
         keys[key] += 1
     note += f", {len(keys)} distinct values"
+    if not gaps and len(keys) == n >= MIN_ID_ROWS:
+        return None, f"left out: every value distinct, an identifier ({n} rows)"
     if keys and len(keys) <= max_values:
         ordered = sorted(keys, key=lambda k: (-keys[k], k))
         return FieldSpec(name, "category", values=tuple(ordered)), note
@@ -99,13 +104,22 @@ def infer_field(
 def infer_schema(
     columns: dict, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS
 ) -> tuple[FeatureSchema, dict[str, str]]:
-    """The schema of ``columns`` (name -> its values, in the table's order) and a note per field."""
+    """The schema of ``columns`` (name -> its values, in the table's order) and a note per column (those left
+    out too: ``id_like``)."""
     fields, notes = [], {}
     for name, values in columns.items():
         spec, note = infer_field(str(name), list(values), max_values=max_values, buckets=buckets)
-        fields.append(spec)
-        notes[spec.name] = note
+        notes[str(name)] = note
+        if spec is not None:
+            fields.append(spec)
+    if not fields:
+        raise ValueError(f"no column to learn from: {'; '.join(f'{n}: {v}' for n, v in notes.items())}")
     return FeatureSchema(tuple(fields)), notes
+
+
+def id_like(notes: dict[str, str]) -> list[str]:
+    """The columns ``infer_schema`` left out as identifiers."""
+    return [name for name, note in notes.items() if note.startswith("left out")]
 
 
 def typed_value(spec: FieldSpec, value):

@@ -76,7 +76,7 @@ def topic_stem(path: str) -> str:
 
 def inferred_config(args):
     """(the config's YAML text, the schema, the table) for ``args`` (schema infer's options)."""
-    from iolstream.core.schema_infer import infer_schema
+    from iolstream.core.schema_infer import id_like, infer_schema
     from iolstream.tools.csvdata import load_table
 
     table = load_table(args.csv, args.target, task=args.task, rows=args.rows)
@@ -88,7 +88,13 @@ def inferred_config(args):
         del columns[id_column]
     if not columns:
         raise ValueError(f"{args.csv}: no column besides the target and the id to learn from")
-    schema, notes = infer_schema(columns, max_values=args.max_values, buckets=args.buckets)
+    try:
+        schema, notes = infer_schema(columns, max_values=args.max_values, buckets=args.buckets)
+    except ValueError as exc:
+        raise ValueError(f"{args.csv}: {exc}") from None
+    if id_column is None and id_like(notes):  # an identifier column: the events' id
+        id_column = id_like(notes)[0]
+        notes.pop(id_column)
     return render(args.csv, args.target, id_column, table, schema, notes), schema, table
 
 
@@ -127,6 +133,7 @@ def render(csv_path, target, id_column, table, schema, notes) -> str:
     width = max(len(e) for e in entries)
     for f, entry in zip(schema.fields, entries):
         out.append(f"    - {entry.ljust(width)}  # {notes[f.name]}")
+    out += [f"  # {name}: {note}" for name, note in notes.items() if note.startswith("left out")]
     out.append("events:")
     if id_column is not None:
         out.append(f"  id_field: {flow(id_column)}")
