@@ -90,22 +90,6 @@ class ModelConfig:
             if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
                 bad("classes", "a list of at least 2 distinct labels", self.classes)
             object.__setattr__(self, "classes", tuple(self.classes))
-            kinds = {
-                "bool"
-                if isinstance(c, (bool, np.bool_))
-                else "int"
-                if isinstance(c, (int, np.integer))
-                else "str"
-                if isinstance(c, str)
-                else "other"
-                for c in self.classes
-            }
-            if len(kinds) != 1 or "other" in kinds:
-                bad(
-                    "classes",
-                    "at least 2 distinct labels, all integers, all texts or false and true",
-                    self.classes,
-                )
         elif not (isinstance(self.n_outputs, int) and self.n_outputs >= 1):
             bad("n_outputs", "an integer ≥ 1", self.n_outputs)
         for key in ("n_nodes", "n_layers", "refactor_every", "warmup_rows"):
