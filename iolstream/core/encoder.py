@@ -65,6 +65,7 @@ class Encoded:
     refused    : (index, reason, detail) of every record refused, in order
     missing    : ndarray of shape (n_fields,), int64 — per field, the kept rows where it was missing
     undeclared : ndarray of shape (n_fields,), int64 — per field, the kept rows with a value not declared
+    empty      : ndarray of shape (r,), bool — the kept rows where every field was missing
     """
 
     X: np.ndarray
@@ -72,6 +73,7 @@ class Encoded:
     refused: list[tuple[int, str, str]]
     missing: np.ndarray
     undeclared: np.ndarray
+    empty: np.ndarray
 
 
 def _json_type(v) -> str:
@@ -318,10 +320,15 @@ class RecordEncoder:
                     X[:, at + 1] = miss
             missing[j] = miss
         if not problems:
-            return Encoded(X, list(range(b)), [], missing.sum(axis=1), undeclared.sum(axis=1))
+            return Encoded(
+                X, list(range(b)), [], missing.sum(axis=1), undeclared.sum(axis=1), missing.all(axis=0)
+            )
         kept = [i for i in range(b) if i not in problems]
         refused = [(i, *problems[i]) for i in sorted(problems)]
-        return Encoded(X[kept], kept, refused, missing[:, kept].sum(axis=1), undeclared[:, kept].sum(axis=1))
+        missing, undeclared = missing[:, kept], undeclared[:, kept]
+        return Encoded(
+            X[kept], kept, refused, missing.sum(axis=1), undeclared.sum(axis=1), missing.all(axis=0)
+        )
 
     def _column(self, records: list[dict], fld: _Field) -> list:
         """The field's values, one per record: None where missing, _NO_OBJECT where the path is broken."""
@@ -360,7 +367,7 @@ class RecordEncoder:
 
     def _one_by_one(self, records: list) -> Encoded:
         n_fields = len(self.fields)
-        rows, kept, refused = [], [], []
+        rows, kept, refused, empty = [], [], [], []
         missing, undeclared = np.zeros(n_fields, dtype=np.int64), np.zeros(n_fields, dtype=np.int64)
         for i, r in enumerate(records):
             try:
@@ -372,5 +379,6 @@ class RecordEncoder:
             kept.append(i)
             missing[miss] += 1
             undeclared[undecl] += 1
+            empty.append(len(miss) == n_fields)
         X = np.array(rows) if rows else np.empty((0, self.width))
-        return Encoded(X, kept, refused, missing, undeclared)
+        return Encoded(X, kept, refused, missing, undeclared, np.array(empty, dtype=bool))

@@ -189,18 +189,28 @@ class EventCodec:
             if not good:
                 return None, dead
         out = self.encoder.encode(good)
-        if out.refused:
-            for i, reason, detail in out.refused:
+        refused, kept, X, missing = out.refused, out.kept, out.X, out.missing
+        if out.empty.any():  # none of the model's fields: another format or topic, never a row to learn
+            names = ", ".join(self.field_names[:4]) + (", ..." if len(self.field_names) > 4 else "")
+            why = f"none of the fields of model.features ({names}) is in the event"
+            refused = sorted(
+                refused + [(kept[j], "missing_field", why) for j in np.flatnonzero(out.empty).tolist()]
+            )
+            keep = np.flatnonzero(~out.empty)
+            X, kept = X[keep], [kept[j] for j in keep.tolist()]
+            missing = missing - int(out.empty.sum())  # an empty row was counted missing in every field
+        if refused:
+            for i, reason, detail in refused:
                 where = "" if single else f"event {self._index(events, good[i])}: "
                 dead.append((BadInput(reason, where + detail), raw if single else _dumps(good[i])))
-            if not out.kept:
+            if not kept:
                 return None, dead
-            good = [good[i] for i in out.kept]
-            good_ids = [good_ids[i] for i in out.kept]
-            ts = ts[out.kept]
-        self.missing += out.missing
+            good = [good[i] for i in kept]
+            good_ids = [good_ids[i] for i in kept]
+            ts = ts[kept]
+        self.missing += missing
         self.undeclared += out.undeclared
-        return FeatureRows(good_ids, out.X, ts, good), dead
+        return FeatureRows(good_ids, X, ts, good), dead
 
     @staticmethod
     def _index(events: list, event) -> int:
