@@ -120,18 +120,19 @@ class Checkpointer:
             k for k in keys if k not in FREE_MODEL_KEYS and _jsonish(wanted.get(k)) != _jsonish(saved.get(k))
         ]
         if diff:
-            schema = self.cfg.model.schema
-            what = (
-                schema.changes(state_io.saved_config(snap.manifest).schema)
-                if schema is not None
-                else ["the saved model has a feature schema (model.features), this config has none"]
-            )
-            fields_changed = f"; model.features: {'; '.join(what)}" if "features" in diff else ""
-            if "features" in diff and set(diff) <= {"features", "n_inputs"}:
-                diff = ["features"]  # a schema change changes the encoded width too: the schema says why
+            named = [f"model.{k}" for k in diff]
+            if "features" in diff:  # a schema changes the encoded width too: the schema says what changed
+                schema = self.cfg.model.schema
+                what = (
+                    schema.changes(state_io.saved_config(snap.manifest).schema)
+                    if schema is not None
+                    else ["the saved model reads named fields, this config has no model.features"]
+                )
+                named = [f"model.{k}" for k in diff if k not in ("features", "n_inputs")]
+                named.append(f"model.features: {'; '.join(what)}")
             raise WorkerError(
-                f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}"
-                f"{fields_changed}): restore that config, or move the snapshot directory away to start a fresh model"
+                f"snapshot {snap.path} was made with a different model config ({', '.join(named)}): "
+                "restore that config, or move the snapshot directory away to start a fresh model"
             )
         try:
             proc = StreamProcessor.from_state(

@@ -318,6 +318,14 @@ class EventCodec:
             out.append(orjson.dumps(fields)[1:-1])
         return out
 
+    def uncount(self, letters: list[bytes]) -> None:
+        """Take back the counts of events refused after decoding (duplicates the join buffer screened out),
+        given as their dead letters (each an event's JSON)."""
+        events = [orjson.loads(v) for v in letters]
+        out = self.encoder.encode([e for e in events if type(e) is dict])
+        self.missing -= out.missing
+        self.undeclared -= out.undeclared
+
     def counts(self) -> dict[str, dict[str, int]]:
         """{"missing": {field: n}, "undeclared": {field: n}} of the events decoded so far (fields with n > 0)."""
         return {

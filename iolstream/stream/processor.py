@@ -181,6 +181,10 @@ class StreamProcessor:
         if rows is not None and self._queued_ids.intersection(rows.ids):
             rows, queued = self._screen_queued(rows)
             duplicates += queued
+        if (
+            duplicates and self.events is not None
+        ):  # counted as decoded: a duplicate is no event of the stream
+            self.events.uncount([letter for _, letter in duplicates])
         dead += self._dead(duplicates, source, raw=value if single else None, key=key)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
