@@ -79,6 +79,7 @@ from iolstream.stream.values import (
     fast_labels,
     json_type,
     labels_array,
+    may_hold_bool,
     short,
 )
 
@@ -93,26 +94,6 @@ _NUMBER_TYPES = frozenset((int, float))  # exact types: bool is not a number her
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _may_hold_bool(raw: bytes) -> bool:
-    """False when ``raw`` surely holds no JSON ``true``/``false`` (numpy would read them as 1.0/0.0).
-
-    Two memchr scans rule out most messages; otherwise the 'u' of "true" and the 'l' of
-    "false" are located with numpy and their neighbours checked. A hit inside a string
-    (an id "true-1") only sends the message to the exact per-row path.
-    """
-    if raw.find(b"u") < 0 and raw.find(b"l") < 0:
-        return False
-    a = np.frombuffer(raw, dtype=np.uint8)
-    p = np.flatnonzero(a[2:-1] == ord("u")) + 2  # t r [u] e
-    if p.size and ((a[p - 2] == ord("t")) & (a[p - 1] == ord("r")) & (a[p + 1] == ord("e"))).any():
-        return True
-    p = np.flatnonzero(a[2:-2] == ord("l")) + 2  # f a [l] s e
-    if not p.size:
-        return False
-    f_a = (a[p - 2] == ord("f")) & (a[p - 1] == ord("a"))
-    return bool((f_a & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())
 
 
 def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]:
@@ -238,7 +219,7 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
         return None, dead
 
     # fast path: every id a unique valid string, x a clean (b, k) numeric block, ts fine
-    if ts_values is not None and fast_ids(ids) and not _may_hold_bool(raw):
+    if ts_values is not None and fast_ids(ids) and not may_hold_bool(raw):
         try:
             X = np.array(x)
         except ValueError:  # ragged
@@ -302,7 +283,7 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
     b = len(ids)
 
     y_types = set(map(type, y))  # a flat y shows its bools here; a nested one needs the raw scan
-    if fast_ids(ids) and bool not in y_types and (list not in y_types or not _may_hold_bool(raw)):
+    if fast_ids(ids) and bool not in y_types and (list not in y_types or not may_hold_bool(raw)):
         Y = fast_labels(y, target)
         if Y is not None:
             return LabelRows(ids, Y), []

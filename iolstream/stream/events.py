@@ -61,6 +61,7 @@ from iolstream.stream.values import (
     fast_labels,
     json_type,
     labels_array,
+    may_hold_bool,
     short,
 )
 
@@ -180,6 +181,8 @@ class EventCodec:
             return None, dead
         b = len(events)
         single = b == 1
+        if single:
+            return self._one_event(events[0], raw, key)
         ids = self._ids(events, key)
         ts, ts_raw = self._times(events)
         if ts is not None and fast_ids(ids) and set(map(type, events)) == {dict}:
@@ -188,11 +191,10 @@ class EventCodec:
             good, good_ids, ts, dead = self._screen(events, ids, ts, ts_raw, raw, single)
             if not good:
                 return None, dead
-        out = self.encoder.encode(good)
+        out = self.encoder.encode(good, no_bools=not may_hold_bool(raw))
         refused, kept, X, missing = out.refused, out.kept, out.X, out.missing
         if out.empty.any():  # none of the model's fields: another format or topic, never a row to learn
-            names = ", ".join(self.field_names[:4]) + (", ..." if len(self.field_names) > 4 else "")
-            why = f"none of the fields of model.features ({names}) is in the event"
+            why = self._empty_why()
             refused = sorted(
                 refused + [(kept[j], "missing_field", why) for j in np.flatnonzero(out.empty).tolist()]
             )
@@ -211,6 +213,34 @@ class EventCodec:
         self.missing += missing
         self.undeclared += out.undeclared
         return FeatureRows(good_ids, X, ts, good), dead
+
+    def _one_event(self, event, raw: bytes, key) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
+        """``features`` of a message with one event (the same rules, without the batch's columns)."""
+        if type(event) is not dict:
+            return None, _one("bad_schema", f"the event is {json_type(event)}, not an object", raw)
+        row_id, reason, why = self._check_id(self._ids([event], key)[0])
+        if reason is not None:
+            return None, _one(reason, why, raw)
+        stamp = -1
+        if self._time_path is not None:
+            stamp, why = check_ts(self._get(event, self._time_path))
+            if stamp is None:
+                return None, _one("bad_schema", f"field {self.events.time_field!r}: {why}", raw)
+        try:
+            row, missing, undeclared = self.encoder.encode_one(event)
+        except Refused as exc:
+            return None, _one(exc.reason, exc.detail, raw)
+        if len(missing) == len(self.field_names):
+            return None, _one("missing_field", self._empty_why(), raw)
+        for j in missing:
+            self.missing[j] += 1
+        for j in undeclared:
+            self.undeclared[j] += 1
+        return FeatureRows([row_id], row.reshape(1, -1), np.array([stamp], dtype=np.int64), [event]), []
+
+    def _empty_why(self) -> str:
+        names = ", ".join(self.field_names[:4]) + (", ..." if len(self.field_names) > 4 else "")
+        return f"none of the fields of model.features ({names}) is in the event"
 
     @staticmethod
     def _index(events: list, event) -> int:

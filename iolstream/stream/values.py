@@ -184,3 +184,23 @@ def fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
         return None
     Y = np.ascontiguousarray(Y, dtype=np.float64)
     return Y if np.isfinite(Y).all() else None
+
+
+def may_hold_bool(raw: bytes) -> bool:
+    """False when ``raw`` surely holds no JSON ``true``/``false`` (numpy would read them as 1.0/0.0).
+
+    Two memchr scans rule out most messages; otherwise the 'u' of "true" and the 'l' of
+    "false" are located with numpy and their neighbours checked. A hit inside a string
+    (an id "true-1") only sends the message to the exact per-row path.
+    """
+    if raw.find(b"u") < 0 and raw.find(b"l") < 0:
+        return False
+    a = np.frombuffer(raw, dtype=np.uint8)
+    p = np.flatnonzero(a[2:-1] == ord("u")) + 2  # t r [u] e
+    if p.size and ((a[p - 2] == ord("t")) & (a[p - 1] == ord("r")) & (a[p + 1] == ord("e"))).any():
+        return True
+    p = np.flatnonzero(a[2:-2] == ord("l")) + 2  # f a [l] s e
+    if not p.size:
+        return False
+    f_a = (a[p - 2] == ord("f")) & (a[p - 1] == ord("a"))
+    return bool((f_a & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolstream.kafka.deadletters import dead_letter_headers
-from iolstream.stream import codec
+from iolstream.stream import codec, values
 from iolstream.stream.codec import decode_features, decode_labels
 from iolstream.stream.encoding import encode_predictions
 from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
@@ -206,10 +206,10 @@ def test_all_rows_bad_returns_none():
 
 
 def test_bool_detector():
-    assert not codec._may_hold_bool(b'{"ids":["a"],"x":[[1,2,3]]}')
-    assert not codec._may_hold_bool(b'{"ids":["null-ish","user"],"x":[[1,2,3]]}')
-    assert codec._may_hold_bool(b"[true]") and codec._may_hold_bool(b"[1,false]")
-    assert codec._may_hold_bool(b'{"ids":["true"]}')  # a false alarm only costs the reference path
+    assert not values.may_hold_bool(b'{"ids":["a"],"x":[[1,2,3]]}')
+    assert not values.may_hold_bool(b'{"ids":["null-ish","user"],"x":[[1,2,3]]}')
+    assert values.may_hold_bool(b"[true]") and values.may_hold_bool(b"[1,false]")
+    assert values.may_hold_bool(b'{"ids":["true"]}')  # a false alarm only costs the reference path
 
 
 @pytest.mark.parametrize("ids", [["a", "b"], ["true", "false"]])
@@ -243,7 +243,7 @@ def test_batch_equals_its_rows(row_specs):
     raw = orjson.dumps({"ids": ids, "x": xs})
     rows, bad = decode_features(raw, K, max_bytes=MAX)
     with pytest.MonkeyPatch.context() as mp:  # the same message through the reference path only
-        mp.setattr(codec, "_may_hold_bool", lambda raw: True)
+        mp.setattr(codec, "may_hold_bool", lambda raw: True)
         ref_rows, ref_bad = decode_features(raw, K, max_bytes=MAX)
     assert [(b.reason, b.detail, r) for b, r in bad] == [(b.reason, b.detail, r) for b, r in ref_bad]
     assert (rows is None) == (ref_rows is None)
