@@ -27,6 +27,7 @@ class Follower:
     def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str, id_field: str = "id"):
         self.consumer_conf = consumer_conf
         self.topic = topic
+        self.id_field = id_field  # the predictions' id field: "id", or a named-field worker's events.id_field
         self.index = {row_id: i for i, row_id in enumerate(ids)}
         self.task = task
         if task == "classification":

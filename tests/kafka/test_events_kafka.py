@@ -199,3 +199,44 @@ def test_a_group_of_two_with_one_schema_holds_one_model(kafka_bootstrap, kafka_t
     for la, lb in zip(ma.learner.state.layers, mb.learner.state.layers):
         np.testing.assert_allclose(la.beta, lb.beta, rtol=1e-9, atol=1e-12)
     assert a.status()["rows_in"] + b.status()["rows_in"] == n
+
+
+def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, tmp_path):
+    """A table to a running worker with no hand-written config: `schema infer` writes it, `produce --csv`
+    sends the rows as named-field events (the id and label fields of the config), every row is predicted."""
+    import yaml
+    from tables_util import orders_csv
+
+    from iolstream.tools import cli
+
+    data = orders_csv(tmp_path / "orders.csv", n=300)
+    config = tmp_path / "orders.yaml"
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(config)]) == 0
+    topics = kafka_topics("features", "labels", "predictions", "dead")
+    raw = yaml.safe_load(config.read_text())  # what the environment overrides would set, written in
+    raw["kafka"].update(bootstrap_servers=kafka_bootstrap, group_id=unique_group("infer"))
+    raw["topics"] = dict(zip(("features", "labels", "predictions", "dead_letters"), topics))
+    raw["snapshot"] = {"dir": str(tmp_path / "snap")}
+    raw["model"].update(n_nodes=16, warmup_rows=64)
+    raw["metrics"] = {"port": 0}
+    config.write_text(yaml.safe_dump(raw))
+    cfg = config_from_dict(raw, environ={})
+    with WorkerThread(cfg) as w:
+        w.wait_assigned(2)
+        args = [
+            "produce",
+            "-c",
+            str(config),
+            "--csv",
+            str(data),
+            "--target",
+            "is_fraud",
+            "--batch-rows",
+            "20",
+        ]
+        assert cli.main([*args, "--label-delay-rows", "20", "--follow", "--quiet"]) == 0
+        status = w.wait(lambda s: s["rows_learned"] == 300, 60, "every label")
+        assert w.stop() == EXIT_OK
+    assert (status["rows_in"], status["predictions_out"], status["dead_letters"]) == (300, 300, 0)
+    predictions = [orjson.loads(v) for _, v, _, _, _ in consume_all(kafka_bootstrap, topics[2], expected=300)]
+    assert {p["order_id"] for p in predictions} == {f"r{i}" for i in range(300)}  # produce numbers the rows

@@ -5,40 +5,17 @@ a list of dicts and encode as the worker does."""
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import orjson
 import pytest
 import yaml
+from tables_util import orders_csv
 
 from iolstream.core.model import EdRVFL
 from iolstream.core.snapshot_file import load_snapshot
 from iolstream.kafka.config import config_from_dict, load_config
 from iolstream.tools import cli
 from iolstream.tools.plan import EventShape, PlanOptions, plan
-
-
-def orders_csv(path, n: int = 400, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["order_id", "amount", "country", "device.os", "coupon", "is_fraud"])
-        for i in range(n):
-            amount = rng.lognormal(3, 1)
-            country = rng.choice(["FR", "DE", "US"])
-            fraud = amount > 40 and country != "FR"
-            w.writerow(
-                [
-                    f"o-{i}",
-                    "" if i % 9 == 0 else f"{amount:.2f}",
-                    country,
-                    rng.choice(["ios", "android", ""]),
-                    rng.choice(["true", "false", ""]),
-                    "true" if fraud else "false",
-                ]
-            )
-    return path
 
 
 def test_schema_infer_prints_a_config_that_runs(tmp_path, capsys):
