@@ -36,9 +36,10 @@ Decisions worth knowing:
   absent -> -1. Anything else -> ``bad_schema`` (row-level in a ts list).
 - Classification y: the declared class itself; int classes also accept
   integral floats (3.0) and numeric strings ("3", via ``int()``); string
-  classes accept only those exact strings. A scalar that is not a class ->
-  ``unknown_class`` (a non-finite float -> ``non_finite``); a bool, null,
-  list or object -> ``bad_label``.
+  classes accept only those exact strings; false/true classes accept a
+  JSON boolean and the texts "true"/"false" (any case). A scalar that is
+  not a class -> ``unknown_class`` (a non-finite float -> ``non_finite``);
+  a bool (but for false/true classes), null, list or object -> ``bad_label``.
 - Regression y: a number (m = 1; ``[v]`` is accepted too) or a list of m
   numbers; wrong shape/type -> ``bad_label``, null -> ``non_finite``.
 - An id repeated within one message (features or labels): the later row is

@@ -19,7 +19,7 @@ ids, times and labels, ``stream.values``):
 - the whole message: empty, oversize, not JSON (``malformed_json``, ``oversize``); not an object or an
   array of objects, an empty array, several events with the id from the key (``bad_schema``);
 - one event: no id (``missing_id``), a field of the wrong type (``bad_field``), a required field missing
-  (``missing_field``), a bad time (``bad_schema``), a label that is not a class (``unknown_class``,
+  or none of the schema's fields at all (``missing_field``: another format or topic), a bad time (``bad_schema``), a label that is not a class (``unknown_class``,
   ``bad_label``), an id repeated within the message (``duplicate_id``). Its dead letter is the message
   itself when it held that event alone, else the event re-encoded as a message of its own (which decodes
   to the same problem), with ``event <i>:`` in the detail.

