@@ -65,7 +65,8 @@ from iolstream.stream.values import (
     short,
 )
 
-_MISSING_KEY = object()
+_MISSING_KEY = object()  # no id (no message key), or no label
+_BAD_KEY = object()  # a message key that is not UTF-8 text
 
 
 def _one(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]:
@@ -136,7 +137,7 @@ class EventCodec:
             try:
                 return [key.decode("utf-8") if isinstance(key, bytes) else str(key)]
             except UnicodeDecodeError:
-                return [b"not UTF-8"]
+                return [_BAD_KEY]
         if len(self._id_path) == 1:
             name = self._id_path[0]
             return [e.get(name) if type(e) is dict else None for e in events]
@@ -153,6 +154,12 @@ class EventCodec:
     def _check_id(self, v) -> tuple[str | None, str | None, str]:
         if v is _MISSING_KEY:
             return None, "missing_id", "the message has no key, and the id is the key (events.id_from_key)"
+        if v is _BAD_KEY:
+            return (
+                None,
+                "bad_schema",
+                "the message key is not UTF-8 text, and the id is the key (events.id_from_key)",
+            )
         row_id, reason, why = check_id(v)
         if reason is not None:
             where = "message key" if self.events.id_from_key else f"field {self.events.id_field!r}"
