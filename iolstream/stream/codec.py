@@ -87,6 +87,7 @@ from iolstream.stream.values import (
 __all__ = [
     "MAX_ID_CHARS",
     "REASONS",
+    "ArrayCodec",
     "decode_features",
     "decode_labels",
 ]
@@ -305,3 +306,18 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
     if not good_ids:
         return None, dead
     return LabelRows(good_ids, labels_array(good_y, target)), dead
+
+
+class ArrayCodec:
+    """The array format of one model (``decode_features`` / ``decode_labels`` with its width, target and size
+    limit), with the interface of the named-field format (``stream.events.EventCodec``): the processor holds
+    one of the two. The message key plays no part here."""
+
+    def __init__(self, n_features: int, target: TargetSpec, *, max_bytes: int):
+        self.n_features, self.target, self.max_bytes = n_features, target, max_bytes
+
+    def features(self, value: bytes | None, key=None):
+        return decode_features(value, self.n_features, max_bytes=self.max_bytes)
+
+    def labels(self, value: bytes | None, key=None):
+        return decode_labels(value, self.target, max_bytes=self.max_bytes)

@@ -102,6 +102,10 @@ class StreamProcessor:
             if mc.features is None
             else EventCodec(mc.schema, self.event_shape, self.target, max_bytes=cfg.max_message_bytes)
         )
+        # what decodes the input: the named-field events, or the arrays (both: features / labels (value, key))
+        self.decoder = self.events or codec.ArrayCodec(
+            mc.n_inputs, self.target, max_bytes=cfg.max_message_bytes
+        )
         self.n_features = mc.n_inputs
         self.n_candidates = len(model.learners)
         self.layout = PayloadLayout(mc.n_inputs, self.n_candidates, mc.n_layers, mc.m)  # pending rows' fields
@@ -167,12 +171,7 @@ class StreamProcessor:
     def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
-        if self.events is not None:
-            rows, rejected = self.events.features(value, key)
-        else:
-            rows, rejected = codec.decode_features(
-                value, self.n_features, max_bytes=self.cfg.max_message_bytes
-            )
+        rows, rejected = self.decoder.features(value, key)
         dead = self._dead(rejected, source, key=key)
         if rows is None or not len(rows.ids):
             return dead
@@ -183,7 +182,7 @@ class StreamProcessor:
             duplicates += queued
         if (
             duplicates and self.events is not None
-        ):  # counted as decoded: a duplicate is no event of the stream
+        ):  # counted when decoded: a duplicate is no event of the stream
             self.events.uncount([letter for _, letter in duplicates])
         dead += self._dead(duplicates, source, raw=value if single else None, key=key)
         if rows is not None and len(rows.ids):
@@ -211,10 +210,7 @@ class StreamProcessor:
     def on_labels(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
-        if self.events is not None:
-            labels, rejected = self.events.labels(value, key)
-        else:
-            labels, rejected = codec.decode_labels(value, self.target, max_bytes=self.cfg.max_message_bytes)
+        labels, rejected = self.decoder.labels(value, key)
         dead = self._dead(rejected, source, key=key)
         if labels is None or not len(labels.ids):
             return dead
