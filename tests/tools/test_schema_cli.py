@@ -69,6 +69,13 @@ def test_seed_reads_the_csv_by_the_config_schema_and_refuses_text_without_one(tm
     model = load_snapshot(tmp_path / "snap")
     assert model.config.schema == load_config(config, environ={}).model.schema
     assert model.predict_batch(model.encode([{"amount": 55.0, "country": "US"}])).proba.shape == (1, 2)
+    from iolstream import EdRVFLClassifier
+
+    clf = EdRVFLClassifier.from_snapshot(tmp_path / "snap")  # the worker's schema: it takes events too
+    np.testing.assert_array_equal(
+        clf.predict_proba([{"amount": 55.0, "country": "US"}]),
+        model.predict_batch(model.encode([{"amount": 55.0, "country": "US"}])).proba,
+    )
 
     plain = tmp_path / "plain.yaml"
     plain.write_text(
