@@ -101,7 +101,10 @@ def main(args) -> int:
     check_config(cfg, args.config, report)
     if args.csv:
         check_csv(cfg, args.csv, args.target, args.rows, report)
-    check_cluster(cfg, args.timeout, report)
+    try:
+        check_cluster(cfg, args.timeout, report)
+    except ConfigError as exc:  # client settings librdkafka refuses (diagnose.settings_refused)
+        report.say(False, "config", str(exc), cluster=False)
     return report.code
 
 
