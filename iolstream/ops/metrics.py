@@ -4,7 +4,8 @@ One small HTTP server (a daemon thread) answers:
 
 - ``/metrics``: Prometheus text format (names below);
 - ``/healthz``: 200 while the loop has ticked within ``max(5 × kafka.poll_timeout_ms, 10 s)``
-  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch);
+  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch); 503 "starting: <what>"
+  until the loop runs (waiting for the broker, loading the snapshot, compiling the kernels);
 - ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
   broker is reachable and no stop was requested; else 503 and the reason.
 
@@ -42,6 +43,7 @@ dead_letters_truncated_total           counter     reason: dead letters written 
 dead_letters_dropped_total             counter     reason: dead letters not written (refused even as excerpts)
 transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
+warmup_rows, warmup_target_rows        gauge       the warm-up scaler's rows, of the model.warmup_rows it waits for
 model_version                          gauge       changes of β
 prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
 immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
@@ -194,6 +196,7 @@ class Metrics:
         self._rows_in_seen = 0
         self.broker_up: bool | None = None  # None: no statistics yet
         self.worker = None
+        self.starting = ""  # before there is a worker: what the start is doing (``iolstream run`` says)
         self.server: ThreadingHTTPServer | None = None
 
     # ---------------------------------------------------- worker thread
@@ -314,7 +317,9 @@ class Metrics:
         """``/healthz``: (ok, why): the loop ticked recently."""
         w = self.worker
         if w is None:
-            return False, "starting"
+            return False, f"starting: {self.starting}" if self.starting else "starting"
+        if w.starting is not None:
+            return False, f"starting: {w.starting}"
         limit = max(5 * self.cfg.kafka.poll_timeout_ms / 1000.0, HEALTH_MIN_SECONDS)
         idle = time.monotonic() - w.last_tick
         return (True, "ok") if idle <= limit else (False, f"loop stalled for {idle:.1f} s")
@@ -322,7 +327,7 @@ class Metrics:
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: (ok, why): assigned, replay over, broker reachable, not stopping."""
         w = self.worker
-        if w is None:
+        if w is None or w.starting is not None:
             return False, "starting"
         if w.stopping:
             return False, "stopping"

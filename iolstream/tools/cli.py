@@ -41,6 +41,10 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "warmup": (
+        "iolstream.tools.warmup",
+        "compile the kernels a worker config takes into the cache, ahead of its first start",
+    ),
     "acls": (
         "iolstream.tools.acls",
         "the kafka-acls lines granting a worker (or producer) exactly what it needs",

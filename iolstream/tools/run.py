@@ -78,8 +78,12 @@ def run(args) -> int:
             return EXIT_FATAL
     try:
         try:  # a refused login or certificate: AccessDenied (exit 6) at once, not waited out
+            if metrics is not None:
+                metrics.starting = f"waiting for the broker at {cfg.kafka.bootstrap_servers}"
             if not _broker_answers(cfg, started, args.max_seconds, log):
                 return EXIT_FATAL
+            if metrics is not None:
+                metrics.starting = "loading the snapshot"
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
             log.error("cannot start: %s", exc)
