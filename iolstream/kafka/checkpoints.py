@@ -54,6 +54,7 @@ class Loaded:
     processor: StreamProcessor
     positions: dict
     group: tuple[dict, dict] | None = None
+    topic_ids: dict = field(default_factory=dict)  # {topic: id} the positions are of (older snapshots: none)
 
 
 class Checkpointer:
@@ -77,6 +78,7 @@ class Checkpointer:
         self.first_due: float | None = (
             None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         )
+        self.topic_ids: dict[str, str] = {}  # {topic: id} of the topics read (written with their positions)
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
@@ -102,6 +104,7 @@ class Checkpointer:
             loaded = Loaded(proc, {})
         else:
             loaded = Loaded(*self._restore(snap))
+            loaded.topic_ids = dict(snap.manifest.get("worker", {}).get("topic_ids", {}))
             if "group" in snap.manifest:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
@@ -149,7 +152,7 @@ class Checkpointer:
             snap.seconds,
             proc.counters["rows_in"],
             proc.counters["rows_learned"],
-            fmt(positions),
+            fmt(positions) or "none (every partition is read from its beginning)",
             extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
         )
         return proc, positions
@@ -210,6 +213,10 @@ class Checkpointer:
         manifest["worker"] = {
             "exactly_once": self.cfg.durability.exactly_once,
             "group_id": self.cfg.kafka.group_id,
+            # a topic deleted and created again under its name gets another id: its positions then mean nothing
+            "topic_ids": {
+                t: i for t, i in sorted(self.topic_ids.items()) if any(t == k[0] for k in positions)
+            },
         }
         if group is not None:
             manifest["group"], group_arrays = group.to_state()

@@ -34,6 +34,8 @@ import time
 
 import orjson
 
+from iolstream.stream.rows import REASON_HINTS
+
 # attributes every LogRecord has: anything else on a record came from ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -186,21 +188,31 @@ def log_status_line(
     waiting_for: str | None = None,
     *,
     group: dict | None = None,
+    dead_new: dict[str, int] | None = None,
 ) -> None:
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
-    prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
-    how long the broker has been unreachable, and what the loop waits for."""
+    prequential metric, the model version; the warm-up's progress until it is done; the dead letters since the
+    last line and their most frequent reason (``dead_new``: reason -> count); the λ and half-life in force when
+    forgetting or ``auto`` is on, how long the broker has been unreachable, and what the loop waits for."""
     s = processor.status()
     metric = "acc" if processor.model.config.task == "classification" else "rmse"
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
-    eff = processor.model.effective
-    tail = (
-        ""
-        if eff["forgetting"] is None and "candidates" not in eff
-        else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
-    )
-    if processor.model.config.mode == "auto":  # -F or -R, chosen online
+    dead = ""
+    if dead_new and (new := sum(dead_new.values())):
+        reason = max(sorted(dead_new), key=dead_new.get)
+        s["dead_letters_new"] = dead_new
+        dead = f" (+{new} since the last line, {'all' if dead_new[reason] == new else 'mostly'} {reason}: {REASON_HINTS[reason]})"
+    warming = ""
+    if s["warmup_rows"] < s["warmup_target"]:
+        warming = f" warming up {s['warmup_rows']}/{s['warmup_target']} (no prediction before model.warmup_rows rows)"
+    eff, mc = processor.model.effective, processor.model.config
+    tail = ""
+    if eff["forgetting"] is not None or "candidates" in eff:
+        tail = f" lam={eff['lam']:g}"
+        if eff["forgetting"] is not None or mc.forgetting is not None:  # forgetting on, or chosen online
+            tail += " half_life=" + ("off" if eff["forgetting"] is None else f"{eff['forgetting']:g}")
+    if mc.mode == "auto":  # -F or -R, chosen online
         tail += f" mode={eff['mode']}"
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
@@ -208,17 +220,19 @@ def log_status_line(
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info(
-        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
-        "version=%d%s",
+        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d%s prequential_%s=%.4f (window %.4f) "
+        "version=%d%s%s",
         s["rows_in"],
         s["predictions_out"],
         s["rows_learned"],
         s["pending"],
         s["dead_letters"],
+        dead,
         metric,
         s["metric"],
         s["metric_window"],
         s["model_version"],
+        warming,
         tail,
         extra={"event": "status", "status": s},
     )
