@@ -112,19 +112,8 @@ class Checkpointer:
         return loaded
 
     def _restore(self, snap) -> tuple[StreamProcessor, dict]:
-        try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
-            saved = state_io.saved_config(snap.manifest).to_dict()
-        except StateFormatError as exc:
-            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
-        wanted = self.cfg.model.to_dict()
-        diff = [
-            k for k in wanted if k not in FREE_MODEL_KEYS and _jsonish(wanted[k]) != _jsonish(saved.get(k))
-        ]
-        if diff:
-            raise WorkerError(
-                f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
-                "restore that config, or move the snapshot directory away to start a fresh model"
-            )
+        if (why := mismatch(self.cfg, snap)) is not None:
+            raise WorkerError(why)
         try:
             proc = StreamProcessor.from_state(
                 snap.manifest,
@@ -247,6 +236,29 @@ class Checkpointer:
         if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
             log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         return True
+
+
+def mismatch(cfg: WorkerConfig, snap) -> str | None:
+    """Why the worker of ``cfg`` cannot resume from ``snap`` (its model config differs in a key a restart may not
+    change, or its config cannot be read), else None. ``run`` stops with this line (exit 3); ``check`` says it."""
+    try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
+        saved = state_io.saved_config(snap.manifest).to_dict()
+    except StateFormatError as exc:
+        return f"snapshot {snap.path} cannot be restored: {exc}"
+    wanted = cfg.model.to_dict()
+    diff = [k for k in wanted if k not in FREE_MODEL_KEYS and _jsonish(wanted[k]) != _jsonish(saved.get(k))]
+    if diff:
+        keys = ", ".join(f"model.{k} ({_short(saved.get(k))} there, {_short(wanted[k])} here)" for k in diff)
+        return (
+            f"snapshot {snap.path} was made with a different model config: {keys}; restore that config, or move "
+            "the snapshot directory away to start a fresh model"
+        )
+    return None
+
+
+def _short(value) -> str:
+    text = repr(_jsonish(value))
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _jsonish(value):

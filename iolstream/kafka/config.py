@@ -354,6 +354,22 @@ def check_environment(environ) -> None:
         raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
 
 
+def env_overrides(environ=None) -> dict[str, str]:
+    """{configuration key: the variable that sets it} of the ``IOLSTREAM_<SECTION>__<KEY>`` overrides in
+    ``environ`` (default: this process' environment), for saying where a value came from.
+
+    >>> env_overrides({"IOLSTREAM_MODEL__N_INPUTS": "5", "IOLSTREAM_KAFKA__CLIENT__sasl.password": "x", "HOME": "/"})
+    {'kafka.client.sasl.password': 'IOLSTREAM_KAFKA__CLIENT__sasl.password', 'model.n_inputs': 'IOLSTREAM_MODEL__N_INPUTS'}
+    """
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name in sorted(environ):
+        rest = name[len(ENV_PREFIX) :]
+        if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES and "__" in rest:
+            found[".".join(rest.lower().split("__"))] = name
+    return dict(sorted(found.items()))
+
+
 def _apply_env(raw: dict, environ) -> dict:
     check_environment(environ)
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
