@@ -141,7 +141,7 @@ class Access:
                 else:
                     line = (
                         f"does not exist at {self.address}, and topics.create is false: create it (iolstream topics "
-                        "create -c CONFIG prints the commands) or set topics.create: true"
+                        "-c CONFIG prints the commands, --create runs them) or set topics.create: true"
                     )
                     out.append(Finding(False, what, line, missing=True))
             elif isinstance(found, KafkaError):  # refused: the principal may not even describe it

@@ -406,7 +406,6 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
         )
     if cfg.group.enabled:
         _check_group(cfg, names)
-    _check_client(cfg.kafka)
     return _with_size_limits(cfg)
 
 
@@ -425,9 +424,10 @@ def _unknown(full: str, name: str, known, what: str) -> str:
 SASL_WITH_PASSWORD = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _check_client(kafka: KafkaConfig) -> None:
-    """A SASL login that needs a user and a password has both (librdkafka would refuse to make the client, with
-    a traceback): ConfigError naming the key and the environment variable that sets it."""
+def check_login(kafka: KafkaConfig) -> None:
+    """A SASL login that needs a user and a password has both (librdkafka would refuse to make a client): else a
+    ConfigError naming the key and the environment variable that sets it. Called by the commands that connect
+    (``run``, ``check``, ``produce``, ``topics --create``); ``acls`` and ``topics`` print lines without one."""
     client = {str(k).lower(): v for k, v in kafka.client.items()}
     protocol = str(client.get("security.protocol", "plaintext")).upper()
     mechanism = str(client.get("sasl.mechanism") or client.get("sasl.mechanisms") or "GSSAPI").upper()

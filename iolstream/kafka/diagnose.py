@@ -402,6 +402,7 @@ def settings_refused(exc: KafkaException) -> ConfigError:
         key = f"kafka.client.{m.group(1)}"
     elif "sasl.username and sasl.password" in detail:
         key = f"{KEYS['sasl.username']}, {KEYS['sasl.password']}"
+        detail += " (from the environment: IOLSTREAM_KAFKA__CLIENT__sasl.password=...)"
     else:
         key = "kafka.client"
     return ConfigError(f"{key}: librdkafka refuses the client settings: {detail}")

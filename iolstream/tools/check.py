@@ -85,7 +85,7 @@ class Report:
 def main(args) -> int:
     import dataclasses
 
-    from iolstream.kafka.config import ConfigError, load_config
+    from iolstream.kafka.config import ConfigError, check_login, load_config
     from iolstream.ops import logs
 
     report = Report()
@@ -93,6 +93,7 @@ def main(args) -> int:
         raise ValueError("--csv and --target go together")
     try:
         cfg = load_config(args.config)
+        check_login(cfg.kafka)
     except ConfigError as exc:
         report.say(False, "config", str(exc), cluster=False)
         return report.code

@@ -41,6 +41,10 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "topics": (
+        "iolstream.tools.topics",
+        "the kafka-topics lines creating a worker config's topics (or --create them)",
+    ),
     "warmup": (
         "iolstream.tools.warmup",
         "compile the kernels a worker config takes into the cache, ahead of its first start",

@@ -169,13 +169,14 @@ class KafkaTarget:
 
 
 def resolve_target(args) -> KafkaTarget:
-    from iolstream.kafka.config import TopicsConfig, load_config
+    from iolstream.kafka.config import TopicsConfig, check_login, load_config
 
     topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
     dead = model = None
     log_format = "text"
     if args.config:
         cfg = load_config(args.config)
+        check_login(cfg.kafka)
         topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
         dead, model, log_format = cfg.topics.dead_letters, cfg.model, cfg.logging.format
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
