@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iolstream.stream.rows import REASON_HINTS
 from iolstream.tools.follow import Follower, plot_curve
 from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary, row_ids
 from iolstream.tools.progress import Reporter
-from iolstream.tools.send import SendFailed, create_topics, preflight, send
+from iolstream.tools.send import SendFailed, create_topics, ids_sent_before, preflight, send
 
 __all__ = [
     "PlanOptions",
@@ -279,6 +280,16 @@ def replay(args) -> int:
         f"via {target.client_conf['bootstrap.servers']}"
     )
 
+    ids = row_ids(n, options)
+    repeated, scanned = ids_sent_before(target.client_conf, target.features, ids)
+    if repeated:
+        print(
+            f"iolstream produce: warning: {repeated} of the {n} ids to send ({ids[0]} .. {ids[-1]}) are in "
+            f"{target.features} already (its newest {scanned} messages): a worker that saw them refuses these rows "
+            "as duplicate_id dead letters; give this replay new ids with --id-prefix",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.create_topics:
         names = [target.features, target.labels, target.predictions] + (
             [target.dead_letters] if target.dead_letters else []
@@ -298,15 +309,20 @@ def replay(args) -> int:
 
     follower = None
     if args.follow:
-        follower = Follower(target.client_conf, target.predictions, row_ids(n, options), y, task).start()
+        follower = Follower(
+            target.client_conf, target.predictions, ids, y, task, dead_letters=target.dead_letters
+        ).start()
     metric_name = "acc" if task == "classification" else "rmse"
     reporter = Reporter(n, "produce", enabled=not args.quiet)
 
     def status(rows_sent: int) -> str:
         if follower is None:
             return f"{rows_sent}/{n} rows sent"
+        refused = (
+            f", {follower.refused_rows} refused ({follower.dominant()})" if follower.refused_rows else ""
+        )
         return (
-            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
+            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted{refused}, "
             f"prequential {metric_name} {follower.metric():.4f}"
         )
 
@@ -351,10 +367,22 @@ def replay(args) -> int:
         name = args.dataset or os.path.basename(args.csv)
         plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
         say(f"learning curve written to {args.plot}")
+    if follower.refused_rows:
+        reason = follower.dominant()
+        say(
+            f"{follower.refused_rows} rows were refused by the worker (dead letters in {target.dead_letters}), "
+            f"{'all' if follower.refused[reason] == follower.refused_rows else 'mostly'} {reason}: "
+            f"{REASON_HINTS[reason]}"
+        )
     if not done:
+        missing = n - follower.predicted - follower.refused_rows
+        why = f"within {args.follow_timeout:.0f} s of the last one"
+        if follower.refused_rows:
+            why = f"{follower.refused_rows} refused as dead letters" + (
+                f", {missing} not {why}" if missing else ""
+            )
         print(
-            f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
-            f"{args.follow_timeout:.0f} s of the last one",
+            f"iolstream produce: error: {n - follower.predicted} rows got no prediction: {why}",
             file=sys.stderr,
         )
         return 1
