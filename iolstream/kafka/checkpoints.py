@@ -134,11 +134,13 @@ class Checkpointer:
             written_at=snap.manifest.get("written_at_ms", 0)
             / 1000.0,  # the snapshot's age counts from its write
         )
+        seeded = snap.manifest.get("worker", {}).get("seeded_from")
         log.info(
-            "loaded snapshot %s (%d bytes, %.3f s): %d rows in, %d labelled, offsets %s",
+            "loaded snapshot %s (%d bytes, %.3f s): %s%d rows in, %d labelled, offsets %s",
             snap.path.name,
             snap.size_bytes,
             snap.seconds,
+            "" if not seeded else f"seeded from {seeded.get('rows')} rows of {seeded.get('csv')}; since: ",
             proc.counters["rows_in"],
             proc.counters["rows_learned"],
             fmt(positions) or "none (every partition is read from its beginning)",

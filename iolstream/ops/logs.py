@@ -143,6 +143,28 @@ class RepeatFilter(logging.Filter):
             return {f"{k[0]}: {k[2]}": v[1] for k, v in self._kinds.items() if v[1]}
 
 
+_BROKERS_DOWN = re.compile(r"\b(\d+)/\d+ brokers are down")
+
+
+class BrokersDown(logging.Filter):
+    """librdkafka's "N/M brokers are down": a warning at most (the worker rides an outage out and says so in its
+    status line), and "0/M" (none is down: it comes when a client re-bootstraps, meaning nothing) only at DEBUG.
+
+    >>> f = BrokersDown()
+    >>> r = logging.makeLogRecord({"levelno": logging.ERROR, "levelname": "ERROR", "msg": "kafka consumer: 0/2 brokers are down"})
+    >>> f.filter(r), r.levelname
+    (False, 'DEBUG')
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = _BROKERS_DOWN.search(record.getMessage()) if record.levelno > logging.INFO else None
+        if m is None:
+            return True
+        level = logging.DEBUG if m.group(1) == "0" else min(record.levelno, logging.WARNING)
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return logging.getLogger(record.name).isEnabledFor(level)
+
+
 def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
     """Configure the ``iolstream`` logger (idempotent: replaces the handler of an earlier call).
 
@@ -151,6 +173,7 @@ def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
         raise ValueError(f"logging.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(BrokersDown())
     handler.addFilter(RepeatFilter())
     root = logging.getLogger("iolstream")
     root.handlers[:] = [handler]
