@@ -25,44 +25,8 @@ Counters (``*_total``) count what *this process* did, from 0 at its start, so Pr
 Gauges (pending rows, prequential metric, regret, ...) describe the model state, which a
 snapshot carries across restarts.
 
-Exported (all ``iolstream_``):
-
-=====================================  ==========  =============================================
-name                                   type        labels; meaning
-=====================================  ==========  =============================================
-rows_in_total                          counter     feature rows accepted
-predictions_total                      counter     predictions produced
-rows_replayed_total                    counter     rows predicted again but not emitted (replay)
-rows_learned_total                     counter     labelled rows folded into the model
-batches_total / label_batches_total    counter     forward steps / label fold-ins
-labels_received_total                  counter     labels decoded
-labels_total                           counter     outcome = joined | duplicate | expired | orphan
-rows_unlabelled_total                  counter     why = expired | evicted
-dead_letters_total                     counter     reason (every codec.REASONS value)
-dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
-dead_letters_dropped_total             counter     reason: dead letters not written (refused even as excerpts)
-transactions_total                     counter     outcome = committed | aborted
-pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
-warmup_rows, warmup_target_rows        gauge       the warm-up scaler's rows, of the model.warmup_rows it waits for
-model_version                          gauge       changes of β
-prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
-immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
-label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
-cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
-cumulative_regret, regret_bound        gauge       mode: CR_T and Theorem 4/5 bound (docs/design.md §3)
-effective_lambda                       gauge       the λ in force (model.lam; auto: the chosen candidate's)
-effective_half_life_rows               gauge       the forgetting half-life in force, rows (NaN: none)
-effective_mode                         gauge       mode = forward | ridge: 1, labelled with the update in force
-candidate_recent_loss                  gauge       lam, half_life, mode: auto, each candidate's recent loss per row
-candidate_scored_share                 gauge       auto: share of the rows every candidate predicted (scoring budget)
-snapshot_age_seconds                   gauge       since the newest durable snapshot
-snapshot_duration_seconds, _bytes      gauge       write time and size of the last snapshot
-consumer_lag                           gauge       topic, partition: last stable offset − position
-ready                                  gauge       1 when /readyz answers 200
-batch_update_seconds                   histogram   one step: forward update, predict, fold-in
-prediction_latency_seconds             histogram   Kafka produce time of the features → prediction produced
-event_latency_seconds                  histogram   the row's "ts" (event time) → prediction produced
-=====================================  ==========  =============================================
+The names, types and labels exported are listed for users in docs/operations.md ("Health, readiness,
+metrics, logs"); tests/ops/test_metrics_documented.py keeps that table equal to what a scrape returns.
 """
 
 from __future__ import annotations
