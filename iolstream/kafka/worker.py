@@ -165,9 +165,9 @@ class Worker:
 
     # ------------------------------------------------------------ clients
     def _open(self) -> None:
-        self._load_kernels()
         # check's probes of the topics and groups: a refusal is one line and exit 6, not a wait in the calls
-        # below; a missing topic with topics.create false is exit 3 (as check says)
+        # below; a missing topic with topics.create false is exit 3 (as check says); before the kernels, which
+        # may take a minute to compile at a first start
         self.starting = "probing the topics and groups"
         topic_ids = access.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
@@ -177,6 +177,7 @@ class Worker:
                 log.info("created topics %s", created)
                 topic_ids = access.topic_ids(self.cfg, clients.client_conf(self.cfg))
         self._check_topic_ids(topic_ids)
+        self._load_kernels()
         self.starting = "connecting"
         self.output.read_limits()
         if self.group is not None:  # the group's sums (and, with no snapshot, this member's own) before input

@@ -414,10 +414,10 @@ class StreamProcessor:
         c.update({f"join_{k}": v for k, v in self.join.counters.items()})
         c["pending"] = self.pending_rows
         c["held"] = self.held_rows
-        # the warm-up scaler: rows it has (held, not predicted) of the rows it waits for; 0 of 0 without one
+        # the warm-up scaler: rows it has (batched or held, none predicted) of the rows it waits for; 0 of 0 without one
         scaler = self.model.scaler
         c["warmup_target"] = 0 if scaler.mode != "warmup" else scaler.warmup_rows
-        c["warmup_rows"] = c["warmup_target"] if scaler.frozen else min(self.held.rows, c["warmup_target"])
+        c["warmup_rows"] = c["warmup_target"] if scaler.frozen else min(self.queued_rows, c["warmup_target"])
         c["early_labels"] = self.join.n_early
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value

@@ -378,7 +378,7 @@ def replay(args) -> int:
         missing = n - follower.predicted - follower.refused_rows
         why = f"within {args.follow_timeout:.0f} s of the last one"
         if follower.refused_rows:
-            why = f"{follower.refused_rows} refused as dead letters" + (
+            why = f"{follower.refused_rows} refused as dead letters ({follower.dominant()})" + (
                 f", {missing} not {why}" if missing else ""
             )
         print(
