@@ -22,7 +22,7 @@ from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import fmt
+from iolstream.kafka.offsets import drop_other_topics, fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
 from iolstream.stream.warmup import ScalingAgreement
@@ -109,7 +109,23 @@ class Checkpointer:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
         runtime.configure_for_model(loaded.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
+        if self.topic_ids:  # a roll-back: the topics' ids are known by now
+            self.forget_other_topics(loaded.positions, loaded.topic_ids)
         return loaded
+
+    def forget_other_topics(self, positions: dict, saved: dict[str, str]) -> None:
+        """Never carry offsets across topics: drop the ``positions`` of a topic that has another id now than the
+        snapshot ``saved`` (deleted and created again under its name), which is then read from its beginning; the
+        model keeps what it learned."""
+        for topic in drop_other_topics(positions, saved, self.topic_ids):
+            log.warning(
+                "topic %s is not the one the snapshot read (topic id %s, now %s: deleted and created again?): its "
+                "offsets do not apply, it is read from its beginning; the model keeps what it learned",
+                topic,
+                saved[topic],
+                self.topic_ids[topic],
+                extra={"event": "other_topic"},
+            )
 
     def _restore(self, snap) -> tuple[StreamProcessor, dict]:
         if (why := mismatch(self.cfg, snap)) is not None:

@@ -45,19 +45,6 @@ class OffsetBook:
         # there
         self.bases: dict[Key, int] = {}
 
-    def other_topics(self, saved: dict[str, str], now: dict[str, str]) -> list[str]:
-        """Forget the positions of every topic whose id ``now`` differs from the one they were ``saved`` with: a
-        topic deleted and created again under its name (its offsets are not the old ones). Returns those topics.
-
-        >>> book = OffsetBook(exactly_once=False, positions={("f", 0): 9, ("l", 0): 4})
-        >>> book.other_topics({"f": "id-1", "l": "id-2"}, {"f": "id-3", "l": "id-2"}), book.positions
-        (['f'], {('l', 0): 4})
-        """
-        other = sorted(t for t, i in saved.items() if t in now and now[t] != i)
-        for key in [k for k in self.positions if k[0] in other]:
-            del self.positions[key]
-        return other
-
     def past_end(self, key: Key, end: int | None) -> int | None:
         """Forget ``key``'s position when it lies past the partition's ``end`` (high watermark): offsets of
         another topic of that name (a snapshot older than topic ids), never of this one. Returns it, if so."""
@@ -175,6 +162,20 @@ class OffsetBook:
             if end is None or max(self.positions.get(key, -1), self.eof.get(key, -1)) < end or queued(key):
                 return False
         return True
+
+
+def drop_other_topics(positions: dict[Key, int], saved: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Forget the ``positions`` of every topic whose id ``now`` differs from the one they were ``saved`` with: a
+    topic deleted and created again under its name (its offsets are not the old ones). Returns those topics.
+
+    >>> positions = {("f", 0): 9, ("l", 0): 4}
+    >>> drop_other_topics(positions, {"f": "id-1", "l": "id-2"}, {"f": "id-3", "l": "id-2"}), positions
+    (['f'], {('l', 0): 4})
+    """
+    other = sorted(t for t, i in saved.items() if t in now and now[t] != i)
+    for key in [k for k in positions if k[0] in other]:
+        del positions[key]
+    return other
 
 
 def commit_metadata(member: str, base: int | None) -> str:

@@ -176,7 +176,9 @@ class Worker:
             if created:
                 log.info("created topics %s", created)
                 topic_ids = access.topic_ids(self.cfg, clients.client_conf(self.cfg))
-        self._check_topic_ids(topic_ids)
+        # the ids go into every snapshot; a topic with another id than the snapshot's is read from its beginning
+        self.checkpoints.topic_ids = topic_ids
+        self.checkpoints.forget_other_topics(self.book.positions, self.loaded_topic_ids)
         self._load_kernels()
         self.starting = "connecting"
         self.output.read_limits()
@@ -199,21 +201,6 @@ class Worker:
         self.consumer = self._new_consumer()
         if self.group is not None and self.restarted_in_group:  # a restart: its partitions may have moved
             self.group.hand_over()  # while it was away; the rows waiting for labels go where their labels go
-
-    def _check_topic_ids(self, now: dict[str, str]) -> None:
-        """Never carry offsets across topics: the snapshot's positions of a topic that has another id now (deleted
-        and created again under its name) are dropped, and that topic is read from its beginning; the model keeps
-        what it learned. The ids go into every snapshot from now on."""
-        for topic in self.book.other_topics(self.loaded_topic_ids, now):
-            log.warning(
-                "topic %s is not the one the snapshot read (topic id %s, now %s: deleted and created again?): its "
-                "offsets do not apply, it is read from its beginning; the model keeps what it learned",
-                topic,
-                self.loaded_topic_ids[topic],
-                now[topic],
-                extra={"event": "other_topic"},
-            )
-        self.checkpoints.topic_ids = dict(now)
 
     def _load_kernels(self) -> None:
         """The compiled kernels, before the first message (not in the middle of the stream): loaded from the cache

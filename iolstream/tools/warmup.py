@@ -52,7 +52,7 @@ def main(args) -> int:
         model = load_config(args.config).model
         # the parallel kernels too, whatever this machine's cores: the worker's may have more (runtime.StepTuner)
         runs = warm.kernel_runs(model, parallel=True)
-        target = f"classes {len(model.classes)}" if model.classes else f"{model.n_outputs} outputs"
+        target = f"{len(model.classes)} classes" if model.classes else f"{model.n_outputs} outputs"
         what = f"{args.config} (mode {model.mode}, {model.dtype}, {target})"
     where = kernel_cache.cache_dir()
     cached = kernel_cache.cached_kernels()
