@@ -62,12 +62,16 @@ def measure(code: str, args: list[str], tree: Path, cache: Path) -> tuple[float,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "config" / "minimal.yaml"))
-    parser.add_argument("--tree", action="append", default=None, help="a checkout to measure (default: this one)")
+    parser.add_argument(
+        "--tree", action="append", default=None, help="a checkout to measure (default: this one)"
+    )
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     trees = [Path(t).resolve() for t in (args.tree or [REPO])]
     config = str(Path(args.config).resolve())
-    print("round | tree | worker, empty cache: wall / CPU s | worker, cache filled | API first fit, empty cache")
+    print(
+        "round | tree | worker, empty cache: wall / CPU s | worker, cache filled | API first fit, empty cache"
+    )
     for round_ in range(1, args.rounds + 1):
         for tree in trees:
             with tempfile.TemporaryDirectory() as worker_cache, tempfile.TemporaryDirectory() as api_cache:

@@ -211,7 +211,7 @@ class Worker:
         cold = kernel_cache.cached_kernels() == 0
         if cold:
             log.info(
-                "compiling the kernels this model takes into %s (nothing cached there yet): usually %s on 2 cores, "
+                "compiling the kernels this model takes into %s (nothing cached there yet): usually %s, "
                 "once; the next start loads them in about a second (iolstream warmup -c CONFIG compiles them ahead)",
                 where,
                 warm.COLD_COMPILE_SECONDS,
@@ -219,18 +219,29 @@ class Worker:
             )
         self.starting = "loading the compiled kernels"
 
-        def progress(done: int, total: int, seconds: float) -> None:
-            self.starting = f"compiling the kernels ({done}/{total} sets, {seconds:.0f} s)"
-            if seconds > 5.0 and done < total:
-                log.info(
-                    "kernels: %d/%d sets ready (%.0f s)", done, total, seconds, extra={"event": "compiling"}
-                )
+        def progress(done: int, total: int, seconds: float, compiled: int) -> None:
+            if compiled:
+                self.starting = f"compiling the kernels ({done}/{total} sets, {seconds:.0f} s)"
+                if done < total:
+                    log.info(
+                        "kernels: %d/%d sets ready (%.0f s)",
+                        done,
+                        total,
+                        seconds,
+                        extra={"event": "compiling"},
+                    )
 
-        seconds = warm.preload(self.processor.model.config, parallel=parallel, progress=progress)
-        if cold or seconds > 5.0:
-            log.info("kernels compiled in %.0f s, cached in %s", seconds, where, extra={"event": "kernels"})
+        warmed = warm.preload(self.processor.model.config, parallel=parallel, progress=progress)
+        if warmed.compiled:
+            log.info(
+                "kernels compiled in %.0f s (%d compilations), cached in %s",
+                warmed.seconds,
+                warmed.compiled,
+                where,
+                extra={"event": "kernels"},
+            )
         else:
-            log.info("kernels loaded in %.2f s", seconds, extra={"event": "kernels"})
+            log.info("kernels loaded in %.2f s", warmed.seconds, extra={"event": "kernels"})
 
     def _new_consumer(self) -> Consumer:
         """The input consumer, subscribed to the features and labels topics."""

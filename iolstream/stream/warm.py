@@ -15,9 +15,11 @@ import contextlib
 import dataclasses
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import orjson
+from numba.core import event
 
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.config import StreamConfig
@@ -98,9 +100,9 @@ def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) 
         proc.model.regret()
 
 
-# How long a cold start compiles the kernels of one model (nothing cached), on the 2-core machines of
-# docs/operations.md "Numba's compiled-kernel cache"; said in the worker's log before it starts compiling.
-COLD_COMPILE_SECONDS = "30-60 s"
+# What a cold start's compile of one model's kernels costs (nothing cached): ~53 CPU seconds measured
+# (docs/operations.md "Numba's compiled-kernel cache"); said in the worker's log before it starts compiling.
+COLD_COMPILE_SECONDS = "about 50 s on 2 idle cores"
 
 
 def kernel_runs(config: ModelConfig, *, parallel: bool = True) -> list[tuple[ModelConfig, bool]]:
@@ -121,21 +123,31 @@ def kernel_runs(config: ModelConfig, *, parallel: bool = True) -> list[tuple[Mod
     ]
 
 
-def preload(config: ModelConfig, *, parallel: bool = True, progress=None) -> float:
-    """Load (or compile) the kernels a stream of a model like ``config`` takes (``kernel_runs``); returns the
-    seconds it took. ``progress(done, total, seconds)`` is called after each run."""
+class Warmed(NamedTuple):
+    """What loading the kernels took: seconds, and how many kernels (and their callees, each signature) had to be
+    compiled (0: every one came from the cache)."""
+
+    seconds: float
+    compiled: int
+
+
+def preload(config: ModelConfig, *, parallel: bool = True, progress=None) -> Warmed:
+    """Load (or compile) the kernels a stream of a model like ``config`` takes (``kernel_runs``).
+    ``progress(done, total, seconds, compiled)`` is called after each run."""
     return run_all(kernel_runs(config, parallel=parallel), progress=progress)
 
 
-def run_all(runs: list[tuple[ModelConfig, bool]], *, progress=None) -> float:
-    """``exercise`` each (tiny model, parallel) of ``runs``; returns the seconds it took."""
+def run_all(runs: list[tuple[ModelConfig, bool]], *, progress=None) -> Warmed:
+    """``exercise`` each (tiny model, parallel) of ``runs``, counting Numba's compilations."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
-    for done, (tiny, par) in enumerate(runs, 1):
-        exercise(tiny, rng, parallel=par)
-        if progress is not None:
-            progress(done, len(runs), time.perf_counter() - t0)
-    return time.perf_counter() - t0
+    with event.install_recorder("numba:compile") as recorded:
+        for done, (tiny, par) in enumerate(runs, 1):
+            exercise(tiny, rng, parallel=par)
+            if progress is not None:
+                compiled = sum(1 for _, e in recorded.buffer if e.is_end)
+                progress(done, len(runs), time.perf_counter() - t0, compiled)
+    return Warmed(time.perf_counter() - t0, sum(1 for _, e in recorded.buffer if e.is_end))
 
 
 def every_kind() -> list[tuple[ModelConfig, bool]]:

@@ -1,7 +1,7 @@
 """``iolstream warmup -c CONFIG``: compile the Numba kernels a worker of CONFIG takes into the cache, ahead of
 its first start.
 
-A worker compiles its kernels at its first start when nothing is cached (half a minute to a minute on 2 cores,
+A worker compiles its kernels at its first start when nothing is cached (about 50 s on 2 idle cores,
 ``stream.warm.COLD_COMPILE_SECONDS``) and loads them in about a second afterwards. The cache is
 ``NUMBA_CACHE_DIR`` when set, else ``__pycache__`` beside iolstream's sources: run this where the worker will
 run, with the same ``NUMBA_CACHE_DIR`` (an image's build step, an init container writing to a volume the
@@ -59,15 +59,16 @@ def main(args) -> int:
     say(
         f"compiling the kernels of {what} into {where} "
         + (f"({cached} kernels cached there already)" if cached else f"(nothing cached there yet: {warm.COLD_COMPILE_SECONDS} "
-           "on 2 cores for one model)")
+           "for one model)")
     )  # fmt: skip
 
-    def progress(done: int, total: int, seconds: float) -> None:
-        say(f"  {done}/{total} kernel sets ready ({seconds:.0f} s)")
+    def progress(done: int, total: int, seconds: float, compiled: int) -> None:
+        say(f"  {done}/{total} kernel sets ready ({seconds:.0f} s, {compiled} compilations)")
 
-    seconds = warm.run_all(runs, progress=progress)
+    warmed = warm.run_all(runs, progress=progress)
+    done = f"{warmed.compiled} compilations" if warmed.compiled else "all of them cached already"
     print(
-        f"warmup: the kernels of {what} are in {where} ({seconds:.1f} s); a worker with this cache loads them at "
-        "start in about a second"
+        f"warmup: the kernels of {what} are in {where} ({warmed.seconds:.1f} s, {done}); a worker with this "
+        "cache loads them at start in about a second"
     )
     return 0
