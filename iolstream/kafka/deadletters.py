@@ -181,6 +181,8 @@ class DeadLetterLimit:
         """Which setting the limit comes from, for messages that name it."""
         if self.topic_bytes is not None and self.topic_bytes < self.producer_bytes:
             return f"max.message.bytes of topic {self.topic}"
+        if self.topic_bytes == self.producer_bytes:  # the defaults: Kafka's topic limit is the producer's too
+            return f"max.message.bytes of topic {self.topic} and kafka.producer.message.max.bytes"
         return "kafka.producer.message.max.bytes"
 
     def fit(
