@@ -281,7 +281,7 @@ def mismatch(cfg: WorkerConfig, snap) -> str | None:
         named = [n for k, n in zip(diff, named) if k not in ("features", "n_inputs")]
         named.append(f"model.features: {'; '.join(what)}")
     return (
-        f"snapshot {snap.path} was made with a different model config: {', '.join(named)}; restore that config, "
+        f"snapshot {snap.path} was made with a different model config ({', '.join(named)}): restore that config, "
         "or move the snapshot directory away to start a fresh model"
     )
 

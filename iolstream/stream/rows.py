@@ -43,6 +43,8 @@ REASON_HINTS = {
     "expired_id": "labels for rows that expired before them (stream.row_ttl_ms)",
     "duplicate_id": "ids the worker has seen before: the same rows sent again? give new rows new ids "
     "(iolstream produce --id-prefix)",
+    "bad_field": "event fields of another type than model.features declares (the detail names the field)",
+    "missing_field": "events without a field model.features declares required (the detail names it)",
 }
 
 MAX_DETAIL_CHARS = 500

@@ -528,3 +528,9 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
     assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(
         ids, y_hat, proba, **kwargs
     )
+
+
+def test_every_reason_has_the_hint_the_lines_naming_it_give():
+    from iolstream.stream.rows import REASON_HINTS, REASONS
+
+    assert set(REASON_HINTS) == set(REASONS)
