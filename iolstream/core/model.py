@@ -234,21 +234,26 @@ class EdRVFL:
         outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
         if self.calibrated:
             j = self.selector.chosen if candidate is None else candidate
-            scores = kernels.layer_mean(outputs)
-            proba = calibration.probabilities(scores, self.learners[j].calibration_sums)
-            index = scores.argmax(axis=1)
+            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
         elif rule == "softmax":
             proba = kernels.softmax_mean(outputs)
-            index = proba.argmax(axis=1)
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
             for layer_votes in votes:
                 proba[np.arange(b), layer_votes] += 1.0 / n_layers
-            index = proba.argmax(axis=1)
+        return proba, self.decide(proba, outputs), None
+
+    def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
+        """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
+        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        highest probability."""
         if self.config.threshold is not None:
-            index = (proba[:, 1] >= self.config.threshold).astype(np.int64)
-        return proba, index, None
+            return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
+        if self.calibrated:
+            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+        return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
