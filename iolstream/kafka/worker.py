@@ -429,4 +429,11 @@ class Worker:
         if self.metrics is not None:
             self.metrics.refresh(self)
         group = None if self.group is None else self.group.status()
-        log_status_line(log, self.processor, self.broker_unreachable_seconds, waiting_for, group=group)
+        log_status_line(
+            log,
+            self.processor,
+            self.broker_unreachable_seconds,
+            waiting_for,
+            group=group,
+            primary=self.cfg.metrics.primary,
+        )

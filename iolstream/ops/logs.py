@@ -34,6 +34,8 @@ import time
 
 import orjson
 
+from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
+
 # attributes every LogRecord has: anything else on a record came from ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -186,12 +188,26 @@ def log_status_line(
     waiting_for: str | None = None,
     *,
     group: dict | None = None,
+    primary: str | None = None,
 ) -> None:
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
-    prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
+    prequential metrics (``primary`` first, with its sliding window: ``metrics.primary``), the model version; the λ and half-life in force when forgetting or ``auto`` is on,
     how long the broker has been unreachable, and what the loop waits for."""
     s = processor.status()
-    metric = "acc" if processor.model.config.task == "classification" else "rmse"
+    classification = processor.model.config.task == "classification"
+    primary = primary or ("accuracy" if classification else "rmse")
+    others = [n for n in (CLASSIFICATION_METRICS if classification else REGRESSION_METRICS) if n != primary]
+    values, window = s["metrics"], s["metrics_window"]
+    short = {
+        "accuracy": "acc",
+        "log_loss": "log_loss",
+        "brier": "brier",
+        "roc_auc": "auc",
+        "balanced_accuracy": "bal_acc",
+        "rmse": "rmse",
+        "mae": "mae",
+    }
+    more = "".join(f" {short[n]}={values[n]:.4f}" for n in others if values.get(n) == values.get(n))
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
     eff = processor.model.effective
@@ -208,16 +224,17 @@ def log_status_line(
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info(
-        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
+        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f)%s "
         "version=%d%s",
         s["rows_in"],
         s["predictions_out"],
         s["rows_learned"],
         s["pending"],
         s["dead_letters"],
-        metric,
-        s["metric"],
-        s["metric_window"],
+        short[primary],
+        values[primary],
+        window[primary],
+        more,
         s["model_version"],
         tail,
         extra={"event": "status", "status": s},
