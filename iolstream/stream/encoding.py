@@ -53,6 +53,7 @@ def encode_predictions(
     ts_out_ms: int,
     mode: str,
     classes: tuple | None,
+    scores: np.ndarray | None = None,
 ) -> list[bytes]:
     """One JSON prediction per row (docs/design.md §5).
 
@@ -60,7 +61,8 @@ def encode_predictions(
               itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
     proba   : (b, m) class probabilities (classification) or None
     ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
-    Fields: id, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode.
+    scores  : (b, m) the ensemble's raw outputs (``stream.emit_scores``), or None
+    Fields: id, y_hat, [proba], [scores], model_version, ts (= ts_out_ms), [event_ts], mode.
     Non-finite floats are written as null (orjson's rule).
 
     The whole batch is serialised by a few orjson calls and split, then each row's message is
@@ -86,9 +88,10 @@ def encode_predictions(
             head = b'{"id":%b,"y_hat":[%b]'
         y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
     parts = [id_json, y_json]
-    if proba is not None:
-        head += b',"proba":[%b]'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
+    for name, values in ((b"proba", proba), (b"scores", scores)):
+        if values is not None:
+            head += b',"' + name + b'":[%b]'
+            parts.append(_rows_json(np.asarray(values, dtype=np.float64).reshape(b, -1)))
     head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
     tail = b',"mode":%b}' % orjson.dumps(mode)
     event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
@@ -99,11 +102,13 @@ def encode_predictions(
     without = head + tail.replace(b"%", b"%%")
     events = event.tolist()
     # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
-    if proba is None:
+    if len(parts) == 2:
         return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
-    return [
-        with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
-    ]
+    if len(parts) == 3:
+        return [
+            with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
+        ]
+    return [with_event % (*row, e) if e >= 0 else without % row for *row, e in zip(*parts, events)]
 
 
 def _split_json_list(raw: bytes, b: int) -> list[bytes] | None:

@@ -279,6 +279,7 @@ class StreamProcessor:
             ts_out_ms=now_ms,
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
+            scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
         )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
