@@ -207,7 +207,9 @@ def log_status_line(
         "rmse": "rmse",
         "mae": "mae",
     }
-    more = "".join(f" {short[n]}={values[n]:.4f}" for n in others if values.get(n) == values.get(n))
+    if classification and processor.model.config.m != 2:
+        others.remove("roc_auc")  # two classes only
+    more = "".join(f" {short[n]}={values[n]:.4f}" for n in others)  # nan until known
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
     eff = processor.model.effective
