@@ -53,7 +53,9 @@ def _batches(n: int, b: int):
     return [(start, min(start + b, n)) for start in range(0, n, b)]
 
 
-def run_edrvfl(x: np.ndarray, y: np.ndarray, b: int, seed: int, **model) -> tuple[np.ndarray, np.ndarray, float]:
+def run_edrvfl(
+    x: np.ndarray, y: np.ndarray, b: int, seed: int, **model
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Prequential probabilities (n, 2) and classes (n,) of edRVFL, labels one batch late; rows per second."""
     cfg = ModelConfig(n_inputs=x.shape[1], classes=(0, 1), scaler="none", seed=seed, **model)
     m = EdRVFL(cfg)
@@ -104,7 +106,16 @@ def measure(name: str, b: int, seed: int, arf: bool) -> list[dict]:
         print(f"  {name}: {label}...", file=sys.stderr, flush=True)
         proba, index, rate = run()
         report = classification_report(y, index, proba, 2)
-        rows.append({"set": name, "learner": label, "rows": len(y), "positives": float(y.mean()), "rate": rate, **report})
+        rows.append(
+            {
+                "set": name,
+                "learner": label,
+                "rows": len(y),
+                "positives": float(y.mean()),
+                "rate": rate,
+                **report,
+            }
+        )
     return rows
 
 
@@ -132,7 +143,9 @@ def main(argv=None) -> int:
     rows = []
     for name in args.sets:
         rows += measure(name, args.batch, args.seed, args.arf)
-    print(f"`{' '.join(['python benchmarks/binary_streams.py', *(argv if argv is not None else sys.argv[1:])])}`\n")
+    print(
+        f"`{' '.join(['python benchmarks/binary_streams.py', *(argv if argv is not None else sys.argv[1:])])}`\n"
+    )
     print(markdown(rows))
     return 0
 

@@ -284,3 +284,32 @@ def test_layout_names_every_key_and_shape_of_the_sums(kw):
     assert contribution.layout(model) == {key: value.shape for key, value in contribution.sums(model).items()}
     with pytest.raises(ValueError, match="p0.rhs"):
         contribution.check_layout(model, {**contribution.sums(model), "p0.rhs": np.zeros((1, 1, 1))})
+
+
+@pytest.mark.parametrize("forgetting", [None, 400.0])
+def test_members_agree_on_the_calibration_and_the_class_counts(forgetting):
+    """The calibration's sums and the class counts are sums like c: once every record has gone round, every member
+    holds the total of what each learned itself, so all map the same scores to the same probabilities."""
+    x, y = _data()
+    cfg = _config(mode="auto", forgetting=forgetting, class_weight="balanced")
+    members = [EdRVFL(cfg) for _ in range(3)]
+    states = [GroupState(f"m{i}", m) for i, m in enumerate(members)]
+    for round_ in range(3):
+        for i, m in enumerate(members):
+            part = np.arange(len(x))[i::3]
+            chunk = part[round_ * len(part) // 3 : (round_ + 1) * len(part) // 3]
+            _feed(m, x[chunk], y[chunk], batch=40)
+        _exchange(states, 1000 * round_)
+    for st in states:
+        own = st.own()
+        assert own["cal.sums"].any() and own["cls.counts"].sum() > 0
+    first = members[0]
+    np.testing.assert_array_equal(first.class_counts, np.bincount(y, minlength=first.config.m))
+    for m in members[1:]:
+        np.testing.assert_array_equal(m.class_counts, first.class_counts)
+        for a, b in zip(m.learners, first.learners):
+            np.testing.assert_allclose(a.calibration_sums, b.calibration_sums, rtol=1e-9)
+        assert m.selector.chosen == first.selector.chosen
+        np.testing.assert_allclose(
+            m.predict_batch(x[:50]).proba, first.predict_batch(x[:50]).proba, rtol=1e-7
+        )
