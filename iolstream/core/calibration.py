@@ -17,7 +17,8 @@ group and decay with forgetting exactly as c does (``LearnerState.calibration``)
 same sums maps scores to the same probabilities. For m = 2, p₁ = sigmoid(T · (g_κ(c₁) − g_κ(c₀))): the order of the
 rows by p₁ is their order by that margin, whatever (κ, T) is in force.
 
-Arrays in, arrays out, no I/O.
+Arrays in, arrays out, no I/O; the sums' kernel is ``kernels.calibration_losses`` (its twin: the NumPy log loss of
+every map, tests/core/test_probabilities.py).
 
     >>> import numpy as np
     >>> sums = np.zeros(GRID_SIZE)
@@ -35,13 +36,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from iolstream.core import kernels
+
 KAPPAS = (0.0, 0.5, 1.0)
-TEMPERATURES = tuple(float(t) for t in np.geomspace(0.25, 64.0, 33))  # 1.0 among them (the 9th)
+TEMPERATURES = tuple(float(t) for t in np.geomspace(0.25, 64.0, 17))  # steps of √2, 1.0 among them (the 5th)
 GRID_SIZE = len(KAPPAS) * len(TEMPERATURES)  # κ major, T minor
 PRIOR = np.tile(np.log(TEMPERATURES) ** 2, len(KAPPAS))  # nats added to each grid point's sum when choosing
+_KAPPAS, _TEMPERATURES = np.asarray(KAPPAS), np.asarray(TEMPERATURES)
+# the sums' kernel squares exp(T·d) to get exp(2T·d): every temperature is twice the one two steps before
+assert np.allclose(_TEMPERATURES[2:], 2.0 * _TEMPERATURES[:-2], rtol=1e-12)
 FLOOR = 0.005  # the smallest score a class keeps (the issue's clipped mean, and g_0's lower end)
 START = (0.0, 1.0)  # (κ, T) before any label: the clipped normalised mean
 PROBABILITY_FLOOR = 1e-15  # a log loss never takes the log of a smaller probability (scikit-learn's eps)
+_CAP = -float(np.log(PROBABILITY_FLOOR))
 
 
 def _transformed(mean_scores: np.ndarray) -> np.ndarray:
@@ -73,20 +80,14 @@ def probabilities(mean_scores: np.ndarray, sums: np.ndarray) -> np.ndarray:
 def grid_losses(mean_scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """(GRID_SIZE,) Σᵢ wᵢ · (−log pᵢ(yᵢ)) of every grid point over b labelled rows: s̄ (b, m), labels (b,) class
     indices, weights (b,) (default 1). What the calibration's sums add for these rows."""
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
     b = len(labels)
-    if b == 0:
-        return np.zeros(GRID_SIZE)
-    g = _transformed(mean_scores)  # (κ, b, m)
-    temps = np.asarray(TEMPERATURES)
-    z = temps[None, :, None, None] * g[:, None]  # (κ, T, b, m)
-    top = z.max(axis=3, keepdims=True)
-    log_norm = np.log(np.exp(z - top).sum(axis=3)) + top[..., 0]  # (κ, T, b)
-    picked = z[:, :, np.arange(b), labels]  # (κ, T, b)
-    row_loss = np.minimum(log_norm - picked, -np.log(PROBABILITY_FLOOR))
-    if weights is not None:
-        row_loss = row_loss * np.asarray(weights, dtype=np.float64)
-    return row_loss.sum(axis=2).reshape(GRID_SIZE)
+    weights = np.ones(b) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+    out = np.zeros(GRID_SIZE)
+    if b:
+        scores = np.ascontiguousarray(mean_scores, dtype=np.float64)
+        kernels.calibration_losses(scores, labels, weights, _KAPPAS, _TEMPERATURES, FLOOR, _CAP, out)
+    return out
 
 
 def describe(sums: np.ndarray) -> dict:
