@@ -25,7 +25,7 @@ import numpy as np
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.prequential import classification_report
 from iolstream.tools.learners import compile_kernels
-from iolstream.tools.tabular import TABULAR, encode_by_hand, load_tabular
+from iolstream.tools.tabular import TABULAR, load_tabular, table_dataset
 
 BINARY = ("credit", "telco-churn", "default", "titanic", "phone-churn")
 
@@ -53,12 +53,13 @@ def _batches(n: int, b: int):
     return [(start, min(start + b, n)) for start in range(0, n, b)]
 
 
-def run_edrvfl(
-    x: np.ndarray, y: np.ndarray, b: int, seed: int, **model
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Prequential probabilities (n, 2) and classes (n,) of edRVFL, labels one batch late; rows per second."""
-    cfg = ModelConfig(n_inputs=x.shape[1], classes=(0, 1), scaler="none", seed=seed, **model)
+def run_edrvfl(x: np.ndarray, y: np.ndarray, b: int, seed: int, features, **model):
+    """Prequential probabilities (n, 2) and classes (n,) of edRVFL, labels one batch late; rows per second. ``x``:
+    the rows encoded by the schema ``features`` (gaps NaN: the warm-up scaler maps them to the mean)."""
+    cfg = ModelConfig(classes=(0, 1), features=features, seed=seed, **model)
     m = EdRVFL(cfg)
+    m.scaler.partial_fit(x[: cfg.warmup_rows])  # the warm-up rows fix the scaling (streamed all the same)
+    m.scaler.freeze()
     proba, index = np.empty((len(y), 2)), np.empty(len(y), dtype=np.int64)
     prev = None
     tic = time.perf_counter()
@@ -95,11 +96,12 @@ def measure(name: str, b: int, seed: int, arf: bool) -> list[dict]:
     ts = load_tabular(name, seed=seed)
     positive = ts.positive
     y = np.array([1 if label == positive else 0 for label in ts.labels], dtype=np.int64)
-    x, _ = encode_by_hand(ts)
+    ds = table_dataset(ts)
+    x, features = ds.X, ds.schema.fields
     events = [_river_event(e) for e in ts.events]
     rows = []
-    compile_kernels(ModelConfig(n_inputs=x.shape[1], classes=(0, 1), scaler="none"), parallel=False)
-    runs = {"edRVFL": lambda: run_edrvfl(x, y, b, seed)}
+    compile_kernels(ModelConfig(classes=(0, 1), features=features), parallel=False)
+    runs = {"edRVFL": lambda: run_edrvfl(x, y, b, seed, features)}
     for label, model in _river_models(seed, arf).items():
         runs[label] = lambda model=model: run_river(model, events, y, b)
     for label, run in runs.items():

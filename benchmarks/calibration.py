@@ -28,11 +28,11 @@ import sys
 import numpy as np
 
 from iolstream.core import calibration as shipped
-from iolstream.core.model import EdRVFL
+from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.prequential import classification_report
 from iolstream.tools import datasets
 from iolstream.tools.protocol import Protocol, make_split, model_config
-from iolstream.tools.tabular import encode_by_hand, load_tabular
+from iolstream.tools.tabular import load_tabular, table_dataset
 
 BUILT_IN = ("iris", "wine", "breast_cancer", "segment", "digits")
 TABULAR = ("credit", "telco-churn", "default", "titanic", "phone-churn")
@@ -52,19 +52,14 @@ def record_built_in(name: str, seed: int):
 
 
 def record_tabular(name: str, seed: int, b: int = 100):
-    """The same for a binary table of ``tools.tabular`` in its (shuffled once) order, hand-encoded."""
+    """The same for a binary table of ``tools.tabular`` in its (shuffled once) order, read by its inferred schema."""
     ts = load_tabular(name, seed=seed)
     y = np.array([1 if label == ts.positive else 0 for label in ts.labels])
-    x, _ = encode_by_hand(ts)
-    cfg = model_config(
-        make_split(
-            datasets.Dataset(name, x, y, "classification", (0, 1), tuple(map(str, range(x.shape[1]))), name),
-            Protocol(order="stream"),
-        ),
-        "auto",
-        {"seed": seed, "scaler": "none"},
-    )
-    return _record(EdRVFL(cfg), x, y, b)
+    ds = table_dataset(ts)
+    model = EdRVFL(ModelConfig(classes=(0, 1), features=ds.schema.fields, seed=seed))
+    model.scaler.partial_fit(ds.X[: model.config.warmup_rows])
+    model.scaler.freeze()
+    return _record(model, ds.X, y, b)
 
 
 def _record(model, x, y, b):

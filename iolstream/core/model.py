@@ -27,6 +27,7 @@ import numpy as np
 from iolstream.core import calibration, kernels, learner, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
+from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
 from iolstream.core.network import RandomNetwork
 from iolstream.core.regret import RegretReport
@@ -74,6 +75,23 @@ class Prediction:
         return [classes[i] for i in self.index]
 
 
+def make_scaler(config: ModelConfig) -> Scaler:
+    """The input scaler of ``config`` (docs/design.md §4); with a feature schema (§11) it z-scores the number
+    columns only, and a fixed scaling comes from each number field's mean and std."""
+    schema = config.schema
+    mean, std = config.scaler_mean, config.scaler_std
+    if schema is not None and config.scaler == "fixed":
+        mean, std = schema.fixed_scaling()
+    return Scaler(
+        config.scaler,
+        config.n_inputs,
+        warmup_rows=config.warmup_rows,
+        mean=mean,
+        std=std,
+        scaled=None if schema is None else schema.scaled,
+    )
+
+
 class EdRVFL:
     """An ensemble deep RVFL network learning online by -F or -R."""
 
@@ -92,13 +110,8 @@ class EdRVFL:
             dtype=np.dtype(config.dtype),
             bias_column=config.bias_column,
         )
-        self.scaler = Scaler(
-            config.scaler,
-            config.n_inputs,
-            warmup_rows=config.warmup_rows,
-            mean=config.scaler_mean,
-            std=config.scaler_std,
-        )
+        self.scaler = make_scaler(config)
+        self.encoder = None if config.schema is None else RecordEncoder(config.schema)
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
@@ -178,6 +191,21 @@ class EdRVFL:
                 f"unknown class {exc.args[0]!r}; declared classes: {list(self.config.classes)}"
             ) from None
         return self.one_hot(index)
+
+    def encode(self, records) -> np.ndarray:
+        """Raw input rows (b, n_inputs) of ``records`` (dicts of named fields, as events carry them) by the
+        model's feature schema (``model.features``, ``core.encoder``): what ``observe`` and ``predict_batch``
+        take. ValueError naming the first record refused and its field."""
+        if self.encoder is None:
+            raise ValueError(
+                "the model has no feature schema (model.features): its rows are arrays of numbers"
+            )
+        out = self.encoder.encode(records)
+        if out.refused:
+            i, reason, detail = out.refused[0]
+            more = f" (and {len(out.refused) - 1} more records)" if len(out.refused) > 1 else ""
+            raise ValueError(f"record {i}: {reason}: {detail}{more}")
+        return out.X
 
     def one_hot(self, index: np.ndarray) -> np.ndarray:
         out = np.zeros((len(index), self.config.m))

@@ -98,6 +98,7 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                events=self.cfg.events,
             )
             loaded = Loaded(proc, {})
         else:
@@ -114,12 +115,23 @@ class Checkpointer:
         except StateFormatError as exc:
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
         wanted = self.cfg.model.to_dict()
+        keys = list(wanted) + (["features"] if "features" in saved and "features" not in wanted else [])
         diff = [
-            k for k in wanted if k not in FREE_MODEL_KEYS and _jsonish(wanted[k]) != _jsonish(saved.get(k))
+            k for k in keys if k not in FREE_MODEL_KEYS and _jsonish(wanted.get(k)) != _jsonish(saved.get(k))
         ]
         if diff:
+            named = [f"model.{k}" for k in diff]
+            if "features" in diff:  # a schema changes the encoded width too: the schema says what changed
+                schema = self.cfg.model.schema
+                what = (
+                    schema.changes(state_io.saved_config(snap.manifest).schema)
+                    if schema is not None
+                    else ["the saved model reads named fields, this config has no model.features"]
+                )
+                named = [f"model.{k}" for k in diff if k not in ("features", "n_inputs")]
+                named.append(f"model.features: {'; '.join(what)}")
             raise WorkerError(
-                f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
+                f"snapshot {snap.path} was made with a different model config ({', '.join(named)}): "
                 "restore that config, or move the snapshot directory away to start a fresh model"
             )
         try:
@@ -129,6 +141,7 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                events=self.cfg.events,
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None

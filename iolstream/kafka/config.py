@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from iolstream.core.model import ModelConfig
-from iolstream.stream.config import StreamConfig
+from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
 ENV_PREFIX = "IOLSTREAM_"
@@ -156,6 +156,7 @@ class WorkerConfig:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)  # named-field events (model.features)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     durability: DurabilityConfig = field(default_factory=DurabilityConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
@@ -190,6 +191,7 @@ _SECTIONS = {
     "kafka": KafkaConfig,
     "topics": TopicsConfig,
     "stream": StreamConfig,
+    "events": EventsConfig,
     "snapshot": SnapshotConfig,
     "durability": DurabilityConfig,
     "group": GroupConfig,
@@ -247,7 +249,9 @@ def _check_type(key: str, value, annotation):
             return value
         if hint is dict and isinstance(value, dict):
             return {str(k): v for k, v in value.items()}
-    names = " or ".join("null" if h is type(None) else h.__name__ for h in hints)
+        if hint is tuple and isinstance(value, (list, tuple)):
+            return tuple(value)
+    names = " or ".join("null" if h is type(None) else "a list" if h is tuple else h.__name__ for h in hints)
     raise ConfigError(f"{key}: must be {names}, got {value!r}")
 
 
@@ -284,8 +288,10 @@ def _build_model(raw) -> ModelConfig:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"model.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
-    if "n_inputs" not in raw:
-        raise ConfigError("model.n_inputs: required (the number of features per row)")
+    if "n_inputs" not in raw and raw.get("features") is None:
+        raise ConfigError(
+            "model.n_inputs: required (the number of features per row), or model.features (named fields)"
+        )
     if raw.get("classes") is not None and "n_outputs" in raw:
         raise ConfigError(
             "model.n_outputs: not with model.classes (classification has one output per class); "
@@ -395,6 +401,7 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     if cfg.group.enabled:
         _check_group(cfg, names)
     _check_primary(cfg)
+    _check_events(cfg)
     return _with_size_limits(cfg)
 
 
@@ -411,6 +418,28 @@ def _check_primary(cfg: WorkerConfig) -> None:
         raise ConfigError(
             f"metrics.primary: must be null or one of {', '.join(allowed)} for this model, got {primary!r}"
         )
+
+
+def _check_events(cfg: WorkerConfig) -> None:
+    """The events section against the model: named fields need a schema, and the label is no input."""
+    events, schema = cfg.events, cfg.model.schema
+    if schema is None:
+        if not events.is_default:
+            changed = next(
+                f.name
+                for f in dataclasses.fields(events)
+                if getattr(events, f.name) != getattr(EventsConfig(), f.name)
+            )
+            raise ConfigError(
+                f"events.{changed}: named-field events need model.features (without a schema, messages are "
+                'arrays: {"id": ..., "x": [...]} and {"id": ..., "y": ...})'
+            )
+        return
+    for f in schema.fields:
+        if f.name == events.label_field:
+            raise ConfigError(
+                f"model.features: {f.name!r} is events.label_field, the label: it cannot be an input too"
+            )
 
 
 def _check_group(cfg: WorkerConfig, names: list[str]) -> None:

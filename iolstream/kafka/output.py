@@ -158,6 +158,7 @@ class Output:
                 self.produce(
                     self.cfg.topics.dead_letters,
                     value,
+                    key=d.key,
                     headers=headers,
                     on_delivery=self._dead_delivery(d.bad.reason),
                 )

@@ -100,7 +100,9 @@ def relearn(
     now = int(time.time() * 1000)
     for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
         key = (msg.topic(), msg.partition())
-        processor.feed(msg.value(), (key[0], key[1], msg.offset()), now, labels=key[0] != features)
+        processor.feed(
+            msg.value(), (key[0], key[1], msg.offset()), now, labels=key[0] != features, key=msg.key()
+        )
         positions[key] = msg.offset() + 1
     processor.step(now, force=True)
     for key, end in ranges.items():

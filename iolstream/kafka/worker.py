@@ -324,8 +324,8 @@ class Worker:
             accepted = None
             if metrics is not None and topic == features:  # produce time, for the latency histogram
                 accepted = lambda msg=msg: metrics.on_features(self, msg.timestamp())  # noqa: E731
-            # positional: (value, source, now, labels, accepted), the hot path
-            out = feed(msg.value(), (topic, key[1], offset), now, topic != features, accepted)
+            # positional: (value, source, now, labels, accepted, key), the hot path
+            out = feed(msg.value(), (topic, key[1], offset), now, topic != features, accepted, msg.key())
             if out is not None:
                 emitter.emit(out)
             if replay:

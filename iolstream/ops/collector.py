@@ -41,6 +41,10 @@ LABEL_OUTCOMES = {
     "orphan": "join_labels_orphan",
 }
 UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
+FIELD_COUNTS = {  # named-field events: status()["fields"][kind] -> the family <kind>_values_total{field}
+    "missing": "Events with a named input field absent or null (a number: the warm-up mean), by field",
+    "undeclared": "Events with a category value not declared in model.features, by field",
+}
 PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "rows_in": ("rows_in", "Feature rows accepted"),
     "rows_learned": ("rows_learned", "Labelled rows folded into the model"),
@@ -129,6 +133,12 @@ def counter_families(totals: dict[str, int]):
     for why, key in UNLABELLED.items():
         unlabelled.add_metric([why], totals.get(key, 0))
     yield unlabelled
+    for kind, doc in FIELD_COUNTS.items():  # named-field events, per field (fields seen so far)
+        family = CounterMetricFamily(PREFIX + f"{kind}_values", doc, labels=["field"])
+        for key, value in sorted(totals.items()):
+            if key.startswith(f"{kind}/"):
+                family.add_metric([key[len(kind) + 1 :]], value)
+        yield family
 
 
 def model_families(v: ModelStatus):

@@ -223,6 +223,11 @@ def log_status_line(
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
         tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"
+    fields = s.get("fields", {})  # named-field events: values not declared, and missing, per field
+    if fields.get("undeclared"):
+        tail += " undeclared=" + ",".join(f"{name}:{n}" for name, n in fields["undeclared"].items())
+    if fields.get("missing"):
+        tail += " missing=" + ",".join(f"{name}:{n}" for name, n in fields["missing"].items())
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info(

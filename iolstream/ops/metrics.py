@@ -38,6 +38,8 @@ labels_received_total                  counter     labels decoded
 labels_total                           counter     outcome = joined | duplicate | expired | orphan
 rows_unlabelled_total                  counter     why = expired | evicted
 dead_letters_total                     counter     reason (every codec.REASONS value)
+missing_values_total                   counter     field: named-field events with that input missing or null
+undeclared_values_total                counter     field: named-field events with a category value not declared
 dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
 dead_letters_dropped_total             counter     reason: dead letters not written (refused even as excerpts)
 transactions_total                     counter     outcome = committed | aborted
@@ -306,8 +308,11 @@ class Metrics:
         totals = dict(self._totals)
         keys = list(PLAIN_COUNTERS) + list(LABEL_OUTCOMES.values()) + list(UNLABELLED.values())
         raw = {key: status.get(key, 0) for key in keys}
+        for kind, counts in status.get("fields", {}).items():  # named fields: missing / undeclared, per field
+            raw.update({f"{kind}/{name}": n for name, n in counts.items()})
         for key, value in raw.items():
-            last = self._last_raw.get(key, value)  # the first look is the baseline
+            # the first look is the baseline; a key that appears later (a field's first missing value) counts from 0
+            last = self._last_raw.get(key, 0 if self._last_raw else value)
             totals[key] = totals.get(key, 0) + max(0, value - last)
         self._last_raw = raw
         return totals

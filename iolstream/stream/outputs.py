@@ -20,6 +20,7 @@ class DeadLetter:
     value: bytes
     bad: BadInput
     source: object  # opaque: what the adapter passed in; None when unknown
+    key: object = None  # the key of the message it came from (kept on the dead letter), None when none
 
 
 @dataclass

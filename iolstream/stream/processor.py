@@ -58,7 +58,8 @@ from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
 from iolstream.stream import codec, encoding, payload
 from iolstream.stream.batcher import MicroBatcher
-from iolstream.stream.config import StreamConfig
+from iolstream.stream.config import EventsConfig, StreamConfig
+from iolstream.stream.events import EventCodec
 from iolstream.stream.feature_cache import FeatureCache
 from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
@@ -86,11 +87,25 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
     ):
         self.model = model
         self.cfg = cfg
         mc = model.config
         self.target = TargetSpec(mc.task, mc.classes, mc.m)
+        # named-field events (a model with a feature schema, docs/design.md §11), or None: array messages
+        self.event_shape = events or EventsConfig()
+        if mc.features is None and not self.event_shape.is_default:
+            raise ValueError("events: named-field events need model.features (without it, rows are arrays)")
+        self.events = (
+            None
+            if mc.features is None
+            else EventCodec(mc.schema, self.event_shape, self.target, max_bytes=cfg.max_message_bytes)
+        )
+        # what decodes the input: the named-field events, or the arrays (both: features / labels (value, key))
+        self.decoder = self.events or codec.ArrayCodec(
+            mc.n_inputs, self.target, max_bytes=cfg.max_message_bytes
+        )
         self.n_features = mc.n_inputs
         self.n_candidates = len(model.learners)
         self.layout = PayloadLayout(mc.n_inputs, self.n_candidates, mc.n_layers, mc.m)  # pending rows' fields
@@ -124,14 +139,18 @@ class StreamProcessor:
 
     # ------------------------------------------------------------ input
     def feed(
-        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None
+        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None, key=None
     ) -> StepOutput | None:
         """One message in (features, or ``labels``): decoded, batched or joined. Returns what to emit: its
         dead letters, and the predictions of the batch it filled; None when there is nothing. A full batch is
         predicted at once, before the labels that follow it come, so that (aligned) each label message folds
         in its batch alone. ``accepted()``: called once the message is taken in, before a batch it filled is
-        predicted (the adapter notes when its rows arrived)."""
-        dead = self.on_labels(value, source, now_ms) if labels else self.on_features(value, source, now_ms)
+        predicted (the adapter notes when its rows arrived). ``key``: the message key (named-field events
+        may take their id from it; their dead letters keep it)."""
+        if labels:
+            dead = self.on_labels(value, source, now_ms, key)
+        else:
+            dead = self.on_features(value, source, now_ms, key)
         if accepted is not None:
             accepted()
         if len(self.batcher) < self.cfg.batch_rows:
@@ -140,19 +159,20 @@ class StreamProcessor:
         out.dead_letters[:0] = dead
         return out
 
-    def _dead(self, rejected, source, raw: bytes | None = None) -> list[DeadLetter]:
-        """Count and wrap rejections; ``raw``: the message's bytes, used when it held this one row only."""
+    def _dead(self, rejected, source, raw: bytes | None = None, key=None) -> list[DeadLetter]:
+        """Count and wrap rejections; ``raw``: the message's bytes, used when it held this one row only;
+        ``key``: the message's key (kept on its dead letters)."""
         out = []
         for bad, value in rejected:
             self.dead_letters[bad.reason] = self.dead_letters.get(bad.reason, 0) + 1
-            out.append(DeadLetter(raw if raw is not None else value, bad, source))
+            out.append(DeadLetter(raw if raw is not None else value, bad, source, key))
         return out
 
-    def on_features(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
-        rows, rejected = codec.decode_features(value, self.n_features, max_bytes=self.cfg.max_message_bytes)
-        dead = self._dead(rejected, source)
+        rows, rejected = self.decoder.features(value, key)
+        dead = self._dead(rejected, source, key=key)
         if rows is None or not len(rows.ids):
             return dead
         single = len(rows.ids) == 1 and not rejected
@@ -160,7 +180,11 @@ class StreamProcessor:
         if rows is not None and self._queued_ids.intersection(rows.ids):
             rows, queued = self._screen_queued(rows)
             duplicates += queued
-        dead += self._dead(duplicates, source, raw=value if single else None)
+        if (
+            duplicates and self.events is not None
+        ):  # counted when decoded: a duplicate is no event of the stream
+            self.events.uncount([letter for _, letter in duplicates])
+        dead += self._dead(duplicates, source, raw=value if single else None, key=key)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
             self._queued_ids.update(rows.ids)
@@ -173,7 +197,7 @@ class StreamProcessor:
         rejected = [
             (
                 BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-                encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])),
+                encoding.row_dead_letter(rows, i),
             )
             for i, row_id in enumerate(rows.ids)
             if row_id in self._queued_ids
@@ -181,13 +205,13 @@ class StreamProcessor:
         self.join.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep), rejected
 
-    def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_labels(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
-        labels, rejected = codec.decode_labels(value, self.target, max_bytes=self.cfg.max_message_bytes)
-        dead = self._dead(rejected, source)
+        labels, rejected = self.decoder.labels(value, key)
+        dead = self._dead(rejected, source, key=key)
         if labels is None or not len(labels.ids):
             return dead
         self.counters["labels_in"] += len(labels.ids)
@@ -200,7 +224,7 @@ class StreamProcessor:
         ]  # this message's labels
         if mine:
             single = len(labels.ids) == 1 and not rejected
-            dead += self._dead(mine, source, raw=value if single else None)
+            dead += self._dead(mine, source, raw=value if single else None, key=key)
         if result.orphan_sources:
             dead += self._orphans(result.rejected, result.orphan_sources)
         return dead
@@ -280,6 +304,8 @@ class StreamProcessor:
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
             scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
+            id_key=self.event_shape.id_field,
+            extra=None if self.events is None else self.events.passthrough(rows.events),
         )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
@@ -426,6 +452,10 @@ class StreamProcessor:
         c["metrics"] = self.metric.values()
         c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
+        if (
+            self.events is not None
+        ):  # named fields: per field, events with it missing / with an undeclared value
+            c["fields"] = self.events.counts()
         return c
 
     # ------------------------------------------------------------- state
@@ -451,6 +481,8 @@ class StreamProcessor:
             ],
             "payload": list(PAYLOAD),
         }
+        if self.events is not None:
+            manifest["stream"]["fields"] = self.events.counts()
         return manifest, arrays
 
     def restore(self, other: StreamProcessor) -> None:
@@ -470,11 +502,14 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
     ) -> StreamProcessor:
         """A processor resuming from ``to_state``'s (manifest, arrays)."""
         model = state_io.model_from_arrays(manifest, arrays)
-        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement)
+        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement, events=events)
         st = manifest["stream"]
+        if proc.events is not None:
+            proc.events.load_counts(st.get("fields"))
         proc.batch_seq = int(st["batch_seq"])
         proc.counters.update(st["counters"])
         proc.dead_letters.update(st["dead_letters"])

@@ -43,6 +43,9 @@ def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -
 
 
 def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:
+    if config.features is not None:  # the kernels are those of the encoded rows: exercised as array rows
+        scaler = "none" if config.scaler == "fixed" else config.scaler
+        config = dataclasses.replace(config, features=None, scaler=scaler)
     proc = StreamProcessor(
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )

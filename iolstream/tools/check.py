@@ -130,17 +130,31 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
     from iolstream.tools.fit import mismatches
 
     try:
-        ds = load_csv(path, target, task=cfg.model.task, rows=rows)
+        if cfg.model.schema is not None:  # named fields: every row through the schema, as produce sends it
+            X, y, task, n, width = _schema_rows(cfg, path, target, rows)
+        else:
+            ds = load_csv(path, target, task=cfg.model.task, rows=rows)
+            X, y, task, n, width = ds.X, ds.y, ds.task, ds.n_rows, ds.X.shape[1]
     except DataError as exc:
         report.say(False, "csv", str(exc), cluster=False)
         return
-    found = mismatches(ds.X, ds.y, ds.task, cfg.model)
+    found = mismatches(X, y, task, cfg.model)
     for line in found:
         report.say(False, "csv", f"{path}: {line}", cluster=False)
     if not found:
-        report.say(
-            True, "csv", f"{path}: {ds.n_rows} rows fit the model ({ds.X.shape[1]} features)", cluster=False
-        )
+        report.say(True, "csv", f"{path}: {n} rows fit the model ({width} features)", cluster=False)
+
+
+def _schema_rows(cfg, path: str, target: str, rows: int):
+    """(records, labels, task, rows, inputs) of a CSV read by the config's feature schema; DataError naming a
+    missing column or the rows the schema refuses."""
+    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.records import choose_schema, declared_labels, table_records
+
+    table = load_table(path, target, task=cfg.model.task, rows=rows)
+    schema = choose_schema(table, cfg.model.schema, source="the config")
+    records = table_records(table, schema)
+    return records, declared_labels(table.y, cfg.model), table.task, table.n_rows, schema.width
 
 
 def check_cluster(cfg, timeout: float, report: Report) -> None:

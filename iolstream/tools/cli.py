@@ -37,6 +37,10 @@ COMMANDS = {
         "iolstream.tools.seed",
         "learn a worker's starting state from a CSV (a snapshot it resumes from)",
     ),
+    "schema": (
+        "iolstream.tools.schema",
+        "infer a worker config (the feature schema) from a CSV of named fields",
+    ),
     "snapshot": (
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",

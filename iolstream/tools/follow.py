@@ -24,9 +24,10 @@ class Follower:
     of row i, NaN until its prediction came. ``duplicates`` counts predictions of an id seen before.
     """
 
-    def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str):
+    def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str, id_field: str = "id"):
         self.consumer_conf = consumer_conf
         self.topic = topic
+        self.id_field = id_field  # the predictions' id field: "id", or a named-field worker's events.id_field
         self.index = {row_id: i for i, row_id in enumerate(ids)}
         self.task = task
         if task == "classification":
@@ -104,7 +105,7 @@ class Follower:
     def _on_prediction(self, value: bytes) -> None:
         try:
             obj = orjson.loads(value)
-            i = self.index.get(obj.get("id"))
+            i = self.index.get(obj.get(self.id_field))
         except (orjson.JSONDecodeError, AttributeError):
             return
         if i is None:

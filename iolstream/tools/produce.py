@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iolstream.tools.follow import Follower, plot_curve
-from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary, row_ids
+from iolstream.tools.plan import EventShape, PlanOptions, iter_plan, plan, plan_summary, row_ids
 from iolstream.tools.progress import Reporter
 from iolstream.tools.send import SendFailed, create_topics, preflight, send
 
@@ -166,18 +166,20 @@ class KafkaTarget:
     replication_factor: int = 1
     model: object = None  # the worker config's ModelConfig (with -c): the data is checked against it
     log_format: str = "text"
+    events: object = None  # the worker config's EventsConfig (with -c): its model has a feature schema
 
 
 def resolve_target(args) -> KafkaTarget:
     from iolstream.kafka.config import TopicsConfig, load_config
 
     topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
-    dead = model = None
+    dead = model = events = None
     log_format = "text"
     if args.config:
         cfg = load_config(args.config)
         topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
         dead, model, log_format = cfg.topics.dead_letters, cfg.model, cfg.logging.format
+        events = cfg.events if cfg.model.schema is not None else None
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
     target = KafkaTarget(
         conf,
@@ -189,6 +191,7 @@ def resolve_target(args) -> KafkaTarget:
         topics.replication_factor,
         model,
         log_format,
+        events,
     )
     names = [target.features, target.labels, target.predictions]
     if len(set(names)) != 3:
@@ -196,16 +199,26 @@ def resolve_target(args) -> KafkaTarget:
     return target
 
 
-def load_rows(args):
-    """(X, y, task, description) of the data set, shuffled and capped as asked."""
+def load_rows(args, model=None):
+    """(X, y, task, description) of the data set, shuffled and capped as asked. With ``model`` (a worker's
+    ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent)."""
     from iolstream.tools import datasets
-    from iolstream.tools.csvdata import load_csv
+    from iolstream.tools.csvdata import load_csv, load_table
 
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
     if args.csv is None and args.target:
         raise ValueError("--target applies only to --csv")
+    if model is not None and model.schema is not None:
+        return _load_records(args, model)
     if args.csv is not None:
+        table = load_table(args.csv, args.target)
+        if table.needs_schema():
+            raise ValueError(
+                f"{args.csv} has text or blank cells: a worker reads such rows by a feature schema "
+                f"(model.features); `iolstream schema infer --csv {args.csv} --target {args.target}` writes a config "
+                "with one, then pass it with -c"
+            )
         ds = load_csv(args.csv, args.target)
     elif args.dataset not in datasets.DATASETS:
         raise datasets.DataError(
@@ -215,10 +228,42 @@ def load_rows(args):
         ds = datasets.load("poker", rows=args.rows, seed=args.seed)
     else:
         ds = datasets.load(args.dataset, seed=args.seed)
-    order = np.random.default_rng(args.seed).permutation(ds.n_rows) if args.shuffle else np.arange(ds.n_rows)
-    if args.rows is not None:
-        order = order[: args.rows]
+    order = _order(args, ds.n_rows)
     return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description
+
+
+def _order(args, n: int) -> np.ndarray:
+    order = np.random.default_rng(args.seed).permutation(n) if args.shuffle else np.arange(n)
+    return order[: args.rows] if args.rows is not None else order
+
+
+def _load_records(args, model):
+    """``load_rows`` for a worker with a feature schema: the records its events carry (a CSV's columns by the
+    schema; a built-in data set's features by their names), and the labels typed as its classes."""
+    from iolstream.tools import datasets
+    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.records import choose_schema, declared_labels, table_records
+
+    schema = model.schema
+    if args.csv is not None:
+        table = load_table(args.csv, args.target, task=model.task)
+        choose_schema(table, schema, source=args.config)  # every field of the schema is a column
+        records, y, task, description = table_records(table, schema), table.y, table.task, table.description
+    else:
+        if args.dataset not in datasets.DATASETS:
+            raise datasets.DataError(
+                f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}"
+            )
+        ds = datasets.load(args.dataset, seed=args.seed)
+        names = list(ds.feature_names)
+        records = [dict(zip(names, row)) for row in ds.X.tolist()]
+        from iolstream.tools.records import check_records
+
+        check_records(records, schema, ds.name)
+        y, task, description = ds.y, ds.task, ds.description
+    order = _order(args, len(records))
+    labels = declared_labels(np.asarray(y)[order], model)
+    return [records[i] for i in order.tolist()], labels, task, description + " (as named-field events)"
 
 
 def main(args) -> int:
@@ -261,7 +306,12 @@ def replay(args) -> int:
     )
     target = resolve_target(args)
     logs.setup("WARNING", target.log_format)  # librdkafka's complaints through the repeat filter, never raw
-    X, y, task, description = load_rows(args)
+    X, y, task, description = load_rows(args, target.model)
+    shape = None if target.events is None else EventShape.of(target.events)
+    if shape is not None and shape.id_from_key and args.batch_rows > 1:
+        raise ValueError(
+            "--batch-rows: the worker takes the id from the message key (events.id_from_key): 1 only"
+        )
     if target.model is not None:
         found = mismatches(X, y, task, target.model)
         if found:
@@ -297,7 +347,10 @@ def replay(args) -> int:
 
     follower = None
     if args.follow:
-        follower = Follower(target.client_conf, target.predictions, row_ids(n, options), y, task).start()
+        id_field = "id" if shape is None else shape.id_field
+        follower = Follower(
+            target.client_conf, target.predictions, row_ids(n, options), y, task, id_field
+        ).start()
     metric_name = "acc" if task == "classification" else "rmse"
     reporter = Reporter(n, "produce", enabled=not args.quiet)
 
@@ -317,7 +370,7 @@ def replay(args) -> int:
 
     try:
         summary = send(
-            iter_plan(X, y, options),
+            iter_plan(X, y, options, shape),
             producer_conf=target.client_conf,
             features_topic=target.features,
             labels_topic=target.labels,

@@ -32,6 +32,7 @@ kind before the clock starts (``compile_seconds``), and test evaluation is timed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -150,6 +151,7 @@ class Split:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    schema: object = None  # the feature schema the rows were encoded by (docs/design.md §11), or None
 
     @property
     def n_outputs(self) -> int:
@@ -209,6 +211,7 @@ def make_split(dataset: Dataset, protocol: Protocol, *, classes=None) -> Split:
         y[train],
         np.ascontiguousarray(dataset.X[test]),
         y[test],
+        dataset.schema,
     )
 
 
@@ -393,11 +396,27 @@ def model_config(split: Split, mode: str, model: dict | None = None) -> ModelCon
         kwargs["classes"] = tuple(plain_label(c) for c in split.classes)
     else:
         kwargs["n_outputs"] = split.n_outputs
-    if kwargs.get("scaler") == "fixed" and kwargs.get("scaler_mean") is None:
+    if split.schema is not None:  # named fields: the model encodes by the schema and scales its numbers only
+        kwargs["features"] = _fixed_fields(split) if kwargs.get("scaler") == "fixed" else split.schema.fields
+    elif kwargs.get("scaler") == "fixed" and kwargs.get("scaler_mean") is None:
         std = split.x_train.std(axis=0, ddof=1)
         kwargs["scaler_mean"] = tuple(split.x_train.mean(axis=0))
         kwargs["scaler_std"] = tuple(np.where(std > 0, std, 1.0))
     return ModelConfig(n_inputs=split.x_train.shape[1], **kwargs)
+
+
+def _fixed_fields(split: Split) -> tuple:
+    """The schema's fields, each number with the mean and deviation of its values present in the training part."""
+    out = []
+    for f, at in zip(split.schema.fields, split.schema.offsets()):
+        if f.type == "number":
+            column = split.x_train[:, at]
+            present = column[~np.isnan(column)]
+            mean = float(present.mean()) if len(present) else 0.0
+            std = float(present.std(ddof=1)) if len(present) > 1 else 0.0
+            f = dataclasses.replace(f, mean=mean, std=std if std > 0 else 1.0)
+        out.append(f)
+    return tuple(out)
 
 
 def evaluate(
