@@ -92,7 +92,7 @@ def run_river(model, events: list[dict], y: np.ndarray, b: int) -> tuple[np.ndar
     return proba, proba.argmax(axis=1), len(y) / (time.perf_counter() - tic)
 
 
-def measure(name: str, b: int, seed: int, arf: bool) -> list[dict]:
+def measure(name: str, b: int, seed: int, arf: bool, river: bool = True) -> list[dict]:
     ts = load_tabular(name, seed=seed)
     positive = ts.positive
     y = np.array([1 if label == positive else 0 for label in ts.labels], dtype=np.int64)
@@ -102,7 +102,7 @@ def measure(name: str, b: int, seed: int, arf: bool) -> list[dict]:
     rows = []
     compile_kernels(ModelConfig(classes=(0, 1), features=features), parallel=False)
     runs = {"edRVFL": lambda: run_edrvfl(x, y, b, seed, features)}
-    for label, model in _river_models(seed, arf).items():
+    for label, model in (_river_models(seed, arf) if river else {}).items():
         runs[label] = lambda model=model: run_river(model, events, y, b)
     for label, run in runs.items():
         print(f"  {name}: {label}...", file=sys.stderr, flush=True)
@@ -141,10 +141,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=100, help="rows per batch (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-arf", dest="arf", action="store_false", help="leave out River's ARF (the slowest)")
+    p.add_argument(
+        "--no-river",
+        dest="river",
+        action="store_false",
+        help="edRVFL alone (River's rows do not change with it)",
+    )
     args = p.parse_args(argv)
     rows = []
     for name in args.sets:
-        rows += measure(name, args.batch, args.seed, args.arf)
+        rows += measure(name, args.batch, args.seed, args.arf, args.river)
     print(
         f"`{' '.join(['python benchmarks/binary_streams.py', *(argv if argv is not None else sys.argv[1:])])}`\n"
     )
