@@ -1,9 +1,9 @@
-"""Numba kernels: the activations, the Woodbury inverse update and the softmax.
+"""Numba kernels: the activations and the softmax.
 
 Private, unvalidated, arrays in and arrays out. The public wrappers live in
 ``network`` and ``learner``; the plain-NumPy twins every kernel is tested
 against live in ``tests/naive.py``. The fused kernels of a whole step (hidden
-layers, Gram + Cholesky update, prediction, fold-in) are in ``fused``.
+layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``fused``.
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
 ``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
@@ -51,32 +51,6 @@ def activate(v, code):
         return v * e / (1.0 + e)
     # leaky_relu
     return v if v > 0.0 else LEAKY_SLOPE * v
-
-
-@nb.njit(**JIT)
-def woodbury_update(inverse, d_t):
-    """P ← P − P Dᵀ (I + D P Dᵀ)⁻¹ D P, in place (Algorithms 1–2, Sherman–Morrison–Woodbury).
-
-    inverse : (n, n) symmetric positive definite P = A⁻¹ (η in the paper)
-    d_t     : (n, b) Dᵀ of the batch entering A
-    The b×b system is solved by Cholesky; the result is re-symmetrised, which keeps
-    P positive definite over long streams (MEASUREMENTS.md: float32 without it diverges).
-    """
-    n, b = d_t.shape
-    pd = np.dot(inverse, d_t)  # P Dᵀ, (n, b)
-    s = np.dot(d_t.T, pd)  # D P Dᵀ, (b, b)
-    for i in range(b):
-        s[i, i] += 1.0
-    chol = np.linalg.cholesky(s)
-    # K = P Dᵀ S⁻¹ via two triangular solves on the transposed system: S Kᵀ = D P
-    k_t = np.linalg.solve(chol, pd.T)  # L⁻¹ D P, (b, n)
-    update = np.dot(k_t.T, k_t)  # P Dᵀ S⁻¹ D P = (L⁻¹DP)ᵀ(L⁻¹DP)
-    for i in range(n):
-        for j in range(i, n):
-            v = 0.5 * ((inverse[i, j] - update[i, j]) + (inverse[j, i] - update[j, i]))
-            inverse[i, j] = v
-            inverse[j, i] = v
-    return inverse
 
 
 @nb.njit(**JIT)

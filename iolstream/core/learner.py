@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, kernels, linalg, work
+from iolstream.core import fused, linalg, work
 from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
@@ -355,7 +355,7 @@ class OnlineLearner(LabelFold):
             ls.factor_kind = "inverse"
             ls.woodbury_steps = 0
             return
-        kernels.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
+        fused.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
         ls.woodbury_steps += 1
 
     @staticmethod

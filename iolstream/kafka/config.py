@@ -264,7 +264,7 @@ def _build_section(name: str, cls, raw) -> object:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{name}.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+        raise ConfigError("; ".join(_unknown(f"{name}.{key}", key, known, "key") for key in unknown))
     values = {}
     for key, value in raw.items():
         full = f"{name}.{key}"
@@ -287,7 +287,7 @@ def _build_model(raw) -> ModelConfig:
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"model.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+        raise ConfigError("; ".join(_unknown(f"model.{key}", key, known, "key") for key in unknown))
     if "n_inputs" not in raw and raw.get("features") is None:
         raise ConfigError(
             "model.n_inputs: required (the number of features per row), or model.features (named fields)"
@@ -364,6 +364,22 @@ def check_environment(environ) -> None:
         raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
 
 
+def env_overrides(environ=None) -> dict[str, str]:
+    """{configuration key: the variable that sets it} of the ``IOLSTREAM_<SECTION>__<KEY>`` overrides in
+    ``environ`` (default: this process' environment), for saying where a value came from.
+
+    >>> env_overrides({"IOLSTREAM_MODEL__N_INPUTS": "5", "IOLSTREAM_KAFKA__CLIENT__sasl.password": "x", "HOME": "/"})
+    {'kafka.client.sasl.password': 'IOLSTREAM_KAFKA__CLIENT__sasl.password', 'model.n_inputs': 'IOLSTREAM_MODEL__N_INPUTS'}
+    """
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name in sorted(environ):
+        rest = name[len(ENV_PREFIX) :]
+        if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES and "__" in rest:
+            found[".".join(rest.lower().split("__"))] = name
+    return dict(sorted(found.items()))
+
+
 def _apply_env(raw: dict, environ) -> dict:
     check_environment(environ)
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
@@ -388,9 +404,9 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a YAML mapping of sections")
     raw = _apply_env(raw, os.environ if environ is None else environ)
-    unknown = sorted(set(raw) - set(_SECTIONS) - {"model"})
+    unknown = sorted(set(raw) - set(_SECTIONS) - {"model"}, key=str)
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; known: model, {', '.join(_SECTIONS)}")
+        raise ConfigError(_unknown(str(unknown[0]), str(unknown[0]), {"model", *_SECTIONS}, "section"))
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
     cfg = WorkerConfig(model=_build_model(raw.get("model")), **sections)
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
@@ -442,6 +458,38 @@ def _check_events(cfg: WorkerConfig) -> None:
             )
 
 
+def _unknown(full: str, name: str, known, what: str) -> str:
+    """The line for an unknown key (or section): the nearest known one when there is one, else all of them.
+
+    >>> _unknown("model.n_input", "n_input", {"n_inputs", "n_nodes", "classes"}, "key")
+    'model.n_input: unknown key; did you mean model.n_inputs?'
+    """
+    near = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+    if near:
+        return f"{full}: unknown {what}; did you mean {full[: len(full) - len(str(name))]}{near[0]}?"
+    return f"{full}: unknown {what}; known: {', '.join(sorted(known))}"
+
+
+SASL_WITH_PASSWORD = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def check_login(kafka: KafkaConfig) -> None:
+    """A SASL login that needs a user and a password has both (librdkafka would refuse to make a client): else a
+    ConfigError naming the key and the environment variable that sets it. Called by the commands that connect
+    (``run``, ``check``, ``produce``, ``topics --create``); ``acls`` and ``topics`` print lines without one."""
+    client = {str(k).lower(): v for k, v in kafka.client.items()}
+    protocol = str(client.get("security.protocol", "plaintext")).upper()
+    mechanism = str(client.get("sasl.mechanism") or client.get("sasl.mechanisms") or "GSSAPI").upper()
+    if not protocol.startswith("SASL") or mechanism not in SASL_WITH_PASSWORD:
+        return
+    for key in ("sasl.username", "sasl.password"):
+        if client.get(key) in (None, ""):
+            raise ConfigError(
+                f"kafka.client.{key}: not set, and security.protocol {protocol} with sasl.mechanism {mechanism} needs "
+                f"it; set it in the environment: {ENV_PREFIX}KAFKA__CLIENT__{key}=..."
+            )
+
+
 def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
     """What group learning needs of the rest of the config (ConfigError naming the key)."""
     if cfg.topics.model_deltas in names:
@@ -485,5 +533,19 @@ def load_config(path, environ=None) -> WorkerConfig:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML{_where(exc)}") from None
     return config_from_dict(raw, environ)
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """Where a YAML error is and what it is, on one line: " at line L, column C: problem (context)"."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return ": " + " ".join(str(exc).split())
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        context += f" that starts at line {start.line + 1}, column {start.column + 1}"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
+        f" ({context})" if context else ""
+    )

@@ -146,6 +146,14 @@ def model_families(v: ModelStatus):
     mode = v.mode
     yield _gauge("pending_rows", "Rows waiting for their label", v.pending)
     yield _gauge("held_rows", "Rows waiting for the warm-up scaler (not predicted yet)", v.held)
+    yield _gauge(
+        "warmup_rows", "Rows the warm-up scaler has (no prediction before warmup_target_rows)", v.warmup_rows
+    )
+    yield _gauge(
+        "warmup_target_rows",
+        "Rows the warm-up scaler waits for (model.warmup_rows; 0: none)",
+        v.warmup_target,
+    )
     yield _gauge("early_labels", "Labels waiting for their feature row", v.early_labels)
     yield _gauge("model_version", "Model version (changes of β)", v.model_version)
     preq = GaugeMetricFamily(

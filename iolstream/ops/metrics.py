@@ -4,7 +4,8 @@ One small HTTP server (a daemon thread) answers:
 
 - ``/metrics``: Prometheus text format (names below);
 - ``/healthz``: 200 while the loop has ticked within ``max(5 × kafka.poll_timeout_ms, 10 s)``
-  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch);
+  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch); 503 "starting: <what>"
+  until the loop runs (waiting for the broker, loading the snapshot, compiling the kernels);
 - ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
   broker is reachable and no stop was requested; else 503 and the reason.
 
@@ -24,9 +25,6 @@ Counters (``*_total``) count what *this process* did, from 0 at its start, so Pr
 Gauges (pending rows, prequential metric, regret, ...) describe the model state, which a
 snapshot carries across restarts.
 
-Exported (all ``iolstream_``):
-
-=====================================  ==========  =============================================
 name                                   type        labels; meaning
 =====================================  ==========  =============================================
 rows_in_total                          counter     feature rows accepted
@@ -66,6 +64,9 @@ batch_update_seconds                   histogram   one step: forward update, pre
 prediction_latency_seconds             histogram   Kafka produce time of the features → prediction produced
 event_latency_seconds                  histogram   the row's "ts" (event time) → prediction produced
 =====================================  ==========  =============================================
+=======
+The names, types and labels exported are listed for users in docs/operations.md ("Health, readiness,
+metrics, logs"); tests/ops/test_metrics_documented.py keeps that table equal to what a scrape returns.
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ class Metrics:
         self._rows_in_seen = 0
         self.broker_up: bool | None = None  # None: no statistics yet
         self.worker = None
+        self.starting = ""  # before there is a worker: what the start is doing (``iolstream run`` says)
         self.server: ThreadingHTTPServer | None = None
 
     # ---------------------------------------------------- worker thread
@@ -322,7 +324,9 @@ class Metrics:
         """``/healthz``: (ok, why): the loop ticked recently."""
         w = self.worker
         if w is None:
-            return False, "starting"
+            return False, f"starting: {self.starting}" if self.starting else "starting"
+        if w.starting is not None:
+            return False, f"starting: {w.starting}"
         limit = max(5 * self.cfg.kafka.poll_timeout_ms / 1000.0, HEALTH_MIN_SECONDS)
         idle = time.monotonic() - w.last_tick
         return (True, "ok") if idle <= limit else (False, f"loop stalled for {idle:.1f} s")
@@ -330,7 +334,7 @@ class Metrics:
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: (ok, why): assigned, replay over, broker reachable, not stopping."""
         w = self.worker
-        if w is None:
+        if w is None or w.starting is not None:
             return False, "starting"
         if w.stopping:
             return False, "stopping"

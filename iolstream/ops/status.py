@@ -29,6 +29,7 @@ class WorkerView(Protocol):
         StreamProcessor  # the stream state and its model (replaced or restored in place on a roll-back)
     )
     checkpoint: CheckpointInfo
+    starting: str | None  # what the start is doing (compiling the kernels, ...); None once the loop runs
     last_tick: float  # monotonic time of the loop's last tick
     stopping: bool  # a stop was requested
     connected: bool  # the input consumer exists
@@ -46,6 +47,8 @@ class ModelStatus:
     metric_name: str  # accuracy | rmse
     pending: int
     held: int
+    warmup_rows: int  # rows the warm-up scaler has of the warmup_target it waits for (equal once it froze)
+    warmup_target: int  # model.warmup_rows (0: no warm-up scaler)
     early_labels: int
     model_version: int
     metric: float
@@ -83,6 +86,8 @@ def model_status(
         metric_name="accuracy" if mc.task == "classification" else "rmse",
         pending=status["pending"],
         held=status["held"],
+        warmup_rows=status["warmup_rows"],
+        warmup_target=status["warmup_target"],
         early_labels=status["early_labels"],
         model_version=status["model_version"],
         metric=status["metric"],

@@ -47,7 +47,9 @@ class StreamConfig:
     max_batch_latency_ms: int = 50
     label_batch_rows: int = 256
     max_label_latency_ms: int = 200
-    max_message_bytes: int = 1_048_576
+    # Kafka's default max.message.bytes of a topic (1,048,588) less the dead-letter headroom (8,192,
+    # kafka.topics.DEAD_LETTER_HEADROOM): topics made with the broker's defaults take every dead letter whole
+    max_message_bytes: int = 1_040_396
     max_pending_rows: int = 100_000
     row_ttl_ms: int | None = 3_600_000
     row_ttl_batches: int | None = None

@@ -19,8 +19,7 @@ class DeadLetter:
 
     value: bytes
     bad: BadInput
-    source: object  # opaque: what the adapter passed in; None when unknown
-    key: object = None  # the key of the message it came from (kept on the dead letter), None when none
+    source: object  # opaque: what the adapter passed in (the Kafka adapter: with the message's key); None when unknown
 
 
 @dataclass

@@ -146,7 +146,7 @@ class StreamProcessor:
         predicted at once, before the labels that follow it come, so that (aligned) each label message folds
         in its batch alone. ``accepted()``: called once the message is taken in, before a batch it filled is
         predicted (the adapter notes when its rows arrived). ``key``: the message key (named-field events
-        may take their id from it; their dead letters keep it)."""
+        may take their id from it; a dead letter keeps what the adapter put in its ``source``)."""
         if labels:
             dead = self.on_labels(value, source, now_ms, key)
         else:
@@ -159,20 +159,19 @@ class StreamProcessor:
         out.dead_letters[:0] = dead
         return out
 
-    def _dead(self, rejected, source, raw: bytes | None = None, key=None) -> list[DeadLetter]:
-        """Count and wrap rejections; ``raw``: the message's bytes, used when it held this one row only;
-        ``key``: the message's key (kept on its dead letters)."""
+    def _dead(self, rejected, source, raw: bytes | None = None) -> list[DeadLetter]:
+        """Count and wrap rejections; ``raw``: the message's bytes, used when it held this one row only."""
         out = []
         for bad, value in rejected:
             self.dead_letters[bad.reason] = self.dead_letters.get(bad.reason, 0) + 1
-            out.append(DeadLetter(raw if raw is not None else value, bad, source, key))
+            out.append(DeadLetter(raw if raw is not None else value, bad, source))
         return out
 
     def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
         rows, rejected = self.decoder.features(value, key)
-        dead = self._dead(rejected, source, key=key)
+        dead = self._dead(rejected, source)
         if rows is None or not len(rows.ids):
             return dead
         single = len(rows.ids) == 1 and not rejected
@@ -184,7 +183,7 @@ class StreamProcessor:
             duplicates and self.events is not None
         ):  # counted when decoded: a duplicate is no event of the stream
             self.events.uncount([letter for _, letter in duplicates])
-        dead += self._dead(duplicates, source, raw=value if single else None, key=key)
+        dead += self._dead(duplicates, source, raw=value if single else None)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
             self._queued_ids.update(rows.ids)
@@ -211,7 +210,7 @@ class StreamProcessor:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
         labels, rejected = self.decoder.labels(value, key)
-        dead = self._dead(rejected, source, key=key)
+        dead = self._dead(rejected, source)
         if labels is None or not len(labels.ids):
             return dead
         self.counters["labels_in"] += len(labels.ids)
@@ -224,7 +223,7 @@ class StreamProcessor:
         ]  # this message's labels
         if mine:
             single = len(labels.ids) == 1 and not rejected
-            dead += self._dead(mine, source, raw=value if single else None, key=key)
+            dead += self._dead(mine, source, raw=value if single else None)
         if result.orphan_sources:
             dead += self._orphans(result.rejected, result.orphan_sources)
         return dead
@@ -445,6 +444,10 @@ class StreamProcessor:
         c.update({f"join_{k}": v for k, v in self.join.counters.items()})
         c["pending"] = self.pending_rows
         c["held"] = self.held_rows
+        # the warm-up scaler: rows it has (batched or held, none predicted) of the rows it waits for; 0 of 0 without one
+        scaler = self.model.scaler
+        c["warmup_target"] = 0 if scaler.mode != "warmup" else scaler.warmup_rows
+        c["warmup_rows"] = c["warmup_target"] if scaler.frozen else min(self.queued_rows, c["warmup_target"])
         c["early_labels"] = self.join.n_early
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value

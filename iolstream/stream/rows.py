@@ -29,6 +29,22 @@ REASONS: tuple[str, ...] = (
     "missing_field",  # a required named field absent or null
 )
 
+# what a reason usually means, for the lines that name one (the status line, ``iolstream produce --follow``)
+REASON_HINTS = {
+    "malformed_json": "values that are not JSON",
+    "bad_schema": "JSON that is not a features or labels message (docs/configuration.md#messages)",
+    "missing_id": "rows without an id",
+    "wrong_feature_count": "rows whose width is not model.n_inputs",
+    "non_finite": "NaN or null in the features or a regression label",
+    "unknown_class": "labels that are not one of model.classes",
+    "bad_label": "labels of the wrong type or shape for the task",
+    "oversize": "messages over stream.max_message_bytes",
+    "unknown_id": "labels whose row never came (within stream.early_label_ttl_ms)",
+    "expired_id": "labels for rows that expired before them (stream.row_ttl_ms)",
+    "duplicate_id": "ids the worker has seen before: the same rows sent again? give new rows new ids "
+    "(iolstream produce --id-prefix)",
+}
+
 MAX_DETAIL_CHARS = 500
 
 

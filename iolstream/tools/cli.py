@@ -45,6 +45,14 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "topics": (
+        "iolstream.tools.topics",
+        "the kafka-topics lines creating a worker config's topics (or --create them)",
+    ),
+    "warmup": (
+        "iolstream.tools.warmup",
+        "compile the kernels a worker config takes into the cache, ahead of its first start",
+    ),
     "acls": (
         "iolstream.tools.acls",
         "the kafka-acls lines granting a worker (or producer) exactly what it needs",

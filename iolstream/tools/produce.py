@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iolstream.stream.rows import REASON_HINTS
 from iolstream.tools.follow import Follower, plot_curve
 from iolstream.tools.plan import EventShape, PlanOptions, iter_plan, plan, plan_summary, row_ids
 from iolstream.tools.progress import Reporter
-from iolstream.tools.send import SendFailed, create_topics, preflight, send
+from iolstream.tools.send import SendFailed, create_topics, ids_sent_before, preflight, send
 
 __all__ = [
     "PlanOptions",
@@ -170,13 +171,14 @@ class KafkaTarget:
 
 
 def resolve_target(args) -> KafkaTarget:
-    from iolstream.kafka.config import TopicsConfig, load_config
+    from iolstream.kafka.config import TopicsConfig, check_login, load_config
 
     topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
     dead = model = events = None
     log_format = "text"
     if args.config:
         cfg = load_config(args.config)
+        check_login(cfg.kafka)
         topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
         dead, model, log_format = cfg.topics.dead_letters, cfg.model, cfg.logging.format
         events = cfg.events if cfg.model.schema is not None else None
@@ -328,6 +330,16 @@ def replay(args) -> int:
         f"via {target.client_conf['bootstrap.servers']}"
     )
 
+    ids = row_ids(n, options)
+    repeated, scanned = ids_sent_before(target.client_conf, target.features, ids)
+    if repeated:
+        print(
+            f"iolstream produce: warning: {repeated} of the {n} ids to send ({ids[0]} .. {ids[-1]}) are in "
+            f"{target.features} already (its newest {scanned} messages): a worker that saw them refuses these rows "
+            "as duplicate_id dead letters; give this replay new ids with --id-prefix",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.create_topics:
         names = [target.features, target.labels, target.predictions] + (
             [target.dead_letters] if target.dead_letters else []
@@ -349,7 +361,14 @@ def replay(args) -> int:
     if args.follow:
         id_field = "id" if shape is None else shape.id_field
         follower = Follower(
-            target.client_conf, target.predictions, row_ids(n, options), y, task, id_field
+            target.client_conf,
+            target.predictions,
+            ids,
+            y,
+            task,
+            id_field,
+            dead_letters=target.dead_letters,
+            features=target.features,
         ).start()
     metric_name = "acc" if task == "classification" else "rmse"
     reporter = Reporter(n, "produce", enabled=not args.quiet)
@@ -357,8 +376,11 @@ def replay(args) -> int:
     def status(rows_sent: int) -> str:
         if follower is None:
             return f"{rows_sent}/{n} rows sent"
+        refused = (
+            f", {follower.refused_rows} refused ({follower.dominant()})" if follower.refused_rows else ""
+        )
         return (
-            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
+            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted{refused}, "
             f"prequential {metric_name} {follower.metric():.4f}"
         )
 
@@ -403,10 +425,22 @@ def replay(args) -> int:
         name = args.dataset or os.path.basename(args.csv)
         plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
         say(f"learning curve written to {args.plot}")
+    if follower.refused_rows:
+        reason = follower.dominant()
+        say(
+            f"{follower.refused_rows} rows were refused by the worker (dead letters in {target.dead_letters}), "
+            f"{'all' if follower.refused[reason] == follower.refused_rows else 'mostly'} {reason}: "
+            f"{REASON_HINTS[reason]}"
+        )
     if not done:
+        missing = n - follower.predicted - follower.refused_rows
+        why = f"within {args.follow_timeout:.0f} s of the last one"
+        if follower.refused_rows:
+            why = f"{follower.refused_rows} refused as dead letters ({follower.dominant()})" + (
+                f", {missing} not {why}" if missing else ""
+            )
         print(
-            f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
-            f"{args.follow_timeout:.0f} s of the last one",
+            f"iolstream produce: error: {n - follower.predicted} rows got no prediction: {why}",
             file=sys.stderr,
         )
         return 1

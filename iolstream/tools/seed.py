@@ -74,6 +74,7 @@ def main(args) -> int:
 
     from iolstream.kafka.config import load_config
     from iolstream.kafka.snapshots import SnapshotStore
+    from iolstream.stream.prequential import PrequentialMetric
     from iolstream.tools.fit import mismatches
 
     cfg = load_config(args.config)
@@ -94,19 +95,23 @@ def main(args) -> int:
         raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
     started = time.perf_counter()
     proc = seed_processor(cfg, X, y)
+    c, metric_value = dict(proc.counters), proc.metric.value
+    # the seed's rows never came through Kafka and none of its predictions was emitted: the worker's counters
+    # and prequential metric (the status line, the gauges) start from 0, as for a fresh model
+    proc.counters.update(dict.fromkeys(proc.counters, 0))
+    proc.metric = PrequentialMetric(proc.metric.task, cfg.metrics.window_rows)
     manifest, arrays = proc.to_state()
     manifest["offsets"] = []  # no input consumed: the worker reads every partition from its beginning
     manifest["worker"] = {
         "exactly_once": cfg.durability.exactly_once,
         "group_id": cfg.kafka.group_id,
-        "seeded_from": {"csv": str(args.csv), "target": args.target, "rows": n_rows},
+        "seeded_from": {"csv": str(args.csv), "target": args.target, "rows": c["rows_learned"]},
     }
     snap = store.write(manifest, arrays)
     metric = "accuracy" if cfg.model.task == "classification" else "RMSE"
-    c = proc.counters
     print(
         f"seeded {snap.path} from {n_rows} rows in {time.perf_counter() - started:.1f} s: "
-        f"{c['rows_learned']} learned, prequential {metric} {proc.metric.value:.4f}, model version "
+        f"{c['rows_learned']} learned, prequential {metric} {metric_value:.4f}, model version "
         f"{proc.model.version}"
     )
     if not proc.model.ready:
