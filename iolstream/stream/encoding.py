@@ -124,7 +124,7 @@ def encode_predictions(
         return [
             with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
         ]
-    return [with_event % (*row, e) if e >= 0 else without % row for *row, e in zip(*parts, events)]
+    return [with_event % (*row, e) if e >= 0 else without % row for row, e in zip(zip(*parts), events)]
 
 
 def _fill_extra(head: bytes, tail: bytes, parts: list, extra: list[bytes], ts_in, b: int) -> list[bytes]:
