@@ -234,6 +234,13 @@ def test_stream_order_prints_no_test_columns_and_no_nan(capsys):
         "20%",
         "last",
         "20%",
+        "log",  # the prequential metrics beside it (two classes: ROC AUC too)
+        "loss",
+        "Brier",
+        "ROC",
+        "AUC",
+        "bal.",
+        "acc",
         "cum.",
         "regret",
     ] + [
