@@ -190,6 +190,11 @@ class OnlineLearner(LabelFold):
         return work.scoring_flops(self.n_columns, self.n_outputs, self.n_layers, b, cholesky)
 
     @property
+    def calibration_sums(self) -> np.ndarray:
+        """(GRID_SIZE,) the calibration's sums of this learner's predictions (``core.calibration``), in place."""
+        return self.state.calibration
+
+    @property
     def version(self) -> int:
         """Bumped at every change of the sums."""
         return self.state.version

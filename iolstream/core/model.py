@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import kernels, learner, regret
+from iolstream.core import calibration, kernels, learner, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder
@@ -41,7 +41,7 @@ class Prediction:
 
     features_t    : (L, n, b) — D_lᵀ, reusable by ``learn`` to avoid recomputing features
     layer_outputs : (L, b, m) — D_l β_l with the β in force for this prediction
-    proba         : (b, m) — class probabilities (classification) or None
+    proba         : (b, m) — class probabilities (classification; calibrated, ``core.calibration``) or None
     index         : (b,) int — predicted class index (classification) or None
     value         : (b, m) — regression prediction or None
     version       : model version that made it
@@ -60,6 +60,11 @@ class Prediction:
     version: int
     clock: int = 0
     candidate_outputs: np.ndarray | None = None
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(b, m) the ensemble's raw output: the mean of the layers' outputs (what ``proba`` calibrates)."""
+        return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
 
     @property
     def predicted(self) -> np.ndarray:
@@ -122,6 +127,8 @@ class EdRVFL:
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
+        # classification: labelled rows folded in per class (model.class_weight "balanced" weighs by them)
+        self.class_counts = np.zeros(config.m if config.classes is not None else 0)
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
         if config.task == "regression" and config.target_scaler == "fixed":
@@ -222,8 +229,24 @@ class EdRVFL:
         return self.scaler.transform(x)
 
     # ----------------------------------------------------------- prediction
-    def combine(self, layer_outputs: np.ndarray):
-        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
+        cfg = self.config
+        return cfg.task == "classification" and cfg.ensemble_rule == "softmax" and cfg.calibration == "online"
+
+    def calibration_in_force(self, candidate: int | None = None) -> dict | None:
+        """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
+        if not self.calibrated:
+            return None
+        j = self.selector.chosen if candidate is None else candidate
+        return calibration.describe(self.learners[j].calibration_sums)
+
+    def combine(self, layer_outputs: np.ndarray, candidate: int | None = None):
+        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value). Classification: ``proba`` by the
+        calibration of ``candidate`` (default: the one in force), the class the highest mean output (the highest
+        probability: the calibration keeps their order), or with ``threshold`` the second class where its
+        probability reaches it."""
         rule = self.config.ensemble_rule
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
@@ -236,14 +259,29 @@ class EdRVFL:
                 ),
             )
         n_layers, b, m = layer_outputs.shape
-        if rule == "softmax":
-            proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+        outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+        if self.calibrated:
+            j = self.selector.chosen if candidate is None else candidate
+            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
+        elif rule == "softmax":
+            proba = kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
             for layer_votes in votes:
                 proba[np.arange(b), layer_votes] += 1.0 / n_layers
-        return proba, proba.argmax(axis=1), None
+        return proba, self.decide(proba, outputs), None
+
+    def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
+        """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
+        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        highest probability."""
+        if self.config.threshold is not None:
+            return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
+        if self.calibrated:
+            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+        return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
@@ -301,6 +339,22 @@ class EdRVFL:
             features_t, self.targets.transform(targets), gram_in, predicted, observed_at
         )
 
+    def class_weights(self, labels: np.ndarray) -> np.ndarray | None:
+        """Each labelled row's weight (b,) by ``model.class_weight`` (None: every row weighs 1), and the class counts
+        move on by these rows. "balanced": n / (m · n_c), n_c the rows of class c folded in so far, these included
+        (scikit-learn's rule on the labels seen when they arrive; with group learning, the group's)."""
+        labels = np.asarray(labels, dtype=np.int64)
+        self.class_counts += np.bincount(labels, minlength=self.config.m)
+        weight = self.config.class_weight
+        if weight is None or not len(labels):
+            return None
+        if weight == "balanced":
+            counts = self.class_counts
+            per_class = counts.sum() / (self.config.m * np.maximum(counts, 1.0))
+        else:
+            per_class = np.asarray(weight, dtype=np.float64)
+        return per_class[labels]
+
     def release_held_labels(self) -> None:
         """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
         if self.targets.frozen and self.targets.held:
@@ -308,13 +362,37 @@ class EdRVFL:
                 self._learn_scaled(*args)
 
     def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        weights = None
+        if self._class_index is not None:
+            weights = self.class_weights(targets.argmax(axis=1))
         if len(self.learners) == 1:
-            return self.learner.learn(
-                features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at
+            if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
+                predicted = self.learner.layer_outputs(features_t)
+            losses = self.learner.learn(
+                features_t,
+                targets,
+                gram_in=gram_in,
+                predicted=predicted,
+                observed_at=observed_at,
+                sample_weight=weights,
             )
+            if self.calibrated:
+                self.record_calibration(0, predicted, targets.argmax(axis=1), observed_at, weights)
+            return losses
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made (NaN where it made none)
-        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at)
+        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
+
+    def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
+        """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
+        their weight in its sums (forgetting's decay times ``weights``, the class weights)."""
+        ln = self.learners[candidate]
+        row_weights = ln.row_weights(observed_at, len(labels))
+        if weights is not None:
+            row_weights = row_weights * weights
+        scores = kernels.layer_mean(np.ascontiguousarray(outputs, dtype=np.float64))
+        sums = ln.calibration_sums  # in place: the learner's state holds them
+        sums += calibration.grid_losses(scores, labels, row_weights)
 
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
@@ -322,13 +400,20 @@ class EdRVFL:
         for ln in self.learners:
             ln.forget(features_t, observed_at)
 
-    def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
-        row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
-        _, index, value = self.combine(np.asarray(layer_outputs))
-        if index is not None:
-            return (index != targets.argmax(axis=1)).astype(np.float64)
-        return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+    def selection_loss(
+        self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
+    ) -> np.ndarray:
+        """Candidate ``candidate``'s loss per row (b,) for CandidateSelector: the log loss of its calibrated
+        probabilities (1 where its ensemble misclassified the row when ``proba`` is not calibrated), or its
+        ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        proba, index, value = self.combine(np.asarray(layer_outputs), candidate)
+        if index is None:
+            return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+        labels = targets.argmax(axis=1)
+        if self.calibrated:
+            picked = proba[np.arange(len(labels)), labels]
+            return -np.log(np.maximum(picked, calibration.PROBABILITY_FLOOR))
+        return (index != labels).astype(np.float64)
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""

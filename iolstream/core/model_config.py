@@ -28,6 +28,7 @@ TASKS = ("classification", "regression")
 TARGET_SCALERS = ("warmup", "fixed", "none")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
+CALIBRATIONS = ("online", "none")  # online: core.calibration; none: the mean of the layers' softmax
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,13 @@ class ModelConfig:
     target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
     target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
     target_std: tuple | None = None
+    # classification: how proba is made from the layers' outputs (CALIBRATIONS; docs/design.md §12)
+    calibration: str = "online"
+    # classification: None (every row weighs 1), "balanced" (n / (m · n_class) from the labels folded in so far,
+    # this batch's included) or one weight per class; given as {class: weight} (a class not named weighs 1) or a
+    # list in the order of ``classes``, stored as that tuple of m floats
+    class_weight: str | tuple | None = None
+    threshold: float | None = None  # binary: y_hat is the second class when its probability ≥ threshold
     # the feature schema (docs/design.md §11): the named fields of an event and how each is encoded; None: rows
     # arrive as arrays of n_inputs numbers. Kept as a tuple of core.schema.FieldSpec
     features: tuple | None = None
@@ -174,6 +182,50 @@ class ModelConfig:
             self._check_fixed_scaling("scaler", self.n_inputs, bad, store=False)
         if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
             bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+        if self.calibration not in CALIBRATIONS:
+            bad("calibration", f"one of {CALIBRATIONS}", self.calibration)
+        self._check_class_weight(bad)
+        if self.threshold is not None:
+            if self.classes is None or len(self.classes) != 2:
+                bad("threshold", "null unless the model has exactly 2 classes", self.threshold)
+            if isinstance(self.threshold, bool) or not (
+                isinstance(self.threshold, (int, float)) and 0.0 < self.threshold < 1.0
+            ):
+                bad("threshold", "a number between 0 and 1 (exclusive), or null", self.threshold)
+            object.__setattr__(self, "threshold", float(self.threshold))
+
+    def _check_class_weight(self, bad) -> None:
+        """``class_weight``: None / "none", "balanced", {class: weight} or m weights; stored as None, "balanced"
+        or a tuple of m floats in the order of ``classes`` (raises through ``bad`` naming the key)."""
+        value = self.class_weight
+        if value is None or value == "none":
+            object.__setattr__(self, "class_weight", None)
+            return
+        allowed = "none, balanced, {class: weight > 0} or a list of one weight > 0 per class"
+        if self.classes is None:
+            bad("class_weight", "none for regression", value)
+        if value == "balanced":
+            return
+        if isinstance(value, dict):
+            index = {c: i for i, c in enumerate(self.classes)}
+            by_text = {str(c): i for i, c in enumerate(self.classes)}
+            weights = [1.0] * len(self.classes)
+            for key, weight in value.items():
+                i = index.get(key, by_text.get(str(key)))
+                if i is None:
+                    bad("class_weight", f"weights of declared classes {list(self.classes)}", key)
+                weights[i] = weight
+        elif isinstance(value, (list, tuple)) and len(value) == len(self.classes):
+            weights = list(value)
+        else:
+            bad("class_weight", allowed, value)
+        ok = all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w > 0
+            for w in weights
+        )
+        if not ok:
+            bad("class_weight", allowed, value)
+        object.__setattr__(self, "class_weight", tuple(float(w) for w in weights))
 
     def _check_features(self) -> None:
         """``features`` parsed into FieldSpecs; ``n_inputs`` is their encoded width (a config that gives another

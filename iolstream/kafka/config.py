@@ -24,6 +24,7 @@ import yaml
 
 from iolstream.core.model import ModelConfig
 from iolstream.stream.config import EventsConfig, StreamConfig
+from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
 ENV_PREFIX = "IOLSTREAM_"
 # the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
@@ -132,7 +133,10 @@ class MetricsConfig:
 
     port: int = 9108  # 0 disables the HTTP endpoint (metrics, /healthz, /readyz)
     host: str = "0.0.0.0"
-    window_rows: int = 1000  # sliding window of the prequential metric
+    window_rows: int = 1000  # sliding window of the prequential metrics
+    # the prequential metric the status line leads with (stream.prequential): accuracy, log_loss, brier, roc_auc
+    # (two classes), balanced_accuracy; rmse, mae (regression). Null: accuracy, or rmse
+    primary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -412,8 +416,24 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
         )
     if cfg.group.enabled:
         _check_group(cfg, names)
+    _check_primary(cfg)
     _check_events(cfg)
     return _with_size_limits(cfg)
+
+
+def _check_primary(cfg: WorkerConfig) -> None:
+    """``metrics.primary`` names a prequential metric of the model's task (roc_auc: two classes only)."""
+    primary = cfg.metrics.primary
+    if primary is None:
+        return
+    task = cfg.model.task
+    allowed = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
+    if task == "classification" and cfg.model.m != 2:
+        allowed = tuple(name for name in allowed if name != "roc_auc")
+    if primary not in allowed:
+        raise ConfigError(
+            f"metrics.primary: must be null or one of {', '.join(allowed)} for this model, got {primary!r}"
+        )
 
 
 def _check_events(cfg: WorkerConfig) -> None:

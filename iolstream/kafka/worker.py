@@ -490,6 +490,12 @@ class Worker:
         new = {r: n - self._dead_seen.get(r, 0) for r, n in dead.items() if n > self._dead_seen.get(r, 0)}
         self._dead_seen = dict(dead)
         log_status_line(
-            log, self.processor, self.broker_unreachable_seconds, waiting_for, group=group, dead_new=new
+            log,
+            self.processor,
+            self.broker_unreachable_seconds,
+            waiting_for,
+            group=group,
+            dead_new=new,
+            primary=self.cfg.metrics.primary,
         )
         self.output.reasons.tick()

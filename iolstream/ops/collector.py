@@ -163,7 +163,12 @@ def model_families(v: ModelStatus):
     )
     preq.add_metric([v.metric_name, "all", mode], finite(v.metric))
     preq.add_metric([v.metric_name, "sliding", mode], finite(v.metric_window))
+    for window, values in (("all", v.metrics), ("sliding", v.metrics_window)):
+        for name, value in values.items():
+            if name != v.metric_name and not isinstance(value, list):
+                preq.add_metric([name, window, mode], finite(value))
     yield preq
+    yield from class_families(v)
     yield _gauge(
         "immediate_loss",
         "½‖Dβ − Y‖² of the last label batch, mean over layers (docs/design.md §3)",
@@ -209,6 +214,28 @@ def model_families(v: ModelStatus):
             "auto: share of the rows every candidate predicted (the rest, only the one in force)",
             eff["scored_share"],
         )
+
+
+def class_families(v: ModelStatus):
+    """Classification: each class's prequential precision and recall, and the calibration map in force (the
+    families are there for every model, empty or NaN when they do not apply)."""
+    for kind in ("precision", "recall"):
+        family = GaugeMetricFamily(
+            PREFIX + f"class_{kind}",
+            f"Prequential {kind} of each class, over all rows or the sliding window",
+            labels=["class", "window"],
+        )
+        for window, values in (("all", v.metrics), ("sliding", v.metrics_window)):
+            for cls, value in zip(v.classes or (), values.get(kind, [])):
+                family.add_metric([str(cls), window], finite(value))
+        yield family
+    cal = v.calibration or {"temperature": float("nan"), "kappa": float("nan")}
+    yield _gauge(
+        "calibration_temperature",
+        "The calibration map in force: softmax(T·g_κ(clipped mean output)), labelled with κ (docs/design.md §12)",
+        cal["temperature"],
+        kappa=f"{cal['kappa']:g}",
+    )
 
 
 def snapshot_families(v: ModelStatus):

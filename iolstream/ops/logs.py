@@ -34,6 +34,7 @@ import time
 
 import orjson
 
+from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
 from iolstream.stream.rows import REASON_HINTS
 
 # attributes every LogRecord has: anything else on a record came from ``extra=``
@@ -212,13 +213,30 @@ def log_status_line(
     *,
     group: dict | None = None,
     dead_new: dict[str, int] | None = None,
+    primary: str | None = None,
 ) -> None:
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
-    prequential metric, the model version; the warm-up's progress until it is done; the dead letters since the
-    last line and their most frequent reason (``dead_new``: reason -> count); the λ and half-life in force when
-    forgetting or ``auto`` is on, how long the broker has been unreachable, and what the loop waits for."""
+    prequential metrics (``primary`` first, with its sliding window: ``metrics.primary``), the model version; the
+    warm-up's progress until it is done; the dead letters since the last line and their most frequent reason
+    (``dead_new``: reason -> count); the λ and half-life in force when forgetting or ``auto`` is on, how long the
+    broker has been unreachable, and what the loop waits for."""
     s = processor.status()
-    metric = "acc" if processor.model.config.task == "classification" else "rmse"
+    classification = processor.model.config.task == "classification"
+    primary = primary or ("accuracy" if classification else "rmse")
+    others = [n for n in (CLASSIFICATION_METRICS if classification else REGRESSION_METRICS) if n != primary]
+    values, window = s["metrics"], s["metrics_window"]
+    short = {
+        "accuracy": "acc",
+        "log_loss": "log_loss",
+        "brier": "brier",
+        "roc_auc": "auc",
+        "balanced_accuracy": "bal_acc",
+        "rmse": "rmse",
+        "mae": "mae",
+    }
+    if classification and processor.model.config.m != 2:
+        others.remove("roc_auc")  # two classes only
+    more = "".join(f" {short[n]}={values[n]:.4f}" for n in others)  # nan until known
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
     dead = ""
@@ -248,7 +266,7 @@ def log_status_line(
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info(
-        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d%s prequential_%s=%.4f (window %.4f) "
+        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d%s prequential_%s=%.4f (window %.4f)%s "
         "version=%d%s%s",
         s["rows_in"],
         s["predictions_out"],
@@ -256,9 +274,10 @@ def log_status_line(
         s["pending"],
         s["dead_letters"],
         dead,
-        metric,
-        s["metric"],
-        s["metric_window"],
+        short[primary],
+        values[primary],
+        window[primary],
+        more,
         s["model_version"],
         warming,
         tail,

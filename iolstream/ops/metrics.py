@@ -43,7 +43,10 @@ dead_letters_dropped_total             counter     reason: dead letters not writ
 transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
 model_version                          gauge       changes of β
-prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
+prequential                            gauge       metric = accuracy | log_loss | brier | roc_auc | balanced_accuracy
+                                                   (classification) | rmse | mae, window = all | sliding, mode
+class_precision, class_recall          gauge       class, window: prequential precision and recall of each class
+calibration_temperature                gauge       kappa: the calibration map in force (docs/design.md §12)
 immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)

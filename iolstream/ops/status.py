@@ -59,6 +59,12 @@ class ModelStatus:
     regret: float
     regret_bound: float
     effective: dict  # the λ and half-life in force (``EdRVFL.effective``)
+    metrics: dict  # every prequential metric over all rows (``stream.prequential``; per-class lists)
+    metrics_window: dict  # the same over the sliding window
+    classes: tuple | None  # the declared classes (per-class metrics), None for regression
+    calibration: (
+        dict | None
+    )  # the calibration map in force ({"kappa", "temperature"}), None if not calibrated
     snapshot_written_at: float
     snapshot_seconds: float
     snapshot_bytes: int
@@ -92,6 +98,10 @@ def model_status(
         regret=regret[1],
         regret_bound=regret[2],
         effective=proc.model.effective,
+        metrics=status["metrics"],
+        metrics_window=status["metrics_window"],
+        classes=mc.classes,
+        calibration=proc.model.calibration_in_force(),
         snapshot_written_at=checkpoint.written_at,
         snapshot_seconds=checkpoint.snapshot_seconds,
         snapshot_bytes=checkpoint.snapshot_bytes,

@@ -59,6 +59,9 @@ class StreamConfig:
     forget_expired: bool = (
         False  # downdate the Gram of rows whose label never came (default: keep it, docs/design.md §2)
     )
+    emit_scores: bool = (
+        False  # classification: each prediction also carries "scores", the raw ensemble output
+    )
     align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
     align_max_queued_messages: int = (
         20_000  # per partition, consumed but not yet processed: pause it above this ...

@@ -60,6 +60,7 @@ def encode_predictions(
     ts_out_ms: int,
     mode: str,
     classes: tuple | None,
+    scores: np.ndarray | None = None,
     id_key: str = "id",
     extra: list[bytes] | None = None,
 ) -> list[bytes]:
@@ -69,10 +70,11 @@ def encode_predictions(
               itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
     proba   : (b, m) class probabilities (classification) or None
     ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
+    scores  : (b, m) the ensemble's raw outputs (``stream.emit_scores``), or None
     id_key  : the name of the id field (named-field events: the team's own, ``events.id_field``)
     extra   : per row, more fields as a JSON fragment without braces (``"country":"FR"``: the
               passthrough fields of named-field events), or None
-    Fields: <id_key>, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode, [extra...].
+    Fields: <id_key>, y_hat, [proba], [scores], model_version, ts (= ts_out_ms), [event_ts], mode, [extra...].
     Non-finite floats are written as null (orjson's rule).
 
     The whole batch is serialised by a few orjson calls and split, then each row's message is
@@ -99,9 +101,10 @@ def encode_predictions(
             head = b"{" + key + b':%b,"y_hat":[%b]'
         y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
     parts = [id_json, y_json]
-    if proba is not None:
-        head += b',"proba":[%b]'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
+    for name, values in ((b"proba", proba), (b"scores", scores)):
+        if values is not None:
+            head += b',"' + name + b'":[%b]'
+            parts.append(_rows_json(np.asarray(values, dtype=np.float64).reshape(b, -1)))
     head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
     tail = b',"mode":%b}' % orjson.dumps(mode)
     if extra is not None:  # the passthrough fragments: the row's last field(s), one more %b per row
@@ -115,11 +118,13 @@ def encode_predictions(
     without = head + tail.replace(b"%", b"%%")
     events = event.tolist()
     # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
-    if proba is None:
+    if len(parts) == 2:
         return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
-    return [
-        with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
-    ]
+    if len(parts) == 3:
+        return [
+            with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
+        ]
+    return [with_event % (*row, e) if e >= 0 else without % row for row, e in zip(zip(*parts), events)]
 
 
 def _fill_extra(head: bytes, tail: bytes, parts: list, extra: list[bytes], ts_in, b: int) -> list[bytes]:

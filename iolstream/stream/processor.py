@@ -131,7 +131,7 @@ class StreamProcessor:
             "rows_forgotten": 0,
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
-        self.metric = PrequentialMetric(mc.task, window_rows)
+        self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
@@ -302,6 +302,7 @@ class StreamProcessor:
             ts_out_ms=now_ms,
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
+            scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
             id_key=self.event_shape.id_field,
             extra=None if self.events is None else self.events.passthrough(rows.events),
         )
@@ -310,7 +311,11 @@ class StreamProcessor:
         mc = self.model.config
         outputs = np.asarray(pred.predicted).reshape(self.n_candidates, mc.n_layers, b, mc.m)  # (K, L, b, m)
         rows_payload = self.layout.build(
-            rows.X, stamp=pred.clock, candidate=self.model.selector.chosen, outputs=outputs
+            rows.X,
+            stamp=pred.clock,
+            candidate=self.model.selector.chosen,
+            outputs=outputs,
+            emitted=pred.proba if pred.proba is not None else pred.value,
         )
         self.feature_cache.put(
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
@@ -372,20 +377,20 @@ class StreamProcessor:
         emitted_outputs = (
             outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
         )
-        features_t, emitted = self._features_for(layout.x(rows), seqs, layout.position(rows))
+        features_t, _ = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
-        if emitted is None:  # the ensemble of the stored layer outputs: what was emitted for these rows
-            _, index, value = self.model.combine(emitted_outputs)
+        emitted = layout.emitted(rows)  # what was sent for these rows: probabilities, or values
+        if mc.task == "classification":
+            index = self.model.decide(emitted, emitted_outputs)
+            self.metric.update_classes(
+                y, index, emitted if self.model.config.ensemble_rule == "softmax" else None
+            )
         else:
-            index, value = (emitted, None) if mc.task == "classification" else (None, emitted)
-        if index is not None:
-            self.metric.update((index == y).astype(float))
-        else:
-            self.metric.update(((value - targets) ** 2).mean(axis=1))
+            self.metric.update_values(emitted, targets)
         return b
 
     def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray):
@@ -447,6 +452,8 @@ class StreamProcessor:
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
+        c["metrics"] = self.metric.values()
+        c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
         if (
             self.events is not None
@@ -462,13 +469,14 @@ class StreamProcessor:
         arrays.update({f"batcher/{k}": v for k, v in self.batcher.to_state().items()})
         arrays.update({f"join/{k}": v for k, v in self.join.to_state().items()})
         arrays.update(self.label_queue.to_arrays())
-        arrays["metric/window"] = np.asarray(self.metric.window, dtype=np.float64)
+        metric_manifest, metric_arrays = self.metric.to_state()
+        arrays.update(metric_arrays)
         arrays["last_losses"] = self.last_losses
         manifest["stream"] = {
             "batch_seq": self.batch_seq,
             "counters": self.counters,
             "dead_letters": self.dead_letters,
-            "metric": {"n": self.metric.n, "total": self.metric.total},
+            "metric": metric_manifest,
             "label_queue_since_ms": self.label_queue.since_ms,
             "last_label_rows": self.last_label_rows,
             "early_sources": [
@@ -508,8 +516,7 @@ class StreamProcessor:
         proc.batch_seq = int(st["batch_seq"])
         proc.counters.update(st["counters"])
         proc.dead_letters.update(st["dead_letters"])
-        proc.metric.n, proc.metric.total = int(st["metric"]["n"]), float(st["metric"]["total"])
-        proc.metric.window.extend(arrays["metric/window"].tolist())
+        proc.metric.load_state(st["metric"], arrays)
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
         arrays = payload.upgrade(arrays, manifest["format_version"], st.get("payload"), model)

@@ -80,6 +80,13 @@ class OSELM:
         outputs = self.learner.layer_outputs(hidden_t)
         return (hidden_t, outputs), self._decide(outputs[0])
 
+    def probabilities(self, handle):
+        """The outputs clipped to [0.005, 1] and normalised (a ridge fit of one-hot targets has no softmax)."""
+        if not self._classification:
+            return None
+        clipped = np.clip(handle[1][0], 0.005, 1.0)
+        return clipped / clipped.sum(axis=1, keepdims=True)
+
     def label(self, handle, y) -> float:
         hidden_t, outputs = handle
         targets = _one_hot(y, self.config.m) if self._classification else y
@@ -175,6 +182,9 @@ class RiverLearner:
             return (rows, proba), proba.argmax(axis=1)
         values = np.array([self.model.predict_one(r) or 0.0 for r in rows], dtype=np.float64).reshape(-1, 1)
         return (rows, values), values
+
+    def probabilities(self, handle):
+        return handle[1] if self._classification else None
 
     def label(self, handle, y) -> float:
         rows, outputs = handle

@@ -525,6 +525,8 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
         mode=data.draw(st.sampled_from(["forward", "ridge"])),
         classes=classes,
     )
+    if classes is not None and data.draw(st.booleans()):  # stream.emit_scores: the raw outputs too
+        kwargs["scores"] = proba[::-1].copy()
     assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(
         ids, y_hat, proba, **kwargs
     )

@@ -185,6 +185,19 @@ def test_json_objects(capsys, csv_file):
     assert objs[0]["config"]["lam"] == 0.25 and objs[0]["config"]["n_nodes"] == 16
     assert objs[0]["test_metric"] == pytest.approx(objs[1]["test_metric"])
     assert "edRVFL-F" in err  # the table went to stderr
+    for o in objs:  # the metrics teams watch, beside prequential_metric (stream.prequential)
+        assert 0 < o["log_loss"] < 5 and 0 <= o["brier"] <= 2 and 0 <= o["balanced_accuracy"] <= 1, o
+        assert o["mae"] is None and o["roc_auc"] is None  # three classes: no AUC
+        assert set(o["per_class"]) == {"a", "b", "c"}
+        assert all(set(v) == {"precision", "recall"} for v in o["per_class"].values())
+    assert "log loss" in err and "bal. acc" in err
+
+
+def test_json_regression_reports_mae(capsys):
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "diabetes", *FAST, "--json", "--mode", "ridge")
+    assert rc == 0
+    (o,) = [json.loads(line) for line in out.splitlines()]
+    assert o["mae"] > 0 and o["log_loss"] is None and o["per_class"] == {}
 
 
 def test_quiet_prints_only_the_summary(capsys):
@@ -221,6 +234,13 @@ def test_stream_order_prints_no_test_columns_and_no_nan(capsys):
         "20%",
         "last",
         "20%",
+        "log",  # the prequential metrics beside it (two classes: ROC AUC too)
+        "loss",
+        "Brier",
+        "ROC",
+        "AUC",
+        "bal.",
+        "acc",
         "cum.",
         "regret",
     ] + [
