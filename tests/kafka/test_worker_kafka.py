@@ -741,7 +741,12 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
     book.assign(("f", 0), None)
     book.assign(("l", 0), None)
     a = Assignment(
-        cfg, book, Aligner(100, 100, 2**20), ClientCalls(), before_revoke=lambda: None, stopping=lambda: False
+        cfg,
+        book,
+        Aligner(100, 100, 2**20),
+        ClientCalls(),
+        before_revoke=lambda keys: None,
+        stopping=lambda: False,
     )
     a.lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
 
