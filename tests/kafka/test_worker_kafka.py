@@ -23,6 +23,7 @@ import pytest
 import yaml
 from confluent_kafka import KafkaError, KafkaException
 from kafka_util import (
+    STARTUP_SECONDS,
     committed_offsets,
     consume_all,
     create_topics,
@@ -100,7 +101,7 @@ class WorkerThread:
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
 
-    def wait_assigned(self, partitions: int = 2, timeout: float = 30.0) -> None:
+    def wait_assigned(self, partitions: int = 2, timeout: float = STARTUP_SECONDS) -> None:
         """Until the group gave the worker its partitions (then it reads new input as it comes)."""
         deadline = time.monotonic() + timeout
         while self.worker.partitions < partitions:

@@ -4,6 +4,7 @@ the loop watchdog, repeated log lines (iolstream.kafka.calls, iolstream.ops.life
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -132,4 +133,5 @@ def test_repeated_warnings_are_logged_once_per_interval_with_a_count():
     time.sleep(0.25)
     again = record("FAIL|rdkafka#producer-1| 127.0.0.1:19092/1: Connect failed (after 7ms)")
     assert f.filter(again)
-    assert again.getMessage().endswith("(50 more like it in the last 0 s)") and again.repeated == 50
+    # the seconds since the first of the kind: 0 unless the machine was too busy to wake the sleep on time
+    assert re.search(r"\(50 more like it in the last \d+ s\)$", again.getMessage()) and again.repeated == 50
