@@ -302,6 +302,8 @@ class GroupSync:
         read in time is noted in the snapshot (``stop``) and read first at the next start, as every start reads
         on from the snapshot's positions. Returns whether the end was reached."""
         self.handovers.stop()
+        if self.consumer is None:  # stopped before the log was opened: nothing read, nothing to say
+            return False
         try:
             ends = {
                 p: self.consumer.get_watermark_offsets(

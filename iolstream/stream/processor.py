@@ -366,7 +366,6 @@ class StreamProcessor:
             if result.orphan_sources:
                 self._adoption_dead += self._orphans(result.rejected, result.orphan_sources)
             start = end
-        self.counters["labels_in"] += len(ids)
         return joined
 
     def _queue_joined(self, result, now_ms: int) -> None:

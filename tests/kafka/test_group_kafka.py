@@ -523,9 +523,14 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
         m.wait(ready, "ready")
     sender = threading.Thread(target=send, args=(kafka_bootstrap, topics, first, 600.0))  # ~5 s of input
     sender.start()
-    # mid-stream, no goodbye: once it predicts (past the warm-up, whose held rows a crash would not predict again
-    # under exactly-once: their offsets are committed without predictions; a known gap, not this test's subject)
-    members[1].wait(lambda s: s.get(("iolstream_predictions_total",), 0) > 0, "predicting")
+    # mid-stream, no goodbye: once its first predictions are committed. Not earlier: exactly-once commits the
+    # offsets of rows held for the group's warm-up scaling before they are predicted, and the restarted member
+    # re-learns them without emitting (kafka/relearn.py), the scaling agreed by then: their predictions are lost
+    # (a known gap of the group's warm-up, not this test's subject)
+    first = members[1].wait(lambda s: s.get(("iolstream_predictions_total",), 0) > 0, "predicting")
+    committed = ("iolstream_transactions_total", ("outcome", "committed"))
+    if exactly_once:  # a transaction committed after them: theirs, or a later one
+        members[1].wait(lambda s: s.get(committed, 0) > first.get(committed, 0), "committing its predictions")
     restart_keeping_partitions(members, 1)
     # for good: its partitions go to the others once its session times out (static membership)
     stop_holding_everything_published(members[2], snap_dir, kafka_bootstrap, topics["model_deltas"])

@@ -569,6 +569,10 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
             model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 100},
             stream={"batch_rows": 20, "label_batch_rows": 20},
             snapshot={"every_seconds": 3},
+            # the outage is 30 s, but stopping and starting a broker on a busy machine adds tens of seconds
+            # (68 s in all, measured): within librdkafka's default 45 s the group would expel the worker, which
+            # is another test's case (a consumer that lost its partitions)
+            kafka={"consumer": {"session.timeout.ms": 180_000}},
         ),
         environ={},
     )
