@@ -101,9 +101,8 @@ class GroupSync:
         self.started_ms = 0
         self.model_digest = model_digest(cfg.model)
         self.handovers = Handovers(self._produce, assigned)  # rows and labels whose partitions moved
-        self.stop_reached: dict[int, tuple[int, int]] | None = (
-            None  # at the stop: partition -> (read to, end)
-        )
+        # at a stop (``complete``): partition -> (read to, end; -1 if the end could not be had)
+        self.stop_reached: dict[int, tuple[int, int]] | None = None
 
     # ------------------------------------------------------------ state
     def attach(self, processor, saved: tuple[dict, dict] | None, *, start: bool = False) -> None:
@@ -424,9 +423,8 @@ class GroupSync:
             elif member == self.member and not self.caught_up and self.adopted_positions is not None:
                 self.own_rows = rows
             if member == self.member and not self.restored and not self.caught_up:
-                if (
-                    self.adopted_positions is not None
-                ):  # no snapshot: the labels of its handover after its sums
+                # no snapshot: only the labels of its handover after the sums it takes back
+                if self.adopted_positions is not None:
                     self.own_labels = arrays
             elif member == self.member or current:
                 self.handovers.receive_labels(member, arrays)
@@ -522,7 +520,6 @@ class GroupSync:
                 "log_positions": self._read_to(self.partitions) if self.consumer is not None else {},
                 # it holds input it has not learned, or learned sums it has not published
                 "unpublished": bool(self.state.changed() or self.processor.unlearned),
-                "labels_waiting": len(self.handovers.labels),
                 "records": {f"{kind}/{direction}": n for (kind, direction), n in self.records.items()},
             }
         )

@@ -161,12 +161,17 @@ class JoinBuffer:
         """(id, label, arrival ms, source) of the labels held early, oldest first."""
         return self._early.items()
 
-    def hand_over_early(self, which) -> list[tuple[str, object, object]]:
-        """(id, label, source) of the labels held early whose source ``which`` accepts, oldest first, taken out
-        and counted as handed over: their partition goes to another member, which will see their rows."""
+    def hand_over_early(self, which) -> tuple[list[str], np.ndarray, list]:
+        """(ids, labels, sources) of the labels held early whose source ``which`` accepts, oldest first, taken
+        out and counted as handed over: their partition goes to another member, which will see their rows.
+        Labels as ``add_labels`` takes them: class indices (n,) or targets (n, m)."""
         taken = self._early.take(which)
         self.counters["labels_handed_over"] += len(taken)
-        return [(row_id, y, source) for row_id, y, _, source in taken]
+        return (
+            [row_id for row_id, _, _, _ in taken],
+            self._y_array([y for _, y, _, _ in taken]),
+            [source for _, _, _, source in taken],
+        )
 
     def set_early_sources(self, pairs) -> None:
         """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are

@@ -121,9 +121,8 @@ class StreamProcessor:
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
-        self._adoption_dead: list[
-            DeadLetter
-        ] = []  # what adopted labels gave (group learning): the next step's
+        # dead letters of adopted labels (group learning), emitted with the next step's
+        self._adoption_dead: list[DeadLetter] = []
 
     # ------------------------------------------------------------ input
     def feed(
@@ -335,12 +334,7 @@ class StreamProcessor:
         """(ids, labels, sources) of the labels held early whose source ``which`` accepts, taken out: their
         partition goes to another member (group learning), which will see their rows, and adopts them there
         (``adopt_labels``). Labels as the join buffer keeps them: class indices (n,) or targets (n, m)."""
-        taken = self.join.hand_over_early(which)
-        return (
-            [row_id for row_id, _, _ in taken],
-            self.join._y_array([y for _, y, _ in taken]),
-            [source for _, _, source in taken],
-        )
+        return self.join.hand_over_early(which)
 
     def adopt_labels(self, ids: list[str], labels: np.ndarray, sources: list, now_ms: int) -> int:
         """Take labels another member held early for rows of a partition this member now holds: each joins its
