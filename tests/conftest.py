@@ -124,12 +124,11 @@ def _start_local(port: str) -> tuple[str, Callable[[], None] | None]:
     return f"127.0.0.1:{port}", stop
 
 
-# The kinds of model the tests' workers run: the kernels' signatures follow the dtype, the mode (auto keeps -F and
-# -R candidates), the task and forgetting; ``warm.preload`` takes both solvers, serial and parallel, as a worker's start
-# does for its own config.
+# The kinds of model the tests' workers run: the kernels' signatures follow the dtype (float64: no worker test runs
+# float32, whose kernels tests/core compiles in its own process), the mode (auto keeps -F and -R candidates), the task
+# and forgetting; ``warm.preload`` takes both solvers, serial and parallel, as a worker's start does for its config.
 WORKER_KINDS = [
-    {"dtype": dtype, "mode": mode, **task}
-    for dtype in ("float64", "float32")
+    {"mode": mode, **task}
     for mode in ("auto", "forward", "ridge")
     for task in ({"classes": (0, 1)}, {"n_outputs": 1})
 ] + [
@@ -151,8 +150,10 @@ def worker_kernels(request) -> float:
         warm.preload(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none", **kind))
     seconds = time.perf_counter() - started
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"worker kernels compiled or loaded in {seconds:.1f} s (tests/conftest.py)")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # to the terminal, not into the first test's output
+            reporter.write_line(f"worker kernels compiled or loaded in {seconds:.1f} s (tests/conftest.py)")
     return seconds
 
 

@@ -232,10 +232,12 @@ def snapshot_offsets(snap: snapshot.Snapshot) -> dict:
 
 
 def assert_commits_covered(rig: WorkerRig, context: str) -> None:
-    """At-least-once: no committed offset is ahead of the newest durable snapshot."""
+    """At-least-once: no committed offset is ahead of the newest durable snapshot. The offsets are read first:
+    a worker still running may write a snapshot and commit it between the two reads, never the other way."""
+    committed = rig.committed()
     snap = rig.store().load_latest()
     snap_offsets = snapshot_offsets(snap) if snap is not None else {}
-    for key, offset in rig.committed().items():
+    for key, offset in committed.items():
         assert offset <= snap_offsets.get(key, 0), (
             f"{context}: committed {key}@{offset} ahead of {snap_offsets}"
         )

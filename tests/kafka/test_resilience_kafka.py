@@ -94,7 +94,8 @@ def test_main_thread_stuck_in_a_client_call_ends_by_watchdog_or_sigterm(
     rc = proc.wait(30)
     log = log_path.read_text()
     assert rc == EXIT_SHUTDOWN_OVERRUN, log[-3000:]
-    assert time.monotonic() - signalled < 2.0 + 3.0  # the grace period, and the process's exit
+    # the grace period ends it (exit 4, above), not the 600 s watchdog: a bound with room for a busy machine's exit
+    assert time.monotonic() - signalled < 2.0 + 20.0
     assert "SIGTERM: stopping within 2 s" in log and "shutdown took longer than" in log
 
     # 3. and the next start, not stuck, finishes the work cleanly

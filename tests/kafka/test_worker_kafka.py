@@ -591,6 +591,7 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
                 features_topic=topics[0],
                 labels_topic=topics[1],
                 rate=100.0,
+                flush_seconds=STARTUP_SECONDS,  # the stream may end long before the broker is back
             )
         )
 

@@ -34,7 +34,9 @@ def test_a_call_past_its_deadline_is_abandoned_and_the_caller_ticks_meanwhile():
     started = time.monotonic()
     with pytest.raises(CallTimedOut, match="producer.flush did not return within 0.8 s"):
         calls.call("producer.flush", release.wait, timeout=0.5, grace=0.3)
-    assert 0.75 <= time.monotonic() - started < 3.0
+    assert (
+        0.75 <= time.monotonic() - started < 10.0
+    )  # after the deadline, not for ever (a busy machine is late)
     assert waits and all(name == "producer.flush" for name, _ in waits)  # the loop ticked while it waited
     assert calls.abandoned == 1
     assert (
