@@ -9,7 +9,7 @@ export KAFKA_PORT ?= 19092
 # they are present and is skipped, with the reason, where they are not.
 export IOLSTREAM_INSTALL_SYSTEM ?= 0
 
-.PHONY: install lint format test test-fast test-cluster container-test demo kafka-start kafka-stop bench clean
+.PHONY: install lint format test test-busy test-fast test-cluster container-test demo kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,12 @@ install: $(STAMP)
 
 # The formatter and the linter (configured in pyproject.toml); `make test` fails on either.
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check --quiet iolstream tests scripts
-	$(VENV)/bin/ruff check --quiet iolstream tests scripts
+	$(VENV)/bin/ruff format --check --quiet iolstream tests scripts benchmarks
+	$(VENV)/bin/ruff check --quiet iolstream tests scripts benchmarks
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format --quiet iolstream tests scripts
-	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts
+	$(VENV)/bin/ruff format --quiet iolstream tests scripts benchmarks
+	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts benchmarks
 
 # The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one); the secured
 # broker and the three-node cluster are started by their own fixtures (tests/secure, tests/cluster).
@@ -37,6 +37,11 @@ test: $(STAMP) lint
 	  $(PY) -m pytest -q -m "not cluster_full" $(PYTEST_ARGS) || status=$$?; \
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
+
+# `make test` as on a machine busy with something else: two CPU-bound loops beside it (scripts/busy.sh: BUSY_NICE,
+# default 19, a background job's priority; 0 for an equal's), stopped however the suite ends. CI runs `make test`.
+test-busy: $(STAMP)
+	@bash scripts/busy.sh $(MAKE) --no-print-directory test
 
 # The compose stack in podman (tests/containers/test_container_stack.py, also part of `make test`, where it is
 # skipped with the reason if podman cannot be had): with IOLSTREAM_INSTALL_SYSTEM=1 installs podman as root

@@ -110,12 +110,14 @@ def observe_candidates(
     return features_t, outputs
 
 
-def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at, weights=None) -> np.ndarray:
     """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of what
     was emitted for these rows: each row's prediction by the one candidate that made it, or, on rows every
     candidate predicted, by the one in force now. ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it
     (NaN: not predicted); None: every candidate's present β predicts them (these labels are not in it yet
-    either)."""
+    either). ``weights``: the rows' class weights (None: 1). The selector judges the rows every candidate
+    predicted by each one's calibrated probabilities as they were; then each candidate's calibration learns
+    from the rows it predicted."""
     learners, b = model.learners, features_t.shape[2]
     if predicted is None or np.ndim(predicted) != 4:
         predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
@@ -130,11 +132,17 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     chosen = model.selector.chosen
     emitter = np.where(scored | made[chosen], chosen, made.argmax(axis=0))
     emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
-    labelled_gram = _labelled_gram(model, features_t, gram_in, observed_at)
+    labelled_gram = None if weights is not None else _labelled_gram(model, features_t, gram_in, observed_at)
     for j, ln in enumerate(learners):
         if isinstance(ln, SharedGramLearner):
             if made[j].any():  # its loss on the rows it predicted; the sums are its primary's
-                ln.learn(features_t, targets, predicted=predicted[j], observed_at=observed_at)
+                ln.learn(
+                    features_t,
+                    targets,
+                    predicted=predicted[j],
+                    observed_at=observed_at,
+                    sample_weight=weights,
+                )
             continue
         ln.learn(
             features_t,
@@ -143,13 +151,27 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
             predicted=predicted[j],
             observed_at=observed_at,
             labelled_gram=labelled_gram,
+            sample_weight=weights,
         )
     losses = np.empty(model.config.n_layers)
     fused.label_losses(emitted, targets, losses)
     rows = np.flatnonzero(scored)
     row_losses = np.empty((len(learners), rows.size))
     for j in range(len(learners) if rows.size else 0):
-        row_losses[j] = model.selection_loss(predicted[j][:, rows], targets[rows])
+        row_losses[j] = model.selection_loss(predicted[j][:, rows], targets[rows], j)
+    if model.calibrated:  # after the selector's losses: they judge the probabilities as they were emitted
+        labels = targets.argmax(axis=1)
+        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        for j in range(len(learners)):
+            own = np.flatnonzero(made[j])
+            if own.size:
+                model.record_calibration(
+                    j,
+                    predicted[j][:, own],
+                    labels[own],
+                    None if stamps is None else stamps[own],
+                    None if weights is None else weights[own],
+                )
     model.emitted_loss += losses
     model.predicted_rows += made.sum(axis=1)
     model.selector.record(row_losses)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, kernels, linalg, work
+from iolstream.core import fused, linalg, work
 from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
@@ -188,6 +188,11 @@ class OnlineLearner(LabelFold):
         Cholesky per layer, unless -F keeps A⁻¹ by Woodbury for batches of b rows."""
         cholesky = self.mode == "ridge" or self._uses_cholesky(b)
         return work.scoring_flops(self.n_columns, self.n_outputs, self.n_layers, b, cholesky)
+
+    @property
+    def calibration_sums(self) -> np.ndarray:
+        """(GRID_SIZE,) the calibration's sums of this learner's predictions (``core.calibration``), in place."""
+        return self.state.calibration
 
     @property
     def version(self) -> int:
@@ -350,7 +355,7 @@ class OnlineLearner(LabelFold):
             ls.factor_kind = "inverse"
             ls.woodbury_steps = 0
             return
-        kernels.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
+        fused.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
         ls.woodbury_steps += 1
 
     @staticmethod

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import fused, kernels, learner, linalg, regret
+from iolstream.core import calibration, fused, kernels, learner, linalg, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
+from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
 from iolstream.core.network import RandomNetwork
 from iolstream.core.regret import RegretReport
@@ -40,7 +41,7 @@ class Prediction:
 
     features_t    : (L, n, b) — D_lᵀ, reusable by ``learn`` to avoid recomputing features
     layer_outputs : (L, b, m) — D_l β_l with the β in force for this prediction
-    proba         : (b, m) — class probabilities (classification) or None
+    proba         : (b, m) — class probabilities (classification; calibrated, ``core.calibration``) or None
     index         : (b,) int — predicted class index (classification) or None
     value         : (b, m) — regression prediction or None
     version       : model version that made it
@@ -61,12 +62,34 @@ class Prediction:
     candidate_outputs: np.ndarray | None = None
 
     @property
+    def scores(self) -> np.ndarray:
+        """(b, m) the ensemble's raw output: the mean of the layers' outputs (what ``proba`` calibrates)."""
+        return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
+
+    @property
     def predicted(self) -> np.ndarray:
         """What ``learn(predicted=...)`` takes for these rows: every candidate's outputs with ``auto``, else layer_outputs."""
         return self.layer_outputs if self.candidate_outputs is None else self.candidate_outputs
 
     def labels(self, classes) -> list:
         return [classes[i] for i in self.index]
+
+
+def make_scaler(config: ModelConfig) -> Scaler:
+    """The input scaler of ``config`` (docs/design.md §4); with a feature schema (§11) it z-scores the number
+    columns only, and a fixed scaling comes from each number field's mean and std."""
+    schema = config.schema
+    mean, std = config.scaler_mean, config.scaler_std
+    if schema is not None and config.scaler == "fixed":
+        mean, std = schema.fixed_scaling()
+    return Scaler(
+        config.scaler,
+        config.n_inputs,
+        warmup_rows=config.warmup_rows,
+        mean=mean,
+        std=std,
+        scaled=None if schema is None else schema.scaled,
+    )
 
 
 class EdRVFL:
@@ -87,13 +110,8 @@ class EdRVFL:
             dtype=np.dtype(config.dtype),
             bias_column=config.bias_column,
         )
-        self.scaler = Scaler(
-            config.scaler,
-            config.n_inputs,
-            warmup_rows=config.warmup_rows,
-            mean=config.scaler_mean,
-            std=config.scaler_std,
-        )
+        self.scaler = make_scaler(config)
+        self.encoder = None if config.schema is None else RecordEncoder(config.schema)
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
@@ -109,11 +127,15 @@ class EdRVFL:
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
+        # classification: labelled rows folded in per class (model.class_weight "balanced" weighs by them)
+        self.class_counts = np.zeros(config.m if config.classes is not None else 0)
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+        # the class weight of each row the last ``learn`` folded in (None: 1), for a record of what it entered with
+        self.entered_weights: np.ndarray | None = None
 
     def set_scoring_share(self, share) -> None:
         """Another ``model.scoring_share`` (a number > 0, or "all") from now on: it sets which batches the
@@ -172,6 +194,21 @@ class EdRVFL:
             ) from None
         return self.one_hot(index)
 
+    def encode(self, records) -> np.ndarray:
+        """Raw input rows (b, n_inputs) of ``records`` (dicts of named fields, as events carry them) by the
+        model's feature schema (``model.features``, ``core.encoder``): what ``observe`` and ``predict_batch``
+        take. ValueError naming the first record refused and its field."""
+        if self.encoder is None:
+            raise ValueError(
+                "the model has no feature schema (model.features): its rows are arrays of numbers"
+            )
+        out = self.encoder.encode(records)
+        if out.refused:
+            i, reason, detail = out.refused[0]
+            more = f" (and {len(out.refused) - 1} more records)" if len(out.refused) > 1 else ""
+            raise ValueError(f"record {i}: {reason}: {detail}{more}")
+        return out.X
+
     def one_hot(self, index: np.ndarray) -> np.ndarray:
         out = np.zeros((len(index), self.config.m))
         out[np.arange(len(index)), index] = 1.0
@@ -194,8 +231,23 @@ class EdRVFL:
         return self.scaler.transform(x)
 
     # ----------------------------------------------------------- prediction
-    def combine(self, layer_outputs: np.ndarray):
-        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
+        return self.config.calibrated
+
+    def calibration_in_force(self, candidate: int | None = None) -> dict | None:
+        """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
+        if not self.calibrated:
+            return None
+        j = self.selector.chosen if candidate is None else candidate
+        return calibration.describe(self.learners[j].calibration_sums)
+
+    def combine(self, layer_outputs: np.ndarray, candidate: int | None = None):
+        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value). Classification: ``proba`` by the
+        calibration of ``candidate`` (default: the one in force), the class the highest mean output (the highest
+        probability: the calibration keeps their order), or with ``threshold`` the second class where its
+        probability reaches it."""
         rule = self.config.ensemble_rule
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
@@ -208,14 +260,29 @@ class EdRVFL:
                 ),
             )
         n_layers, b, m = layer_outputs.shape
-        if rule == "softmax":
-            proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+        outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+        if self.calibrated:
+            j = self.selector.chosen if candidate is None else candidate
+            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
+        elif rule == "softmax":
+            proba = kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
             for layer_votes in votes:
                 proba[np.arange(b), layer_votes] += 1.0 / n_layers
-        return proba, proba.argmax(axis=1), None
+        return proba, self.decide(proba, outputs), None
+
+    def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
+        """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
+        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        highest probability."""
+        if self.config.threshold is not None:
+            return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
+        if self.calibrated:
+            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+        return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
@@ -263,6 +330,7 @@ class EdRVFL:
         ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
         # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
+        self.entered_weights = None
         if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
             held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
             if self.targets.frozen:
@@ -273,6 +341,22 @@ class EdRVFL:
             features_t, self.targets.transform(targets), gram_in, predicted, observed_at
         )
 
+    def class_weights(self, labels: np.ndarray) -> np.ndarray | None:
+        """Each labelled row's weight (b,) by ``model.class_weight`` (None: every row weighs 1), and the class counts
+        move on by these rows. "balanced": n / (m · n_c), n_c the rows of class c folded in so far, these included
+        (scikit-learn's rule on the labels seen when they arrive; with group learning, the group's)."""
+        labels = np.asarray(labels, dtype=np.int64)
+        self.class_counts += np.bincount(labels, minlength=self.config.m)
+        weight = self.config.class_weight
+        if weight is None or not len(labels):
+            return None
+        if weight == "balanced":
+            counts = self.class_counts
+            per_class = counts.sum() / (self.config.m * np.maximum(counts, 1.0))
+        else:
+            per_class = np.asarray(weight, dtype=np.float64)
+        return per_class[labels]
+
     def release_held_labels(self) -> None:
         """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
         if self.targets.frozen and self.targets.held:
@@ -280,13 +364,48 @@ class EdRVFL:
                 self._learn_scaled(*args)
 
     def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        weights = None
+        if self._class_index is not None:
+            weights = self.class_weights(targets.argmax(axis=1))
+        self.entered_weights = weights
         if len(self.learners) == 1:
-            return self.learner.learn(
-                features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at
+            if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
+                predicted = self.learner.layer_outputs(features_t)
+            losses = self.learner.learn(
+                features_t,
+                targets,
+                gram_in=gram_in,
+                predicted=predicted,
+                observed_at=observed_at,
+                sample_weight=weights,
             )
+            if self.calibrated:
+                self.record_calibration(0, predicted, targets.argmax(axis=1), observed_at, weights)
+            return losses
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made (NaN where it made none)
-        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at)
+        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
+
+    def calibration_scores(self, predicted) -> np.ndarray | None:
+        """(K, b, m) each candidate's mean output for rows, from ``predicted`` as ``learn`` takes it ((L, b, m),
+        or (K, L, b, m) with NaN where a candidate made none): what its calibration learns from when their labels
+        come, and loses again if they are erased (``erase(scores=...)``). None when ``proba`` is not calibrated."""
+        if not self.calibrated:
+            return None
+        predicted = np.asarray(predicted, dtype=np.float64)
+        per = predicted[None] if predicted.ndim == 3 else predicted
+        return np.stack([kernels.layer_mean(np.ascontiguousarray(p)) for p in per])
+
+    def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
+        """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
+        their weight in its sums (forgetting's decay times ``weights``, the class weights)."""
+        ln = self.learners[candidate]
+        row_weights = ln.row_weights(observed_at, len(labels))
+        if weights is not None:
+            row_weights = row_weights * weights
+        scores = kernels.layer_mean(np.ascontiguousarray(outputs, dtype=np.float64))
+        sums = ln.calibration_sums  # in place: the learner's state holds them
+        sums += calibration.grid_losses(scores, labels, row_weights)
 
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
@@ -294,17 +413,27 @@ class EdRVFL:
         for ln in self.learners:
             ln.forget(features_t, observed_at)
 
-    def erase(self, features_t, targets, labelled, observed_at=None) -> None:
+    def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
         """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
         sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
         it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
-        own units); ``observed_at``: the rows' ``Prediction.clock``. A label still held for the target scaling
-        leaves the hold (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive
-        definite, every candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+        own units); ``observed_at``: the rows' ``Prediction.clock``; ``weights`` (b,): the class weight each
+        labelled row entered with (``entered_weights``; None: 1); ``scores`` (K, b, m): each candidate's mean
+        output for the row when its label came (``entered_scores``, NaN where it made none; None: the calibration
+        keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
+        sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
+        (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
+        candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
         labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
         stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        if weights is not None:
+            weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64), (b,)))
+            if not (np.isfinite(weights).all() and (weights > 0).all()):
+                raise ValueError("erase: weights: every row's weight must be finite and > 0")
+            if (weights[labelled] == 1.0).all():
+                weights = None
         keep = np.ones(b, dtype=bool)
         if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
             for i in np.flatnonzero(labelled).tolist():
@@ -320,15 +449,17 @@ class EdRVFL:
         if not keep.all():
             features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
             stamps = None if stamps is None else stamps[keep]
+            weights = None if weights is None else weights[keep]
+            scores = None if scores is None else np.asarray(scores)[:, keep]
         scaled = self.targets.transform(targets) if self.targets.frozen else targets
         primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
         undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
         grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
-        if len(primaries) > 1 and features_t.shape[2] and features_t.flags.c_contiguous:
+        if len(primaries) > 1 and weights is None and features_t.shape[2] and features_t.flags.c_contiguous:
             grams = _grams_by_stamp(primaries[0], features_t, stamps)
         try:
             for ln in primaries:
-                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo)
+                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
         except linalg.NotPositiveDefinite:
             for put_back in undo:  # the ones already done put back too: all or nothing
                 put_back()
@@ -337,14 +468,42 @@ class EdRVFL:
             if isinstance(ln, SharedGramLearner):
                 ln.erase(features_t, scaled, labelled, stamps)
         self.batch_grams.clear()  # a kept batch Gram may hold these rows
+        if self._class_index is not None and labelled.any():
+            classes = targets[labelled].argmax(axis=1)
+            self.class_counts -= np.bincount(classes, minlength=self.config.m)
+            if scores is not None and self.calibrated:
+                self._erase_calibration(np.asarray(scores)[:, labelled], classes, stamps, weights, labelled)
 
-    def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
-        row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
-        _, index, value = self.combine(np.asarray(layer_outputs))
-        if index is not None:
-            return (index != targets.argmax(axis=1)).astype(np.float64)
-        return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+    def _erase_calibration(self, scores, classes, stamps, weights, labelled) -> None:
+        """Labelled rows out of each candidate's calibration sums: the log loss they added (``grid_losses`` of the
+        scores it had for them), at the weight they have now there (decay times class weight)."""
+        stamps = None if stamps is None else stamps[labelled]
+        weights = None if weights is None else weights[labelled]
+        for j, ln in enumerate(self.learners):
+            own = np.flatnonzero(~np.isnan(scores[j, :, 0]))
+            if not own.size:
+                continue
+            row_weights = ln.row_weights(None if stamps is None else stamps[own], own.size)
+            if weights is not None:
+                row_weights = row_weights * weights[own]
+            sums = ln.calibration_sums
+            sums -= calibration.grid_losses(scores[j, own], classes[own], row_weights)
+            np.maximum(sums, 0.0, out=sums)  # round-off: a sum of losses is never below 0
+
+    def selection_loss(
+        self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
+    ) -> np.ndarray:
+        """Candidate ``candidate``'s loss per row (b,) for CandidateSelector: the log loss of its calibrated
+        probabilities (1 where its ensemble misclassified the row when ``proba`` is not calibrated), or its
+        ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        proba, index, value = self.combine(np.asarray(layer_outputs), candidate)
+        if index is None:
+            return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+        labels = targets.argmax(axis=1)
+        if self.calibrated:
+            picked = proba[np.arange(len(labels)), labels]
+            return -np.log(np.maximum(picked, calibration.PROBABILITY_FLOOR))
+        return (index != labels).astype(np.float64)
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""

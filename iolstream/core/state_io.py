@@ -59,6 +59,8 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         "weights_sha256": model.weights_digest(),
     }
     arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    if len(model.class_counts):  # saved since class weights: labelled rows per class
+        arrays[f"{prefix}class_counts"] = model.class_counts.copy()
     tgt = model.targets
     if model.config.task == "regression" and model.config.target_scaler != "none":
         arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
@@ -104,6 +106,9 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
 
 def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
     """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``)."""
+    arrays[f"{base}calibration"] = (
+        st.calibration.copy()
+    )  # saved since calibration: its sums (core.calibration)
     for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
         arrays[f"{base}layer{i}/gram"] = np.tril(ls.gram)
         arrays[f"{base}layer{i}/rhs"] = ls.rhs
@@ -193,6 +198,10 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             "the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)"
         )
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
+    if f"{prefix}class_counts" in arrays:
+        model.class_counts = np.array(arrays[f"{prefix}class_counts"], dtype=np.float64).reshape(
+            model.class_counts.shape
+        )
     try:
         saved = manifest.get("targets")
         if saved is None:  # saved before targets were scaled, or not scaled: raw targets
@@ -245,6 +254,12 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
 
 
 def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
+    if (
+        f"{base}calibration" in arrays
+    ):  # saved before calibration: no sums, the clipped mean until labels come
+        st.calibration = np.array(arrays[f"{base}calibration"], dtype=np.float64).reshape(
+            st.calibration.shape
+        )
     for key, value in part["counters"].items():
         setattr(st, key, type(getattr(st, key))(value))
     if "clock" not in part["counters"]:  # saved before forgetting existed: every row seen was observed

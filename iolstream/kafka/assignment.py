@@ -41,8 +41,9 @@ BEHIND_BATCHES = 32
 
 
 class Assignment:
-    """``consumer`` is set by the worker once made (and again when it is replaced); ``before_revoke()`` checkpoints;
-    ``stopping()`` says a stop is under way (no checkpoint then: the shutdown writes the last one)."""
+    """``consumer`` is set by the worker once made (and again when it is replaced); ``before_revoke(keys)``
+    checkpoints; ``after_assign()`` follows every assignment (group learning: handed-over labels find their
+    member); ``stopping()`` says a stop is under way (no checkpoint then: the shutdown writes the last one)."""
 
     def __init__(
         self,
@@ -51,14 +52,16 @@ class Assignment:
         aligner: Aligner,
         calls: ClientCalls,
         *,
-        before_revoke: Callable[[], object],
+        before_revoke: Callable[[list], object],
         stopping: Callable[[], bool],
+        after_assign: Callable[[], object] = lambda: None,
     ):
         self.cfg = cfg
         self.book = book
         self.aligner = aligner
         self.calls = calls
         self.before_revoke = before_revoke
+        self.after_assign = after_assign
         self.stopping = stopping
         self.call_timeout = cfg.kafka.call_timeout_seconds
         self.consumer = None
@@ -141,10 +144,21 @@ class Assignment:
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
+            end = self.end_offset(key)
+            if (past := self.book.past_end(key, end)) is not None:
+                log.warning(
+                    "%s[%d]: the snapshot's position %d is past the partition's end %d: offsets of another topic "
+                    "of that name (deleted and created again?); reading it from its beginning",
+                    key[0],
+                    key[1],
+                    past,
+                    end,
+                    extra={"event": "other_topic"},
+                )
             self.book.assign(
                 key,
                 committed.get(key),
-                self.end_offset(key),
+                end,
                 by_other=self.by_other(key),
                 base=self.base(key),
             )
@@ -154,12 +168,14 @@ class Assignment:
                 key, priority=0 if tp.topic == self.cfg.topics.features else 1
             )  # ties: features first
         (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
+        replay = fmt(self.book.replay_until)
         log.info(
-            "assigned %s; replay without emitting until %s",
+            "assigned %s%s",
             fmt({(p.topic, p.partition): p.offset for p in partitions}),
-            fmt(self.book.replay_until) or "-",
+            f"; replay without emitting until {replay}" if replay else "",
             extra={"event": "assigned"},
         )
+        self.after_assign()
 
     def by_other(self, key: tuple[str, int]) -> bool:
         """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
@@ -177,7 +193,7 @@ class Assignment:
             "partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"}
         )
         if not self.stopping():
-            self.before_revoke()
+            self.before_revoke([(tp.topic, tp.partition) for tp in partitions])
         self.forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions) if self.cooperative else consumer.unassign()
 

@@ -87,10 +87,17 @@ class Erasure:
         if self.retention is not None:
             self.retention.append(ids, x, stamp=stamp, at_ms=now_ms)
 
-    def labelled(self, ids: list[str], y: np.ndarray) -> None:
-        """Labels folded in: into their rows' records (class indices, or regression values)."""
-        if self.retention is not None:
-            self.retention.label(ids, np.asarray(y, dtype=np.float64).reshape(len(ids), -1))
+    def labelled(self, ids: list[str], y: np.ndarray, predicted=None) -> None:
+        """Labels folded in (``EdRVFL.learn`` just took them): into their rows' records (class indices, or
+        regression values), with the class weight each entered with (``EdRVFL.entered_weights``) and, with
+        calibrated probabilities, each candidate's scores of the row (from ``predicted`` as ``learn`` took it)."""
+        if self.retention is None:
+            return
+        scores = None
+        if self.retention.n_scores:  # (K, b, m) -> (b, K·m)
+            scores = self.model.calibration_scores(predicted).transpose(1, 0, 2).reshape(len(ids), -1)
+        y = np.asarray(y, dtype=np.float64).reshape(len(ids), -1)
+        self.retention.label(ids, y, self.model.entered_weights, scores)
 
     def left(self, ids: list[str]) -> None:
         """Rows whose Gram left the model unlabelled (``stream.forget_expired``)."""
@@ -202,12 +209,16 @@ class Erasure:
         """Every row with terms in the model out of it, in one ``EdRVFL.erase``; returns the ids left in it
         because the downdate failed (none, but for round-off beyond λ)."""
         layout, model = self.layout, self.model
-        xs, stamps, labelled, targets = [], [], [], []
-        if located.ids:
+        xs, stamps, labelled, targets, weights, scores = [], [], [], [], [], []
+        n_scores = 0 if self.retention is None else self.retention.n_scores
+        if located.ids:  # not labelled yet: their Gram at 1, no calibration
+            n = len(located.ids)
             xs.append(layout.x(located.payload))
             stamps.append(layout.stamp(located.payload))
-            labelled.append(np.zeros(len(located.ids), dtype=bool))
-            targets.append(np.zeros((len(located.ids), model.config.m)))
+            labelled.append(np.zeros(n, dtype=bool))
+            targets.append(np.zeros((n, model.config.m)))
+            weights.append(np.ones(n))
+            scores.append(np.full((n, n_scores), np.nan))
         if records:
             rec = np.concatenate(records)
             xs.append(rec["x"])
@@ -215,13 +226,24 @@ class Erasure:
             is_labelled = rec["status"] == store.LABELLED
             labelled.append(is_labelled)
             targets.append(self._targets(rec["y"], is_labelled))
+            weights.append(np.where(is_labelled, rec["weight"], 1.0))
+            scores.append(rec["scores"] if n_scores else np.full((len(rec), 0), np.nan))
         ids = located.ids + kept_ids
         if not ids:
             return []
         x = np.concatenate(xs)
+        b = len(x)
+        given = None  # (K, b, m): each candidate's scores of the labelled rows, for their calibration sums
+        if n_scores:
+            given = np.concatenate(scores).reshape(b, -1, model.config.m).transpose(1, 0, 2)
         try:
             model.erase(
-                model.features(x), np.concatenate(targets), np.concatenate(labelled), np.concatenate(stamps)
+                model.features(x),
+                np.concatenate(targets),
+                np.concatenate(labelled),
+                np.concatenate(stamps),
+                weights=np.concatenate(weights),
+                scores=given,
             )
         except linalg.NotPositiveDefinite:
             return ids
@@ -287,7 +309,8 @@ class Erasure:
 
 
 def _jsonable(source):
-    """A source as JSON can hold it (tuples as lists)."""
+    """A request's source as JSON can hold it: [topic, partition, offset] (the message key an adapter may add
+    is the id, which the receipt names already)."""
     if isinstance(source, tuple):
-        return [_jsonable(v) for v in source]
+        return [_jsonable(v) for v in source[:3]]
     return source

@@ -10,7 +10,9 @@ docs/design.md §2 -F) and wait for a label, and labels that came before their r
 - rejected ``expired_id`` — its row expired or was evicted (``labels_expired_id``);
 - rejected ``unknown_id`` — held early past ``early_label_ttl_ms`` or pushed out of
   the full early buffer, oldest first, without its row coming (``labels_orphan``);
-- still held early (``n_early``).
+- still held early (``n_early``);
+- handed over with its partition to the member that takes it (group learning, ``hand_over_early``:
+  ``labels_handed_over``).
 
 Rows leave the buffer by joining, by expiry (``expire``: age > ttl, in ms and/or
 in batches) or by eviction (a full buffer drops its oldest rows; returned in
@@ -54,7 +56,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.stream.encoding import feature_message, label_message
+from iolstream.stream.encoding import feature_message, label_message, row_dead_letter
 from iolstream.stream.joined import ExpireResult, JoinResult
 from iolstream.stream.recent_ids import RecentIds
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
@@ -76,6 +78,7 @@ COUNTERS = (
     "labels_expired_id",  # labels rejected as expired_id
     "labels_forgotten_id",  # labels rejected as forgotten_id (their id was forgotten on request)
     "rows_forgotten_id",  # rows rejected as forgotten_id
+    "labels_handed_over",  # early labels given to the member that took their partition (group learning)
 )
 
 
@@ -160,6 +163,18 @@ class JoinBuffer:
         """(id, label, arrival ms, source) of the labels held early, oldest first."""
         return self._early.items()
 
+    def hand_over_early(self, which) -> tuple[list[str], np.ndarray, list]:
+        """(ids, labels, sources) of the labels held early whose source ``which`` accepts, oldest first, taken
+        out and counted as handed over: their partition goes to another member, which will see their rows.
+        Labels as ``add_labels`` takes them: class indices (n,) or targets (n, m)."""
+        taken = self._early.take(which)
+        self.counters["labels_handed_over"] += len(taken)
+        return (
+            [row_id for row_id, _, _, _ in taken],
+            self._y_array([y for _, y, _, _ in taken]),
+            [source for _, _, _, source in taken],
+        )
+
     def set_early_sources(self, pairs) -> None:
         """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are
         passed over."""
@@ -242,7 +257,7 @@ class JoinBuffer:
         for i, row_id in enumerate(rows.ids):
             if row_id in pending or kinds[i] or row_id in seen:
                 bad = self._row_refusal(row_id, kinds[i] if row_id not in seen else 0)
-                rejected.append((bad, feature_message(row_id, rows.X[i], int(rows.ts[i]))))
+                rejected.append((bad, row_dead_letter(rows, i)))
             else:
                 seen.add(row_id)
                 keep.append(i)
@@ -250,7 +265,7 @@ class JoinBuffer:
             return rows, []
         if not keep:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep), rejected
 
     def add_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
         """Rows just observed (already forward-updated). Early labels waiting for them join now.

@@ -61,8 +61,9 @@ from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
 from iolstream.stream import codec, encoding, payload
 from iolstream.stream.batcher import MicroBatcher
-from iolstream.stream.config import StreamConfig
+from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.erasure import Erasure, Located
+from iolstream.stream.events import EventCodec
 from iolstream.stream.feature_cache import FeatureCache
 from iolstream.stream.joinbuffer import EXPIRED, FORGOTTEN, JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
@@ -70,7 +71,7 @@ from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.retention import ERASED, RetentionStore
-from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
+from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
 # the step's outputs and the payload's fields, re-exported for the adapter
@@ -91,12 +92,26 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
         retention: RetentionStore | None = None,
     ):
         self.model = model
         self.cfg = cfg
         mc = model.config
         self.target = TargetSpec(mc.task, mc.classes, mc.m)
+        # named-field events (a model with a feature schema, docs/design.md §11), or None: array messages
+        self.event_shape = events or EventsConfig()
+        if mc.features is None and not self.event_shape.is_default:
+            raise ValueError("events: named-field events need model.features (without it, rows are arrays)")
+        self.events = (
+            None
+            if mc.features is None
+            else EventCodec(mc.schema, self.event_shape, self.target, max_bytes=cfg.max_message_bytes)
+        )
+        # what decodes the input: the named-field events, or the arrays (both: features / labels (value, key))
+        self.decoder = self.events or codec.ArrayCodec(
+            mc.n_inputs, self.target, max_bytes=cfg.max_message_bytes
+        )
         self.n_features = mc.n_inputs
         self.n_candidates = len(model.learners)
         self.layout = PayloadLayout(mc.n_inputs, self.n_candidates, mc.n_layers, mc.m)  # pending rows' fields
@@ -123,23 +138,29 @@ class StreamProcessor:
             "messages_forget": 0,
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
-        self.metric = PrequentialMetric(mc.task, window_rows)
+        self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
         self.erasure = Erasure(model, self.layout, retention)  # forget requests, the rows kept for them
+        # dead letters of adopted labels (group learning), emitted with the next step's
+        self._adoption_dead: list[DeadLetter] = []
 
     # ------------------------------------------------------------ input
     def feed(
-        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None
+        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None, key=None
     ) -> StepOutput | None:
         """One message in (features, or ``labels``): decoded, batched or joined. Returns what to emit: its
         dead letters, and the predictions of the batch it filled; None when there is nothing. A full batch is
         predicted at once, before the labels that follow it come, so that (aligned) each label message folds
         in its batch alone. ``accepted()``: called once the message is taken in, before a batch it filled is
-        predicted (the adapter notes when its rows arrived)."""
-        dead = self.on_labels(value, source, now_ms) if labels else self.on_features(value, source, now_ms)
+        predicted (the adapter notes when its rows arrived). ``key``: the message key (named-field events
+        may take their id from it; a dead letter keeps what the adapter put in its ``source``)."""
+        if labels:
+            dead = self.on_labels(value, source, now_ms, key)
+        else:
+            dead = self.on_features(value, source, now_ms, key)
         if accepted is not None:
             accepted()
         if len(self.batcher) < self.cfg.batch_rows:
@@ -156,10 +177,10 @@ class StreamProcessor:
             out.append(DeadLetter(raw if raw is not None else value, bad, source))
         return out
 
-    def on_features(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
-        rows, rejected = codec.decode_features(value, self.n_features, max_bytes=self.cfg.max_message_bytes)
+        rows, rejected = self.decoder.features(value, key)
         dead = self._dead(rejected, source)
         if rows is None or not len(rows.ids):
             return dead
@@ -171,6 +192,10 @@ class StreamProcessor:
         if rows is not None and self.erasure.retention is not None:  # learned before, or forgotten
             rows, kept = self._screen_retained(rows)
             duplicates += kept
+        if (
+            duplicates and self.events is not None
+        ):  # counted when decoded: a duplicate is no event of the stream
+            self.events.uncount([letter for _, letter in duplicates])
         dead += self._dead(duplicates, source, raw=value if single else None)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
@@ -184,7 +209,7 @@ class StreamProcessor:
         rejected = [
             (
                 BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-                encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])),
+                encoding.row_dead_letter(rows, i),
             )
             for i, row_id in enumerate(rows.ids)
             if row_id in self._queued_ids
@@ -192,7 +217,7 @@ class StreamProcessor:
         self.join.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep), rejected
 
     def _screen_retained(self, rows: FeatureRows):
         """Split off rows whose id the retention store holds: learned already (duplicate_id, past the id
@@ -213,18 +238,19 @@ class StreamProcessor:
                     "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
                 )
                 self.join.counters["rows_duplicate"] += 1
-            rejected.append((bad, encoding.feature_message(row_id, rows.X[i], int(rows.ts[i]))))
+            rejected.append((bad, encoding.row_dead_letter(rows, i)))
         keep = np.flatnonzero(held == 0)
         if not keep.size:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep.tolist()], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep.tolist()), rejected
 
-    def on_forget(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_forget(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """A forget request (docs/design.md §13): each id's row taken out of wherever it is and out of the model
         (``stream.erasure``); its receipt waits for a snapshot without it. Ids that cannot be forgotten come back
-        as dead letters with their reason."""
+        as dead letters with their reason. The ids are where the features' are (``events.id_field``, or the
+        message ``key`` with ``events.id_from_key``)."""
         self.counters["messages_forget"] += 1
-        ids, rejected = codec.decode_forget(value, max_bytes=self.cfg.max_message_bytes)
+        ids, rejected = self.decoder.forget(value, key)
         dead = self._dead(rejected, source)
         if not ids:
             return dead
@@ -251,10 +277,10 @@ class StreamProcessor:
         )
         return Located(queued, early, pending.ids + joined_ids, payload, len(joined_ids))
 
-    def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_labels(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
-        labels, rejected = codec.decode_labels(value, self.target, max_bytes=self.cfg.max_message_bytes)
+        labels, rejected = self.decoder.labels(value, key)
         dead = self._dead(rejected, source)
         if labels is None or not len(labels.ids):
             return dead
@@ -294,6 +320,8 @@ class StreamProcessor:
         """Run whatever is due; ``force`` flushes partial batches and queued labels (shutdown,
         snapshot, end of a transaction) — but never freezes a warm-up scaler early."""
         out = StepOutput()
+        if self._adoption_dead:
+            out.dead_letters, self._adoption_dead = self._adoption_dead, []
         t0 = time.perf_counter()
         if self.held and self.model.ready:  # frozen from outside (group learning): the held batches go first
             self._release_held(now_ms, out)
@@ -347,13 +375,20 @@ class StreamProcessor:
             ts_out_ms=now_ms,
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
+            scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
+            id_key=self.event_shape.id_field,
+            extra=None if self.events is None else self.events.passthrough(rows.events),
         )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
         mc = self.model.config
         outputs = np.asarray(pred.predicted).reshape(self.n_candidates, mc.n_layers, b, mc.m)  # (K, L, b, m)
         rows_payload = self.layout.build(
-            rows.X, stamp=pred.clock, candidate=self.model.selector.chosen, outputs=outputs
+            rows.X,
+            stamp=pred.clock,
+            candidate=self.model.selector.chosen,
+            outputs=outputs,
+            emitted=pred.proba if pred.proba is not None else pred.value,
         )
         self.feature_cache.put(
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
@@ -398,6 +433,38 @@ class StreamProcessor:
         self._queue_joined(result, now_ms)
         return len(screened)
 
+    def hand_over_labels(self, which) -> tuple[list[str], np.ndarray, list]:
+        """(ids, labels, sources) of the labels held early whose source ``which`` accepts, taken out: their
+        partition goes to another member (group learning), which will see their rows, and adopts them there
+        (``adopt_labels``). Labels as the join buffer keeps them: class indices (n,) or targets (n, m)."""
+        return self.join.hand_over_early(which)
+
+    def adopt_labels(self, ids: list[str], labels: np.ndarray, sources: list, now_ms: int) -> int:
+        """Take labels another member held early for rows of a partition this member now holds: each joins its
+        row if it waits here, else is held early with its ``source`` (a duplicate counts as one, as from the
+        topic). What they give to dead letters (a row that expired here unlabelled) goes out with the next
+        ``step``. Returns how many joined now."""
+        if len(ids) != len(labels) or len(ids) != len(sources):
+            raise ValueError(
+                f"handed-over labels: {len(ids)} ids, {len(labels)} labels, {len(sources)} sources"
+            )
+        joined, start = 0, 0
+        while start < len(ids):  # one call per source: a batch label message hands over together
+            end = start + 1
+            while end < len(ids) and sources[end] == sources[start]:
+                end += 1
+            rows = LabelRows(list(ids[start:end]), labels[start:end])
+            result = self.join.add_labels(rows, now_ms, waiting=self._queued_ids, source=sources[start])
+            self._queue_joined(result, now_ms)
+            joined += len(result.ids)
+            self._adoption_dead += self._dead(
+                [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"], sources[start]
+            )
+            if result.orphan_sources:
+                self._adoption_dead += self._orphans(result.rejected, result.orphan_sources)
+            start = end
+        return joined
+
     def _queue_joined(self, result, now_ms: int) -> None:
         """Rows joined with their labels wait in the label queue until they are folded in."""
         self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms, result.ids)
@@ -419,21 +486,23 @@ class StreamProcessor:
         emitted_outputs = (
             outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
         )
-        features_t, emitted = self._features_for(layout.x(rows), seqs, layout.position(rows))
+        features_t, _ = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
-        self.erasure.labelled(ids, y)  # the retention store keeps the label as it came
+        self.erasure.labelled(
+            ids, y, predicted
+        )  # the retention store keeps the label as it came, and its weight
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
-        if emitted is None:  # the ensemble of the stored layer outputs: what was emitted for these rows
-            _, index, value = self.model.combine(emitted_outputs)
+        emitted = layout.emitted(rows)  # what was sent for these rows: probabilities, or values
+        if mc.task == "classification":
+            index = self.model.decide(emitted, emitted_outputs)
+            self.metric.update_classes(
+                y, index, emitted if self.model.config.ensemble_rule == "softmax" else None
+            )
         else:
-            index, value = (emitted, None) if mc.task == "classification" else (None, emitted)
-        if index is not None:
-            self.metric.update((index == y).astype(float))
-        else:
-            self.metric.update(((value - targets) ** 2).mean(axis=1))
+            self.metric.update_values(emitted, targets)
         return b
 
     def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray):
@@ -476,6 +545,14 @@ class StreamProcessor:
         return len(self.batcher) + self.held.rows
 
     @property
+    def unlearned(self) -> int:
+        """Rows and labels taken in that the model has not learned yet: rows in the batcher or the warm-up
+        hold, joined rows waiting to be folded in, labels held for the target scaling. Zero: every change
+        this input makes is in the model."""
+        held_targets = sum(len(h[1]) for h in self.model.targets.held)
+        return self.queued_rows + self.label_queue.rows + held_targets
+
+    @property
     def immediate_loss(self) -> float:
         """docs/design.md §3 L_t of the last label batch, mean over layers (NaN before the first)."""
         if len(self.last_losses) and self.last_label_rows:
@@ -488,12 +565,22 @@ class StreamProcessor:
         c.update({f"join_{k}": v for k, v in self.join.counters.items()})
         c["pending"] = self.pending_rows
         c["held"] = self.held_rows
+        # the warm-up scaler: rows it has (batched or held, none predicted) of the rows it waits for; 0 of 0 without one
+        scaler = self.model.scaler
+        c["warmup_target"] = 0 if scaler.mode != "warmup" else scaler.warmup_rows
+        c["warmup_rows"] = c["warmup_target"] if scaler.frozen else min(self.queued_rows, c["warmup_target"])
         c["early_labels"] = self.join.n_early
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
+        c["metrics"] = self.metric.values()
+        c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
         c.update(self.erasure.counters)
+        if (
+            self.events is not None
+        ):  # named fields: per field, events with it missing / with an undeclared value
+            c["fields"] = self.events.counts()
         return c
 
     # ------------------------------------------------------------- state
@@ -504,13 +591,14 @@ class StreamProcessor:
         arrays.update({f"batcher/{k}": v for k, v in self.batcher.to_state().items()})
         arrays.update({f"join/{k}": v for k, v in self.join.to_state().items()})
         arrays.update(self.label_queue.to_arrays())
-        arrays["metric/window"] = np.asarray(self.metric.window, dtype=np.float64)
+        metric_manifest, metric_arrays = self.metric.to_state()
+        arrays.update(metric_arrays)
         arrays["last_losses"] = self.last_losses
         manifest["stream"] = {
             "batch_seq": self.batch_seq,
             "counters": self.counters,
             "dead_letters": self.dead_letters,
-            "metric": {"n": self.metric.n, "total": self.metric.total},
+            "metric": metric_manifest,
             "label_queue_since_ms": self.label_queue.since_ms,
             "last_label_rows": self.last_label_rows,
             "early_sources": [
@@ -519,6 +607,8 @@ class StreamProcessor:
             "payload": list(PAYLOAD),
             "erasure": self.erasure.to_state(),
         }
+        if self.events is not None:
+            manifest["stream"]["fields"] = self.events.counts()
         return manifest, arrays
 
     def restore(self, other: StreamProcessor) -> None:
@@ -538,18 +628,22 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
         retention: RetentionStore | None = None,
     ) -> StreamProcessor:
         """A processor resuming from ``to_state``'s (manifest, arrays); ``retention``: its retention store, read
         back to the state's tail (``RetentionStore.load``)."""
         model = state_io.model_from_arrays(manifest, arrays)
-        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement, retention=retention)
+        proc = cls(
+            model, cfg, window_rows=window_rows, agreement=agreement, events=events, retention=retention
+        )
         st = manifest["stream"]
+        if proc.events is not None:
+            proc.events.load_counts(st.get("fields"))
         proc.batch_seq = int(st["batch_seq"])
         proc.counters.update(st["counters"])
         proc.dead_letters.update(st["dead_letters"])
-        proc.metric.n, proc.metric.total = int(st["metric"]["n"]), float(st["metric"]["total"])
-        proc.metric.window.extend(arrays["metric/window"].tolist())
+        proc.metric.load_state(st["metric"], arrays)
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
         arrays = payload.upgrade(arrays, manifest["format_version"], st.get("payload"), model)

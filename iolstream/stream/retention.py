@@ -13,11 +13,15 @@ one fixed-size record each, on disk:
     status  int8         OBSERVED (seen, predicted: its Gram is in A under -F), LABELLED (its label is in c
                          too), LEFT (its Gram left with ``stream.forget_expired``: nothing of it in the model)
                          or ERASED (taken out on request)
-    weight  float64      the weight its terms entered with (1)
+    weight  float64      the class weight its label entered with (``model.class_weight``; 1 without, and until
+                         its label comes: its Gram entered at 1)
     x       (k,) float64 the raw features, as the model saw them (its scaler is frozen: the same D again)
     y       (my,) float64 the label as it came: a class's index (my = 1) or the m regression values
+    scores  (K·m,) float64 with calibrated probabilities only: each candidate's mean output for the row when its
+                         label came (NaN: the candidate did not predict it), what that candidate's calibration
+                         sums learned from it
 
-so 49 + 8·k + 8·my bytes a row (``bytes_per_row``), in segment files of ``SEGMENT_ROWS`` records
+so 49 + 8·k + 8·my (+ 8·K·m) bytes a row (``bytes_per_row``), in segment files of ``SEGMENT_ROWS`` records
 (``seg-<first seq>.rows``, written through a memory map). In memory, an index of the window's fingerprints
 (``recent_ids.RecentIds``: ~27 bytes a row, allocated at start) gives a record's number from an id.
 
@@ -79,20 +83,33 @@ class RetentionConfig:
             raise ValueError(f"retention.ms: must be null or an integer ≥ 1, got {self.ms!r}")
 
 
-def record_dtype(n_features: int, n_labels: int) -> np.dtype:
-    """One record (module docstring), packed: 49 + 8·n_features + 8·n_labels bytes."""
-    return np.dtype(
-        [
-            ("fp", "<i8", (2,)),
-            ("seq", "<i8"),
-            ("stamp", "<i8"),
-            ("at_ms", "<i8"),
-            ("status", "i1"),
-            ("weight", "<f8"),
-            ("x", "<f8", (n_features,)),
-            ("y", "<f8", (n_labels,)),
-        ]
-    )
+def record_dtype(n_features: int, n_labels: int, n_scores: int = 0) -> np.dtype:
+    """One record (module docstring), packed: 49 + 8·n_features + 8·n_labels (+ 8·n_scores) bytes."""
+    fields = [
+        ("fp", "<i8", (2,)),
+        ("seq", "<i8"),
+        ("stamp", "<i8"),
+        ("at_ms", "<i8"),
+        ("status", "i1"),
+        ("weight", "<f8"),
+        ("x", "<f8", (n_features,)),
+        ("y", "<f8", (n_labels,)),
+    ]
+    if n_scores:
+        fields.append(("scores", "<f8", (n_scores,)))
+    return np.dtype(fields)
+
+
+def record_shape(model_config) -> dict:
+    """The record sizes of a model (``ModelConfig``): n_features (k), n_labels (1: a class index, or m values),
+    n_scores (K·m with calibrated probabilities: each candidate's mean output for the row when labelled, what
+    its calibration learned from; else 0)."""
+    mc = model_config
+    return {
+        "n_features": mc.n_inputs,
+        "n_labels": 1 if mc.task == "classification" else mc.m,
+        "n_scores": len(mc.candidates) * mc.m if mc.calibrated else 0,
+    }
 
 
 class RetentionStore:
@@ -100,6 +117,7 @@ class RetentionStore:
 
     directory : where the segment files go (created)
     n_features, n_labels : k, and 1 (a class index) or m (regression values)
+    n_scores : K·m with calibrated probabilities (``record_shape``), else 0
     rows : the window in rows (records older than the last ``rows`` are past retention)
     ms : and in time: a record observed more than ``ms`` before is past retention (None: rows only)
     """
@@ -113,11 +131,12 @@ class RetentionStore:
         rows: int,
         ms: int | None = None,
         segment_rows: int = SEGMENT_ROWS,
+        n_scores: int = 0,
     ):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.dtype = record_dtype(n_features, n_labels)
-        self.n_features, self.n_labels = n_features, n_labels
+        self.dtype = record_dtype(n_features, n_labels, n_scores)
+        self.n_features, self.n_labels, self.n_scores = n_features, n_labels, n_scores
         self.rows, self.ms = int(rows), ms
         self.segment_rows = int(segment_rows)
         self.index = RecentIds(
@@ -217,6 +236,8 @@ class RetentionStore:
         records["seq"] = seqs = np.arange(self.tail, self.tail + b)
         records["fp"], records["stamp"], records["at_ms"] = fps, stamp, at_ms
         records["status"], records["weight"], records["x"] = OBSERVED, 1.0, X
+        if self.n_scores:
+            records["scores"] = np.nan  # no candidate's scores until the label comes
         # an id held already is screened as a duplicate_id before, so never; should one come all the same, it is
         # not kept (a record per place keeps the index in order)
         repeated = self.index.kinds(fps) > 0
@@ -239,9 +260,10 @@ class RetentionStore:
         kinds = np.where(kinds == VACANT, 0, kinds).astype(np.int8)
         return kinds, np.where(kinds > 0, seqs, -1)
 
-    def label(self, ids: list[str], y: np.ndarray) -> int:
-        """Labels folded in: each held OBSERVED row's label (``y`` (n, my)), status LABELLED. Returns how many
-        were held."""
+    def label(self, ids: list[str], y: np.ndarray, weights=None, scores=None) -> int:
+        """Labels folded in: each held OBSERVED row's label (``y`` (n, my)), the class weight it entered with
+        (``weights`` (n,), None: 1) and its candidates' scores (``scores`` (n, K·m), with ``n_scores``), status
+        LABELLED. Returns how many were held."""
         if not self.rows or not len(ids):
             return 0
         fps = self.index.fingerprints_of(ids)
@@ -250,10 +272,18 @@ class RetentionStore:
         if not held.size:
             return 0
         y = np.asarray(y, dtype=np.float64).reshape(len(ids), self.n_labels)[held]
+        w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape(len(ids))[held]
+        if self.n_scores and scores is None:
+            raise ValueError("label: scores are needed (the store keeps each candidate's scores)")
+        s = None if not self.n_scores else np.asarray(scores, dtype=np.float64).reshape(len(ids), -1)[held]
         for segment, offsets, where in self._runs(seqs[held]):
             mm = self._segment(segment, create=False)
             if mm is not None:  # (not deleted for its age)
                 mm["y"][offsets] = y[where]
+                if w is not None:
+                    mm["weight"][offsets] = w[where]
+                if s is not None:
+                    mm["scores"][offsets] = s[where]
                 mm["status"][offsets] = LABELLED
                 self._dirty.add(segment)
         self.index.add_many(fps[held], LABELLED)  # remembered already: the kind changes, the place stays
@@ -301,12 +331,11 @@ class RetentionStore:
             self.erased.extend(int(s) for s in np.asarray(seqs).tolist())
 
     def _zero(self, seqs: np.ndarray, status: int) -> None:
-        """Records' data zeroed (x, y, stamp, time, weight); their number and fingerprint stay."""
+        """Records' data zeroed (x, y, stamp, time, weight, scores); their number and fingerprint stay."""
         records = np.zeros(len(seqs), dtype=self.dtype)
         records["status"] = status
-        self._write(
-            np.asarray(seqs, dtype=np.int64), records, ("stamp", "at_ms", "status", "weight", "x", "y")
-        )
+        data = ("stamp", "at_ms", "status", "weight", "x", "y") + (("scores",) if self.n_scores else ())
+        self._write(np.asarray(seqs, dtype=np.int64), records, data)
 
     # ------------------------------------------------------------ snapshots
     def flush(self) -> None:
@@ -403,11 +432,13 @@ class RetentionStore:
         return sum(p.stat().st_blocks * 512 for p in self.dir.glob("seg-*.rows"))
 
 
-def scan(directory, ids: list[str], *, n_features: int, n_labels: int) -> dict[str, list[dict]]:
+def scan(
+    directory, ids: list[str], *, n_features: int, n_labels: int, n_scores: int = 0
+) -> dict[str, list[dict]]:
     """What the segment files of a store's ``directory`` hold of ``ids``, read only (a running worker's store is
     left as it is): per id, every record with its fingerprint: its number, status name and whether its
     features and label are still there (``iolstream forget --verify``)."""
-    dtype = record_dtype(n_features, n_labels)
+    dtype = record_dtype(n_features, n_labels, n_scores)
     wanted = {tuple(fp): row_id for row_id, fp in zip(ids, fingerprints(ids).tolist())}
     found: dict[str, list[dict]] = {row_id: [] for row_id in ids}
     for path in sorted(Path(directory).glob("seg-*.rows")):
@@ -421,7 +452,12 @@ def scan(directory, ids: list[str], *, n_features: int, n_labels: int) -> dict[s
                     {
                         "seq": int(rec["seq"]),
                         "status": STATUS_NAMES.get(int(rec["status"]), str(int(rec["status"]))),
-                        "data": bool(rec["x"].any() or rec["y"].any() or rec["stamp"]),
+                        "data": bool(
+                            rec["x"].any()
+                            or rec["y"].any()
+                            or rec["stamp"]
+                            or (n_scores and np.nan_to_num(rec["scores"], nan=1.0).any())
+                        ),
                         "file": path.name,
                     }
                 )

@@ -5,14 +5,16 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
 1. ``learner``: full -F steps in this process, no I/O (the ceiling; ``bench --suite core``);
 2. ``processor``: the worker's pure stream logic (decode, micro-batch, join, encode) fed the
    same messages from memory, no broker: what the stream logic costs on top of the learner;
-3. ``worker``: the stream pre-produced (batch messages, then row messages), then
-   ``iolstream run`` started as its own process, as in production. Throughput counts from
+3. ``worker``: the stream pre-produced (batch messages, then row messages, then the same rows as
+   named-field events: a JSON array of 256 events per message, ``{"id": "b0", "c0": .., "c9": ..}``, read
+   by a schema of ten required numbers, so the model is the same), then ``iolstream run`` started as its
+   own process, as in production. Throughput counts from
    the first prediction of the second batch to the last prediction, read from the Kafka
    timestamps of the prediction messages (the worker's produce times), so process start,
    group join and the first fetch are not in it (``bench --suite core`` and the startup
    numbers in docs/benchmarks.md cover those). Its peak RSS is the OS's high-water mark (VmHWM);
 4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on the
-   same topics (counted from its first message; ``bench_river``);
+   same topics (counted from its first message; ``bench_river``), on the array topics and on the events;
 5. ``latency``: the worker process running, a producer paced at half the worker's measured
    throughput for 20 s stamps each message's event time at send; produce-to-prediction latency is the
    broker's append time of the prediction minus that event time (p50 / p99), read after the run;
@@ -70,31 +72,57 @@ def _producer(bootstrap: str) -> Producer:
     )
 
 
-def _messages(X, y, batch_rows: int, ids_from: int = 0):
-    """(features, labels) message pairs of ``batch_rows`` rows (1 = one-row messages)."""
+FIELDS = [f"c{j}" for j in range(K)]  # the named-field events' numbers
+EVENTS_SCHEMA = [
+    {"name": name, "type": "number", "required": True} for name in FIELDS
+]  # width K: the same model
+
+
+def _messages(X, y, batch_rows: int, ids_from: int = 0, events: bool = False):
+    """(features, labels) message pairs of ``batch_rows`` rows (1 = one-row messages); ``events``: named-field
+    events (a JSON array of them per message), labels as events ``{"id", "y"}``."""
     for start in range(0, len(X), batch_rows):
         stop = min(start + batch_rows, len(X))
         ids = [f"b{ids_from + i}" for i in range(start, stop)]
         lab = y[start:stop].tolist()
-        if batch_rows == 1:
+        if events:
+            rows = X[start:stop].tolist()
+            feats = [{"id": i, **dict(zip(FIELDS, row))} for i, row in zip(ids, rows)]
+            yield feats, [{"id": i, "y": v} for i, v in zip(ids, lab)]
+        elif batch_rows == 1:
             yield {"id": ids[0], "x": X[start].tolist()}, {"id": ids[0], "y": lab[0]}
         else:
             yield {"ids": ids, "x": X[start:stop].tolist()}, {"ids": ids, "y": lab}
 
 
 def _produce_stream(
-    p: Producer, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0
+    p: Producer,
+    features,
+    labels,
+    X,
+    y,
+    *,
+    batch_rows: int,
+    rate: float | None = None,
+    ids_from: int = 0,
+    events: bool = False,
 ):
     """Features in messages of ``batch_rows`` rows, each label message one message later, event
-    time ("ts") stamped at send; paced to ``rate`` rows/s if given."""
+    time ("ts") stamped at send; paced to ``rate`` rows/s if given. ``events``: named-field events (each
+    with its "ts")."""
     t0 = time.monotonic()
     prev = None
-    for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from)):
+    for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from, events)):
         if rate:
             wait = t0 + i * batch_rows / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-        feat["ts"] = int(time.time() * 1000)
+        now = int(time.time() * 1000)
+        if events:
+            for event in feat:
+                event["ts"] = now
+        else:
+            feat["ts"] = now
         _send(p, features, orjson.dumps(feat))
         if prev is not None:
             _send(p, labels, prev)
@@ -114,16 +142,20 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
             p.poll(0.05)
 
 
-def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256) -> dict:
+def _worker_cfg(
+    bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256, events=False
+) -> dict:
+    inputs = {"features": EVENTS_SCHEMA} if events else {"n_inputs": K}
     return {
         "model": {
-            "n_inputs": K,
+            **inputs,
             "classes": list(classes),
             "n_nodes": n_nodes,
             "n_layers": n_layers,
             "warmup_rows": 256,
             "track_regret": False,
         },
+        **({"events": {"time_field": "ts"}} if events else {}),
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
         "topics": {
             "features": topics[0],
@@ -288,15 +320,25 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
         c.close()
 
 
-def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str) -> dict:
-    """Pre-produce X, y, run a worker process over them; rows/s and peak RSS."""
+def _worker_run(
+    bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str, events: bool = False
+) -> dict:
+    """Pre-produce X, y (``events``: as named-field events), run a worker process over them; rows/s and peak
+    RSS."""
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-{tag}")
     cfg = _worker_cfg(
-        bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-{tag}", tuple(range(M)), BATCH[name]
+        bootstrap,
+        topics,
+        n_nodes,
+        n_layers,
+        workdir / f"snap-{name}-{tag}",
+        tuple(range(M)),
+        BATCH[name],
+        events,
     )
     _ensure(cfg)
-    _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
+    _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows, events=events)
     worker = WorkerProcess(cfg, workdir, stop_at_end=True)
     worker.check(worker.wait(timeout=900))
     n, rate, (t0, t1) = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
@@ -314,8 +356,9 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     }
 
 
-def _processor_rate(name: str, X, y) -> float:
-    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches."""
+def _processor_rate(name: str, X, y, events: bool = False) -> float:
+    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches;
+    ``events``: the same rows as named-field events."""
     from iolstream.core import runtime
     from iolstream.core.model import EdRVFL, ModelConfig
     from iolstream.stream.config import StreamConfig
@@ -323,9 +366,10 @@ def _processor_rate(name: str, X, y) -> float:
 
     n_nodes, n_layers = CONFIGS[name]
     b = BATCH[name]
+    inputs = {"features": EVENTS_SCHEMA} if events else {"n_inputs": K}
     model = EdRVFL(
         ModelConfig(
-            n_inputs=K,
+            **inputs,
             classes=tuple(range(M)),
             n_nodes=n_nodes,
             n_layers=n_layers,
@@ -335,7 +379,7 @@ def _processor_rate(name: str, X, y) -> float:
     )
     runtime.configure_for_model(model)
     proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
-    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b)]
+    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b, events=events)]
     warm = 8
     t0, prev = None, None
     for i, (feat, lab) in enumerate(pairs):
@@ -465,6 +509,17 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
         entry["worker_batch_messages"] = {k: v for k, v in batch.items() if k != "topics"}
         entry["river_softmax_rows_per_second"] = river_loop(
             bootstrap, *batch["topics"][:2], min(rows, 40_000), 120
+        )
+        # the same rows as named-field events, side by side with the arrays (and River reading the events)
+        entry["processor_events_rows_per_second"] = _processor_rate(name, X, y, events=True)
+        named = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="events", events=True)
+        entry["worker_events"] = {k: v for k, v in named.items() if k != "topics"}
+        entry["river_softmax_events_rows_per_second"] = river_loop(
+            bootstrap, *named["topics"][:2], min(rows, 40_000), 120
+        )
+        entry["events_vs_arrays"] = named["rows_per_second"] / batch["rows_per_second"]
+        entry["events_vs_river_events"] = (
+            named["rows_per_second"] / entry["river_softmax_events_rows_per_second"]
         )
         n_rows = max(rows // 4, 4 * BATCH[name])
         row = _worker_run(bootstrap, name, X[:n_rows], y[:n_rows], workdir, batch_rows=1, tag="rows")

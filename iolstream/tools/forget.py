@@ -152,7 +152,7 @@ def wait(cfg, ids: set[str], seconds: float, since_ms: int = 0) -> dict[str, dic
 def verify(cfg, ids: list[str]) -> int:
     """What the snapshots and the retention store on this machine hold of ``ids`` (module docstring)."""
     from iolstream.kafka import snapshots
-    from iolstream.stream.retention import scan
+    from iolstream.stream.retention import record_shape, scan
 
     held = False
     report = {row_id: {"id": row_id, "snapshots_holding": [], "named_by_receipt": None} for row_id in ids}
@@ -175,9 +175,7 @@ def verify(cfg, ids: list[str]) -> int:
                 report[row_id]["snapshots_holding"].append(path.name)
                 held = True
     if cfg.retention_dir is not None and Path(cfg.retention_dir).is_dir():
-        mc = cfg.model
-        n_labels = 1 if mc.task == "classification" else mc.m
-        records = scan(cfg.retention_dir, ids, n_features=mc.n_inputs, n_labels=n_labels)
+        records = scan(cfg.retention_dir, ids, **record_shape(cfg.model))
         for row_id, found in records.items():
             report[row_id]["retention"] = found
             held |= any(r["data"] for r in found)

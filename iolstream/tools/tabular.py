@@ -28,7 +28,7 @@ import numpy as np
 
 from iolstream.tools.data import DataError
 
-__all__ = ["TABULAR", "TabularSet", "encode_by_hand", "load_tabular"]
+__all__ = ["TABULAR", "TabularSet", "load_tabular", "table_dataset", "table_schema"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,37 +253,35 @@ def load_tabular(name: str, *, shuffle: bool = True, seed: int = 0, rows: int | 
     )
 
 
-def encode_by_hand(ts: TabularSet, warmup_rows: int = 256) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The events as a float64 matrix, encoded the way a team would by hand before a model takes arrays.
+def table_schema(ts: TabularSet, *, max_values: int = 20, buckets: int = 64):
+    """The feature schema inferred from the set's events (``core.schema_infer``, as ``iolstream schema infer``
+    infers one from a CSV): what a worker of this table would declare in ``model.features``."""
+    from iolstream.core.schema_infer import infer_schema
 
-    A field whose present values are all numbers is z-scored by the mean and deviation of its present values
-    among the first ``warmup_rows`` events (a gap becomes 0, the mean, plus a 0/1 column ``<field>=missing``
-    when the field has gaps anywhere); a field of booleans is one 0/1 column (and its missing column); any
-    other field is one-hot over its values (sorted), plus a ``<field>=missing`` column when it has gaps. One-hot
-    and missing columns are not scaled. Returns (X, column names); feed X to a model with ``scaler="none"``.
-    """
-    names: list[str] = []
-    columns: list[np.ndarray] = []
-    head = ts.events[:warmup_rows]
-    for field in ts.fields:
-        values = [e[field] for e in ts.events]
-        present = [v for v in values if v is not None]
-        gaps = len(present) < len(values)
-        kinds = {type(v) for v in present}
-        if kinds and kinds <= {int, float}:
-            sample = np.array([e[field] for e in head if e[field] is not None], dtype=np.float64)
-            mean = float(sample.mean()) if sample.size else 0.0
-            std = float(sample.std()) if sample.size > 1 and sample.std() > 0 else 1.0
-            columns.append(np.array([0.0 if v is None else (v - mean) / std for v in values]))
-            names.append(field)
-        elif kinds == {bool}:
-            columns.append(np.array([float(v) if v is not None else 0.0 for v in values]))
-            names.append(field)
-        else:
-            for level in sorted({str(v) for v in present}):
-                columns.append(np.array([1.0 if v is not None and str(v) == level else 0.0 for v in values]))
-                names.append(f"{field}={level}")
-        if gaps:
-            columns.append(np.array([1.0 if v is None else 0.0 for v in values]))
-            names.append(f"{field}=missing")
-    return np.ascontiguousarray(np.column_stack(columns), dtype=np.float64), tuple(names)
+    columns = {field: [e.get(field) for e in ts.events] for field in ts.fields}
+    return infer_schema(columns, max_values=max_values, buckets=buckets)[0]
+
+
+def table_dataset(ts: TabularSet, schema=None):
+    """The set as a Dataset of rows encoded by ``schema`` (default: ``table_schema``), the model's own
+    encoding (``core.encoder``): numbers raw with NaN for a gap (the model's warm-up scaler maps it to the mean),
+    one-hot, boolean and missing-indicator columns 0/1."""
+    from iolstream.tools.data import Dataset, classification
+    from iolstream.tools.records import check_records
+
+    schema = schema or table_schema(ts)
+    X = np.ascontiguousarray(check_records(ts.events, schema, ts.name))
+    names = tuple(schema.columns())
+    if ts.task == "classification":
+        ds = classification(ts.name, X, np.asarray(ts.labels), names, ts.description)
+        return dataclasses.replace(ds, classes=ts.classes, schema=schema)
+    return Dataset(
+        name=ts.name,
+        X=X,
+        y=np.asarray(ts.labels, dtype=np.float64),
+        task="regression",
+        classes=None,
+        feature_names=names,
+        description=f"{ts.description}: {X.shape[0]} rows, {X.shape[1]} inputs, regression",
+        schema=schema,
+    )

@@ -266,3 +266,46 @@ def test_whole_batches_of_one_stamp_take_one_gram_out_of_every_half_life(kw):
     model = _stream(_every_batch(EdRVFL(_config("classification", seed, **kw))), x, y, plan, reference=False)
     ref = _stream(_every_batch(EdRVFL(_config("classification", seed, **kw))), x, y, plan, reference=True)
     _assert_same_sums(model, ref, f"seed {seed}, {kw}, whole batches")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"mode": "forward"}, {"mode": "ridge", "forgetting": 300.0}, {"mode": "auto", "forgetting": 400.0}],
+    ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_class_weighted_rows_leave_at_their_weight_with_their_class_counts_and_calibration_terms(kw):
+    """A labelled row of class weight w (``model.class_weight``) leaves A, c, A_r at w times its decay, the class
+    counts by one, and (given the scores each candidate had for it) every candidate's calibration sums by the log
+    loss it added: the last label batch erased leaves the model that never had those labels, its clock moved on."""
+    seed = 79
+    x, y = _data(seed, 5 * B, "classification")
+    cfg = _config("classification", seed, class_weight=[1.0, 3.0, 0.5], **kw)
+    model, ref = _every_batch(EdRVFL(cfg)), _every_batch(EdRVFL(cfg))
+    assert model.calibrated
+    for t in range(4):  # both learn the first four batches alike
+        for m in (model, ref):
+            rows = slice(t * B, (t + 1) * B)
+            pred = m.observe(x[rows])
+            m.learn(
+                pred.features_t, m.encode_labels(y[rows]), predicted=pred.predicted, observed_at=pred.clock
+            )
+    last = slice(4 * B, 5 * B)
+    pred = model.observe(x[last])
+    targets = model.encode_labels(y[last])
+    model.learn(pred.features_t, targets, predicted=pred.predicted, observed_at=pred.clock)
+    weights, scores = model.entered_weights, model.calibration_scores(pred.predicted)
+    np.testing.assert_array_equal(weights, np.array([1.0, 3.0, 0.5])[y[last]])
+    for ln in ref.learners:
+        ln.advance(B)  # the reference sees the erased batch's ticks only
+    for _ in range(7):  # time passes: the rows leave at the weight they have now
+        model.observe(x[:3])
+        ref.observe(x[:3])
+    model.erase(pred.features_t, targets, True, pred.clock, weights=weights, scores=scores)
+    msg = f"seed {seed}, {kw}"
+    _assert_same_sums(model, ref, msg)
+    np.testing.assert_array_equal(model.class_counts, ref.class_counts, err_msg=msg)
+    for j, (ln, rln) in enumerate(zip(model.learners, ref.learners)):
+        np.testing.assert_allclose(
+            ln.calibration_sums, rln.calibration_sums, rtol=1e-9, atol=1e-9, err_msg=f"{msg}: learner {j}"
+        )
+    assert model.calibration_in_force() == ref.calibration_in_force()

@@ -25,7 +25,7 @@ from test_stream import (
 
 from iolstream.core.model import EdRVFL
 from iolstream.stream.processor import StreamProcessor
-from iolstream.stream.retention import RetentionStore
+from iolstream.stream.retention import RetentionStore, record_shape
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +41,7 @@ WARMUP = 20
 
 def make(tmp_path, retention_rows=10_000, model_kw=None, **stream_kw) -> StreamProcessor:
     cfg = model_config(warmup_rows=WARMUP, **{"mode": "forward", **(model_kw or {})})
-    store = RetentionStore(
-        tmp_path / "retention", n_features=cfg.n_inputs, n_labels=1, rows=retention_rows, segment_rows=64
-    )
+    store = RetentionStore(tmp_path / "retention", **record_shape(cfg), rows=retention_rows, segment_rows=64)
     proc = StreamProcessor(EdRVFL(cfg), stream_config(**stream_kw), retention=store)
     proc.erasure.load_state(None)
     return proc
@@ -173,7 +171,9 @@ def test_receipts_wait_for_a_snapshot_and_a_restart_from_it_finds_them_and_the_s
         ("r3", "labelled", version, "snap-000000000002.iolsnap", ["forget", 0, 7]),
         ("r60", "waiting", version, "snap-000000000002.iolsnap", ["forget", 0, 7]),
     ]
-    store = RetentionStore(tmp_path / "retention", n_features=5, n_labels=1, rows=10_000, segment_rows=64)
+    store = RetentionStore(
+        tmp_path / "retention", **record_shape(proc.model.config), rows=10_000, segment_rows=64
+    )
     again = StreamProcessor.from_state(manifest, arrays, stream_config(), retention=store)
     assert [r["id"] for r in again.erasure.due()] == ["r3", "r60"]
     # the store came back to the snapshot: a labelled row is found again, a forgotten one is refused
@@ -195,7 +195,9 @@ def test_a_restart_from_the_snapshot_before_the_removal_replays_it_the_same(tmp_
     manifest, arrays = written(proc)
     run(proc, [("x", forget(["r3"]), "x@0", 300)])
     after = {k: v.copy() for k, v in _sums(proc).items()}
-    store = RetentionStore(tmp_path / "retention", n_features=5, n_labels=1, rows=10_000, segment_rows=64)
+    store = RetentionStore(
+        tmp_path / "retention", **record_shape(proc.model.config), rows=10_000, segment_rows=64
+    )
     replayed = StreamProcessor.from_state(manifest, arrays, stream_config(), retention=store)
     run(replayed, [("x", forget(["r3"]), "x@0", 300)])
     for key, value in _sums(replayed).items():
@@ -229,3 +231,38 @@ def test_bad_requests_are_dead_letters_and_change_nothing(tmp_path):
         assert np.array_equal(value, before[key])
     assert not proc.erasure.waiting
     assert NEVER and CLASSES  # the shared stream helpers
+
+
+@pytest.mark.parametrize("mode", ["forward", "auto"])
+def test_a_class_weighted_row_leaves_at_its_weight_with_its_calibration_terms_and_class_count(tmp_path, mode):
+    """The retention record keeps the class weight a row's label entered with and each candidate's scores of it;
+    forgetting the rows of the last label batch puts c, the class counts and every candidate's calibration sums
+    back where they were before those labels came (docs/design.md §13)."""
+    X, y = data(64, seed=23)
+    weights = (1.0, 4.0, 0.25)
+    proc = make(tmp_path, model_kw={"mode": mode, "class_weight": list(weights)})
+    assert proc.model.calibrated and proc.erasure.retention.n_scores == len(proc.model.learners) * 3
+    events = [("f", features(range(s, s + 8), X), "f", s) for s in range(0, 48, 8)]
+    events += [("l", labels(range(0, 40), y), "l", 100), ("force", None, None, 101)]
+    run(proc, events)
+    rhs = [ls.rhs.copy() for ls in proc.model.learner.state.layers]
+    counts = proc.model.class_counts.copy()
+    cal = [ln.calibration_sums.copy() for ln in proc.model.learners]
+    assert counts.sum() == 40 and all(c.any() for c in cal)
+    run(proc, [("l", labels(range(40, 48), y), "l", 102), ("force", None, None, 103)])
+    store = proc.erasure.retention
+    status, seqs = store.find([f"r{i}" for i in range(40, 48)])
+    rec = store.read(seqs)
+    np.testing.assert_array_equal(rec["weight"], np.array(weights)[y[40:48]])
+    assert (
+        np.isfinite(rec["scores"]).any(axis=1).all()
+    )  # every row: the scores of the candidates that scored it
+    run(proc, [("x", forget([f"r{i}" for i in range(40, 48)]), "x@0", 104)])
+    assert proc.erasure.counters["rows_erased"] == 8
+    np.testing.assert_array_equal(proc.model.class_counts, counts)
+    for ls, before in zip(proc.model.learner.state.layers, rhs):
+        np.testing.assert_allclose(ls.rhs, before, rtol=1e-9, atol=1e-9)
+    for j, (ln, before) in enumerate(zip(proc.model.learners, cal)):
+        np.testing.assert_allclose(
+            ln.calibration_sums, before, rtol=1e-9, atol=1e-9, err_msg=f"candidate {j}"
+        )

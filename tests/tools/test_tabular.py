@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from iolstream.tools.data import DataError
-from iolstream.tools.tabular import TABULAR, encode_by_hand, load_tabular
+from iolstream.tools.tabular import TABULAR, load_tabular, table_dataset, table_schema
 
 
 @pytest.mark.parametrize("name", sorted(TABULAR))
@@ -43,24 +43,19 @@ def test_shuffled_once_by_the_seed_and_file_order_on_request():
     assert in_file.events[0]["passengerClass"] == "1st"  # the file is sorted by class
 
 
-def test_the_hand_encoding_scales_numbers_one_hot_codes_categories_and_flags_gaps():
+def test_each_table_is_encoded_by_the_schema_inferred_from_it():
     ts = load_tabular("titanic", rows=400)
-    X, names = encode_by_hand(ts, warmup_rows=100)
-    assert names == (
-        "sex=female",
-        "sex=male",
-        "age",
-        "age=missing",
-        "passengerClass=1st",
-        "passengerClass=2nd",
-        "passengerClass=3rd",
-    )
-    age = np.array([e["age"] for e in ts.events[:100] if e["age"] is not None], dtype=float)
-    first = next(i for i, e in enumerate(ts.events) if e["age"] is not None)
-    assert X[first, 2] == pytest.approx((ts.events[first]["age"] - age.mean()) / age.std())
+    schema = table_schema(ts)
+    kinds = {f.name: f.type for f in schema.fields}
+    assert kinds == {"sex": "category", "age": "number", "passengerClass": "category"}
+    assert schema.fields[1].indicator  # age has gaps: its missing-indicator column
+    ds = table_dataset(ts)
+    assert ds.schema == schema and ds.X.shape == (400, schema.width)
+    age = schema.offsets()[1]
     gaps = [i for i, e in enumerate(ts.events) if e["age"] is None]
-    assert gaps and (X[gaps, 2] == 0).all() and (X[gaps, 3] == 1).all()
-    assert (X[:, [0, 1]].sum(axis=1) == 1).all() and (X[:, 4:].sum(axis=1) == 1).all()
+    assert gaps and np.isnan(ds.X[gaps, age]).all() and (ds.X[gaps, age + 1] == 1).all()
+    sex = schema.offsets()[0]
+    assert (ds.X[:, sex : sex + schema.fields[0].width].sum(axis=1) == 1).all()  # one slot each
 
 
 def test_an_unknown_name_lists_the_valid_ones():
