@@ -23,7 +23,7 @@ from test_group_kafka import (  # noqa: F401 (group_rig: a fixture)
     group_rig,
     make_stream,
     send,
-    wait_quiet,
+    wait_settled,
 )
 
 GONE = {f"r{i}" for i in range(1000, 2800, 9)}  # 200 rows of the first part
@@ -61,11 +61,11 @@ def test_two_members_forget_the_rows_they_hold_and_both_end_without_them(
     for m in members:
         m.start()
     send(kafka_bootstrap, topics, messages[:half])
-    wait_quiet(members, kafka_bootstrap, raw)  # (the forget topic is made by the members: topics.create)
+    wait_settled(members, kafka_bootstrap, raw)  # (the forget topic is made by the members: topics.create)
     produce_json(kafka_bootstrap, topics["forget"], [{"id": i} for i in sorted(GONE)], key=lambda v: v["id"])
     receipts = wait_for_receipts(kafka_bootstrap, topics["forget_receipts"], GONE, members)
     send(kafka_bootstrap, topics, messages[half:])
-    wait_quiet(members, kafka_bootstrap, raw)
+    wait_settled(members, kafka_bootstrap, raw)
     for m in members:
         assert m.stop() == 0, m.log.read_text()[-3000:]
 
