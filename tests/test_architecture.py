@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import doctest
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -235,3 +236,19 @@ def test_every_module_the_architecture_page_names_exists():
     assert not missing, missing
     rooms = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name in ROOMS}
     assert rooms == set(ROOMS)
+
+
+def test_the_public_names_load_on_first_use_and_are_listed():
+    """``import iolstream`` loads no room (``iolstream --help`` must not wait for Numba), yet ``dir`` lists every
+    public name and each one resolves to its home."""
+    code = (
+        "import sys, iolstream\n"
+        "assert not [m for m in sys.modules if m.startswith(('iolstream.', 'numba'))], sorted(sys.modules)\n"
+        "print(sorted(set(iolstream.__all__) - set(dir(iolstream))))\n"
+        "print(iolstream.EdRVFL.__module__, iolstream.load_snapshot.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "iolstream.core.model iolstream.core.snapshot_file"], (
+        out.stdout
+    )
