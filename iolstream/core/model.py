@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import calibration, kernels, learner, regret
+from iolstream.core import calibration, fused, kernels, learner, linalg, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder
@@ -134,6 +134,8 @@ class EdRVFL:
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+        # the class weight of each row the last ``learn`` folded in (None: 1), for a record of what it entered with
+        self.entered_weights: np.ndarray | None = None
 
     def set_scoring_share(self, share) -> None:
         """Another ``model.scoring_share`` (a number > 0, or "all") from now on: it sets which batches the
@@ -232,8 +234,7 @@ class EdRVFL:
     @property
     def calibrated(self) -> bool:
         """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
-        cfg = self.config
-        return cfg.task == "classification" and cfg.ensemble_rule == "softmax" and cfg.calibration == "online"
+        return self.config.calibrated
 
     def calibration_in_force(self, candidate: int | None = None) -> dict | None:
         """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
@@ -329,6 +330,7 @@ class EdRVFL:
         ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
         # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
+        self.entered_weights = None
         if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
             held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
             if self.targets.frozen:
@@ -365,6 +367,7 @@ class EdRVFL:
         weights = None
         if self._class_index is not None:
             weights = self.class_weights(targets.argmax(axis=1))
+        self.entered_weights = weights
         if len(self.learners) == 1:
             if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
                 predicted = self.learner.layer_outputs(features_t)
@@ -383,6 +386,16 @@ class EdRVFL:
         # prediction it made (NaN where it made none)
         return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
 
+    def calibration_scores(self, predicted) -> np.ndarray | None:
+        """(K, b, m) each candidate's mean output for rows, from ``predicted`` as ``learn`` takes it ((L, b, m),
+        or (K, L, b, m) with NaN where a candidate made none): what its calibration learns from when their labels
+        come, and loses again if they are erased (``erase(scores=...)``). None when ``proba`` is not calibrated."""
+        if not self.calibrated:
+            return None
+        predicted = np.asarray(predicted, dtype=np.float64)
+        per = predicted[None] if predicted.ndim == 3 else predicted
+        return np.stack([kernels.layer_mean(np.ascontiguousarray(p)) for p in per])
+
     def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
         """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
         their weight in its sums (forgetting's decay times ``weights``, the class weights)."""
@@ -399,6 +412,83 @@ class EdRVFL:
         the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
         for ln in self.learners:
             ln.forget(features_t, observed_at)
+
+    def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
+        """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
+        sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
+        it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
+        own units); ``observed_at``: the rows' ``Prediction.clock``; ``weights`` (b,): the class weight each
+        labelled row entered with (``entered_weights``; None: 1); ``scores`` (K, b, m): each candidate's mean
+        output for the row when its label came (``entered_scores``, NaN where it made none; None: the calibration
+        keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
+        sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
+        (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
+        candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+        b = features_t.shape[2]
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
+        labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
+        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        if weights is not None:
+            weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64), (b,)))
+            if not (np.isfinite(weights).all() and (weights > 0).all()):
+                raise ValueError("erase: weights: every row's weight must be finite and > 0")
+            if (weights[labelled] == 1.0).all():
+                weights = None
+        keep = np.ones(b, dtype=bool)
+        if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
+            for i in np.flatnonzero(labelled).tolist():
+                in_a = self.targets.drop(
+                    features_t[:, :, i], targets[i], None if stamps is None else stamps[i]
+                )
+                if in_a is None:
+                    raise ValueError(
+                        f"erase: row {i} is labelled, but its label is neither in the sums nor held"
+                    )
+                labelled[i] = False  # never in c
+                keep[i] = in_a and self.learner.mode == "forward"  # its Gram: in A under -F
+        if not keep.all():
+            features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
+            stamps = None if stamps is None else stamps[keep]
+            weights = None if weights is None else weights[keep]
+            scores = None if scores is None else np.asarray(scores)[:, keep]
+        scaled = self.targets.transform(targets) if self.targets.frozen else targets
+        primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
+        undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
+        grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
+        if len(primaries) > 1 and weights is None and features_t.shape[2] and features_t.flags.c_contiguous:
+            grams = _grams_by_stamp(primaries[0], features_t, stamps)
+        try:
+            for ln in primaries:
+                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
+        except linalg.NotPositiveDefinite:
+            for put_back in undo:  # the ones already done put back too: all or nothing
+                put_back()
+            raise
+        for ln in self.learners:
+            if isinstance(ln, SharedGramLearner):
+                ln.erase(features_t, scaled, labelled, stamps)
+        self.batch_grams.clear()  # a kept batch Gram may hold these rows
+        if self._class_index is not None and labelled.any():
+            classes = targets[labelled].argmax(axis=1)
+            self.class_counts -= np.bincount(classes, minlength=self.config.m)
+            if scores is not None and self.calibrated:
+                self._erase_calibration(np.asarray(scores)[:, labelled], classes, stamps, weights, labelled)
+
+    def _erase_calibration(self, scores, classes, stamps, weights, labelled) -> None:
+        """Labelled rows out of each candidate's calibration sums: the log loss they added (``grid_losses`` of the
+        scores it had for them), at the weight they have now there (decay times class weight)."""
+        stamps = None if stamps is None else stamps[labelled]
+        weights = None if weights is None else weights[labelled]
+        for j, ln in enumerate(self.learners):
+            own = np.flatnonzero(~np.isnan(scores[j, :, 0]))
+            if not own.size:
+                continue
+            row_weights = ln.row_weights(None if stamps is None else stamps[own], own.size)
+            if weights is not None:
+                row_weights = row_weights * weights[own]
+            sums = ln.calibration_sums
+            sums -= calibration.grid_losses(scores[j, own], classes[own], row_weights)
+            np.maximum(sums, 0.0, out=sums)  # round-off: a sum of losses is never below 0
 
     def selection_loss(
         self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
@@ -441,6 +531,26 @@ class EdRVFL:
             h.update(np.ascontiguousarray(w).tobytes())
             h.update(np.ascontiguousarray(b).tobytes())
         return h.hexdigest()
+
+
+SHARED_GRAM_STAMPS = 4  # up to this many stamps, erase forms one Gram per stamp for every half-life
+
+
+def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
+    """(G (K, L, n, n), stamps (K,)): Σ DᵀD of the rows of each stamp, when the rows have at most SHARED_GRAM_STAMPS
+    stamps (each half-life then takes Σ w·G out instead of forming its own weighted Gram), else None."""
+    if stamps is None:
+        return first.rows_gram(features_t)[None], [None]
+    values = np.unique(stamps)
+    if len(values) > SHARED_GRAM_STAMPS:
+        return None
+    if len(values) == 1:
+        return first.rows_gram(features_t)[None], values
+    given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
+    add = fused.add_grams_parallel if first.parallel else fused.add_grams
+    for k, v in enumerate(values.tolist()):
+        add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
+    return given, values
 
 
 __all__ = [

@@ -276,6 +276,13 @@ class ModelConfig:
     def ensemble_rule(self) -> str:
         return self.ensemble or ENSEMBLES[self.task][0]
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
+        return (
+            self.task == "classification" and self.ensemble_rule == "softmax" and self.calibration == "online"
+        )
+
     def to_dict(self) -> dict:
         """Every key as given (``features``: each field's config entry, its keys that differ from their
         defaults); without a schema ``features`` is left out, as configs and snapshots made before it."""

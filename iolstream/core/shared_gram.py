@@ -178,6 +178,9 @@ class SharedGramLearner(OnlineLearner):
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
         self._sync_counters()
 
+    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None) -> None:
+        self._sync_counters()  # the primary has taken the rows out of the sums this one reads
+
     def refresh(self) -> None:
         self.sync()
         super().refresh()

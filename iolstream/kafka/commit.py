@@ -9,7 +9,8 @@ snapshot and the roll-back (as Quix Streams' ``Checkpoint``). The worker calls i
   letters and input offsets; a lost one rolls back) 4. serve delivery callbacks 5. checkpoint when due;
 - ``checkpoint``: 1. group learning: publish the sums with the offsets they cover 2. exactly-once:
   commit an open transaction 3. wait for deliveries and write the snapshot (``kafka.checkpoints``)
-  4. at-least-once: commit the snapshot's offsets;
+  4. at-least-once: commit the snapshot's offsets 5. the forget receipts the snapshot makes true
+  (``kafka.receipts``; exactly-once: in a transaction of their own, committed at once);
 - ``partitions_go`` (a revoke): every row consumed is learned first (group learning: the warm-up
   scaling agreed, the rows waiting for labels and the labels waiting for rows of the partitions that go
   handed over), then ``checkpoint``, waiting for deliveries up to the call timeout;
@@ -43,9 +44,11 @@ from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import fmt
 from iolstream.kafka.output import Output
 from iolstream.kafka.participant import Solo
+from iolstream.kafka.receipts import Receipts
 from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import FENCED, TransactionalOutput, Transactions, fatal_message
+from iolstream.ops.faults import crash_point
 from iolstream.stream.align import Aligner
 
 log = logging.getLogger("iolstream.worker")
@@ -83,6 +86,7 @@ class CommitUnit:
         self.checkpoints, self.assignment, self.aligner = checkpoints, assignment, aligner
         self.stopper, self.group, self.waiting, self.metrics = stopper, group, waiting, metrics
         self.calls, self.new_producer, self.sleep = calls, new_producer, sleep
+        self.receipts = Receipts(cfg, output)
 
     # ------------------------------------------------------------ what the others ask
     replays_committed = False  # input the group committed is replayed without emitting (offsets.OffsetBook)
@@ -111,7 +115,7 @@ class CommitUnit:
         self._before_snapshot()
         if (
             final
-        ):  # the stop's, its last records committed (group learning: the others' before the stop are read)
+        ):  # its last records committed; group learning: the others' published before the stop are read
             self.group.at_stop(
                 self.stopper.timeout(self.cfg.kafka.call_timeout_seconds),
                 tick=lambda: self.waiting("the model-deltas topic", 0.0),
@@ -126,7 +130,26 @@ class CommitUnit:
         )
         if written:
             self._after_snapshot()
+            self._send_receipts(self.checkpoints.take_receipts())
         return written
+
+    def receipts_after_load(self) -> None:
+        """After a snapshot was loaded (start, roll-back): the forget receipts it names that must go out again
+        (``Receipts.unsent``)."""
+        receipts = self.checkpoints.take_receipts()
+        if receipts:
+            unsent = self.receipts.unsent(receipts, self.checkpoints.last_written_ms)
+            self.session.processor.erasure.sent(
+                [r for r in receipts if r not in unsent]
+            )  # out before the restart
+            self._send_receipts(unsent)
+
+    def _send_receipts(self, receipts: list[dict]) -> None:
+        if receipts:
+            crash_point("before_receipts")  # test-only: the snapshot durable, its receipts not out
+            self.receipts.send(receipts)
+            self.session.processor.erasure.sent(receipts)
+            self._receipts_out()
 
     def partitions_go(self, partitions=None, *, final: bool = False) -> bool:
         """A revoke of ``partitions`` ((topic, partition) keys; None: all), and the end of ``finish`` (``final``):
@@ -144,10 +167,12 @@ class CommitUnit:
         return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds), final=final)
 
     def finish(self) -> bool:
-        """Shutdown: flush the partial batch, then as ``partitions_go``. False if the final snapshot
-        failed."""
+        """Shutdown: flush the partial batch, then as ``partitions_go``; the forget receipts the final snapshot
+        made true are delivered before the worker stops. False if the final snapshot failed."""
         self._flush_partial()
-        return self.partitions_go(final=True)
+        ok = self.partitions_go(final=True)
+        self._receipts_at_stop()
+        return ok
 
     def roll_back(self, why: str) -> None:
         """Load the newest snapshot into the session and seek every assigned partition to its positions; what
@@ -160,6 +185,7 @@ class CommitUnit:
         self.group.attach(loaded.processor, loaded.group)
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the positions
         self.assignment.seek_back()
+        self.receipts_after_load()
         log.info(
             "rolled back to offsets %s; replay without emitting until %s (%s)",
             fmt(self.book.positions) or "-",
@@ -191,6 +217,12 @@ class CommitUnit:
         """Shutdown: the partial batch."""
         self.session.step(now_ms(), force=True)
 
+    def _receipts_out(self) -> None:
+        """Forget receipts were just produced."""
+
+    def _receipts_at_stop(self) -> None:
+        """After the final snapshot: its forget receipts out before the worker stops."""
+
     def check_deliveries(self) -> None:
         """Between cycles: what failed deliveries mean."""
 
@@ -211,6 +243,12 @@ class AtLeastOnce(CommitUnit):
 
     def _after_snapshot(self) -> None:
         self.assignment.commit()
+
+    def _receipts_at_stop(self) -> None:
+        if (
+            self.receipts.sent
+        ):  # delivered before the worker stops (exactly-once: their transaction committed)
+            self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
 
     def check_deliveries(self) -> None:
         """A failed delivery stops the worker: nothing is committed past it."""
@@ -278,6 +316,11 @@ class ExactlyOnce(CommitUnit):
             err.str(),
         )
         self.lost(err.str())
+
+    def _receipts_out(self) -> None:
+        """The receipts' transaction commits now, with their requests' offsets: out as soon as the snapshot is
+        durable (also at shutdown, after the last one)."""
+        self._commit_cycle()
 
     def lost(self, why: str) -> None:
         """The open transaction belonged to the failed client: a new producer, and the model rolled back."""

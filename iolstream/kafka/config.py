@@ -25,6 +25,7 @@ import yaml
 from iolstream.core.model import ModelConfig
 from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from iolstream.stream.retention import RetentionConfig
 
 ENV_PREFIX = "IOLSTREAM_"
 # the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
@@ -86,6 +87,10 @@ class TopicsConfig:
     predictions: str = "iol.predictions"
     dead_letters: str = "iol.dead-letters"
     model_deltas: str = "iol.model-deltas"  # group learning: the members' sums (one partition, compacted)
+    forget: str | None = None  # forget requests {"id"} / {"ids"} (docs/data-protection.md); None: none taken
+    forget_receipts: str = (
+        "iol.forget-receipts"  # one receipt per row forgotten, once a snapshot without it is durable
+    )
     create: bool = True
     partitions: int = 1
     replication_factor: int = 1
@@ -161,6 +166,7 @@ class WorkerConfig:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     durability: DurabilityConfig = field(default_factory=DurabilityConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -187,6 +193,17 @@ class WorkerConfig:
         it."""
         return os.path.join(self.snapshot.dir, self.member_id) if self.group.enabled else self.snapshot.dir
 
+    @property
+    def retention_dir(self) -> str | None:
+        """Where the retention store of forget requests goes: ``retention.dir`` (group learning: its
+        ``<member_id>`` below it), else ``retention`` below the snapshot directory; None without
+        ``topics.forget``, or with ``retention.rows`` 0 (no rows kept)."""
+        if self.topics.forget is None or not self.retention.rows:
+            return None
+        if self.retention.dir is None:
+            return os.path.join(self.snapshot_dir, "retention")
+        return os.path.join(self.retention.dir, self.member_id) if self.group.enabled else self.retention.dir
+
 
 _SECTIONS = {
     "kafka": KafkaConfig,
@@ -196,6 +213,7 @@ _SECTIONS = {
     "snapshot": SnapshotConfig,
     "durability": DurabilityConfig,
     "group": GroupConfig,
+    "retention": RetentionConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
 }
@@ -415,6 +433,13 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
         raise ConfigError(
             f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}"
         )
+    if cfg.topics.forget is not None:
+        for key in ("forget", "forget_receipts"):
+            name = getattr(cfg.topics, key)
+            if name in names or (cfg.group.enabled and name == cfg.topics.model_deltas):
+                raise ConfigError(f"topics.{key}: must differ from the other topics, got {name!r}")
+        if cfg.topics.forget == cfg.topics.forget_receipts:
+            raise ConfigError("topics.forget_receipts: must differ from topics.forget")
     if cfg.group.enabled:
         _check_group(cfg, names)
     _check_primary(cfg)

@@ -58,6 +58,7 @@ from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
 from iolstream.stream import warm
 from iolstream.stream.align import Aligner
+from iolstream.stream.outputs import StepOutput
 
 __all__ = ["EXIT_FATAL", "EXIT_OK", "Worker", "WorkerError", "check_timing", "ensure_topics"]
 log = logging.getLogger("iolstream.worker")
@@ -186,6 +187,7 @@ class Worker:
         )
         self.consumer = self._new_consumer()
         self.group.joined()  # a restart: its partitions may have moved while it was away (kafka.handover)
+        self.commit.receipts_after_load()  # forget receipts of the snapshot loaded, not out before a restart
 
     def _load_kernels(self) -> None:
         """The compiled kernels, before the first message (not in the middle of the stream): loaded from the cache
@@ -238,8 +240,9 @@ class Worker:
         consumer = Consumer(conf)
         self.assignment.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
         a = self.assignment
+        t = self.cfg.topics
         consumer.subscribe(
-            [self.cfg.topics.features, self.cfg.topics.labels],
+            [t.features, t.labels] + ([t.forget] if t.forget else []),
             on_assign=a.on_assign,
             on_revoke=a.on_revoke,
             on_lost=a.on_lost,
@@ -348,7 +351,7 @@ class Worker:
         """Feed the released messages to the processor and emit what each gives; only now may a snapshot or a
         commit cover them. One-row messages make this loop hot, so it is kept lean."""
         session, book, metrics = self.session, self.book, self.metrics
-        features = self.cfg.topics.features
+        features, forget = self.cfg.topics.features, self.cfg.topics.forget
         for key, msg in ready:
             topic, offset = key[0], msg.offset()
             session.take(key, offset, now)  # replayed input (not emitted) or new: never both in one step
@@ -360,9 +363,15 @@ class Worker:
             source = (
                 (topic, key[1], offset) if mkey is None else (topic, key[1], offset, output.key_text(mkey))
             )
-            # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data: an
-            # event's id may be its message key
-            out = session.processor.feed(msg.value(), source, now, topic != features, accepted, mkey)
+            if topic == forget:  # a forget request (docs/design.md §13): its refusals are its only output
+                dead = session.processor.on_forget(msg.value(), source, now, mkey)
+                out = StepOutput(dead_letters=dead) if dead else None
+                if self.crash_points:
+                    crash_point("after_forget")
+            else:
+                # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data:
+                # an event's id may be its message key
+                out = session.processor.feed(msg.value(), source, now, topic != features, accepted, mkey)
             if out is not None:
                 session.emit(out)
             book.processed(key, offset)
