@@ -227,9 +227,9 @@ def woodbury_update(inverse, d_t):
     inverse : (n, n) float64, symmetric positive definite P = A⁻¹ (η in the paper), either order
     d_t     : (n, b) float64 C-ordered, Dᵀ of the batch entering A
     S = I + D P Dᵀ = L Lᵀ by Cholesky, then with K = L⁻¹ D P the update is KᵀK; the result is
-    re-symmetrised, which keeps P positive definite over long streams (MEASUREMENTS.md: float32
-    without it diverges). Only BLAS and LAPACK calls (``blaslib``): NumPy's ``linalg`` in a kernel
-    costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
+    re-symmetrised, which keeps P positive definite over long streams (float32 without it
+    diverges: docs/benchmarks.md, "The update's building blocks"). Only BLAS and LAPACK calls
+    (``blaslib``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
     either way it is P, being symmetric.
     """
     n, b = d_t.shape

@@ -8,9 +8,9 @@ class list, or regression with m outputs). Arrays in, arrays out, no I/O.
     >>> rng = np.random.default_rng(0)
     >>> x = rng.standard_normal((300, 4)); y = (x[:, 0] + x[:, 1] > 0).astype(int)
     >>> model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none"))
-    >>> for start in range(0, 300, 50):                    # -F: observe, predict, then learn
-    ...     batch = model.observe(x[start:start + 50])
-    ...     _ = model.learn(batch.features_t, model.encode_labels(y[start:start + 50]), predicted=batch.layer_outputs)
+    >>> for start in range(0, 300, 50):            # predict a batch, then learn its labels
+    ...     prediction = model.observe(x[start:start + 50])
+    ...     _ = model.learn(prediction, y[start:start + 50])
     >>> float((model.predict(x) == y).mean()) > 0.9
     True
 """
@@ -93,7 +93,19 @@ def make_scaler(config: ModelConfig) -> Scaler:
 
 
 class EdRVFL:
-    """An ensemble deep RVFL network learning online by -F or -R."""
+    """An ensemble deep RVFL network learning online by -F or -R (or choosing between them: ``mode: auto``).
+
+    One way to learn a stream, predict then learn, as River's ``predict_one`` / ``learn_one``:
+
+    - ``observe(x) -> Prediction``: a new batch of rows (b, n_inputs); under -F its Gram enters first, then it
+      is predicted (``Prediction.index`` / ``.proba`` / ``.value``);
+    - ``learn(prediction, y)``: the labels of those rows, when they come (class labels, or regression values
+      (b,) or (b, m)); each candidate of ``auto`` is judged on what it predicted.
+
+    ``learn_rows(x, y)`` learns labelled rows never observed (history, a backfill); ``predict`` and
+    ``predict_batch`` change nothing. The stream's processor uses the low-level form of ``learn`` (features,
+    encoded targets and the outputs it kept for the rows, ``Prediction.predicted``).
+    """
 
     def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None, modes: list | None = None):
         """``candidates``: the (lam, half_life) grid of ``auto`` and ``modes`` each one's mode (default
@@ -326,8 +338,36 @@ class EdRVFL:
         )
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
-        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
-        ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        """Fold labelled rows in (see OnlineLearner.learn); returns the loss per layer (L,) of what was emitted.
+
+        ``learn(prediction, y)``: the ``Prediction`` that ``observe`` returned for the rows and their labels ``y``
+        as ``predict`` gives them (class labels; regression values).
+
+        The low-level form: ``features_t`` (L, n, b) of the rows, ``targets`` (b, m) (see encode_labels),
+        ``predicted`` the rows' ``Prediction.predicted`` (None: rows that were never predicted; the present β
+        of every candidate predicts them), ``observed_at`` their ``Prediction.clock`` (needed with forgetting,
+        else ignored). With several candidates ``predicted`` must be every candidate's outputs (K, L, b, m): the
+        layer outputs of one are refused, since recomputing the others would bypass the scoring budget."""
+        if isinstance(features_t, Prediction):
+            if gram_in is not None or predicted is not None or observed_at is not None:
+                raise TypeError("learn(prediction, y): the prediction carries predicted and observed_at")
+            prediction = features_t
+            features_t, predicted, observed_at = prediction.features_t, prediction.predicted, prediction.clock
+            b, m, shape = features_t.shape[2], self.config.m, np.shape(targets)
+            if self._class_index is not None:
+                fits, expected = shape == (b,), f"({b},) class labels"
+            else:
+                fits, expected = shape == (b, m) or (m == 1 and shape == (b,)), f"({b}, {m}) values"
+            if not fits:
+                raise ValueError(f"y: {expected} for the prediction's {b} rows, got shape {shape}")
+            targets = self.encode_labels(targets)
+        elif predicted is not None and len(self.learners) > 1 and np.ndim(predicted) != 4:
+            raise ValueError(
+                f"predicted: this model keeps {len(self.learners)} candidates (mode, lam or forgetting auto): "
+                f"pass Prediction.predicted, every candidate's outputs (K, L, b, m), not outputs of shape "
+                f"{np.shape(predicted)} (Prediction.layer_outputs): recomputing the other candidates' outputs "
+                "would bypass the scoring budget (model.scoring_share); or call learn(prediction, y)"
+            )
         # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
         self.entered_weights = None

@@ -43,7 +43,7 @@ class ModelConfig:
         None  # classification: the declared classes (ints, texts or false/true); None: regression
     )
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
+    n_nodes: int = 512  # defaults: the most robust of benchmarks/why_these_defaults.py (docs/benchmarks.md, "Why these defaults")
     n_layers: int = 2
     lam: float | tuple = 0.5
     activation: str = "relu"

@@ -28,31 +28,6 @@ from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METR
 from iolstream.stream.retention import RetentionConfig
 
 ENV_PREFIX = "IOLSTREAM_"
-# the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
-OTHER_VARIABLES = frozenset(
-    {
-        "IOLSTREAM_CONTAINER_STATE",
-        "IOLSTREAM_CONTAINER_TEST",
-        "IOLSTREAM_CRASH_AT",
-        "IOLSTREAM_IMAGE",
-        "IOLSTREAM_INSTALL_SYSTEM",
-        "IOLSTREAM_KAFKA_CACHE",
-        "IOLSTREAM_KAFKA_CLUSTER_DATA",
-        "IOLSTREAM_KAFKA_DATA",
-        "IOLSTREAM_KAFKA_IMAGE",
-        "IOLSTREAM_PROMETHEUS_IMAGE",
-        "IOLSTREAM_TEST_BOOTSTRAP",
-        "IOLSTREAM_TEST_CLUSTER_PORT",
-        "IOLSTREAM_TEST_DOCKER",
-        "IOLSTREAM_TEST_KAFKA_IMAGE",
-        "IOLSTREAM_TEST_OUTAGE_PORT",
-        "IOLSTREAM_TEST_RESTART_PORT",
-        "IOLSTREAM_TEST_SECURE_DATA",
-        "IOLSTREAM_TEST_SECURE_PORT",
-        "IOLSTREAM_TEST_SEED",
-        "IOLSTREAM_TEST_STARTUP_SECONDS",
-    }
-)
 
 
 class ConfigError(ValueError):
@@ -363,24 +338,36 @@ def _dict_keys() -> set[tuple[str, str]]:
 
 def check_environment(environ) -> None:
     """Refuse an ``IOLSTREAM_`` variable that looks like an override but names no key (ConfigError with the
-    nearest valid name): one with a double underscore, or one that starts with a section's name
-    (``IOLSTREAM_STREAM_BATCH_ROWS``). The project's other variables (``OTHER_VARIABLES``) are left alone."""
+    nearest valid name): one with a double underscore, or a section's name and one underscore before a key of
+    that section or a name close to one (``IOLSTREAM_STREAM_BATCH_ROWS``). Other names are left alone: the
+    project's own variables (``IOLSTREAM_KAFKA_DATA`` of scripts/kafka.sh, the tests' and the containers')."""
     names = override_names()
-    sections = ("model", *_SECTIONS)
     free = _dict_keys()
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
+        if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :]
         path = rest.lower().split("__")
         if "__" in rest:
             if name.upper() in names or (len(path) >= 3 and (path[0], path[1]) in free):
                 continue  # a key, or a key below kafka.client / kafka.consumer / kafka.producer
-        elif not any(rest.lower().startswith(f"{s}_") for s in sections):
+        elif not _looks_like_a_key(rest.lower()):
             continue
         near = difflib.get_close_matches(name.upper(), names, n=1, cutoff=0.6)
         hint = f"; did you mean {near[0]}?" if near else f"; overrides are {ENV_PREFIX}<SECTION>__<KEY>"
         raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
+
+
+def _looks_like_a_key(rest: str) -> bool:
+    """``<section>_<key>`` with one underscore where the override takes two: the key one of that section's, or
+    close to one (as ``check_environment``'s hint finds the nearest)."""
+    sections = {"model": ModelConfig, **_SECTIONS}
+    for section, cls in sections.items():
+        if rest.startswith(f"{section}_"):
+            key, keys = rest[len(section) + 1 :], [f.name for f in dataclasses.fields(cls)]
+            if key in keys or difflib.get_close_matches(key, keys, n=1, cutoff=0.6):
+                return True
+    return False
 
 
 def env_overrides(environ=None) -> dict[str, str]:
@@ -394,7 +381,7 @@ def env_overrides(environ=None) -> dict[str, str]:
     found = {}
     for name in sorted(environ):
         rest = name[len(ENV_PREFIX) :]
-        if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES and "__" in rest:
+        if name.startswith(ENV_PREFIX) and "__" in rest:
             found[".".join(rest.lower().split("__"))] = name
     return dict(sorted(found.items()))
 

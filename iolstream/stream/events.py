@@ -28,8 +28,7 @@ Per field, the events with the field missing and (categories with declared value
 declared are counted: ``missing`` and ``undeclared`` (the status line and /metrics report them).
 
     >>> from iolstream.core.schema import FeatureSchema
-    >>> from iolstream.stream.codec import forget_ids
-from iolstream.stream.config import EventsConfig
+    >>> from iolstream.stream.config import EventsConfig
     >>> schema = FeatureSchema.parse([{"name": "amount", "type": "number", "required": True},
     ...                               {"name": "country", "type": "category", "values": ["FR", "DE"]}])
     >>> codec = EventCodec(schema, EventsConfig(id_field="order_id", label_field="is_fraud"),

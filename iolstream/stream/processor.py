@@ -37,7 +37,7 @@ Rules worth knowing:
   (``unknown_id``) carries the source of the message that brought it.
 
     >>> import numpy as np
-    >>> from iolstream.kafka.config import StreamConfig
+    >>> from iolstream.stream.config import StreamConfig
     >>> from iolstream.core.model import EdRVFL, ModelConfig
     >>> model = EdRVFL(ModelConfig(n_inputs=2, classes=(0, 1), n_nodes=8, n_layers=2, scaler="none"))
     >>> proc = StreamProcessor(model, StreamConfig(batch_rows=2, max_batch_latency_ms=10))
