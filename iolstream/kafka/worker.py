@@ -2,7 +2,7 @@
 
     consume (``intake``: the consumer's messages, queued per partition) → align (released in timestamp
     order across partitions, ``stream.align``) → feed (``StreamProcessor.feed``: one message in, what to
-    emit out) → emit (``emit.Emitter``: predictions and dead letters, ``output``) → commit (``commit``:
+    emit out) → emit (``session.Session``: predictions and dead letters, ``output``) → commit (``commit``:
     step, group publish, the transaction or the offsets, the snapshot when due) → status line
 
 The collaborators hold the clients and their own state: ``session.Session`` (the processor, the offset
