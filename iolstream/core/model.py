@@ -63,7 +63,8 @@ class Prediction:
 
     @property
     def scores(self) -> np.ndarray:
-        """(b, m) the ensemble's raw output: the mean of the layers' outputs (what ``proba`` calibrates)."""
+        """(b, m) the ensemble's raw output s̄: the mean of the layers' outputs (``proba`` calibrates the mean of
+        their clipped outputs, ``calibration.ensemble_scores``)."""
         return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
 
     @property
@@ -244,8 +245,8 @@ class EdRVFL:
 
     def combine(self, layer_outputs: np.ndarray, candidate: int | None = None):
         """Ensemble of the layer outputs (L, b, m) -> (proba, index, value). Classification: ``proba`` by the
-        calibration of ``candidate`` (default: the one in force), the class the highest mean output (the highest
-        probability: the calibration keeps their order), or with ``threshold`` the second class where its
+        calibration of ``candidate`` (default: the one in force), the class of the highest probability
+        (``decide``), or with ``threshold`` the second class where its
         probability reaches it."""
         rule = self.config.ensemble_rule
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
@@ -262,7 +263,10 @@ class EdRVFL:
         outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
         if self.calibrated:
             j = self.selector.chosen if candidate is None else candidate
-            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
+            scores = calibration.ensemble_scores(outputs)
+            proba = calibration.probabilities(scores, self.learners[j].calibration_sums)
+            if self.config.threshold is None:
+                return proba, calibration.decision(outputs, scores), None
         elif rule == "softmax":
             proba = kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
@@ -274,13 +278,13 @@ class EdRVFL:
 
     def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
         """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
-        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
-        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest ensemble score
+        (``calibration.decision``: the calibration keeps the classes' order, so the most probable class); else the
         highest probability."""
         if self.config.threshold is not None:
             return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
         if self.calibrated:
-            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+            return calibration.decision(layer_outputs)
         return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
@@ -390,7 +394,7 @@ class EdRVFL:
         row_weights = ln.row_weights(observed_at, len(labels))
         if weights is not None:
             row_weights = row_weights * weights
-        scores = kernels.layer_mean(np.ascontiguousarray(outputs, dtype=np.float64))
+        scores = calibration.ensemble_scores(outputs)
         sums = ln.calibration_sums  # in place: the learner's state holds them
         sums += calibration.grid_losses(scores, labels, row_weights)
 
