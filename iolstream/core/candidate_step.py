@@ -58,6 +58,10 @@ class BatchGrams:
     def put(self, features_t: np.ndarray, gram: np.ndarray) -> None:
         self._kept = [*self._kept, (features_t, gram)][-self.keep :]
 
+    def clear(self) -> None:
+        """Keep none (rows were taken out of the model: a kept Gram may hold them)."""
+        self._kept = []
+
     def take(self, features_t: np.ndarray) -> np.ndarray | None:
         """The Gram of this very ``features_t`` if kept (then no longer), else None."""
         for i, (kept, gram) in enumerate(self._kept):

@@ -60,7 +60,7 @@ class Handovers:
         ids, payload = self.processor.waiting_rows()
         going = None if partitions is None else set(partitions)
         label_ids, labels, sources = self.processor.hand_over_labels(
-            lambda s: isinstance(s, tuple) and len(s) == 3 and (going is None or s[:2] in going)
+            lambda s: isinstance(s, tuple) and len(s) >= 3 and (going is None or s[:2] in going)
         )
         if not ids and not label_ids:
             return
@@ -73,6 +73,9 @@ class Handovers:
                 label_topics=np.array([s[0] for s in sources], dtype=str),
                 label_partitions=np.array([s[1] for s in sources], dtype=np.int64),
                 label_offsets=np.array([s[2] for s in sources], dtype=np.int64),
+                # a keyed message's source carries its key (kafka.output keeps it on a dead letter)
+                label_keyed=np.array([len(s) > 3 for s in sources], dtype=bool),
+                label_keys=np.array([s[3] if len(s) > 3 else "" for s in sources], dtype=str),
             )
         self._produce("rows", self.state.handovers, {"published_ms": _now_ms()}, arrays)
         log.info(
@@ -103,12 +106,16 @@ class Handovers:
         if self.closing or "label_ids" not in arrays:
             return
         ids = [str(i) for i in arrays["label_ids"].tolist()]
+        keyed = arrays.get("label_keyed", np.zeros(len(ids), dtype=bool)).tolist()
+        keys = arrays.get("label_keys", np.full(len(ids), "", dtype=str)).tolist()
         sources = [
-            (str(t), int(p), int(o))
-            for t, p, o in zip(
+            (str(t), int(p), int(o), str(k)) if has_key else (str(t), int(p), int(o))
+            for t, p, o, has_key, k in zip(
                 arrays["label_topics"].tolist(),
                 arrays["label_partitions"].tolist(),
                 arrays["label_offsets"].tolist(),
+                keyed,
+                keys,
             )
         ]
         if len(sources) != len(ids) or len(arrays["label_y"]) != len(ids):

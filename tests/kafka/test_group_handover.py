@@ -9,6 +9,7 @@ it: the labels stayed stranded where they were, and the group's c never had them
 
 import numpy as np
 import orjson
+import pytest
 
 from iolstream.core import contribution
 from iolstream.core.model import EdRVFL
@@ -84,11 +85,12 @@ class Member:
             )
         self.proc.step(0, force=True)
 
-    def labels(self, ids, y, partition: int, first_offset: int = 0) -> None:
+    def labels(self, ids, y, partition: int, first_offset: int = 0, keyed: bool = False) -> None:
+        """Label messages, each with its source as the worker gives it: (topic, partition, offset), and the
+        message key's text after them when the message has one (the worker's producers key by id)."""
         for i, row_id in enumerate(ids):
-            self.proc.on_labels(
-                orjson.dumps({"id": row_id, "y": int(y[i])}), (LABELS, partition, first_offset + i), now_ms=0
-            )
+            source = (LABELS, partition, first_offset + i) + ((row_id,) if keyed else ())
+            self.proc.on_labels(orjson.dumps({"id": row_id, "y": int(y[i])}), source, now_ms=0)
         self.proc.step(0, force=True)
 
 
@@ -102,12 +104,13 @@ def _rhs(proc) -> np.ndarray:
     return contribution.sums(proc.model)["p0.rhs"]
 
 
-def test_labels_before_their_rows_go_with_their_partition_and_join_where_the_rows_are_read():
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_labels_before_their_rows_go_with_their_partition_and_join_where_the_rows_are_read(keyed):
     ids, x, y = _stream()
     log = _Log()
     giver = Member("w1", log, holds={(FEATURES, 2), (LABELS, 2), (LABELS, 3)})
-    giver.labels(ids[:8], y[:8], partition=2)  # partition 2's labels came before their rows
-    giver.labels(ids[8:], y[8:], partition=3, first_offset=100)  # partition 3 stays with it
+    giver.labels(ids[:8], y[:8], partition=2, keyed=keyed)  # partition 2's labels came before their rows
+    giver.labels(ids[8:], y[8:], partition=3, first_offset=100, keyed=keyed)  # partition 3 stays with it
     assert giver.proc.join.n_early == 12
 
     giver.sync.hand_over([(FEATURES, 2), (LABELS, 2)])  # a revoke of partition 2
@@ -116,6 +119,8 @@ def test_labels_before_their_rows_go_with_their_partition_and_join_where_the_row
     record = snapshots.decode(b"".join(v for v, _ in log.records))[1]
     assert record["label_ids"].tolist() == ids[:8] and record["label_partitions"].tolist() == [2] * 8
     assert record["label_offsets"].tolist() == list(range(8)) and record["label_y"].tolist() == y[:8].tolist()
+    assert record["label_keyed"].tolist() == [keyed] * 8  # a key goes with its label (a dead letter keeps it)
+    assert record["label_keys"].tolist() == (ids[:8] if keyed else [""] * 8)
 
     taker = Member("w2", log, holds={(FEATURES, 2), (LABELS, 2)})
     other = Member("w3", log, holds={(FEATURES, 4), (LABELS, 4)})
