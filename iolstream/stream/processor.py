@@ -141,7 +141,6 @@ class StreamProcessor:
         self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
-        self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
         self.erasure = Erasure(model, self.layout, retention)  # forget requests, the rows kept for them
         # dead letters of adopted labels (group learning), emitted with the next step's
@@ -611,14 +610,6 @@ class StreamProcessor:
         if self.events is not None:
             manifest["stream"]["fields"] = self.events.counts()
         return manifest, arrays
-
-    def restore(self, other: StreamProcessor) -> None:
-        """Take ``other``'s whole state in place (a roll-back to a snapshot): whoever holds this processor
-        keeps holding the current one. ``restored`` counts the roll-backs."""
-        restored = self.restored + 1
-        vars(self).clear()
-        vars(self).update(vars(other))
-        self.restored = restored
 
     @classmethod
     def from_state(
