@@ -375,6 +375,7 @@ class StreamProcessor:
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
             scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
+            interval=pred.interval,
             id_key=self.event_shape.id_field,
             extra=None if self.events is None else self.events.passthrough(rows.events),
         )
