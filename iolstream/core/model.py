@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import calibration, fused, intervals, kernels, learner, linalg, regret
+from iolstream.core import calibration, intervals, kernels, learner, regret, row_erasure
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder
@@ -532,81 +532,9 @@ class EdRVFL:
             ln.forget(features_t, observed_at)
 
     def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
-        """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
-        sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
-        it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
-        own units); ``observed_at``: the rows' ``Prediction.clock``; ``weights`` (b,): the class weight each
-        labelled row entered with (``entered_weights``; None: 1); ``scores`` (K, b, m): each candidate's mean
-        output for the row when its label came (``entered_scores``, NaN where it made none; None: the calibration
-        keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
-        sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
-        (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
-        candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
-        b = features_t.shape[2]
-        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
-        labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
-        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
-        if weights is not None:
-            weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64), (b,)))
-            if not (np.isfinite(weights).all() and (weights > 0).all()):
-                raise ValueError("erase: weights: every row's weight must be finite and > 0")
-            if (weights[labelled] == 1.0).all():
-                weights = None
-        keep = np.ones(b, dtype=bool)
-        if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
-            for i in np.flatnonzero(labelled).tolist():
-                in_a = self.targets.drop(
-                    features_t[:, :, i], targets[i], None if stamps is None else stamps[i]
-                )
-                if in_a is None:
-                    raise ValueError(
-                        f"erase: row {i} is labelled, but its label is neither in the sums nor held"
-                    )
-                labelled[i] = False  # never in c
-                keep[i] = in_a and self.learner.mode == "forward"  # its Gram: in A under -F
-        if not keep.all():
-            features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
-            stamps = None if stamps is None else stamps[keep]
-            weights = None if weights is None else weights[keep]
-            scores = None if scores is None else np.asarray(scores)[:, keep]
-        scaled = self.targets.transform(targets) if self.targets.frozen else targets
-        primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
-        undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
-        grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
-        if len(primaries) > 1 and weights is None and features_t.shape[2] and features_t.flags.c_contiguous:
-            grams = _grams_by_stamp(primaries[0], features_t, stamps)
-        try:
-            for ln in primaries:
-                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
-        except linalg.NotPositiveDefinite:
-            for put_back in undo:  # the ones already done put back too: all or nothing
-                put_back()
-            raise
-        for ln in self.learners:
-            if isinstance(ln, SharedGramLearner):
-                ln.erase(features_t, scaled, labelled, stamps)
-        self.batch_grams.clear()  # a kept batch Gram may hold these rows
-        if self._class_index is not None and labelled.any():
-            classes = targets[labelled].argmax(axis=1)
-            self.class_counts -= np.bincount(classes, minlength=self.config.m)
-            if scores is not None and self.calibrated:
-                self._erase_calibration(np.asarray(scores)[:, labelled], classes, stamps, weights, labelled)
-
-    def _erase_calibration(self, scores, classes, stamps, weights, labelled) -> None:
-        """Labelled rows out of each candidate's calibration sums: the log loss they added (``grid_losses`` of the
-        scores it had for them), at the weight they have now there (decay times class weight)."""
-        stamps = None if stamps is None else stamps[labelled]
-        weights = None if weights is None else weights[labelled]
-        for j, ln in enumerate(self.learners):
-            own = np.flatnonzero(~np.isnan(scores[j, :, 0]))
-            if not own.size:
-                continue
-            row_weights = ln.row_weights(None if stamps is None else stamps[own], own.size)
-            if weights is not None:
-                row_weights = row_weights * weights[own]
-            sums = ln.calibration_sums
-            sums -= calibration.grid_losses(scores[j, own], classes[own], row_weights)
-            np.maximum(sums, 0.0, out=sums)  # round-off: a sum of losses is never below 0
+        """Take rows out of the model as if it had never seen them (docs/design.md §13): ``core.row_erasure.erase``,
+        whose docstring says what each argument is and what leaves where. All or nothing."""
+        row_erasure.erase(self, features_t, targets, labelled, observed_at, weights=weights, scores=scores)
 
     def selection_loss(
         self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
@@ -649,26 +577,6 @@ class EdRVFL:
             h.update(np.ascontiguousarray(w).tobytes())
             h.update(np.ascontiguousarray(b).tobytes())
         return h.hexdigest()
-
-
-SHARED_GRAM_STAMPS = 4  # up to this many stamps, erase forms one Gram per stamp for every half-life
-
-
-def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
-    """(G (K, L, n, n), stamps (K,)): Σ DᵀD of the rows of each stamp, when the rows have at most SHARED_GRAM_STAMPS
-    stamps (each half-life then takes Σ w·G out instead of forming its own weighted Gram), else None."""
-    if stamps is None:
-        return first.rows_gram(features_t)[None], [None]
-    values = np.unique(stamps)
-    if len(values) > SHARED_GRAM_STAMPS:
-        return None
-    if len(values) == 1:
-        return first.rows_gram(features_t)[None], values
-    given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
-    add = fused.add_grams_parallel if first.parallel else fused.add_grams
-    for k, v in enumerate(values.tolist()):
-        add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
-    return given, values
 
 
 __all__ = [
