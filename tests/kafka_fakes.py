@@ -171,3 +171,22 @@ def commit_unit(
         sleep=lambda seconds: None,
     )
     return unit
+
+
+class FakeRecord:
+    """A consumed record as GroupSync reads it: value, headers, partition 0, offset."""
+
+    def __init__(self, value: bytes, headers, offset: int = 7):
+        self._value, self._headers, self._offset = value, headers, offset
+
+    def value(self):
+        return self._value
+
+    def headers(self):
+        return self._headers
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset

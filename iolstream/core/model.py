@@ -310,7 +310,11 @@ class EdRVFL:
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
         features_t = self.features(x) if features_t is None else features_t
-        outputs = self.learner.layer_outputs(features_t)
+        return self._prediction(features_t, self.learner.layer_outputs(features_t))
+
+    def _prediction(self, features_t, outputs, candidate_outputs=None) -> Prediction:
+        """The batch's prediction from the layers' ``outputs`` of the candidate in force (``combine``), at this
+        version and clock; ``candidate_outputs``: every candidate's, for learning their labels later."""
         proba, index, value = self.combine(outputs)
         return Prediction(
             features_t,
@@ -320,7 +324,7 @@ class EdRVFL:
             value,
             self.version,
             self.learner.clock,
-            None,
+            candidate_outputs,
             self.interval(value),
         )
 
@@ -351,20 +355,10 @@ class EdRVFL:
                 self.learners, self.network, x_scaled, self.learner.parallel, predicting, self.batch_grams
             )
             outputs = candidate_outputs[self.selector.chosen]
-        proba, index, value = self.combine(outputs)
+        prediction = self._prediction(features_t, outputs, candidate_outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
-        return Prediction(
-            features_t,
-            outputs,
-            proba,
-            index,
-            value,
-            self.version,
-            self.learner.clock,
-            candidate_outputs,
-            self.interval(value),
-        )
+        return prediction
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn); returns the loss per layer (L,) of what was emitted.
