@@ -295,7 +295,11 @@ def test_a_bad_forget_request_is_refused_naming_what_was_wrong():
         ["a"],
         [
             ("bad_schema", "row 1: id is a number, not a string (field 'order_id')", b'{"order_id":1.5}'),
-            ("duplicate_id", "row 2: duplicate id 'a' (first at row 0) (field 'order_id')", b'{"order_id":"a"}'),
+            (
+                "duplicate_id",
+                "row 2: duplicate id 'a' (first at row 0) (field 'order_id')",
+                b'{"order_id":"a"}',
+            ),
         ],
     )
     assert refused(b'{"ids": []}')[1] == [("bad_schema", "empty batch", b'{"ids": []}')]
@@ -304,7 +308,10 @@ def test_a_bad_forget_request_is_refused_naming_what_was_wrong():
         "bad_schema",
         "both 'order_id' and 'ids' given",
     )
-    assert refused(b"{nope")[1][0][0::2] == ("malformed_json", b"{nope") and refused(b"{nope")[1][0][2] == b"{nope"
+    assert (
+        refused(b"{nope")[1][0][0::2] == ("malformed_json", b"{nope")
+        and refused(b"{nope")[1][0][2] == b"{nope"
+    )
     assert refused(b"")[1][0][:2] == ("malformed_json", "empty value (null or zero bytes)")
     assert refused(b'{"ids": ["' + b"x" * 300 + b'"]}')[1][0][0] == "oversize"
 
