@@ -106,6 +106,9 @@ class GroupConfig:
     chunk_bytes: int = (
         900000  # larger records go as chunks of this many bytes (Kafka's default limit is 1 MiB)
     )
+    # a forget request for an id this member never saw is passed on to the others; after this long without
+    # every answer it is closed, and the ids no answer held are refused (docs/data-protection.md)
+    forward_wait_ms: int = 30000
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ _RULES = {
     "durability.watchdog_seconds": (lambda v: v is None or v > 0, "null or a number > 0"),
     "group.sync_every_ms": _POSITIVE,
     "group.chunk_bytes": (lambda v: v >= 1024, "an integer ≥ 1024"),
+    "group.forward_wait_ms": _POSITIVE,
     "group.member_id": (
         lambda v: v is None or (0 < len(v) <= 200 and "/" not in v),
         "null or a name without '/' (≤ 200 chars)",

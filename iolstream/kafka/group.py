@@ -20,6 +20,12 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **stop**: once its last record is committed, a stopping member reads the log to the end it has then, for up
   to the call timeout, so that its final snapshot holds every record published before the stop; what it could
   not read in time is noted in the snapshot (``stop``) and read first at the next start (docs/scaling.md);
+- **forget requests passed on** (``stream.forwarding``): a member asked to forget an id it never saw asks the
+  members whose sums it holds (``ask``); each answers with the ids its retention store holds (``answer``); the
+  member holding a row takes it out on reading its own answer back; the asking member refuses what nobody
+  holds on reading the last answer, or its own ``close`` (published after ``group.forward_wait_ms``). Every
+  decision is taken on reading this log (``read_forwarding``); the records go out with the worker's producer
+  (exactly-once: in the open transaction) at the cycle's end and before a checkpoint (``forward``);
 - **scaling**: a member's warm-up rows give a proposal (keys ``<member>/scaling/<i>``), produced at once by a
   producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
@@ -45,7 +51,7 @@ from confluent_kafka.admin import AdminClient
 from iolstream.kafka import snapshots, topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.group_records import Reassembly, chunked
+from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
 from iolstream.kafka.handover import Handovers
 from iolstream.stream.group import GroupState
 
@@ -112,6 +118,9 @@ class GroupSync:
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
         self.handovers.attach(processor, self.state)
+        processor.erasure.forwarding.bind(
+            self.member, lambda: list(self.state.members), self.gc.forward_wait_ms
+        )
         self.model_digest = model_digest(
             processor.model.config, processor.model.candidates, processor.model.modes
         )
@@ -403,6 +412,8 @@ class GroupSync:
                     "the group's target scaling is member %s's", member, extra={"event": "group_scaling"}
                 )
             return 1
+        if kind in EACH_KEPT:
+            return self.read_forwarding(kind, member, manifest)
         published_ms = int(manifest["published_ms"])
         if kind == "rows":
             rows = (arrays["ids"], arrays["payload"])
@@ -440,6 +451,32 @@ class GroupSync:
                 extra={"event": "group_adopted"},
             )
         return 1
+
+    def read_forwarding(self, kind: str, member: str, manifest: dict) -> int:
+        """An ask, answer or close read: decided here (``stream.forwarding``), acted on by the processor."""
+        proc = self.processor
+        decision = proc.erasure.forwarding.read(kind, member, manifest["body"], proc.erasure.holds, _now_ms())
+        if decision.remove or decision.refuse:
+            log.info(
+                "forget request %s passed on: %d ids taken out here, %d refused (no member holds them)",
+                decision.source,
+                len(decision.remove),
+                len(decision.refuse),
+                extra={"event": "forget_forwarded"},
+            )
+        proc.forward_decided(decision, _now_ms())
+        return 1
+
+    def forward(self, *, replaying: bool) -> None:
+        """Publish the asks, answers and closes waiting (``stream.forwarding``); mid-replay (exactly-once) the
+        asks of input a committed transaction covered are on the log already and are not published again."""
+        if not self.caught_up:
+            return
+        forwarding = self.processor.erasure.forwarding
+        forwarding.overdue(_now_ms())
+        for kind, body in forwarding.take_outbox(asks=not replaying):
+            seq = int(body["number"])
+            self._produce(kind, seq, {"published_ms": _now_ms(), "body": body}, {})
 
     def _refuse(self, kind: str, member: str, model: str | None, why: str) -> int:
         """Skip a record this model cannot take: counted as refused, logged once per (member, model

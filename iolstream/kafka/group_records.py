@@ -1,9 +1,11 @@
 """Records of the model-deltas topic as Kafka messages: a ``kafka.snapshots`` blob (manifest + arrays,
 checksummed) cut into chunks of at most ``group.chunk_bytes``, and put back together on the reading side.
 
-Headers: ``iolstream.kind`` (sums | scaling | targets | rows), ``iolstream.member``, ``iolstream.seq``,
-``iolstream.chunk`` ("i/n"), ``iolstream.size`` (bytes of the whole blob). Keys ``<member>/<kind>/<i>``:
-compaction keeps every chunk of the newest record of a kind. Chunks are reassembled by (member, sequence,
+Headers: ``iolstream.kind`` (sums | scaling | targets | rows | ask | answer | close), ``iolstream.member``,
+``iolstream.seq``, ``iolstream.chunk`` ("i/n"), ``iolstream.size`` (bytes of the whole blob). Keys
+``<member>/<kind>/<i>``: compaction keeps every chunk of the newest record of a kind; the records that pass a
+forget request on (``stream.forwarding``) are keyed ``<member>/<kind>/<seq>/<i>``, each its own, so that a
+member restarted from an older snapshot reads every one again. Chunks are reassembled by (member, sequence,
 kind); chunks of an older record of the same member and kind that will not complete (compacted, or cut by
 a crash) are dropped when a newer one completes.
 """
@@ -14,7 +16,8 @@ import logging
 
 log = logging.getLogger("iolstream.group")
 
-KINDS = ("sums", "scaling", "targets", "rows")
+KINDS = ("sums", "scaling", "targets", "rows", "ask", "answer", "close")
+EACH_KEPT = ("ask", "answer", "close")  # kinds whose every record compaction keeps (a key of its own)
 
 
 class Record:
@@ -43,7 +46,7 @@ def chunked(member: str, kind: str, seq: int, blob: bytes, chunk_bytes: int):
             ("iolstream.chunk", f"{index}/{count}".encode()),
             ("iolstream.size", str(len(blob)).encode()),
         ]
-        key = f"{member}/{kind}/{index}"
+        key = f"{member}/{kind}/{seq}/{index}" if kind in EACH_KEPT else f"{member}/{kind}/{index}"
         yield key.encode(), blob[index * chunk_bytes : (index + 1) * chunk_bytes], headers
 
 

@@ -117,10 +117,12 @@ class GroupMember(Solo):
 
     def on_cycle(self, positions, *, replaying) -> None:
         self.sync.poll()
+        self.sync.forward(replaying=replaying)
         if not replaying:
             self.sync.publish(positions)
 
     def before_checkpoint(self, positions, *, replaying) -> None:
+        self.sync.forward(replaying=replaying)  # asks and answers with the input and the log they decide on
         if not replaying:  # the sums go with the offsets they cover
             self.sync.publish(positions, force=True)
 

@@ -8,6 +8,11 @@ went out before is read back from the receipts topic itself (``read_committed``,
 time on): those are not sent again. Exactly-once, a receipt is out when its transaction committed, so a reader
 sees each once; at-least-once, a receipt delivered but not yet acknowledged when the worker died may come
 twice, the same both times.
+
+In a group, a request for an id the member never saw is passed on (``stream.forwarding``); when no member
+holds the row, the asking member refuses it on reading the group's log, and the refusal (a dead letter
+``forget_unknown_id`` whose source is the request) waits like a receipt for the snapshot that holds the
+decision, goes out the same way and is looked for the same way on the dead-letter topic after a restart.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from iolstream.kafka.clients import client_conf
-from iolstream.stream.encoding import receipt_message
+from iolstream.stream.encoding import forget_message, receipt_message
+from iolstream.stream.outputs import DeadLetter
+from iolstream.stream.rows import BadInput
 
 log = logging.getLogger("iolstream.worker")
 
@@ -36,9 +43,14 @@ class Receipts:
         self.sent = 0
 
     def send(self, receipts: list[dict]) -> None:
-        """Produce ``receipts`` (with group learning, each names the member that removed the row)."""
+        """Produce ``receipts`` (with group learning, each names the member that removed the row), and the
+        refusals held with them as dead letters."""
         topic = self.cfg.topics.forget_receipts
         member = self.cfg.member_id if self.cfg.group.enabled else None
+        refusals = [r for r in receipts if "refused" in r]
+        if refusals:
+            self.output.emit_dead([_dead_letter(r) for r in refusals])
+        receipts = [r for r in receipts if "refused" not in r]
         for receipt in receipts:
             body = receipt if member is None else {**receipt, "member": member}
             self.output.produce(topic, receipt_message(body), key=str(receipt["id"]))
@@ -55,16 +67,76 @@ class Receipts:
         """The receipts of a snapshot just loaded (written at ``since_ms``) that are not on the receipts topic yet."""
         if not receipts:
             return receipts
-        out = already_out(self.cfg, since_ms - SKEW_MS)
         member = self.cfg.member_id if self.cfg.group.enabled else None
-        return [r for r in receipts if (str(r["id"]), r.get("snapshot"), member) not in out]
+        unsent = []
+        if any("refused" not in r for r in receipts):
+            out = already_out(self.cfg, since_ms - SKEW_MS)
+            unsent += [
+                r
+                for r in receipts
+                if "refused" not in r and (str(r["id"]), r.get("snapshot"), member) not in out
+            ]
+        if any("refused" in r for r in receipts):
+            refused = refusals_out(self.cfg, since_ms - SKEW_MS)
+            unsent += [
+                r
+                for r in receipts
+                if "refused" in r and (str(r["id"]), *map(str, r["request"])) not in refused
+            ]
+        return unsent
+
+
+def _dead_letter(refusal: dict) -> DeadLetter:
+    """A refusal held like a receipt as the dead letter it is: the one-id request, its reason, its source the
+    original request's."""
+    topic, partition, offset = refusal["request"][:3]
+    return DeadLetter(
+        forget_message(refusal["id"]),
+        BadInput(refusal["refused"], refusal["detail"]),
+        (topic, int(partition), int(offset), str(refusal["id"])),
+    )
+
+
+def refusals_out(cfg, since_ms: int) -> set[tuple[str, str, str, str]]:
+    """(id, source topic, partition, offset) of the ``forget_*`` dead letters a ``read_committed`` reader finds
+    on ``topics.dead_letters`` from ``since_ms`` to the end."""
+    found = set()
+    for value, headers in _read_since(cfg, cfg.topics.dead_letters, since_ms):
+        h = {k: (v or b"").decode("utf-8", "replace") for k, v in headers or ()}
+        if not h.get("iolstream.reason", "").startswith("forget_"):
+            continue
+        try:
+            row_id = str(orjson.loads(value)["id"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        found.add(
+            (
+                row_id,
+                h.get("iolstream.source.topic", ""),
+                h.get("iolstream.source.partition", ""),
+                h.get("iolstream.source.offset", ""),
+            )
+        )
+    return found
 
 
 def already_out(cfg, since_ms: int) -> set[tuple[str, str | None, str | None]]:
     """(id, snapshot, member) of the receipts a ``read_committed`` reader finds on ``topics.forget_receipts``
     from ``since_ms`` to the end (member: None without group learning; two members' snapshots may share a
     name)."""
-    topic = cfg.topics.forget_receipts
+    found: set[tuple[str, str | None, str | None]] = set()
+    for value, _ in _read_since(cfg, cfg.topics.forget_receipts, since_ms):
+        try:
+            body = orjson.loads(value)
+            found.add((str(body["id"]), body.get("snapshot"), body.get("member")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _read_since(cfg, topic: str, since_ms: int) -> list[tuple[bytes, list]]:
+    """(value, headers) of every record a ``read_committed`` reader finds on ``topic`` from ``since_ms`` to the
+    end (within the call timeout)."""
     consumer = Consumer(
         {
             **client_conf(cfg),
@@ -75,7 +147,7 @@ def already_out(cfg, since_ms: int) -> set[tuple[str, str | None, str | None]]:
         }
     )
     timeout = cfg.kafka.call_timeout_seconds
-    found: set[tuple[str, str | None, str | None]] = set()
+    found: list[tuple[bytes, list]] = []
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -95,13 +167,9 @@ def already_out(cfg, since_ms: int) -> set[tuple[str, str | None, str | None]]:
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     left.discard(msg.partition())
                 continue
-            try:
-                body = orjson.loads(msg.value())
-                found.add((str(body["id"]), body.get("snapshot"), body.get("member")))
-            except (ValueError, KeyError, TypeError):
-                continue
+            found.append((msg.value() or b"", msg.headers()))
         if left:
-            log.warning("reading back the forget receipts did not reach the end within %.0f s", timeout)
+            log.warning("reading %s back did not reach the end within %.0f s", topic, timeout)
     finally:
         consumer.close()
     return found

@@ -56,6 +56,19 @@ PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "ids_refused": ("forget_refused_ids", "Ids of forget requests refused (dead letters by forget_* reason)"),
     "rows_erased": ("forgotten_rows_erased", "Rows forgotten on request whose terms left the model's sums"),
     "receipts_out": ("forget_receipts", "Forget receipts produced (a snapshot without their rows durable)"),
+    "asks_sent": (
+        "forget_asks_sent",
+        "Group: forget requests for ids never seen here, passed on to the others",
+    ),
+    "asks_answered": ("forget_asks_answered", "Group: other members' passed-on forget requests answered"),
+    "asks_closed": (
+        "forget_asks_closed",
+        "Group: passed-on forget requests closed, answers missing after the wait",
+    ),
+    "ids_removed_for_others": (
+        "forget_ids_removed_for_others",
+        "Group: ids taken out here for a forget request another member passed on",
+    ),
 }
 
 

@@ -28,11 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 
 from iolstream.core import linalg
 from iolstream.stream import encoding, joinbuffer
 from iolstream.stream import retention as store
 from iolstream.stream.encoding import forget_message
+from iolstream.stream.forwarding import Forwarding
 from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import BadInput, FeatureRows
 
@@ -67,10 +69,14 @@ class Erasure:
 
     model, layout : the processor's model and its payload layout (``stream.payload``)
     retention : the retention store (None: no rows kept beyond the join buffer: a labelled row is past it)
+
+    Receipts and the refusals decided on the group's log (``refuse_held``) wait alike for the snapshot that
+    first holds their decision: a refusal is a dict with ``refused`` (its reason) and ``detail``.
     """
 
     def __init__(self, model, layout, retention: RetentionStore | None):
         self.model, self.layout, self.retention = model, layout, retention
+        self.forwarding = Forwarding()  # asks to the group (bound by group learning only)
         self.waiting: list[dict] = []  # receipts of removals done, waiting for a snapshot without them
         self.sealed: list[dict] = []  # receipts named by the snapshot being written, until handed out
         self.counters = {
@@ -80,6 +86,10 @@ class Erasure:
             "rows_erased": 0,  # rows whose terms left the model
             "receipts_out": 0,  # receipts handed out (a snapshot without their rows durable)
         }
+
+    def status(self) -> dict:
+        """The counters, with those of the forget requests passed on in a group (``stream.forwarding``)."""
+        return {**self.counters, **self.forwarding.counters}
 
     # ------------------------------------------------------------ the stream's hooks
     def observed(self, ids: list[str], x: np.ndarray, stamp: int, now_ms: int) -> None:
@@ -110,6 +120,12 @@ class Erasure:
             return np.zeros(len(ids), dtype=np.int8)
         return self.retention.find(ids)[0]
 
+    def holds(self, ids: list[str]) -> list[str]:
+        """The ids of ``ids`` whose rows this member can take out (the retention store has their record): its
+        answer to another group member's ask (``stream.forwarding``)."""
+        status = self.held(ids)
+        return [i for i, st in zip(ids, status.tolist()) if st in (store.OBSERVED, store.LABELLED)]
+
     # ------------------------------------------------------------ a request
     def screen(self, rows: FeatureRows, counters: dict):
         """(rows kept or None, refused) of arriving ``rows``: those whose id the retention store holds are
@@ -137,13 +153,25 @@ class Erasure:
             return None, rejected
         return rows.keep(keep.tolist()), rejected
 
-    def forget(self, ids: list[str], located: Located, remembered: np.ndarray, source, now_ms: int):
+    def forget(
+        self,
+        ids: list[str],
+        located: Located,
+        remembered: np.ndarray,
+        source,
+        now_ms: int,
+        *,
+        hold: bool = False,
+    ):
         """Take the rows of ``ids`` out (module docstring). ``located``: what the processor took out of its
         stores; ``remembered``: the id memory's kinds of ``ids`` (``JoinBuffer.remembered``). Returns
         (ids forgotten, ids never seen, ids left in the model because the downdate failed, refusals
         [(BadInput, bytes)], each refused id's dead letter a one-id request). An id never seen is refused, and
         remembered as forgotten all the same: a request that overtook its row (the topics are aligned by time
-        only as far as ``stream.align_max_wait_ms`` allows) still keeps the row out."""
+        only as far as ``stream.align_max_wait_ms`` allows) still keeps the row out. In a group, ids never seen
+        are asked about instead (``stream.forwarding``): they are returned as never seen, and not refused here.
+        ``hold``: the request was decided on the group's log (an answer read back): its refusals wait for a
+        snapshot as its receipts do (``refuse_held``) rather than being returned."""
         self.counters["forget_requests"] += 1
         found = located.found()
         status, seqs = self._find(ids)
@@ -153,7 +181,7 @@ class Erasure:
         waiting = len(located.ids) - located.joined
         stage.update(dict.fromkeys(located.ids[:waiting], "waiting"))
         stage.update(dict.fromkeys(located.ids[waiting:], "joined"))
-        refused, records, kept_ids, blocked = [], [], [], []
+        refused, records, kept_ids, blocked, unknown = [], [], [], [], []
         for row_id, kind in zip(ids, remembered.tolist()):
             if row_id in found:
                 continue
@@ -183,14 +211,14 @@ class Erasure:
                     f"({'none kept' if self.retention is None else f'the last {self.retention.rows} rows'})",
                 )
             else:  # remembered as forgotten all the same: its row, should it come later, is refused
-                why = BadInput(
-                    "forget_unknown_id",
-                    f"id {row_id!r} was never seen here (or is past retention): nothing to take out; "
-                    "a row with this id coming later is refused",
-                )
                 blocked.append(row_id)
+                unknown.append(row_id)
+                continue
             if why is not None:
                 refused.append((why, forget_message(row_id)))
+        asked = not hold and self.forwarding.ask(unknown, source)  # in a group: the other members are asked
+        if unknown and not asked:  # nobody to ask: refused now
+            refused += [(_unknown(row_id), forget_message(row_id)) for row_id in unknown]
         failed = self._erase(located, kept_ids, records)
         if failed:
             for row_id in failed:
@@ -223,8 +251,31 @@ class Erasure:
                 }
             )
         self.counters["ids_forgotten"] += len(done)
+        if hold:
+            for bad, raw in refused:  # each a one-id request (``forget_message``)
+                self._hold_refusal(orjson.loads(raw)["id"], bad, source, now_ms)
+            return done, blocked, failed, []
         self.counters["ids_refused"] += len(refused)
         return done, blocked, failed, refused
+
+    def refuse_held(self, ids: list[str], source, now_ms: int) -> None:
+        """Ids this member asked the group about and nobody holds (``stream.forwarding``): refused
+        ``forget_unknown_id``, the refusal held until a snapshot holding the decision is durable (the decision
+        was taken on reading the group's log, which a restart from an older snapshot reads again)."""
+        for row_id in ids:
+            self._hold_refusal(row_id, _unknown(row_id, group=True), tuple(source), now_ms)
+
+    def _hold_refusal(self, row_id: str, bad: BadInput, source, now_ms: int) -> None:
+        self.waiting.append(
+            {
+                "id": row_id,
+                "refused": bad.reason,
+                "detail": bad.detail,
+                "request": _jsonable(source),
+                "refused_ms": now_ms,
+            }
+        )
+        self.counters["ids_refused"] += 1
 
     def _find(self, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.retention is None:
@@ -311,7 +362,7 @@ class Erasure:
         """``receipts`` were produced: no longer held."""
         gone = {id(r) for r in receipts}
         self.sealed = [r for r in self.sealed if id(r) not in gone]
-        self.counters["receipts_out"] += len(receipts)
+        self.counters["receipts_out"] += sum("refused" not in r for r in receipts)  # refusals: dead letters
 
     def due(self) -> list[dict]:
         """Receipts a restart from a snapshot hands out again (the ones it was the first to hold)."""
@@ -320,6 +371,8 @@ class Erasure:
     def to_state(self) -> dict:
         """The manifest's ``erasure``: receipts waiting and sealed, the retention store's tail and erased rows."""
         state = {"waiting": self.waiting, "sealed": self.sealed, "counters": dict(self.counters)}
+        if self.forwarding.member is not None:
+            state["forwarding"] = self.forwarding.to_state()
         if self.retention is not None:
             state["retention"] = self.retention.to_state()
         return state
@@ -330,8 +383,17 @@ class Erasure:
             self.waiting = [dict(r) for r in state.get("waiting", [])]
             self.sealed = [dict(r) for r in state.get("sealed", [])]
             self.counters.update(state.get("counters", {}))
+        self.forwarding.load_state(None if state is None else state.get("forwarding"))
         if self.retention is not None:
             self.retention.load(None if state is None else state.get("retention"))
+
+
+def _unknown(row_id: str, *, group: bool = False) -> BadInput:
+    where = "in the group: no member's retention store holds it" if group else "here (or is past retention)"
+    return BadInput(
+        "forget_unknown_id",
+        f"id {row_id!r} was never seen {where}: nothing to take out; a row with this id coming later is refused",
+    )
 
 
 def _jsonable(source):

@@ -228,14 +228,25 @@ class StreamProcessor:
         dead = self._dead(rejected, source)
         if not ids:
             return dead
-        remembered = self.join.remembered(ids)
+        refused = self._forget(ids, source, now_ms)
+        single = len(ids) == 1 and not rejected
+        return dead + self._dead(refused, source, raw=value if single else None)
+
+    def _forget(self, ids: list[str], source, now_ms: int, *, hold: bool = False) -> list:
+        """The rows of ``ids`` out (``Erasure.forget``); returns the refusals (none with ``hold``: held)."""
         done, blocked, failed, refused = self.erasure.forget(
-            ids, self._take_out(ids), remembered, source, now_ms
+            ids, self._take_out(ids), self.join.remembered(ids), source, now_ms, hold=hold
         )
         self.join.remember(done + blocked, FORGOTTEN)  # never seen: kept out should its row come after all
         self.join.remember(failed, EXPIRED)  # out of the buffer, their Gram still in A: as expired rows
-        single = len(ids) == 1 and not rejected
-        return dead + self._dead(refused, source, raw=value if single else None)
+        return refused
+
+    def forward_decided(self, decision, now_ms: int) -> None:
+        """What reading the group's log decided here (``stream.forwarding``): rows out for another member's request
+        (their receipts name it), ids it asked about refused; both held until a snapshot holds the decision."""
+        if decision.remove:
+            self._forget(decision.remove, tuple(decision.source), now_ms, hold=True)
+        self.erasure.refuse_held(decision.refuse, decision.source, now_ms)  # (``forwarding.Decision``)
 
     def _take_out(self, ids: list[str]) -> Located:
         """The rows of ``ids`` out of the processor's own stores: not predicted yet (batcher, warm-up hold),
@@ -551,7 +562,7 @@ class StreamProcessor:
         c["metrics"] = self.metric.values()
         c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
-        c.update(self.erasure.counters)
+        c.update(self.erasure.status())
         if (
             self.events is not None
         ):  # named fields: per field, events with it missing / with an undeclared value
