@@ -207,12 +207,14 @@ class Checkpointer:
             )
 
     def due(self, processor: StreamProcessor, positions: dict, *, soon: Callable[[float], bool]) -> bool:
-        """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds``, or soon after a
+        """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds`` (if input moved, or
+        forget receipts or refusals wait for a snapshot), or soon after a
         start, when ``soon(first_due)`` says it may be written (the delivery mode's rule, ``kafka.commit``;
         ``first_due``: ``snapshot.first_after_seconds`` after the start, monotonic)."""
         cp, snap = self.last, self.cfg.snapshot
         batches = processor.counters["batches"] - cp.batches_at
-        if positions == cp.offsets and batches == 0:
+        # removals and refusals decided on reading the group's log (no input moved) wait for a snapshot too
+        if positions == cp.offsets and batches == 0 and not processor.erasure.waiting:
             return False
         if batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds:
             return True

@@ -53,6 +53,7 @@ from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
 from iolstream.kafka.handover import Handovers
+from iolstream.ops.faults import crash_point
 from iolstream.stream.group import GroupState
 
 log = logging.getLogger("iolstream.group")
@@ -456,6 +457,10 @@ class GroupSync:
         """An ask, answer or close read: decided here (``stream.forwarding``), acted on by the processor."""
         proc = self.processor
         decision = proc.erasure.forwarding.read(kind, member, manifest["body"], proc.erasure.holds, _now_ms())
+        if decision.remove:
+            crash_point("before_forward_removal")  # test-only: its answer on the log, the row not out yet
+        if decision.refuse:
+            crash_point("before_forward_refusal")  # test-only: the ask decided, the refusal not held yet
         if decision.remove or decision.refuse:
             log.info(
                 "forget request %s passed on: %d ids taken out here, %d refused (no member holds them)",
