@@ -78,6 +78,7 @@ class Handovers:
                 label_keys=np.array([s[3] if len(s) > 3 else "" for s in sources], dtype=str),
             )
         self._produce("rows", self.state.handovers, {"published_ms": _now_ms()}, arrays)
+        self.processor.erasure.handed_over(ids, adopted=False)  # its copies, should a request come here
         log.info(
             "handed over %d rows waiting for labels and %d labels waiting for rows",
             len(ids),

@@ -77,6 +77,9 @@ class Erasure:
     def __init__(self, model, layout, retention: RetentionStore | None):
         self.model, self.layout, self.retention = model, layout, retention
         self.forwarding = Forwarding()  # asks to the group (bound by group learning only)
+        # group learning: copies of rows handed over while waiting for their labels, not labelled here (id ->
+        # "gram": handed over by this member, its Gram in its sums; "bare": adopted, nothing in its sums)
+        self.copies: dict[str, str] = {}
         self.waiting: list[dict] = []  # receipts of removals done, waiting for a snapshot without them
         self.sealed: list[dict] = []  # receipts named by the snapshot being written, until handed out
         self.counters = {
@@ -92,8 +95,10 @@ class Erasure:
         return {**self.counters, **self.forwarding.counters}
 
     # ------------------------------------------------------------ the stream's hooks
-    def observed(self, ids: list[str], x: np.ndarray, stamp: int, now_ms: int) -> None:
-        """A batch predicted: its rows' records."""
+    def observed(self, ids: list[str], x: np.ndarray, stamp, now_ms: int, *, adopted: bool = False) -> None:
+        """A batch predicted: its rows' records (``adopted``: rows another member handed over, group learning)."""
+        if adopted:
+            self.handed_over(ids, adopted=True)
         if self.retention is not None:
             self.retention.append(ids, x, stamp=stamp, at_ms=now_ms)
 
@@ -101,6 +106,8 @@ class Erasure:
         """Labels folded in (``EdRVFL.learn`` just took them): into their rows' records (class indices, or
         regression values), with the class weight each entered with (``EdRVFL.entered_weights``) and, with
         calibrated probabilities, each candidate's scores of the row (from ``predicted`` as ``learn`` took it)."""
+        for row_id in ids:  # labelled here: this member's record holds the row whole
+            self.copies.pop(row_id, None)
         if self.retention is None:
             return
         scores = None
@@ -120,11 +127,48 @@ class Erasure:
             return np.zeros(len(ids), dtype=np.int8)
         return self.retention.find(ids)[0]
 
-    def holds(self, ids: list[str]) -> list[str]:
-        """The ids of ``ids`` whose rows this member can take out (the retention store has their record): its
-        answer to another group member's ask (``stream.forwarding``)."""
+    def holds(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """This member's answer to another group member's ask (``stream.forwarding``): the ids of ``ids`` whose
+        rows it holds whole (its retention store has their record, not a copy of a handed-over row), and those
+        it holds as a handed-over copy whose Gram is in its sums."""
         status = self.held(ids)
-        return [i for i, st in zip(ids, status.tolist()) if st in (store.OBSERVED, store.LABELLED)]
+        kept = [i for i, st in zip(ids, status.tolist()) if st in (store.OBSERVED, store.LABELLED)]
+        labelled = {i for i, st in zip(ids, status.tolist()) if st == store.LABELLED}
+        whole = [i for i in kept if i in labelled or i not in self.copies]
+        return whole, [i for i in kept if i not in labelled and self.copies.get(i) == "gram"]
+
+    def handed_over(self, ids: list[str], *, adopted: bool) -> None:
+        """Group learning: rows waiting for their labels handed over at a rebalance (by this member, or
+        ``adopted`` from another): until a label joins one here, this member holds a copy of it."""
+        kind = "bare" if adopted else "gram"
+        for row_id in ids:
+            self.copies.setdefault(row_id, kind)
+        while self.retention is not None and len(self.copies) > max(self.retention.rows, 1):
+            del self.copies[next(iter(self.copies))]  # past the window: nothing of it can be taken out anyway
+
+    def ask_for_copies(self, ids: list[str], source) -> list[str]:
+        """A request in a group: the ids this member holds only a copy of are asked about (``stream.forwarding``)
+        rather than taken out here; returns the others."""
+        if not self.copies or self.forwarding.member is None:
+            return ids
+        status = self.held(ids)
+        copies = {
+            i: self.copies[i]
+            for i, st in zip(ids, status.tolist())
+            if i in self.copies and st == store.OBSERVED
+        }
+        if not copies or not self.forwarding.ask(list(copies), source, copies=copies):
+            return ids
+        return [i for i in ids if i not in copies]
+
+    def drop_copies(self, ids: list[str]) -> None:
+        """Copies of rows another member took out: their records marked erased; the sums do not change."""
+        for row_id in ids:
+            self.copies.pop(row_id, None)
+        if self.retention is not None and ids:
+            status, seqs = self.retention.find(ids)
+            held = status > 0
+            self.retention.erase([i for i, h in zip(ids, held.tolist()) if h], seqs[held])
 
     # ------------------------------------------------------------ a request
     def screen(self, rows: FeatureRows, counters: dict):
@@ -235,6 +279,8 @@ class Erasure:
                 for row_id in failed
             ]
         done = [row_id for row_id in ids if row_id in stage]
+        for row_id in done:
+            self.copies.pop(row_id, None)
         if self.retention is not None and done:
             st_done, seq_done = self._find(done)
             marked = st_done > 0
@@ -257,6 +303,14 @@ class Erasure:
             return done, blocked, failed, []
         self.counters["ids_refused"] += len(refused)
         return done, blocked, failed, refused
+
+    def decided(self, decision, now_ms: int) -> None:
+        """The rest of what reading the group's log decided here (``stream.forwarding.Decision``; the processor
+        took the rows to remove and the copies to drop out of its buffers): ids this member asked about and
+        nobody holds refused, the records of its copies another member took out marked erased. Rows taken out
+        here for another member's request and refusals both wait for a snapshot holding the decision."""
+        self.refuse_held(decision.refuse, decision.source, now_ms)
+        self.drop_copies(decision.drop)
 
     def refuse_held(self, ids: list[str], source, now_ms: int) -> None:
         """Ids this member asked the group about and nobody holds (``stream.forwarding``): refused
@@ -373,6 +427,7 @@ class Erasure:
         state = {"waiting": self.waiting, "sealed": self.sealed, "counters": dict(self.counters)}
         if self.forwarding.member is not None:
             state["forwarding"] = self.forwarding.to_state()
+            state["copies"] = dict(self.copies)
         if self.retention is not None:
             state["retention"] = self.retention.to_state()
         return state
@@ -384,6 +439,7 @@ class Erasure:
             self.sealed = [dict(r) for r in state.get("sealed", [])]
             self.counters.update(state.get("counters", {}))
         self.forwarding.load_state(None if state is None else state.get("forwarding"))
+        self.copies = {} if state is None else {str(k): str(v) for k, v in state.get("copies", {}).items()}
         if self.retention is not None:
             self.retention.load(None if state is None else state.get("retention"))
 

@@ -16,6 +16,17 @@ log, never on input:
   within ``group.forward_wait_ms``; on reading it, the ids still undecided are refused. An answer read after
   the close decides nothing (the member that sent it leaves the row).
 
+A row handed over at a rebalance while waiting for its label (``kafka.handover``) has its Gram in the sums of
+the member that predicted it and, once labelled, its label's term in the sums of the member that joined the
+label, whose retention record holds both (that member taking both out leaves the group's sum exact). A member
+holding only a *copy* of such a row — the one that handed it over (``gram``: its Gram is in this member's sums),
+or one that adopted it and saw no label (``bare``: nothing of it in its sums) — does not take it out alone: it
+asks, with its copies named. An answer lists the ids its store holds whole (``ids``) and the handed-over copies
+whose Gram is in its sums (``copies``). The first answer holding an id whole decides it; once every member
+answered (or at the close) an id nobody holds whole goes to the holder of its Gram: the asking member if its
+copy is ``gram``, else the first answer naming it a copy; an id nobody holds is refused. The asking member drops
+its copy (no sums change) when another member took the row out.
+
 A record read twice (a member restarted from a snapshot reads the log again from the snapshot's positions, an
 at-least-once restart publishes an ask or an answer again) decides nothing the first did not: asks are known
 by (member, number), and an id is decided once. The state below is in the member's snapshot, beside the
@@ -56,6 +67,8 @@ class Ask:
     answered: list[str] = field(default_factory=list)
     decided: dict[str, str] = field(default_factory=dict)
     closing: bool = False
+    copies: dict[str, str] = field(default_factory=dict)
+    gram: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -75,17 +88,21 @@ class Ask:
             "answered": list(self.answered),
             "decided": dict(self.decided),
             "closing": self.closing,
+            "copies": dict(self.copies),
+            "gram": dict(self.gram),
         }
 
 
 @dataclass
 class Decision:
     """What reading one record decided for this member: ``remove`` ids it takes out of its own sums,
-    ``refuse`` ids it refuses (it asked), each list with the original request's ``source``."""
+    ``refuse`` ids it refuses (it asked), ``drop`` ids of its copies another member took out (it asked: the
+    copy goes, its sums stay), each list with the original request's ``source``."""
 
     source: list | None = None
     remove: list[str] = field(default_factory=list)
     refuse: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
 
 
 class Forwarding:
@@ -125,9 +142,10 @@ class Forwarding:
         return sorted(m for m in self.peers() if m != self.member)
 
     # ------------------------------------------------------------ out
-    def ask(self, ids: list[str], source) -> bool:
-        """Ask the other members about ``ids`` (ids this member never saw) for the request from ``source``.
-        Returns False when there is nobody to ask (then the caller refuses them at once)."""
+    def ask(self, ids: list[str], source, copies: dict[str, str] | None = None) -> bool:
+        """Ask the other members about ``ids`` (ids this member never saw, or holds only a copy of: ``copies``,
+        id -> "gram" | "bare") for the request from ``source``. Returns False when there is nobody to ask (then
+        the caller refuses them, or takes its copies out, at once)."""
         asked = self.others()
         if not ids or not asked:
             return False
@@ -136,6 +154,7 @@ class Forwarding:
             "ids": list(ids),
             "source": _jsonable(source),
             "asked": asked,
+            "copies": dict(copies or {}),
         }
         self.next_number += 1
         self.outbox.append((ASK, body))
@@ -173,15 +192,15 @@ class Forwarding:
 
     # ------------------------------------------------------------ in: every decision is taken here
     def read(self, kind: str, member: str, body: dict, holds, now_ms: int) -> Decision:
-        """One record of the log. ``holds(ids)``: the ids of ``ids`` whose row this member can take out (its
-        retention store, its join buffer). Returns what it decided for this member."""
+        """One record of the log. ``holds(ids)``: (the ids of ``ids`` whose row this member holds whole, those it
+        holds as a handed-over copy whose Gram is in its sums). Returns what it decided for this member."""
         if kind == ASK:
             return self._ask(member, body, holds, now_ms)
         a = self.asks.get(str(body["ask"]))
         if a is None:  # decided already, or older than what this member keeps: decides nothing
             return Decision()
         if kind == ANSWER:
-            return self._answer(a, member, [str(i) for i in body["ids"]])
+            return self._answer(a, member, [str(i) for i in body["ids"]], [str(i) for i in body["copies"]])
         if kind == CLOSE and member == a.member:
             return self._settle(a, Decision(source=a.source))
         return Decision()
@@ -194,37 +213,51 @@ class Forwarding:
             source=list(body["source"]),
             asked=[str(m) for m in body["asked"]],
             read_ms=now_ms,
+            copies={str(k): str(v) for k, v in body.get("copies", {}).items()},
         )
         if a.key in self.asks or a.key in self.decided:  # published twice: the first one counts
             return Decision()
         self.asks[a.key] = a
         if self.member in a.asked and member != self.member and a.key not in self.answered:
-            held = [str(i) for i in holds(a.ids)]
-            self.outbox.append((ANSWER, {"ask": a.key, "ids": held, "number": self._reply()}))
+            whole, copies = holds(a.ids)
+            body = {"ask": a.key, "ids": list(whole), "copies": list(copies), "number": self._reply()}
+            self.outbox.append((ANSWER, body))
             _remember(self.answered, a.key)
         return Decision()
 
-    def _answer(self, a: Ask, member: str, held: list[str]) -> Decision:
+    def _answer(self, a: Ask, member: str, whole: list[str], copies: list[str]) -> Decision:
         if member not in a.asked or member in a.answered:
             return Decision()
         a.answered.append(member)
         out = Decision(source=a.source)
-        for row_id in held:
+        for row_id in whole:
             if row_id in a.ids and row_id not in a.decided:
                 a.decided[row_id] = member
                 if member == self.member:
                     out.remove.append(row_id)
-        self.counters["ids_removed_for_others"] += len(out.remove)
+        for row_id in copies:
+            if row_id in a.ids:
+                a.gram.setdefault(row_id, member)
         if set(a.answered) >= set(a.asked) or not a.undecided():
             return self._settle(a, out)
+        self.counters["ids_removed_for_others"] += len(out.remove)
         return out
 
     def _settle(self, a: Ask, out: Decision) -> Decision:
-        """The ask decided for every id: the ids nobody holds are refused (by the asking member)."""
+        """The ask decided for every id: an id nobody holds whole goes to the holder of its Gram (the asking
+        member's own copy first), else it is refused (by the asking member); the asking member drops its copies
+        of the rows another member took out."""
+        me = self.member
         for row_id in a.undecided():
-            a.decided[row_id] = ""
-            if a.member == self.member:
+            holder = a.member if a.copies.get(row_id) == "gram" else a.gram.get(row_id, "")
+            a.decided[row_id] = holder
+            if holder and holder == me:
+                out.remove.append(row_id)
+            elif not holder and a.member == me:
                 out.refuse.append(row_id)
+        if a.member == me:
+            out.drop = [i for i in a.copies if a.decided.get(i) != me]
+        self.counters["ids_removed_for_others"] += sum(a.member != me for _ in out.remove)
         self.counters["ids_refused_after_ask"] += len(out.refuse)
         del self.asks[a.key]
         _remember(self.decided, a.key)

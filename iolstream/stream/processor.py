@@ -228,7 +228,7 @@ class StreamProcessor:
         dead = self._dead(rejected, source)
         if not ids:
             return dead
-        refused = self._forget(ids, source, now_ms)
+        refused = self._forget(self.erasure.ask_for_copies(ids, source), source, now_ms)
         single = len(ids) == 1 and not rejected
         return dead + self._dead(refused, source, raw=value if single else None)
 
@@ -242,11 +242,12 @@ class StreamProcessor:
         return refused
 
     def forward_decided(self, decision, now_ms: int) -> None:
-        """What reading the group's log decided here (``stream.forwarding``): rows out for another member's request
-        (their receipts name it), ids it asked about refused; both held until a snapshot holds the decision."""
+        """What reading the group's log decided here (``stream.forwarding.Decision``; ``Erasure.decided``)."""
         if decision.remove:
             self._forget(decision.remove, tuple(decision.source), now_ms, hold=True)
-        self.erasure.refuse_held(decision.refuse, decision.source, now_ms)  # (``forwarding.Decision``)
+        self._take_out(decision.drop)  # copies of handed-over rows another member took out: sums unchanged
+        self.join.remember(decision.drop, FORGOTTEN)
+        self.erasure.decided(decision, now_ms)
 
     def _take_out(self, ids: list[str]) -> Located:
         """The rows of ``ids`` out of the processor's own stores: not predicted yet (batcher, warm-up hold),
@@ -415,7 +416,7 @@ class StreamProcessor:
             adopted, np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
         )
         x = self.layout.x(rows_payload[keep])
-        self.erasure.observed(adopted, x, self.layout.stamp(rows_payload[keep]), now_ms)
+        self.erasure.observed(adopted, x, self.layout.stamp(rows_payload[keep]), now_ms, adopted=True)
         self._queue_joined(result, now_ms)
         return len(screened)
 

@@ -47,7 +47,8 @@ class Member:
         while self.at < len(log.records):
             kind, member, body = log.records[self.at]
             self.at += 1
-            d = self.fw.read(kind, member, body, lambda ids: [i for i in ids if i in self.held], now_ms)
+            holds = lambda ids: ([i for i in ids if i in self.held], [])  # noqa: E731
+            d = self.fw.read(kind, member, body, holds, now_ms)
             self.removed += d.remove
             self.refused += d.refuse
             if d.remove or d.refuse:
@@ -145,6 +146,39 @@ def _prefix(log: Log, n: int) -> Log:
     out = Log()
     out.records = log.records[:n]
     return out
+
+
+def test_copies_of_a_handed_over_row_go_to_whoever_holds_it_whole_else_to_the_holder_of_its_gram():
+    """m0 handed the row over (its Gram in m0's sums, a "gram" copy), m2 adopted it ("bare"), m1 labelled it
+    (whole). Whoever is asked, m1 takes it out; without m1's label, the Gram's holder does."""
+    for labelled in (True, False):
+        log = Log()
+        m0, m1, m2 = group((), set(), ())
+        whole = {"m1": ["a"] if labelled else []}
+        gram = {"m0": ["a"]}
+        for m in (m0, m1, m2):
+            m.fw.read = _with_holds(m.fw.read, whole.get(m.name, []), gram.get(m.name, []))
+        assert m2.fw.ask(["a"], ("forget", 3, 17), copies={"a": "bare"})
+        log.publish("m2", m2.fw)
+        read_all(log, [m0, m1, m2])
+        remover = m1 if labelled else m0
+        assert remover.removed == ["a"], labelled
+        assert [m.removed for m in (m0, m1, m2) if m is not remover] == [[], []]
+        drop = m2.fw.to_state()  # decided: nothing waits
+        assert drop["asks"] == [] and m2.refused == []
+
+
+def _with_holds(read, whole, gram):
+    def wrapped(kind, member, body, holds, now_ms):
+        return read(
+            kind,
+            member,
+            body,
+            lambda ids: ([i for i in ids if i in whole], [i for i in ids if i in gram]),
+            now_ms,
+        )
+
+    return wrapped
 
 
 def test_a_single_worker_asks_nobody():
