@@ -20,8 +20,9 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **stop**: once its last record is committed, a stopping member reads the log to the end it has then, for up
   to the call timeout, so that its final snapshot holds every record published before the stop; what it could
   not read in time is noted in the snapshot (``stop``) and read first at the next start (docs/scaling.md);
-- **forget requests passed on** (``stream.forwarding``): a member asked to forget an id it never saw asks the
-  members whose sums it holds (``ask``); each answers with the ids its retention store holds (``answer``); the
+- **forget requests passed on** (``stream.forwarding``): a member asked to forget an id it never saw (or holds
+  only a handed-over copy of) asks the members whose sums it holds (``ask``); each answers with the ids its
+  retention store holds (``answer``); the
   member holding a row takes it out on reading its own answer back; the asking member refuses what nobody
   holds on reading the last answer, or its own ``close`` (published after ``group.forward_wait_ms``). Every
   decision is taken on reading this log (``read_forwarding``); the records go out with the worker's producer

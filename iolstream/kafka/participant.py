@@ -7,7 +7,8 @@ topic (``kafka.group``):
 - at start: ``open`` (the log read to its end before any input; a member with no snapshot takes its own sums
   and positions back), ``before_joining`` (exactly-once: re-learn what it committed past its snapshot,
   ``kafka.relearn``), ``joined`` (a restart: the rows it waits on go where their labels go);
-- ``on_cycle``: read the others' sums, publish this member's when due;
+- ``on_cycle``: read the others' sums (and forget requests passed on), publish this member's when due, and the
+  asks and answers of forget requests passed on;
 - ``before_checkpoint``: publish the sums with the offsets they cover; ``at_stop``: before the final snapshot,
   read the others' records published before the stop; ``to_state``: the group state the snapshot holds;
 - ``on_revoke``: learn what waits for the agreed warm-up scaling, hand the waiting rows and labels over;

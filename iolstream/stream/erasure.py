@@ -21,6 +21,12 @@ snapshot when it is written (``seal``), kept in it, and handed out once it is du
 adapter then produces it and deletes the older snapshots, which hold the row. A restart from that
 snapshot hands its receipts out again (``due``): at-least-once they may go twice, exactly-once the adapter
 sends those whose request offset no committed transaction covers.
+
+In a group (docs/design.md §13, "A group"), an id this member never saw, or holds only a copy of (a row handed
+over at a rebalance while it waited for its label), is not refused or taken out here: the other members are
+asked (``stream.forwarding``). What reading their answers decides comes back as a ``Decision``: rows taken out
+here for the request (``forget`` with ``hold``), ids refused (``refuse_held``), copies dropped
+(``drop_copies``); refusals so decided wait for a snapshot as receipts do.
 """
 
 from __future__ import annotations
@@ -216,7 +222,7 @@ class Erasure:
         are asked about instead (``stream.forwarding``): they are returned as never seen, and not refused here.
         ``hold``: the request was decided on the group's log (an answer read back): its refusals wait for a
         snapshot as its receipts do (``refuse_held``) rather than being returned."""
-        self.counters["forget_requests"] += 1
+        self.counters["forget_requests"] += not hold  # (a request passed on counts where it came in)
         found = located.found()
         status, seqs = self._find(ids)
         where = dict(zip(ids, zip(status.tolist(), seqs.tolist())))
