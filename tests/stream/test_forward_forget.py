@@ -33,25 +33,30 @@ class Log:
 
 
 class Member:
-    """A member's ``Forwarding`` alone: ``held`` the ids its retention store holds."""
+    """A member's ``Forwarding`` alone: ``held`` the ids its retention store holds whole, ``gram`` those it holds as
+    a handed-over copy whose Gram is in its sums."""
 
-    def __init__(self, name: str, peers, held=()):
-        self.name, self.held = name, set(held)
+    def __init__(self, name: str, peers, held=(), gram=()):
+        self.name, self.held, self.gram = name, set(held), set(gram)
         self.fw = Forwarding()
         self.fw.bind(name, lambda: peers, WAIT_MS)
         self.at = 0  # next record to read
         self.removed: list[str] = []
         self.refused: list[str] = []
+        self.dropped: list[str] = []
+
+    def holds(self, ids):
+        return [i for i in ids if i in self.held], [i for i in ids if i in self.gram]
 
     def read(self, log: Log, now_ms: int = 0) -> None:
         while self.at < len(log.records):
             kind, member, body = log.records[self.at]
             self.at += 1
-            holds = lambda ids: ([i for i in ids if i in self.held], [])  # noqa: E731
-            d = self.fw.read(kind, member, body, holds, now_ms)
+            d = self.fw.read(kind, member, body, self.holds, now_ms)
             self.removed += d.remove
             self.refused += d.refuse
-            if d.remove or d.refuse:
+            self.dropped += d.drop
+            if d.remove or d.refuse or d.drop:
                 assert d.source == ["forget", 3, 17]
 
 
@@ -149,36 +154,21 @@ def _prefix(log: Log, n: int) -> Log:
 
 
 def test_copies_of_a_handed_over_row_go_to_whoever_holds_it_whole_else_to_the_holder_of_its_gram():
-    """m0 handed the row over (its Gram in m0's sums, a "gram" copy), m2 adopted it ("bare"), m1 labelled it
-    (whole). Whoever is asked, m1 takes it out; without m1's label, the Gram's holder does."""
+    """m0 handed the row over (its Gram in m0's sums: a "gram" copy), m2 adopted it ("bare"), m1 joined its label
+    (whole). Asked by m2, m1 takes it out; without m1's label, m0 does; m2 drops its copy either way."""
     for labelled in (True, False):
         log = Log()
-        m0, m1, m2 = group((), set(), ())
-        whole = {"m1": ["a"] if labelled else []}
-        gram = {"m0": ["a"]}
-        for m in (m0, m1, m2):
-            m.fw.read = _with_holds(m.fw.read, whole.get(m.name, []), gram.get(m.name, []))
+        names = ["m0", "m1", "m2"]
+        m0 = Member("m0", names, gram={"a"})
+        m1 = Member("m1", names, held={"a"} if labelled else ())
+        m2 = Member("m2", names)
         assert m2.fw.ask(["a"], ("forget", 3, 17), copies={"a": "bare"})
         log.publish("m2", m2.fw)
         read_all(log, [m0, m1, m2])
         remover = m1 if labelled else m0
         assert remover.removed == ["a"], labelled
         assert [m.removed for m in (m0, m1, m2) if m is not remover] == [[], []]
-        drop = m2.fw.to_state()  # decided: nothing waits
-        assert drop["asks"] == [] and m2.refused == []
-
-
-def _with_holds(read, whole, gram):
-    def wrapped(kind, member, body, holds, now_ms):
-        return read(
-            kind,
-            member,
-            body,
-            lambda ids: ([i for i in ids if i in whole], [i for i in ids if i in gram]),
-            now_ms,
-        )
-
-    return wrapped
+        assert m2.dropped == ["a"] and m2.refused == [] and m2.fw.waiting() == 0
 
 
 def test_a_single_worker_asks_nobody():
