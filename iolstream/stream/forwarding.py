@@ -122,6 +122,9 @@ class Forwarding:
         self.asks: dict[str, Ask] = {}  # read from the log, not decided yet, by key
         self.decided: OrderedDict[str, None] = OrderedDict()  # asks decided (the newest REMEMBER_DECIDED)
         self.answered: OrderedDict[str, None] = OrderedDict()  # asks this member answered
+        # the requests this member asked about ([topic, partition, offset] -> ids): a request read again (an
+        # at-least-once replay; its decision may be read from the log before it) asks nothing and does nothing
+        self.requests: OrderedDict[str, list[str]] = OrderedDict()
         self.counters = {
             "asks_sent": 0,  # asks this member published (ids it did not know, passed on)
             "asks_answered": 0,  # answers this member published to other members' asks
@@ -142,6 +145,18 @@ class Forwarding:
         return sorted(m for m in self.peers() if m != self.member)
 
     # ------------------------------------------------------------ out
+    def not_asked(self, ids: list[str], source) -> list[str]:
+        """The ids of ``ids`` this member did not ask about for the request from ``source`` already."""
+        asked = self.requests.get(_request_key(source))
+        return ids if not asked else [i for i in ids if i not in set(asked)]
+
+    def _asked(self, source, ids: list[str]) -> None:
+        key = _request_key(source)
+        self.requests[key] = sorted(set(self.requests.get(key, [])) | set(ids))
+        self.requests.move_to_end(key)
+        while len(self.requests) > REMEMBER_DECIDED:
+            self.requests.popitem(last=False)
+
     def ask(self, ids: list[str], source, copies: dict[str, str] | None = None) -> bool:
         """Ask the other members about ``ids`` (ids this member never saw, or holds only a copy of: ``copies``,
         id -> "gram" | "bare") for the request from ``source``. Returns False when there is nobody to ask (then
@@ -158,6 +173,7 @@ class Forwarding:
         }
         self.next_number += 1
         self.outbox.append((ASK, body))
+        self._asked(body["source"], body["ids"])
         return True
 
     def take_outbox(self, *, asks: bool = True) -> list[tuple[str, dict]]:
@@ -218,6 +234,8 @@ class Forwarding:
         if a.key in self.asks or a.key in self.decided:  # published twice: the first one counts
             return Decision()
         self.asks[a.key] = a
+        if member == self.member:  # (read again after a restart from a snapshot older than the ask)
+            self._asked(a.source, a.ids)
         if self.member in a.asked and member != self.member and a.key not in self.answered:
             whole, copies = holds(a.ids)
             body = {"ask": a.key, "ids": list(whole), "copies": list(copies), "number": self._reply()}
@@ -273,6 +291,7 @@ class Forwarding:
             "outbox": [[kind, body] for kind, body in self.outbox],
             "decided": list(self.decided),
             "answered": list(self.answered),
+            "requests": [[k, v] for k, v in self.requests.items()],
             "counters": dict(self.counters),
         }
 
@@ -288,6 +307,7 @@ class Forwarding:
         self.outbox = [(str(kind), dict(body)) for kind, body in state.get("outbox", [])]
         self.decided = OrderedDict.fromkeys(state.get("decided", []))
         self.answered = OrderedDict.fromkeys(state.get("answered", []))
+        self.requests = OrderedDict((str(k), [str(i) for i in v]) for k, v in state.get("requests", []))
         self.counters.update(state.get("counters", {}))
 
 
@@ -302,3 +322,7 @@ def _jsonable(source) -> list:
     if isinstance(source, (tuple, list)):
         return [v if isinstance(v, (str, int)) else str(v) for v in list(source)[:3]]
     return [] if source is None else [str(source)]
+
+
+def _request_key(source) -> str:
+    return "/".join(str(v) for v in _jsonable(source))

@@ -226,6 +226,7 @@ class StreamProcessor:
         self.counters["messages_forget"] += 1
         ids, rejected = self.decoder.forget(value, key)
         dead = self._dead(rejected, source)
+        ids = self.erasure.forwarding.not_asked(ids, source)  # (group: a request read again)
         if not ids:
             return dead
         refused = self._forget(self.erasure.ask_for_copies(ids, source), source, now_ms)

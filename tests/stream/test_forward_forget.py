@@ -171,6 +171,33 @@ def test_copies_of_a_handed_over_row_go_to_whoever_holds_it_whole_else_to_the_ho
         assert m2.dropped == ["a"] and m2.refused == [] and m2.fw.waiting() == 0
 
 
+def test_a_request_read_again_after_its_ask_asks_nothing_and_does_nothing(tmp_path):
+    """At least once, a member restarted from a snapshot older than its ask reads the log (its ask, the answers:
+    decided) before it reads the request again: the request then finds nothing to ask and nothing to do here."""
+    X, y = data(32, seed=24)
+    peers = ["m0", "m1"]
+    m0, m1 = make(tmp_path, "m0", peers), make(tmp_path, "m1", peers)
+    for s in range(0, 32, 8):
+        m0.on_features(features(range(s, s + 8), X), "f", s)
+        m0.on_labels(labels(range(s, s + 8), y), "l", s)
+    m0.step(100, force=True)
+    saved = orjson.loads(orjson.dumps(m1.erasure.to_state()))  # m1's snapshot, before the request
+    request = orjson.dumps({"ids": ["r4", "nope"]})
+    assert m1.on_forget(request, ("forget", 3, 17), 200) == []
+    log = Log()
+    pass_records(log, {"m0": m0, "m1": m1}, {"m0": 0, "m1": 0}, 201)
+    assert [r["id"] for r in m0.erasure.waiting] == ["r4"] and [r["id"] for r in m1.erasure.waiting] == [
+        "nope"
+    ]
+    m1.erasure.load_state(saved)  # restarted: the log read again first, then the request again
+    m1.erasure.forwarding.bind("m1", lambda: peers, WAIT_MS)
+    for kind, member, body in log.records:
+        m1.forward_decided(m1.erasure.forwarding.read(kind, member, body, m1.erasure.holds, 300), 300)
+    assert m1.on_forget(request, ("forget", 3, 17), 301) == []
+    assert not m1.erasure.forwarding.outbox  # asked nothing again
+    assert [r["id"] for r in m1.erasure.waiting] == ["nope"]  # one refusal
+
+
 def test_a_single_worker_asks_nobody():
     fw = Forwarding()
     assert not fw.ask(["a"], ("forget", 0, 1)) and not fw.outbox
