@@ -76,6 +76,7 @@ FIELDS = [f"c{j}" for j in range(K)]  # the named-field events' numbers
 EVENTS_SCHEMA = [
     {"name": name, "type": "number", "required": True} for name in FIELDS
 ]  # width K: the same model
+EVENTS_SECTION = {"time_field": "ts"}  # the events section of the named-field events' worker
 
 
 def _messages(X, y, batch_rows: int, ids_from: int = 0, events: bool = False):
@@ -155,7 +156,7 @@ def _worker_cfg(
             "warmup_rows": 256,
             "track_regret": False,
         },
-        **({"events": {"time_field": "ts"}} if events else {}),
+        **({"events": dict(EVENTS_SECTION)} if events else {}),
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
         "topics": {
             "features": topics[0],
@@ -357,11 +358,12 @@ def _worker_run(
 
 
 def _processor_rate(name: str, X, y, events: bool = False) -> float:
-    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches;
-    ``events``: the same rows as named-field events."""
+    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches, fed as
+    the worker feeds them: the messages the worker reads (each row with its event time), its events section,
+    the predictions encoded; ``events``: the same rows as named-field events."""
     from iolstream.core import runtime
     from iolstream.core.model import EdRVFL, ModelConfig
-    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.config import EventsConfig, StreamConfig
     from iolstream.stream.processor import StreamProcessor
 
     n_nodes, n_layers = CONFIGS[name]
@@ -378,17 +380,22 @@ def _processor_rate(name: str, X, y, events: bool = False) -> float:
         )
     )
     runtime.configure_for_model(model)
-    proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
-    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b, events=events)]
+    shape = EventsConfig(**EVENTS_SECTION) if events else None
+    proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b), events=shape)
+    pairs = []
+    for feat, lab in _messages(X, y, b, events=events):
+        for row in feat if events else [feat]:
+            row["ts"] = 1_764_000_000_000  # as _produce_stream stamps them
+        pairs.append((orjson.dumps(feat), orjson.dumps(lab)))
     warm = 8
     t0, prev = None, None
     for i, (feat, lab) in enumerate(pairs):
         if i == warm:
             t0 = time.perf_counter()
-        proc.on_features(feat, ("f", 0, i), 0)
-        proc.step(0)
-        if prev is not None:
-            proc.on_labels(prev, ("l", 0, i), 0)
+        for value, labels in ((feat, False), (prev, True)):
+            out = None if value is None else proc.feed(value, ("l" if labels else "f", 0, i), 0, labels)
+            if out is not None:
+                _ = out.predictions  # encoded, as the worker's output does
         prev = lab
     seconds = time.perf_counter() - t0
     return (len(X) - warm * b) / seconds
