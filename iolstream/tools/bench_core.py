@@ -90,8 +90,10 @@ def bench_core_step(
     solver: str = "auto",
     setting: str = "fixed",
     gemm: float | None = None,
+    mode: str | None = None,
 ) -> CoreResult:
-    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run."""
+    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run; ``mode``:
+    the setting's ``model.mode`` replaced (``bench --suite kafka --modes``)."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
     cfg = ModelConfig(
         n_inputs=k,
@@ -102,7 +104,7 @@ def bench_core_step(
         dtype=dtype,
         solver=solver,
         track_regret=False,
-        **SETTINGS[setting],
+        **{**SETTINGS[setting], **({} if mode is None else {"mode": mode})},
     )
     model = EdRVFL(cfg)
     from iolstream.core import runtime
