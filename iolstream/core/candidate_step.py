@@ -49,22 +49,48 @@ class BatchGrams:
     """The Gram Σ DᵀD (L, n, n) of the last ``keep`` batches observed, kept for their labels: the -F learners of
     ``mode: auto`` keep A_r, the labelled rows' Gram, beside A; when a batch's labels come for all of its rows
     at once (the same ``features_t``: evaluate, bench, the stream's feature cache) A_r adds the Gram formed
-    when the batch entered A, instead of a second one. Batches whose labels come later or apart form theirs."""
+    when the batch entered A, instead of a second one. Batches whose labels come later or apart form theirs.
+
+    The buffers are reused, never more than ``keep`` of them: a batch's Gram is formed in the buffer of one whose
+    labels came (``release``) or of the oldest kept, dropped then. They start zeroed, and only their lower
+    triangles are ever written (the Gram's authoritative part), so the upper ones stay 0."""
 
     def __init__(self, keep: int = 2):
         self.keep = keep
         self._kept: list[tuple[np.ndarray, np.ndarray]] = []  # (features_t, its Gram), newest last
+        self._free: list[np.ndarray] = []
+
+    def buffer(self, shape: tuple) -> np.ndarray:
+        """A buffer (``shape``) for the next batch's Gram: a free one, or the oldest kept one's."""
+        if len(self._kept) >= self.keep:
+            self._free.append(self._kept.pop(0)[1])
+        while self._free:
+            gram = self._free.pop()
+            if gram.shape == shape:
+                return gram
+        return np.zeros(shape)
 
     def put(self, features_t: np.ndarray, gram: np.ndarray) -> None:
-        self._kept = [*self._kept, (features_t, gram)][-self.keep :]
+        self._kept.append((features_t, gram))
+        while len(self._kept) > self.keep:
+            self._free.append(self._kept.pop(0)[1])
 
     def take(self, features_t: np.ndarray) -> np.ndarray | None:
-        """The Gram of this very ``features_t`` if kept (then no longer), else None."""
+        """The Gram of this very ``features_t`` if kept (then no longer: ``release`` it once added), else None."""
         for i, (kept, gram) in enumerate(self._kept):
             if kept is features_t:
                 del self._kept[i]
                 return gram
         return None
+
+    def release(self, gram: np.ndarray) -> None:
+        """A taken Gram has been added: its buffer serves the next batch."""
+        self._free.append(gram)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers held (kept and free)."""
+        return sum(g.nbytes for _, g in self._kept) + sum(g.nbytes for g in self._free)
 
 
 def observe_candidates(
@@ -73,25 +99,37 @@ def observe_candidates(
     """A new batch seen by every candidate: (features_t (L, n, b), layer outputs (K, L, b, m), NaN for the
     candidates ``predicting`` (K,) bool leaves out). ``parallel``: the thread setting of the one in force, for
     all. One primary that predicts and keeps no A_r: the fused -F step (features, Gram, Cholesky, prediction in
-    one call); else the batch's Gram once, added to each -F primary's A and kept in ``grams`` for A_r."""
+    one call). An -F primary that keeps A_r (``mode: auto``): one call too, which also keeps the batch's Gram in
+    ``grams`` for A_r (the other half-lives' primaries add it to their A). Else the features, the batch's Gram
+    once, added to each -F primary's A."""
     for ln in learners:
         ln.parallel = parallel
-    first = learners[0]
+    first = learners[0]  # a primary: the first candidate of the first half-life
     prim = [ln for ln in learners if not isinstance(ln, SharedGramLearner)]
     b = x_scaled.shape[0]
-    outputs = np.full((len(learners), first.n_layers, b, first.n_outputs), np.nan)
+    n_layers, n = first.n_layers, first.n_columns
+    outputs = np.empty((len(learners), n_layers, b, first.n_outputs))
     done = set()
     keeping = any(len(ln.state.arrays.gram_labelled) for ln in prim)
     if len(prim) == 1 and predicting[0] and not keeping:
         features_t, outputs[0] = first.observe_rows(network, x_scaled)
         done.add(0)
+    elif keeping and first.mode == "forward" and b and first._uses_cholesky(b) and network.n_columns == n:
+        batch_gram = grams.buffer((n_layers, n, n))
+        features_t, out = first.observe_keeping(network, x_scaled, batch_gram, bool(predicting[0]))
+        grams.put(features_t, batch_gram)
+        if out is not None:
+            outputs[0] = out
+            done.add(0)
+        for ln in prim[1:]:
+            ln.observe_sums(features_t, batch_gram)
     else:
         features_t = network.features(x_scaled, parallel=parallel)
         forward = [ln for ln in prim if ln.mode == "forward"]
         batch_gram = None
         if (len(forward) > 1 or keeping) and b and features_t.flags.c_contiguous:
-            batch_gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
-            (fused.add_grams_parallel if parallel else fused.add_grams)(features_t, batch_gram)
+            batch_gram = grams.buffer((n_layers, n, n)) if keeping else np.zeros((n_layers, n, n))
+            (fused.grams_into_parallel if parallel else fused.grams_into)(features_t, batch_gram)
             if keeping:
                 grams.put(features_t, batch_gram)
         for ln in prim:
@@ -103,6 +141,8 @@ def observe_candidates(
             ln.advance(b)  # after its primary: the counters are level with it
         if predicting[j]:
             outputs[j] = ln.layer_outputs(features_t)
+        else:
+            outputs[j] = np.nan
     return features_t, outputs
 
 
@@ -126,7 +166,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     chosen = model.selector.chosen
     emitter = np.where(scored | made[chosen], chosen, made.argmax(axis=0))
     emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
-    labelled_gram = _labelled_gram(model, features_t, gram_in, observed_at)
+    labelled_gram, kept = _labelled_gram(model, features_t, gram_in, observed_at)
     for j, ln in enumerate(learners):
         if isinstance(ln, SharedGramLearner):
             if made[j].any():  # its loss on the rows it predicted; the sums are its primary's
@@ -140,6 +180,8 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
             observed_at=observed_at,
             labelled_gram=labelled_gram,
         )
+    if kept:
+        model.batch_grams.release(labelled_gram)
     losses = np.empty(model.config.n_layers)
     fused.label_losses(emitted, targets, losses)
     rows = np.flatnonzero(scored)
@@ -152,11 +194,11 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     return losses
 
 
-def _labelled_gram(model, features_t, gram_in, observed_at) -> np.ndarray | None:
-    """Σ DᵀD of labelled rows (L, n, n) for the -F learners that keep A_r (each adds it at its own weight):
-    the one kept since the batch was observed (``BatchGrams``), or formed once when several keep A_r; None
-    (each forms its own) when none keeps it, or when the rows' Gram is not in A yet, or they have several
-    stamps."""
+def _labelled_gram(model, features_t, gram_in, observed_at) -> tuple[np.ndarray | None, bool]:
+    """(Σ DᵀD of labelled rows (L, n, n) for the -F learners that keep A_r (each adds it at its own weight),
+    whether it is a ``BatchGrams`` buffer): the one kept since the batch was observed, or formed once when
+    several keep A_r; None (each forms its own) when none keeps it, or when the rows' Gram is not in A yet, or
+    they have several stamps."""
     keeping = [
         ln
         for ln in model.learners
@@ -168,13 +210,13 @@ def _labelled_gram(model, features_t, gram_in, observed_at) -> np.ndarray | None
         or (gram_in is not None and not np.all(gram_in))
         or (stamps is not None and stamps.size > 1 and np.ptp(stamps) > 0)
     ):
-        return None
+        return None, False
     kept = model.batch_grams.take(features_t)
     if kept is not None or len(keeping) < 2:
-        return kept
+        return kept, kept is not None
     if not (features_t.flags.c_contiguous and features_t.dtype in (np.float64, np.float32)):
-        return None
+        return None, False
     first = keeping[0]
     gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
     (fused.add_grams_parallel if first.parallel else fused.add_grams)(features_t, gram)
-    return gram
+    return gram, False

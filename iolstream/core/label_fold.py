@@ -116,12 +116,14 @@ class LabelFold:
         if not own_labelled:
             if n_new:
                 raise ValueError("labelled_gram: only for rows whose Gram is in A already")
-            a.gram_labelled += labelled_gram
+            fused.add_lower(
+                labelled_gram, a.gram_labelled
+            )  # its lower triangles (the upper ones are not kept)
         if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
             info = np.zeros(self.n_layers, dtype=np.int32)
             kernel = fused.learn_parallel if self.parallel else fused.learn_serial
             labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
-            state = (a.rhs, a.gram, a.factor, labelled)
+            state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
             sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
             if info.any():
                 raise_for(info)
@@ -147,6 +149,7 @@ class LabelFold:
             st.d_max = max(st.d_max, fused.abs_max(features_t))
             st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
         st.version += 1
+        st.labelled_version += 1
         return losses
 
     def _learn_layers(self, features_t, targets, n_new, new, own_labelled=True) -> None:

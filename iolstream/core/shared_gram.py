@@ -23,8 +23,11 @@ class SharedGramLearner(OnlineLearner):
     solve per layer, no second Gram, no copy). Its own are: λ, β, the loss sum of its own predictions
     (weighted like the primary's with forgetting) and the counters.
 
-    Its ``state`` holds a copy of the sums, made when read (``sync``: the same bits as the primary's, shifted);
-    its own steps use the state as it is (``_state``) and read the primary's sums.
+    Its ``state`` holds a copy of the sums, made when read (``sync``: the same bits as the primary's, shifted, in
+    arrays allocated at the first read); its own steps use the state as it is (``_state``: β, the loss sums and
+    the counters) and read the primary's sums. Its β is solved again only when the sums it reads changed: an -R
+    candidate of an -F learner reads A_r and c, which move with labels, not with features
+    (``LearnerState.labelled_version``).
     """
 
     def __init__(self, primary: OnlineLearner, lam, mode: str | None = None):
@@ -50,8 +53,22 @@ class SharedGramLearner(OnlineLearner):
         self._shift = np.array(
             [ls.lam - pls.lam for ls, pls in zip(self._state.layers, primary.state.layers)]
         )
-        self._synced = primary.state.version  # the primary's version the copied sums are (λI, c = 0: level)
-        self._solved = None  # the primary's version this β was solved for (None: not since a restore)
+        self._synced = None  # the primary's version the copied sums are (None: not copied yet)
+        self._solved = None  # the version of the sums this β was solved from (None: not since a restore)
+
+    def initial_state(self):
+        """β = 0, the counters and loss sums; no sums of its own (A and A_r are allocated if ``state`` is read)."""
+        from iolstream.core.learner import as_lams
+        from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState
+
+        lams = as_lams(self.lam, self.n_layers)
+        arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, False, sums=False)
+        return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
+
+    def _sums_version(self) -> int:
+        """The version of the sums this candidate solves on: the primary's A_r and c (-R of -F), or all of them."""
+        p = self.primary.state
+        return p.labelled_version if self._labelled_only else p.version
 
     @property
     def state(self):
@@ -77,6 +94,21 @@ class SharedGramLearner(OnlineLearner):
     def scratch(self) -> np.ndarray:
         return self.primary.scratch()  # the candidates solve one after another: one scratch for all
 
+    def own_state(self):
+        """Its counters (level with the primary's), loss sums and β; no copy of the sums."""
+        self._sync_counters()
+        return self._state
+
+    def labelled_sums(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """The primary's labelled sums with this λ on A_r's diagonal (a fresh A_r per layer, c a view)."""
+        out = []
+        for (rhs, labelled), shift in zip(self.primary.labelled_sums(), self._shift):
+            if labelled is not None:
+                labelled = np.array(labelled, order="F")
+                labelled[np.diag_indices(self.n_columns)] += shift
+            out.append((rhs, labelled))
+        return out
+
     def _sync_counters(self) -> None:
         p, st = self.primary.state, self._state
         for key in COUNTERS:
@@ -89,6 +121,11 @@ class SharedGramLearner(OnlineLearner):
         if self._synced == p.version:
             return
         a, pa = st.arrays, p.arrays
+        if a.gram.shape[1] != self.n_columns:  # the first read: the copy's arrays
+            shape = (self.n_layers, self.n_columns, self.n_columns)
+            a.gram = np.empty(shape)
+            if self.mode == "forward" and len(pa.gram_labelled):  # an -F candidate's A_r (its regret)
+                a.gram_labelled = np.empty(shape)
         diag = np.arange(self.n_columns)
         np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
         a.gram[:, diag, diag] += self._shift[:, None]
@@ -97,28 +134,31 @@ class SharedGramLearner(OnlineLearner):
             a.gram_labelled[:, diag, diag] += self._shift[:, None]
         np.copyto(a.rhs, pa.rhs)
         a.factor_stale[:] = True
-        a.beta_stale[:] = self._solved != p.version  # a β solved from the primary's sums is theirs
+        a.beta_stale[:] = self._solved != self._sums_version()  # a β solved from the primary's sums is theirs
         a.factor_inverse[:] = False
         a.woodbury_steps[:] = 0  # (the version stays: reading the state changes nothing it predicts)
         self._synced = p.version
 
     def mark_synced(self) -> None:
-        """These sums are the primary's as they are now (after a restore of both)."""
-        self._synced = self.primary.state.version
+        """These sums are the primary's as they are now (after a restore of both): a copy restored with them, if
+        any; β is solved again when next read."""
+        self._synced = self.primary.state.version if self._state.arrays.gram.shape[1] else None
         self._solved = None
+        self._state.arrays.beta_stale[:] = True
 
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
         """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
         features_t = self._kernel_features(features_t)
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
-        if self._solved == p.version and not a.beta_stale.any():
+        version = self._sums_version()
+        if self._solved == version and not a.beta_stale.any():
             fused.predict_all(features_t, a.beta, out)
             return out
         gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
         self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
         a.beta_stale[:] = False
-        self._solved = p.version
+        self._solved = version
         return out
 
     def observe(self, features_t: np.ndarray) -> None:

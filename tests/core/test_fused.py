@@ -133,7 +133,9 @@ def _scratch(n):
 
 
 def _arrays(n_layers, n, m, track=True):
-    return LayerArrays.initial([0.5 + layer for layer in range(n_layers)], n, m, track)
+    arrays = LayerArrays.initial([0.5 + layer for layer in range(n_layers)], n, m, track)
+    arrays.factors()  # the kernels write a factor stack of the full size (a learner allocates it when needed)
+    return arrays
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

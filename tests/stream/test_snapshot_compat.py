@@ -199,36 +199,49 @@ def test_the_old_file_is_version_1_and_its_config_is_the_fresh_one():
     assert state_io.saved_config(snap.manifest) == fresh().model.config
 
 
-def test_new_snapshots_are_version_2_and_a_version_1_reader_refuses_them(tmp_path):
-    """The reader of version 1 (snapshot.py as of 52cdf64, run from git) stops on a file written now with
-    SnapshotVersionError naming both versions, instead of misreading the pending rows' payload."""
-    proc = fresh()
-    feed(proc, phase1())
-    blob = snapshot.encode(*proc.to_state())
-    assert snapshot.read_header(blob)["version"] == snapshot.FORMAT_VERSION == 2
-    assert proc.to_state()[0]["format_version"] == state_io.FORMAT_VERSION == 2
+def _old_reader(commit: str, path_in_repo: str, tmp_path: Path):
+    """The snapshot reader of an older build, from git (skips when the history is not there)."""
     try:
-        old_source = subprocess.run(
-            ["git", "show", "52cdf64:iolstream/snapshot.py"],
+        source = subprocess.run(
+            ["git", "show", f"{commit}:{path_in_repo}"],
             cwd=Path(__file__).parent,
             capture_output=True,
             check=True,
             text=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip("git history with 52cdf64 not available")
-    path = tmp_path / "old_snapshot.py"
-    path.write_text(old_source)
-    spec = importlib.util.spec_from_file_location("old_snapshot", path)
+        pytest.skip(f"git history with {commit} not available")
+    path = tmp_path / f"reader_{commit}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"reader_{commit}", path)
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old  # its dataclasses look their module up
     try:
         spec.loader.exec_module(old)
     finally:
         del sys.modules[spec.name]
-    assert old.FORMAT_VERSION == 1
-    with pytest.raises(old.SnapshotVersionError, match="format version 2; this build reads version 1"):
-        old.decode(blob)
+    return old
+
+
+def test_new_snapshots_are_version_3_and_older_readers_refuse_them(tmp_path):
+    """The readers of versions 1 (snapshot.py as of 52cdf64) and 2 (core/snapshot_file.py as of 7f30f43, before
+    the model kept only what cannot be derived), run from git, stop on a file written now with
+    SnapshotVersionError naming both versions, instead of misreading it."""
+    proc = fresh()
+    feed(proc, phase1())
+    blob = snapshot.encode(*proc.to_state())
+    assert snapshot.read_header(blob)["version"] == snapshot.FORMAT_VERSION == 3
+    assert proc.to_state()[0]["format_version"] == state_io.FORMAT_VERSION == 3
+    first = _old_reader("52cdf64", "iolstream/snapshot.py", tmp_path)
+    assert first.FORMAT_VERSION == 1
+    with pytest.raises(first.SnapshotVersionError, match="format version 3; this build reads version 1"):
+        first.decode(blob)
+    second = _old_reader("7f30f43", "iolstream/core/snapshot_file.py", tmp_path)
+    assert second.FORMAT_VERSION == 2
+    with pytest.raises(
+        second.SnapshotVersionError, match="format version 3; this build reads versions 1 to 2"
+    ):
+        second.decode(blob)
 
 
 def test_a_version_1_state_never_forgets():
