@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused
+from iolstream.core import fused, fused_shared
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -100,7 +100,8 @@ def observe_candidates(
     candidates ``predicting`` (K,) bool leaves out). ``parallel``: the thread setting of the one in force, for
     all. One primary that predicts and keeps no A_r: the fused -F step (features, Gram, Cholesky, prediction in
     one call). An -F primary that keeps A_r (``mode: auto``): one call too, which also keeps the batch's Gram in
-    ``grams`` for A_r (the other half-lives' primaries add it to their A). Else the features, the batch's Gram
+    ``grams`` for A_r (the other half-lives' primaries add it to their A) and, with the default -F and -R pair
+    alone, solves and predicts the -R candidate as well (``fused_shared``). Else the features, the batch's Gram
     once, added to each -F primary's A."""
     for ln in learners:
         ln.parallel = parallel
@@ -115,12 +116,23 @@ def observe_candidates(
         features_t, outputs[0] = first.observe_rows(network, x_scaled)
         done.add(0)
     elif keeping and first.mode == "forward" and b and first._uses_cholesky(b) and network.n_columns == n:
+        # the default mode: auto: -F and its -R candidate (on A_r) in one call
+        pair = len(learners) == 2 and getattr(learners[1], "reads_labelled", False)
+        ridge = learners[1] if pair else None
         batch_gram = grams.buffer((n_layers, n, n))
-        features_t, out = first.observe_keeping(network, x_scaled, batch_gram, bool(predicting[0]))
+        features_t, out, out_r = first.observe_keeping(
+            network, x_scaled, batch_gram, bool(predicting[0]), ridge, pair and bool(predicting[1])
+        )
         grams.put(features_t, batch_gram)
-        if out is not None:
-            outputs[0] = out
-            done.add(0)
+        for j, got in ((0, out), (1, out_r)):
+            if got is not None:
+                outputs[j] = got
+                done.add(j)
+        if pair:
+            ridge.advance(b)  # after its primary: the counters are level with it
+            done.add(1)
+            if out_r is None:
+                outputs[1] = np.nan
         for ln in prim[1:]:
             ln.observe_sums(features_t, batch_gram)
     else:
@@ -129,7 +141,9 @@ def observe_candidates(
         batch_gram = None
         if (len(forward) > 1 or keeping) and b and features_t.flags.c_contiguous:
             batch_gram = grams.buffer((n_layers, n, n)) if keeping else np.zeros((n_layers, n, n))
-            (fused.grams_into_parallel if parallel else fused.grams_into)(features_t, batch_gram)
+            (fused_shared.grams_into_parallel if parallel else fused_shared.grams_into)(
+                features_t, batch_gram
+            )
             if keeping:
                 grams.put(features_t, batch_gram)
         for ln in prim:
@@ -155,21 +169,27 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     learners, b = model.learners, features_t.shape[2]
     if predicted is None or np.ndim(predicted) != 4:
         predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
-    predicted = np.asarray(predicted, dtype=np.float64)
+    predicted = np.ascontiguousarray(predicted, dtype=np.float64)
     # (K, b): which candidate predicted which row (a candidate predicts all of a row's outputs, or none)
     made = ~np.isnan(predicted[:, 0, :, 0])
-    if b and not made.any(axis=0).all():
-        raise ValueError(
-            "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
-        )
-    scored = made.all(axis=0)
     chosen = model.selector.chosen
-    emitter = np.where(scored | made[chosen], chosen, made.argmax(axis=0))
-    emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
+    every = bool(made.all())  # the common case: a batch every candidate predicted
+    if every or not b:
+        scored = None  # every row
+        emitted = predicted[chosen]
+    else:
+        if not made.any(axis=0).all():
+            raise ValueError(
+                "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
+            )
+        scored = np.flatnonzero(made.all(axis=0))
+        rows_made = made.any(axis=1)
+        emitter = np.where(made.all(axis=0) | made[chosen], chosen, made.argmax(axis=0))
+        emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
     labelled_gram, kept = _labelled_gram(model, features_t, gram_in, observed_at)
     for j, ln in enumerate(learners):
         if isinstance(ln, SharedGramLearner):
-            if made[j].any():  # its loss on the rows it predicted; the sums are its primary's
+            if every or rows_made[j]:  # its loss on the rows it predicted; the sums are its primary's
                 ln.learn(features_t, targets, predicted=predicted[j], observed_at=observed_at)
             continue
         ln.learn(
@@ -184,12 +204,14 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
         model.batch_grams.release(labelled_gram)
     losses = np.empty(model.config.n_layers)
     fused.label_losses(emitted, targets, losses)
-    rows = np.flatnonzero(scored)
-    row_losses = np.empty((len(learners), rows.size))
-    for j in range(len(learners) if rows.size else 0):
-        row_losses[j] = model.selection_loss(predicted[j][:, rows], targets[rows])
+    if scored is None:
+        row_losses = model.selection_losses(predicted, targets) if b else np.empty((len(learners), 0))
+    elif scored.size:
+        row_losses = model.selection_losses(predicted[:, :, scored], targets[scored])
+    else:
+        row_losses = np.empty((len(learners), 0))
     model.emitted_loss += losses
-    model.predicted_rows += made.sum(axis=1)
+    model.predicted_rows += b if every else made.sum(axis=1)
     model.selector.record(row_losses)
     return losses
 

@@ -141,30 +141,6 @@ def _add_gram(d, gram_l):
 
 
 @nb.njit(**JIT)
-def _gram_into(d, out_l):
-    """Lower triangle of out_l ← DᵀD, what ``_add_gram`` adds (float32 features: ssyrk into a float32 block, then
-    its float64 copy); the upper triangle is left as it was."""
-    if d.itemsize == 8:
-        syrk_lower(1.0, d, 0.0, out_l)
-        return
-    n = d.shape[1]
-    part = np.empty((n, n), d.dtype).T
-    syrk_lower(1.0, d, 0.0, part)
-    for j in range(n):
-        for i in range(j, n):
-            out_l[i, j] = part[i, j]
-
-
-@nb.njit(**JIT)
-def _add_lower(src_l, dst_l):
-    """Lower triangle of dst_l += src_l's (column-major (n, n) blocks: the inner loop runs down a column)."""
-    n = src_l.shape[0]
-    for j in range(n):
-        for i in range(j, n):
-            dst_l[i, j] += src_l[i, j]
-
-
-@nb.njit(**JIT)
 def _cholesky(gram_l, factor_l):
     """factor_l ← lower Cholesky factor of A_l (both C blocks, i.e. transposed column-major
     matrices); returns LAPACK's info (0 on success)."""
@@ -300,101 +276,6 @@ def observe_parallel(
     regions, one after the other; the same bits)."""
     features_parallel(x, weights_t, biases, code, bias_column, features_t)
     return forward_parallel(features_t, gram, scratch, rhs, beta, out, info)
-
-
-@nb.njit(**JIT)
-def keep_layer(features_t, layer, gram, batch_gram, scratch, rhs, beta, out, info, solve):
-    """-F with the batch's Gram kept (``mode: auto``: A_r adds it when the batch's labels come) for one layer:
-    G_l = D_lᵀD_l into batch_gram[l], A_l += G_l (the bits of ``forward_layer``'s A), and if ``solve`` β_l = A_l⁻¹c_l
-    and, if ``out`` has rows, D_l β_l (as ``forward_layer``; else β is left as it was)."""
-    _gram_into(features_t[layer].T, batch_gram[layer].T)
-    _add_lower(batch_gram[layer].T, gram[layer].T)
-    if solve:
-        solve_predict_layer(features_t, layer, gram, 0.0, scratch, rhs, beta, out, info)
-
-
-@nb.njit(**JIT)
-def keep_serial(features_t, gram, batch_gram, scratch, rhs, beta, out, info, solve):
-    """``keep_layer`` for every layer (scratch: (threads, n, n)); returns how many failed."""
-    for layer in range(features_t.shape[0]):
-        keep_layer(features_t, layer, gram, batch_gram, scratch[0], rhs, beta, out, info, solve)
-    return np.count_nonzero(info)
-
-
-@nb.njit(**JIT_PARALLEL)
-def keep_parallel(features_t, gram, batch_gram, scratch, rhs, beta, out, info, solve):
-    """``keep_serial`` with the layers spread over Numba's threads, one scratch block each."""
-    for layer in nb.prange(features_t.shape[0]):
-        keep_layer(
-            features_t, layer, gram, batch_gram, scratch[nb.get_thread_id()], rhs, beta, out, info, solve
-        )
-    return np.count_nonzero(info)
-
-
-@nb.njit(**JIT)
-def observe_keep_serial(
-    x,
-    weights_t,
-    biases,
-    code,
-    bias_column,
-    features_t,
-    gram,
-    batch_gram,
-    scratch,
-    rhs,
-    beta,
-    out,
-    info,
-    solve,
-):
-    """``features_serial`` then ``keep_serial``: the -F step of ``mode: auto`` in one call."""
-    features_serial(x, weights_t, biases, code, bias_column, features_t)
-    return keep_serial(features_t, gram, batch_gram, scratch, rhs, beta, out, info, solve)
-
-
-@nb.njit(**JIT)
-def observe_keep_parallel(
-    x,
-    weights_t,
-    biases,
-    code,
-    bias_column,
-    features_t,
-    gram,
-    batch_gram,
-    scratch,
-    rhs,
-    beta,
-    out,
-    info,
-    solve,
-):
-    """``observe_keep_serial`` on Numba's threads (the same bits)."""
-    features_parallel(x, weights_t, biases, code, bias_column, features_t)
-    return keep_parallel(features_t, gram, batch_gram, scratch, rhs, beta, out, info, solve)
-
-
-@nb.njit(**JIT)
-def grams_into(features_t, batch_gram):
-    """batch_gram_l ← D_lᵀD_l (lower triangles) for every layer: one batch's Gram, formed once for the learners
-    that add it (``candidate_step``)."""
-    for layer in range(features_t.shape[0]):
-        _gram_into(features_t[layer].T, batch_gram[layer].T)
-
-
-@nb.njit(**JIT_PARALLEL)
-def grams_into_parallel(features_t, batch_gram):
-    for layer in nb.prange(features_t.shape[0]):
-        _gram_into(features_t[layer].T, batch_gram[layer].T)
-
-
-@nb.njit(**JIT)
-def add_lower(src, dst):
-    """dst_l += src_l for every layer, lower triangles (a kept batch Gram into another half-life's A, or into A_r
-    when the batch's labels come)."""
-    for layer in range(src.shape[0]):
-        _add_lower(src[layer].T, dst[layer].T)
 
 
 @nb.njit(**JIT)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, linalg
+from iolstream.core import fused, fused_shared, linalg
 
 
 class LabelFold:
@@ -116,7 +116,7 @@ class LabelFold:
         if not own_labelled:
             if n_new:
                 raise ValueError("labelled_gram: only for rows whose Gram is in A already")
-            fused.add_lower(
+            fused_shared.add_lower(
                 labelled_gram, a.gram_labelled
             )  # its lower triangles (the upper ones are not kept)
         if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):

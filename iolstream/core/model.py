@@ -294,6 +294,17 @@ class EdRVFL:
         for ln in self.learners:
             ln.forget(features_t, observed_at)
 
+    def selection_losses(self, predicted: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``selection_loss`` of K candidates' layer outputs ``predicted`` (K, L, b, m): (K, b); the softmax
+        classification ensemble (the default) in one kernel call."""
+        if self._class_index is not None and self.config.ensemble_rule == "softmax":
+            out = np.empty((predicted.shape[0], predicted.shape[2]))
+            kernels.softmax_errors(
+                np.ascontiguousarray(predicted, dtype=np.float64), targets.argmax(axis=1), out
+            )
+            return out
+        return np.stack([self.selection_loss(outputs, targets) for outputs in predicted])
+
     def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
         row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""

@@ -146,19 +146,36 @@ class SharedGramLearner(OnlineLearner):
         self._solved = None
         self._state.arrays.beta_stale[:] = True
 
+    @property
+    def reads_labelled(self) -> bool:
+        """Whether it solves on its primary's A_r (an -R candidate of an -F learner), not on its A."""
+        return self._labelled_only
+
+    def needs_solve(self) -> bool:
+        """Whether its β must be solved again before it predicts: the sums it reads changed since it was."""
+        return self._solved != self._sums_version() or bool(self._state.arrays.beta_stale.any())
+
+    def mark_solved(self) -> None:
+        """Its β was just solved from the primary's sums as they are (``fused_shared.pair_layer``)."""
+        self._state.arrays.beta_stale[:] = False
+        self._solved = self._sums_version()
+
+    def solve_target(self, out: np.ndarray, solve: bool) -> tuple:
+        """What a fused kernel needs to solve (if ``solve``) and predict into ``out`` for it: (β stack, outputs,
+        λ − λ_primary per layer, solve) — ``fused_shared``'s ``ridge`` argument."""
+        return self._state.arrays.beta, out, self._shift, solve
+
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
         """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
         features_t = self._kernel_features(features_t)
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
-        version = self._sums_version()
-        if self._solved == version and not a.beta_stale.any():
+        if not self.needs_solve():
             fused.predict_all(features_t, a.beta, out)
             return out
         gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
         self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
-        a.beta_stale[:] = False
-        self._solved = version
+        self.mark_solved()
         return out
 
     def observe(self, features_t: np.ndarray) -> None:

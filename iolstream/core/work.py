@@ -5,6 +5,8 @@ adds. ``bench --suite core`` divides its measured rate by the first; the scoring
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 # FLOP-equivalents of the fixed costs besides the arithmetic, at the ~30 GFLOP/s a step reaches on the small config
 # of ``bench --suite core``. Measured on a tiny model (N = 24, b = 10, where calls are all there is): a step of a
 # model with candidates (``auto``) takes ~100 µs of calls before any candidate not in force is scored, and scoring
@@ -36,6 +38,7 @@ def minimal_flops_per_row(
     return parts
 
 
+@lru_cache(maxsize=1024)  # every batch asks (candidates.ScoringBudget), with a few batch sizes
 def step_flops(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True) -> float:
     """FLOPs of one -F step of a b-row batch (``minimal_flops_per_row`` × b, plus ``STEP_CALL_FLOPS``)."""
     return (
@@ -43,6 +46,7 @@ def step_flops(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column:
     )
 
 
+@lru_cache(maxsize=1024)
 def scoring_flops(n_columns: int, m: int, n_layers: int, b: int, cholesky: bool = True) -> float:
     """FLOPs of scoring one candidate not in force on a b-row batch: per layer a Cholesky of its A (n³/3; not
     when it keeps A⁻¹ current by Woodbury, ``cholesky`` False), its β (2n²m), its prediction and loss
