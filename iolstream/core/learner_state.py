@@ -50,21 +50,20 @@ class LayerArrays:
     def initial(
         cls, lams: list[float], n: int, m: int, track_labelled: bool, sums: bool = True
     ) -> LayerArrays:
-        """A_0 = λ_l I, c = 0, β = 0 for every layer (the factor is made when first needed). ``sums`` False: A and
-        A_r are (L, 0, 0) too, for a learner that reads another's (``shared_gram``, which allocates them if its
-        own copy is ever asked for)."""
+        """A_0 = λ_l I, c = 0, β = 0 for every layer (the factor is made when first needed). ``sums`` False: A, A_r
+        and c are empty too, for a learner that reads another's (``shared_gram``, which allocates them if its own
+        copy is ever asked for)."""
         n_layers = len(lams)
         none = np.empty((n_layers, 0, 0))
         gram = np.eye(n)[None] * np.asarray(lams)[:, None, None] if sums else none
         labelled = gram.copy() if track_labelled and sums else np.empty((0, n, n))
-        zeros = np.zeros((n_layers, m, n))
         flags = np.zeros(n_layers, dtype=bool)
         steps = np.zeros(n_layers, dtype=np.int64)
         return cls(
             gram,
             none.copy(),
-            zeros,
-            zeros.copy(),
+            np.zeros((n_layers, m, n if sums else 0)),  # c
+            np.zeros((n_layers, m, n)),  # β
             labelled,
             np.zeros(n_layers),
             flags,
@@ -75,8 +74,9 @@ class LayerArrays:
 
     def factors(self) -> np.ndarray:
         """The factor stack (L, n, n), allocated now if it was not yet (every layer stays stale until factored)."""
-        if self.factor.shape[1] != self.rhs.shape[2]:
-            self.factor = np.zeros((len(self.factor_stale), self.rhs.shape[2], self.rhs.shape[2]))
+        n = self.beta.shape[2]
+        if self.factor.shape[1] != n:
+            self.factor = np.zeros((len(self.factor_stale), n, n))
             self.factor_stale[:] = True
         return self.factor
 

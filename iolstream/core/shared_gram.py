@@ -124,6 +124,7 @@ class SharedGramLearner(OnlineLearner):
         if a.gram.shape[1] != self.n_columns:  # the first read: the copy's arrays
             shape = (self.n_layers, self.n_columns, self.n_columns)
             a.gram = np.empty(shape)
+            a.rhs = np.empty_like(pa.rhs)
             if self.mode == "forward" and len(pa.gram_labelled):  # an -F candidate's A_r (its regret)
                 a.gram_labelled = np.empty(shape)
         diag = np.arange(self.n_columns)

@@ -251,3 +251,61 @@ def test_a_version_1_state_never_forgets():
     manifest["config"]["forgetting"] = 1000.0
     with pytest.raises(ValueError, match="version-1 state has no row stamps"):
         StreamProcessor.from_state(manifest, snap.arrays, CFG)
+
+
+V2_AUTO_SNAPSHOT = Path(__file__).parents[1] / "data" / "snapshot-v2-auto.iolsnap"
+# sha256 of the predictions ("id=message" lines) the code that wrote it emitted: phase 1 from a fresh start,
+# phase 2 after loading the file (and the same without stopping)
+OLD_CODE_PHASE1 = "3600669ea052330a296d811df6b3c698dbcab38eacc2cbd2e41b97726d5836b8"
+OLD_CODE_PHASE2 = "c6be1dc2f97cdc686b6d23e55a821884b1b93f97b402e42c31155d5c30c32071"
+
+
+def fresh_auto() -> StreamProcessor:
+    """The model of the version-2 file: ``mode: auto``, -F and -R on one set of sums."""
+    model = EdRVFL(
+        ModelConfig(n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3)
+    )
+    return StreamProcessor(model, CFG)
+
+
+def predictions_digest(proc: StreamProcessor, msgs) -> str:
+    import hashlib
+
+    lines = []
+    for n, (kind, value, t) in enumerate(msgs):
+        (proc.on_features if kind == "f" else proc.on_labels)(value, (kind, 0, n), t)
+        lines += [key.encode() + b"=" + bytes(message) for key, message in proc.step(t).predictions]
+    return hashlib.sha256(b"\n".join(lines)).hexdigest()
+
+
+def test_a_version_2_auto_snapshot_loads_and_continues_as_the_code_that_wrote_it():
+    """A snapshot of ``mode: auto`` in format version 2 (every candidate's A, factor, β and c, written before the
+    model kept only what cannot be derived) loads; the restored worker emits, byte for byte, what the code that
+    wrote it emitted after loading it, which is also what a run of this code that never stopped emits; and this
+    code predicts phase 1 with the very bytes the old code did (its fused kernels compute the same bits)."""
+    snap = snapshot.read(V2_AUTO_SNAPSHOT)
+    assert snapshot.read_header(V2_AUTO_SNAPSHOT.read_bytes())["version"] == 2
+    assert {"model/cand1/layer0/gram", "model/cand1/layer0/beta", "model/cand0/layer0/factor"} <= set(
+        snap.arrays
+    )
+    restored = StreamProcessor.from_state(snap.manifest, snap.arrays, CFG)
+    never_stopped = fresh_auto()
+    assert predictions_digest(never_stopped, phase1()) == OLD_CODE_PHASE1
+    for a, b in zip(restored.model.learners, never_stopped.model.learners):
+        for la, lb in zip(a.state.layers, b.state.layers):
+            np.testing.assert_array_equal(np.tril(la.gram), np.tril(lb.gram))
+            np.testing.assert_array_equal(la.beta, lb.beta)
+    assert (
+        predictions_digest(restored, phase2())
+        == predictions_digest(never_stopped, phase2())
+        == OLD_CODE_PHASE2
+    )
+    # written again, it is version 3: the -F learner's A, A_r and c, and its P where a batch of 1 or 2 rows
+    # (b·6 ≤ n) left it on the Woodbury route; the -R candidate's counters alone
+    manifest, arrays = restored.to_state()
+    assert manifest["format_version"] == 3
+    model_arrays = {k for k in arrays if k.startswith("model/") and "/scaler/" not in k}
+    assert {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} <= model_arrays
+    assert model_arrays <= {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} | {
+        f"model/cand0/layer{i}/inverse" for i in range(2)
+    }
