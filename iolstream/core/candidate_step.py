@@ -117,8 +117,8 @@ def observe_candidates(
         done.add(0)
     elif keeping and first.mode == "forward" and b and first._uses_cholesky(b) and network.n_columns == n:
         # the default mode: auto: -F and its -R candidate (on A_r) in one call
-        pair = len(learners) == 2 and getattr(learners[1], "reads_labelled", False)
-        ridge = learners[1] if pair else None
+        ridge = ridge_pair(learners)
+        pair = ridge is not None
         batch_gram = grams.buffer((n_layers, n, n))
         features_t, out, out_r = first.observe_keeping(
             network, x_scaled, batch_gram, bool(predicting[0]), ridge, pair and bool(predicting[1])
@@ -173,37 +173,61 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     # (K, b): which candidate predicted which row (a candidate predicts all of a row's outputs, or none)
     made = ~np.isnan(predicted[:, 0, :, 0])
     chosen = model.selector.chosen
-    every = bool(made.all())  # the common case: a batch every candidate predicted
-    if every or not b:
-        scored = None  # every row
-        emitted = predicted[chosen]
-    else:
-        if not made.any(axis=0).all():
-            raise ValueError(
-                "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
-            )
-        scored = np.flatnonzero(made.all(axis=0))
-        rows_made = made.any(axis=1)
-        emitter = np.where(made.all(axis=0) | made[chosen], chosen, made.argmax(axis=0))
-        emitted = np.ascontiguousarray(predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2))  # (L, b, m)
-    labelled_gram, kept = _labelled_gram(model, features_t, gram_in, observed_at)
-    for j, ln in enumerate(learners):
-        if isinstance(ln, SharedGramLearner):
-            if every or rows_made[j]:  # its loss on the rows it predicted; the sums are its primary's
-                ln.learn(features_t, targets, predicted=predicted[j], observed_at=observed_at)
-            continue
-        ln.learn(
-            features_t,
-            targets,
-            gram_in=gram_in,
-            predicted=predicted[j],
-            observed_at=observed_at,
-            labelled_gram=labelled_gram,
+    made_all, made_any = made.all(axis=1), made.any(axis=1)
+    every = bool(made_all.all())  # the common case: a batch every candidate predicted
+    if b and not made.any(axis=0).all():
+        raise ValueError(
+            "predicted: rows that no candidate predicted (every row has the outputs it was emitted by)"
         )
+    if every or not b:
+        scored, emitter = None, chosen  # every row, emitted by the one in force
+    elif (
+        made_all == made_any
+    ).all():  # a batch some candidates predicted, whole: one emitter for all its rows
+        scored, emitter = (
+            np.empty(0, dtype=np.int64),
+            chosen if made_all[chosen] else int(np.argmax(made_all)),
+        )
+    else:  # rows of batches scored differently
+        scored = np.flatnonzero(made.all(axis=0))
+        emitter = np.where(made.all(axis=0) | made[chosen], chosen, made.argmax(axis=0))
+    labelled_gram, kept = _labelled_gram(model, features_t, gram_in, observed_at)
+    pair_losses = None
+    if not isinstance(emitter, np.ndarray):  # each candidate predicted all of these rows or none
+        pair_losses = _fold_pair(learners, features_t, targets, gram_in, predicted, made_all, labelled_gram)
+    if pair_losses is None:
+        for j, ln in enumerate(learners):
+            if isinstance(ln, SharedGramLearner):
+                if made_any[j]:  # its loss on the rows it predicted; the sums are its primary's
+                    ln.learn(
+                        features_t,
+                        targets,
+                        predicted=predicted[j],
+                        observed_at=observed_at,
+                        complete=made_all[j],
+                    )
+                continue
+            ln.learn(
+                features_t,
+                targets,
+                gram_in=gram_in,
+                predicted=predicted[j],
+                observed_at=observed_at,
+                labelled_gram=labelled_gram,
+            )
     if kept:
         model.batch_grams.release(labelled_gram)
-    losses = np.empty(model.config.n_layers)
-    fused.label_losses(emitted, targets, losses)
+    if pair_losses is not None:  # every row emitted by one candidate: its losses
+        losses = pair_losses[emitter].copy()
+    else:
+        if isinstance(emitter, np.ndarray):
+            emitted = np.ascontiguousarray(
+                predicted[emitter, :, np.arange(b), :].transpose(1, 0, 2)
+            )  # (L, b, m)
+        else:
+            emitted = predicted[emitter]
+        losses = np.empty(model.config.n_layers)
+        fused.label_losses(emitted, targets, losses)
     if scored is None:
         row_losses = model.selection_losses(predicted, targets) if b else np.empty((len(learners), 0))
     elif scored.size:
@@ -211,8 +235,50 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     else:
         row_losses = np.empty((len(learners), 0))
     model.emitted_loss += losses
-    model.predicted_rows += b if every else made.sum(axis=1)
+    model.predicted_rows += made.sum(axis=1)
     model.selector.record(row_losses)
+    return losses
+
+
+def ridge_pair(learners: list):
+    """The -R candidate of the default ``mode: auto`` pair (-F and -R of one λ and half-life, -R on the -F learner's
+    A_r), or None for any other set of candidates."""
+    if (
+        len(learners) == 2
+        and getattr(learners[1], "reads_labelled", False)
+        and learners[1].primary is learners[0]
+    ):
+        return learners[1]
+    return None
+
+
+def _fold_pair(learners, features_t, targets, gram_in, predicted, made, labelled_gram) -> np.ndarray | None:
+    """The labels of rows of the default pair, each candidate having predicted all of them or none (``made`` (2,)),
+    in one kernel call when the -F learner folds them at weight 1 with their Gram in A (no forgetting; the bits of
+    the learners' own ``learn``): its A_r and c, and each candidate's losses (0 where it did not predict). Returns
+    the losses (2, L), or None when the general path must run."""
+    ridge = ridge_pair(learners)
+    if ridge is None:
+        return None
+    first = learners[0]
+    b = features_t.shape[2]
+    if (
+        b == 0
+        or first.half_life is not None
+        or (gram_in is not None and not np.all(gram_in))
+        or not first._fusable(features_t)
+    ):
+        return None
+    targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, first.n_outputs)
+    a = first.state.arrays
+    kept = labelled_gram if labelled_gram is not None else a.gram_labelled[:0]
+    losses = np.empty((2, first.n_layers))
+    kernel = fused_shared.learn_pair_parallel if first.parallel else fused_shared.learn_pair_serial
+    sum_y2 = kernel(features_t, targets, predicted, made, a.rhs, a.gram_labelled, kept, losses)
+    # as its own learn: its prediction where it made one, the targets (loss 0) where not (D_m and Y_m)
+    first.folded(features_t, targets, predicted[0] if made[0] else targets[None], 0, losses[0], sum_y2)
+    if made[1]:
+        ridge.scored(losses[1])
     return losses
 
 

@@ -26,16 +26,20 @@ from iolstream.core.blaslib import syrk_lower
 from iolstream.core.fused import (
     JIT,
     JIT_PARALLEL,
+    add_gram,
     features_parallel,
     features_serial,
+    fold_labels,
+    half_squared_error,
     predict_layer,
     solve_predict_layer,
+    squared_norm,
 )
 
 
 @nb.njit(**JIT)
 def _gram_into(d, out_l):
-    """Lower triangle of out_l ← DᵀD, what ``fused._add_gram`` adds (float32 features: ssyrk into a float32 block,
+    """Lower triangle of out_l ← DᵀD, what ``fused.add_gram`` adds (float32 features: ssyrk into a float32 block,
     then its float64 copy); the upper triangle is left as it was."""
     if d.itemsize == 8:
         syrk_lower(1.0, d, 0.0, out_l)
@@ -166,6 +170,37 @@ def observe_pair_parallel(
     """``observe_pair_serial`` on Numba's threads: the rows in chunks, then the layers (the same bits)."""
     features_parallel(x, weights_t, biases, code, bias_column, features_t)
     return _pair_parallel(features_t, sums, forward, ridge, scratch, info)
+
+
+@nb.njit(**JIT)
+def learn_pair_layer(features_t, layer, targets, predicted, made, rhs, labelled, kept, losses):
+    """The labels of the pair's rows, one layer: each candidate's immediate loss ½‖D_l β_l − Y‖² of its prediction
+    (predicted (2, L, b, m): -F's, -R's) into losses[:, l], 0 for one that did not predict them (``made`` (2,)
+    bool); A_r += the batch's kept Gram (``kept`` (L, n, n); or D_lᵀD_l when it has no layers); c_l += D_lᵀY. The
+    bits of ``fused.learn_layer`` and ``fused.label_losses``."""
+    for j in range(2):
+        losses[j, layer] = half_squared_error(predicted[j, layer], targets) if made[j] else 0.0
+    d = features_t[layer].T
+    if kept.shape[0] > 0:
+        _add_lower(kept[layer].T, labelled[layer].T)
+    else:
+        add_gram(d, labelled[layer].T)
+    fold_labels(d, targets, rhs[layer].T)
+
+
+@nb.njit(**JIT)
+def learn_pair_serial(features_t, targets, predicted, made, rhs, labelled, kept, losses):
+    """``learn_pair_layer`` for every layer; returns ‖Y‖²."""
+    for layer in range(features_t.shape[0]):
+        learn_pair_layer(features_t, layer, targets, predicted, made, rhs, labelled, kept, losses)
+    return squared_norm(targets)
+
+
+@nb.njit(**JIT_PARALLEL)
+def learn_pair_parallel(features_t, targets, predicted, made, rhs, labelled, kept, losses):
+    for layer in nb.prange(features_t.shape[0]):
+        learn_pair_layer(features_t, layer, targets, predicted, made, rhs, labelled, kept, losses)
+    return squared_norm(targets)
 
 
 @nb.njit(**JIT)

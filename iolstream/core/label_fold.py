@@ -138,6 +138,15 @@ class LabelFold:
         if scale != 1.0:
             losses *= scale
             sum_y2 *= scale
+        self.folded(features_t, targets, predicted, n_new, losses, sum_y2)
+        return losses
+
+    def folded(self, features_t, targets, predicted, n_new: int, losses: np.ndarray, sum_y2: float) -> None:
+        """The bookkeeping of b labelled rows whose sums a kernel has just added (``n_new`` of them entering A):
+        their losses (L,) and Σ‖Y‖² into the sums, the counters, D_m and Y_m, β stale, the versions."""
+        b = features_t.shape[2]
+        st = self.state
+        a = st.arrays
         a.loss_sum += losses
         a.beta_stale[:] = True
         st.rows_observed += n_new
@@ -150,7 +159,6 @@ class LabelFold:
             st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
         st.version += 1
         st.labelled_version += 1
-        return losses
 
     def _learn_layers(self, features_t, targets, n_new, new, own_labelled=True) -> None:
         """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""

@@ -198,20 +198,22 @@ class SharedGramLearner(OnlineLearner):
             self._own_tick(b)
 
     def _own_tick(self, b: int) -> None:
-        """The primary has seen these b rows: its sums decayed; this loss sum decays the same."""
+        """The primary has seen these b rows: its sums decayed; this loss sum decays the same. (Its counters are
+        the primary's: copied when read, ``own_state``.)"""
         if self.half_life is not None and b:
             self._state.arrays.loss_sum *= float(np.exp2(-b / self.half_life))
-        self._sync_counters()
 
-    def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
+    def learn(
+        self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None, complete=False
+    ) -> np.ndarray:
         """The primary has folded these labels in; this one scores its own prediction of them (rows it did not
-        predict, NaN, add no loss)."""
+        predict, NaN, add no loss; ``complete``: it predicted every row, nothing to look for)."""
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         if predicted is None:
             predicted = self.layer_outputs(features_t)
-        predicted = unpredicted_as_targets(predicted, targets)
-        self._sync_counters()
+        elif not complete:
+            predicted = unpredicted_as_targets(predicted, targets)
         plain = np.empty(self.n_layers)
         fused.label_losses(predicted, targets, plain)
         if self.half_life is None or observed_at is None:
@@ -223,8 +225,12 @@ class SharedGramLearner(OnlineLearner):
             ).sum(axis=1)
         return plain
 
+    def scored(self, losses: np.ndarray) -> None:
+        """Its immediate losses (L,) on labelled rows it predicted, computed by the pair's kernel (weight 1)."""
+        self._state.arrays.loss_sum += losses
+
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
-        self._sync_counters()
+        """The primary has taken these rows' Gram out: nothing of its own changes."""
 
     def refresh(self) -> None:
         self.sync()
