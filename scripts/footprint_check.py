@@ -5,7 +5,8 @@ For each config (the quickstart's ``config/minimal.yaml``, its ``lam: auto``, an
 m = 10, N = 989, L = 5, b = 2200; all at the default ``mode: auto``; ``tiny`` and ``tiny-forward``, a 16-node
 model, measure the process itself) on fresh topics of a local broker: pre-produce
 ``--rows`` rows and their labels (one message later, as ``bench --suite kafka`` does), run ``iolstream run
---stop-at-end`` on them, and report its peak RSS (VmHWM, read every 20 ms), the size of the snapshot it wrote at
+--stop-at-end`` on them (its kernels in Numba's cache beforehand, as after a first start), and report its peak
+RSS (VmHWM, read every 20 ms), the size of the snapshot it wrote at
 the end, and the formulas' values: the snapshot's model part plus 17 bytes per remembered id, the memory's
 ``fixed`` part (what does not wait in a store), and its total with every store at its bound (the pod limit).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -94,8 +96,19 @@ def run(name: str, raw: dict, rows: int, bootstrap: str, workdir: Path, pythonpa
         batch_rows=batch,
     )
     command = [sys.executable, "-m", "iolstream", "run"]
-    if pythonpath:
-        command = ["env", f"PYTHONPATH={pythonpath}", *command]
+    if pythonpath:  # -P: not the working directory's iolstream first
+        command = ["env", f"PYTHONPATH={pythonpath}", sys.executable, "-P", "-m", "iolstream", "run"]
+    # the kernels this model takes, compiled into Numba's cache first: the worker loads them, as after its first
+    # start (compiling them, the first start peaks tens of MB higher: docs/operations.md, the kernel cache)
+    subprocess.run(
+        [
+            *command[:-3],  # the interpreter (and its PYTHONPATH)
+            "-c",
+            f"from iolstream.stream import warm; from iolstream.kafka.config import config_from_dict; "
+            f"warm.preload(config_from_dict({raw!r}, environ={{}}).model)",
+        ],
+        check=True,
+    )
     worker = WorkerProcess(raw, workdir, stop_at_end=True, command=command)
     worker.check(worker.wait(timeout=3600))
     snaps = sorted(Path(raw["snapshot"]["dir"]).glob("snap-*.iolsnap"))

@@ -3,7 +3,7 @@
 The state is everything a run needs to continue bit for bit, and nothing that can be derived from it: the
 config, the seed of the random weights (regenerated, and checked against a stored digest), the scaler, and
 per learner that makes its own updates (one, or one per half-life of ``auto``) and per layer A and A_r (the
-lower triangle, packed: ``pack_lower``), c, and P = A⁻¹ where a Woodbury route keeps it (it has drifted from
+lower triangle, packed: ``pack_lower``), c, and P = A⁻¹ where Woodbury updates have moved it (it drifts from
 A⁻¹ by round-off, so it is not derived). β and the Cholesky factors are solved again from these when first
 read, with the very kernels that made them, so a restored model predicts the same bits; a λ or -R candidate
 of ``auto`` saves only its counters and loss sums (its sums are its primary's). ``save_model`` /
@@ -26,6 +26,7 @@ import json
 
 import numpy as np
 
+from iolstream.core import linalg
 from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
 from iolstream.core.learner_state import COUNTERS, LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
@@ -139,7 +140,9 @@ def _learner_to_arrays(ln, arrays: dict, base: str) -> dict:
         if len(a.gram_labelled):
             arrays[f"{base}gram_labelled"] = pack_lower(a.gram_labelled)
         for i, ls in enumerate(st.layers):
-            if ls.factor_kind == "inverse":  # Woodbury's P = A⁻¹ has drifted by round-off: not derivable
+            # Woodbury's P = A⁻¹, once updated (it drifts from A⁻¹ by round-off): not derivable; P as rebuilt from
+            # A (no update since) is made again on loading, the same bits
+            if ls.factor_kind == "inverse" and ls.woodbury_steps:
                 arrays[f"{base}layer{i}/inverse"] = a.factor[i].copy()
     return {
         "counters": {k: getattr(st, k) for k in _COUNTERS},
@@ -304,8 +307,12 @@ def _learner_from_arrays(ln, part: dict, arrays, base: str, version: int) -> Non
         unpack_lower(_array(arrays, f"{base}gram_labelled"), a.gram_labelled)
     for i, (ls, meta) in enumerate(zip(st.layers, metas)):
         if meta["factor_kind"] == "inverse":
-            ls.factor = _shaped(arrays, f"{base}layer{i}/inverse", (ls.gram.shape[0],) * 2)
-            ls.factor_kind, ls.woodbury_steps = "inverse", int(meta["woodbury_steps"])
+            steps = int(meta["woodbury_steps"])
+            if steps:
+                ls.factor = _shaped(arrays, f"{base}layer{i}/inverse", (ls.gram.shape[0],) * 2)
+            else:  # rebuilt from A when it was last (learner._enter_gram)
+                ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
+            ls.factor_kind, ls.woodbury_steps = "inverse", steps
 
 
 def _array(arrays, name: str) -> np.ndarray:

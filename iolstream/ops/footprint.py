@@ -17,7 +17,8 @@ b = ``stream.batch_rows``, K candidates and H learners that make their own updat
                                                                          3 × its part of a snapshot
 
 [A_r]: the -F learner keeps the labelled rows' Gram (``mode: auto``, or -F with ``track_regret``). [Woodbury]: an -F
-learner on the Woodbury route (batches of b·6 ≤ n rows, no forgetting) keeps P = A⁻¹. Arrays in core, ops
+learner on the Woodbury route (batches of b·6 ≤ n rows, no forgetting) keeps P = A⁻¹, written once updated (two
+small batches in a row: a partial batch alone makes P again from A, which a snapshot need not keep). Arrays in core, ops
 reads only configs: no model is built.
 """
 
