@@ -21,12 +21,12 @@ install: $(STAMP)
 
 # The formatter and the linter (configured in pyproject.toml); `make test` fails on either.
 lint: $(STAMP)
-	$(VENV)/bin/ruff format --check --quiet iolstream tests scripts
-	$(VENV)/bin/ruff check --quiet iolstream tests scripts
+	$(VENV)/bin/ruff format --check --quiet iolstream tests scripts benchmarks
+	$(VENV)/bin/ruff check --quiet iolstream tests scripts benchmarks
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format --quiet iolstream tests scripts
-	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts
+	$(VENV)/bin/ruff format --quiet iolstream tests scripts benchmarks
+	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts benchmarks
 
 # The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one); the secured
 # broker and the three-node cluster are started by their own fixtures (tests/secure, tests/cluster).

@@ -6,6 +6,15 @@ continues it; ``predict``/``predict_proba`` are pure. The z-score scaler is fixe
 from the first data the estimator sees (all of X in ``fit``, the first batch in
 ``partial_fit``), because the Gram is only meaningful under one scaling.
 
+X is an array of numbers, or named fields: a pandas DataFrame or a list of dicts (events as a topic
+carries them), encoded by the feature schema ``features`` (a list of fields as in ``model.features``), or
+by one inferred from the data the first fit sees (``schema_``), the worker's own encoding:
+
+    >>> rows = [{"amount": a, "country": c} for a, c in zip(range(40), ["FR", "DE", None, "US"] * 10)]
+    >>> clf = EdRVFLClassifier(n_nodes=16, random_state=0).fit(rows, [a % 2 == 0 for a in range(40)])
+    >>> [f.name for f in clf.schema_.fields], clf.predict([{"amount": 3, "country": "IT"}]).shape
+    (['amount', 'country'], (1,))
+
     >>> from sklearn.datasets import load_iris
     >>> from sklearn.model_selection import train_test_split
     >>> X, y = load_iris(return_X_y=True)
@@ -17,12 +26,17 @@ from the first data the estimator sees (all of X in ``fit``, the first batch in
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model import EdRVFL, ModelConfig
+from iolstream.core.schema import FeatureSchema
+from iolstream.core.schema_infer import infer_schema
 from iolstream.core.snapshot_file import load_snapshot
 
 
@@ -40,6 +54,7 @@ class _EdRVFLBase(BaseEstimator):
         dtype="float64",
         batch_size=256,
         random_state=0,
+        features=None,
     ):
         self.n_nodes = n_nodes
         self.n_layers = n_layers
@@ -52,6 +67,7 @@ class _EdRVFLBase(BaseEstimator):
         self.dtype = dtype
         self.batch_size = batch_size
         self.random_state = random_state
+        self.features = features
 
     def _seed(self) -> int:
         rs = self.random_state
@@ -59,10 +75,14 @@ class _EdRVFLBase(BaseEstimator):
             return int(np.random.default_rng().integers(2**31)) if rs is None else int(rs.randint(2**31))
         return int(rs)
 
-    def _new_model(self, X, **target) -> EdRVFL:
-        mean, std = X.mean(axis=0), X.std(axis=0)
-        std = np.where(std > 1e-12, std, 1.0)
+    def _new_model(self, X, schema=None, **target) -> EdRVFL:
         lam = self.lam if np.isscalar(self.lam) else tuple(self.lam)
+        if schema is not None:  # named fields: each number field's mean and deviation over its values present
+            scaling = dict(features=_fixed_fields(schema, X))
+        else:
+            mean, std = X.mean(axis=0), X.std(axis=0)
+            std = np.where(std > 1e-12, std, 1.0)
+            scaling = dict(scaler_mean=tuple(mean), scaler_std=tuple(std))
         cfg = ModelConfig(
             n_inputs=X.shape[1],
             n_nodes=self.n_nodes,
@@ -76,12 +96,40 @@ class _EdRVFLBase(BaseEstimator):
             solver=self.solver,
             dtype=self.dtype,
             scaler="fixed",
-            scaler_mean=tuple(mean),
-            scaler_std=tuple(std),
             track_regret=False,
+            **scaling,
             **target,
         )
         return EdRVFL(cfg)
+
+    def _rows(self, X, *, first: bool) -> np.ndarray | None:
+        """Named fields encoded by the schema: the given ``features``, else (on the first fit) one inferred from X,
+        kept in ``schema_``; None for numbers (an array, or a DataFrame of numbers without gaps), which go on
+        as they are. Named fields are a list of dicts, or a DataFrame with a text, category or boolean column or
+        a gap, or any DataFrame once ``features`` is given."""
+        if first:
+            records = _records(X) if self.features is not None or _named(X) else None
+            if records is None:
+                return None
+            if self.features is not None:
+                self.schema_ = FeatureSchema.parse(self.features)
+            else:
+                self.schema_ = infer_schema(_columns(records))[0]
+            self.feature_names_in_ = np.asarray([f.name for f in self.schema_.fields], dtype=object)
+            self.n_features_in_ = len(self.schema_.fields)
+        elif getattr(self, "schema_", None) is None:
+            return None
+        else:
+            records = _records(X)
+            if records is None:
+                raise ValueError(
+                    "this estimator was fitted on named fields: pass a pandas DataFrame or a list of dicts"
+                )
+        out = RecordEncoder(self.schema_).encode(records)
+        if out.refused:
+            i, reason, detail = out.refused[0]
+            raise ValueError(f"X row {i}: {reason}: {detail}")
+        return out.X
 
     def _stream(self, X, targets) -> None:
         """-F: observe (Gram in), then learn (c); -R: learn both. Batch by batch."""
@@ -94,7 +142,8 @@ class _EdRVFLBase(BaseEstimator):
             model.learn(pred.features_t, targets[start : start + b], predicted=pred.layer_outputs)
 
     def _features_ok(self, X):
-        return validate_data(self, X, reset=False, dtype=np.float64)
+        rows = self._rows(X, first=False)
+        return rows if rows is not None else validate_data(self, X, reset=False, dtype=np.float64)
 
     @classmethod
     def _from_model(cls, model: EdRVFL, task: str, path):
@@ -122,6 +171,10 @@ class _EdRVFLBase(BaseEstimator):
         )
         est.model_ = model
         est.n_features_in_ = c.n_inputs
+        if c.schema is not None:  # the worker's named fields: predict takes them as a DataFrame or dicts
+            est.schema_ = c.schema
+            est.features = c.schema.to_config()
+            est.n_features_in_ = len(c.schema.fields)
         return est
 
 
@@ -132,19 +185,30 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
     """
 
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, dtype=np.float64)
+        self.schema_ = None
+        rows = self._rows(X, first=True)
+        if rows is None:
+            X, y = validate_data(self, X, y, dtype=np.float64)
+        else:
+            X, y = rows, np.asarray(y)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         classes = tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
         if len(classes) < 2:
             raise ValueError(f"need at least 2 classes to fit, got {len(classes)} class")
-        self.model_ = self._new_model(X, classes=classes)
+        self.model_ = self._new_model(X, self.schema_, classes=classes)
         self._stream(X, self.model_.encode_labels(y))
         return self
 
     def partial_fit(self, X, y, classes=None):
         first = not hasattr(self, "model_")
-        X, y = validate_data(self, X, y, dtype=np.float64, reset=first)
+        if first:
+            self.schema_ = None
+        rows = self._rows(X, first=first)
+        if rows is None:
+            X, y = validate_data(self, X, y, dtype=np.float64, reset=first)
+        else:
+            X, y = rows, np.asarray(y)
         check_classification_targets(y)
         if first:
             if classes is None:
@@ -153,7 +217,7 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
                 sorted(classes) if not isinstance(classes, np.ndarray) else np.unique(classes)
             )
             self.model_ = self._new_model(
-                X, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
+                X, self.schema_, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
             )
         self._stream(X, self.model_.encode_labels(y))
         return self
@@ -193,20 +257,31 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
     """
 
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True)
+        self.schema_ = None
+        rows = self._rows(X, first=True)
+        if rows is None:
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True)
+        else:
+            X, y = rows, np.asarray(y, dtype=np.float64)
         self._single_output = y.ndim == 1
         y2 = y.reshape(len(y), -1)
-        self.model_ = self._new_model(X, n_outputs=y2.shape[1], **_target_scaling(y2))
+        self.model_ = self._new_model(X, self.schema_, n_outputs=y2.shape[1], **_target_scaling(y2))
         self._stream(X, y2)
         return self
 
     def partial_fit(self, X, y):
         first = not hasattr(self, "model_")
-        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True, reset=first)
+        if first:
+            self.schema_ = None
+        rows = self._rows(X, first=first)
+        if rows is None:
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True, reset=first)
+        else:
+            X, y = rows, np.asarray(y, dtype=np.float64)
         y2 = y.reshape(len(y), -1)
         if first:
             self._single_output = y.ndim == 1
-            self.model_ = self._new_model(X, n_outputs=y2.shape[1], **_target_scaling(y2))
+            self.model_ = self._new_model(X, self.schema_, n_outputs=y2.shape[1], **_target_scaling(y2))
         self._stream(X, y2)
         return self
 
@@ -227,6 +302,45 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
         return tags
+
+
+def _records(X) -> list[dict] | None:
+    """X as records of named fields (a pandas DataFrame, or a list of dicts), or None for an array of numbers."""
+    if hasattr(X, "columns") and hasattr(X, "to_dict"):  # a DataFrame (pandas is not a dependency)
+        return X.to_dict(orient="records")
+    if isinstance(X, (list, tuple)) and X and all(isinstance(r, dict) for r in X):
+        return list(X)
+    return None
+
+
+def _named(X) -> bool:
+    """Whether X holds named fields to encode: a list of dicts, or a DataFrame with a column that is not numbers
+    or with a gap (a DataFrame of numbers is an array, as scikit-learn takes it)."""
+    if isinstance(X, (list, tuple)):
+        return bool(X) and all(isinstance(r, dict) for r in X)
+    if hasattr(X, "columns") and hasattr(X, "dtypes") and hasattr(X, "isna"):
+        numeric = all(getattr(d, "kind", "O") in "iuf" for d in X.dtypes)
+        return not numeric or bool(X.isna().to_numpy().any())
+    return False
+
+
+def _columns(records: list[dict]) -> dict[str, list]:
+    """Each field's values (None where a record lacks it), fields in the order they first appear."""
+    names = list(dict.fromkeys(k for r in records for k in r))
+    return {name: [r.get(name) for r in records] for name in names}
+
+
+def _fixed_fields(schema: FeatureSchema, X: np.ndarray) -> tuple:
+    """The schema's fields, each number with the mean and deviation of its values present in X."""
+    out = []
+    for f, at in zip(schema.fields, schema.offsets()):
+        if f.type == "number":
+            present = X[:, at][~np.isnan(X[:, at])]
+            mean = float(present.mean()) if len(present) else 0.0
+            std = float(present.std()) if len(present) > 1 else 0.0
+            f = dataclasses.replace(f, mean=mean, std=std if std > 1e-12 else 1.0)
+        out.append(f)
+    return tuple(out)
 
 
 def _target_scaling(y2: np.ndarray) -> dict:

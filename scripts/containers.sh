@@ -109,7 +109,7 @@ files_digest() {
 # The files of docker/Dockerfile's build context (what Dockerfile.dockerignore lets in).
 worker_inputs() {
     (cd "$REPO" && { echo docker/Dockerfile; echo docker/Dockerfile.dockerignore; echo pyproject.toml
-                     echo docker/worker.yaml; echo docker/warmup.py; echo docker/healthcheck.py
+                     echo docker/worker.yaml; echo docker/healthcheck.py
                      find iolstream -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*.nbi' ! -name '*.nbc'; } \
         | LC_ALL=C sort)
 }

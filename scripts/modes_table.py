@@ -8,7 +8,8 @@ test set, batches of 100 rows); at the model defaults and in the paper's regime 
 (``iolstream simulate``) adds its single and batch streams, where ``auto`` is the model's selector run over
 the -F and -R predictions of each repetition.
 
-Columns: the prequential metric (accuracy, or RMSE for regression), the cumulative squared-loss regret
+Columns: the prequential metric (accuracy, or RMSE for regression), the prequential log loss of the emitted
+probabilities (classification), the cumulative squared-loss regret
 against the offline expert (docs/design.md §3, mean over layers; for auto, the loss of what it emitted), the final test
 metric, and training rows per second (the stream's predict + learn time; on the small sets it is mostly fixed
 per-batch cost). The output is the markdown table, preceded by the command that made it.
@@ -36,12 +37,14 @@ MODES = ("forward", "ridge", "auto")
 NAMES = {"forward": "-F", "ridge": "-R", "auto": "auto"}
 
 
-def run_set(name: str, regime: str, *, seed: int, drift_rows: int) -> list[dict]:
+def run_set(name: str, regime: str, *, seed: int, drift_rows: int, calibration: str = "online") -> list[dict]:
     """One row per mode: the metrics of ``name`` in ``regime``."""
     stream = name in drift.STREAMS
     data = datasets.load(name, n_rows=drift_rows, seed=seed) if stream else datasets.load(name, seed=seed)
     protocol = Protocol(order="stream", batch=100, seed=seed) if stream else Protocol(seed=seed)
     model = {**REGIMES[regime], "seed": seed}
+    if data.task == "classification":
+        model["calibration"] = calibration
     results = evaluate(data, model=model, modes=MODES, protocol=protocol)
     rows = []
     for mode, r in zip(MODES, results):
@@ -52,6 +55,7 @@ def run_set(name: str, regime: str, *, seed: int, drift_rows: int) -> list[dict]
                 "mode": mode,
                 "metric": r.metric,
                 "prequential": r.prequential_metric,
+                "log_loss": math.nan if r.log_loss is None else r.log_loss,
                 "regret": r.cumulative_regret,
                 "test": r.test_metric,
                 "rows_per_second": r.rows_per_second,
@@ -74,6 +78,7 @@ def run_simulation(repetitions: int, seed: int) -> list[dict]:
                 "mode": r.mode,
                 "metric": "-",
                 "prequential": math.nan,
+                "log_loss": math.nan,
                 "regret": r.cumulative_regret,
                 "test": math.nan,
                 "rows_per_second": math.nan,
@@ -91,9 +96,9 @@ def _cell(value, spec: str) -> str:
 def markdown(rows: list[dict]) -> str:
     """One line per (set, regime): each column shows -F / -R / auto; the better of -F and -R in bold."""
     out = [
-        "| data (rows streamed) | regime | metric | prequential -F / -R / auto | cum. regret -F / -R / auto "
-        "| final test -F / -R / auto | rows/s -F / -R / auto | auto's mode at the end |",
-        "|---|---|---|---|---|---|---|---|",
+        "| data (rows streamed) | regime | metric | prequential -F / -R / auto | log loss -F / -R / auto "
+        "| cum. regret -F / -R / auto | final test -F / -R / auto | rows/s -F / -R / auto | auto's mode at the end |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     keys = list(dict.fromkeys((r["set"], r["regime"]) for r in rows))
     for key in keys:
@@ -115,6 +120,7 @@ def markdown(rows: list[dict]) -> str:
         out.append(
             f"| {key[0]} ({first['rows']:,}) | {key[1]} | {first['metric']} "
             f"| {triple('prequential', spec, 'high' if higher else 'low')} "
+            f"| {triple('log_loss', '.4f', 'low')} "
             f"| {triple('regret', '.4g', 'low')} | {triple('test', spec, None)} "
             f"| {triple('rows_per_second', ',.0f', None)} | {NAMES.get(in_force, '—')} |"
         )
@@ -132,13 +138,22 @@ def main(argv=None) -> int:
         "--repetitions", type=int, default=50, help="Supplement F repetitions (default: %(default)s)"
     )
     p.add_argument("--no-simulation", dest="simulation", action="store_false")
+    p.add_argument(
+        "--calibration",
+        choices=("online", "none"),
+        default="online",
+        help="model.calibration of the classification sets; none: the softmax of the layers, and auto's selector "
+        "judging by 0/1 loss, as before calibration (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     rows = []
     for name in args.sets:
         for regime in args.regimes:
             print(f"{name} ({regime})...", file=sys.stderr, flush=True)
-            rows += run_set(name, regime, seed=args.seed, drift_rows=args.drift_rows)
+            rows += run_set(
+                name, regime, seed=args.seed, drift_rows=args.drift_rows, calibration=args.calibration
+            )
     if args.simulation:
         print("Supplement F...", file=sys.stderr, flush=True)
         rows += run_simulation(args.repetitions, args.seed)

@@ -131,7 +131,9 @@ def fold_labels(c, d, y):
     return c + d.T @ y
 
 
-def encode_predictions(ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mode, classes) -> list[bytes]:
+def encode_predictions(
+    ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mode, classes, scores=None
+) -> list[bytes]:
     """codec.encode_predictions, one dict and one orjson.dumps per row: the plain reference."""
     b = len(ids)
     if classes is not None:
@@ -140,12 +142,15 @@ def encode_predictions(ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mo
         values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
         labels = values[:, 0].tolist() if values.shape[1] == 1 else values.tolist()
     probas = np.asarray(proba, dtype=np.float64).reshape(b, -1).tolist() if proba is not None else None
+    raw = np.asarray(scores, dtype=np.float64).reshape(b, -1).tolist() if scores is not None else None
     event = np.asarray(ts_in).reshape(b).tolist() if ts_in is not None else [-1] * b
     out = []
     for i in range(b):
         msg = {"id": ids[i], "y_hat": labels[i]}
         if probas is not None:
             msg["proba"] = probas[i]
+        if raw is not None:
+            msg["scores"] = raw[i]
         msg["model_version"] = int(model_version)
         msg["ts"] = int(ts_out_ms)
         if event[i] >= 0:

@@ -48,7 +48,8 @@ def test_the_readme_shows_config_minimal_yaml_verbatim_and_it_loads():
     assert len(shown.splitlines()) <= 16, "the minimal config is meant to be read at a glance"
     cfg = load_config(MINIMAL, environ={})
     assert cfg.kafka.bootstrap_servers == README_BROKER
-    assert cfg.model.n_inputs == 4 and cfg.model.classes == ("ok", "fraud")
+    assert cfg.model.n_inputs == 7 and cfg.model.classes == (False, True)  # amount (+ missing), country (5)
+    assert [f.name for f in cfg.model.features] == ["amount", "country"] and cfg.events.id_field == "order_id"
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
     assert all(name.startswith(README_NAME + ".") for name in names)
 
@@ -156,14 +157,14 @@ def test_the_readme_quickstart_runs_as_written(kafka_bootstrap, tmp_path):
             [sys.executable, "-c", producer], cwd=tmp_path, capture_output=True, text=True, timeout=180
         )
         assert sent.returncode == 0, sent.stderr
-        expected = {f"row-{i}" for i in range(1000)}  # the snippet's ids
+        expected = {f"o-{i}" for i in range(1000)}  # the snippet's ids
 
         read = subprocess.run(
             [sys.executable, "-c", consumer], cwd=tmp_path, capture_output=True, text=True, timeout=300
         )
         assert read.returncode == 0, read.stderr
         shown = read.stdout.strip()
-        assert shown.startswith("{'id': 'row-999', 'y_hat': ") and "'proba': [" in shown, shown
+        assert shown.startswith("{'order_id': 'o-999', 'y_hat': ") and "'proba': [" in shown, shown
 
         records = consume_all(qs.bootstrap, qs.topic("predictions"), expected=len(expected), timeout=60)
         ids = [r[0].decode() for r in records]
@@ -228,7 +229,7 @@ def test_the_readme_kcat_lines_send_a_row_and_read_its_prediction(kafka_bootstra
         deadline = time.monotonic() + 60
         while True:
             out = subprocess.run(read, shell=True, capture_output=True, text=True, timeout=60).stdout
-            if '"id":"kcat-1"' in out.replace(" ", ""):
+            if '"order_id":"kcat-1"' in out.replace(" ", ""):
                 break
             assert time.monotonic() < deadline, "no prediction for kcat-1"
             time.sleep(1)

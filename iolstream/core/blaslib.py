@@ -23,7 +23,7 @@ from numba.extending import get_cython_function_address
 
 from iolstream.core.kernels import JIT
 
-_ROUTINES = {"blas": ("dgemm", "sgemm", "dsyrk", "ssyrk"), "lapack": ("dpotrf", "dpotrs")}
+_ROUTINES = {"blas": ("dgemm", "sgemm", "dsyrk", "ssyrk", "dtrsm"), "lapack": ("dpotrf", "dpotrs")}
 for _module, _names in _ROUTINES.items():
     for _name in _names:
         llvm.add_symbol(
@@ -38,9 +38,10 @@ def _extern(name: str, n_args: int):
 
 _dgemm, _sgemm = _extern("dgemm", 13), _extern("sgemm", 13)
 _dsyrk, _ssyrk = _extern("dsyrk", 10), _extern("ssyrk", 10)
+_dtrsm = _extern("dtrsm", 11)
 _dpotrf, _dpotrs = _extern("dpotrf", 5), _extern("dpotrs", 8)
 
-_N, _T, _L = 78, 84, 76  # ASCII 'N', 'T', 'L'
+_N, _T, _L, _R = 78, 84, 76, 82  # ASCII 'N', 'T', 'L', 'R'
 
 
 @nb.njit(**JIT)
@@ -129,3 +130,29 @@ def potrs_lower(factor, b):
     dims = (ints[0:].ctypes, ints[1:].ctypes)
     _dpotrs(chars.ctypes, *dims, factor.ctypes, ints[2:].ctypes, b.ctypes, ints[3:].ctypes, ints[4:].ctypes)
     return ints[4]
+
+
+@nb.njit(**JIT)
+def trsm_right_lower_t(factor, b):
+    """In place: b ← b · L⁻ᵀ, L the lower triangle of ``factor`` (BLAS dtrsm, side 'R', transa 'T'; M·N² flops).
+
+    factor : (N, N) float64 column-major; b : (M, N) float64 column-major.
+    """
+    m, n = b.shape
+    chars = np.empty(4, np.uint8)
+    chars[0], chars[1], chars[2], chars[3] = _R, _L, _T, _N
+    ints = np.empty(4, np.int32)
+    ints[0], ints[1], ints[2], ints[3] = m, n, leading_dim(factor), leading_dim(b)
+    scal = np.empty(1, np.float64)
+    scal[0] = 1.0
+    sides = (chars[0:].ctypes, chars[1:].ctypes, chars[2:].ctypes, chars[3:].ctypes)
+    _dtrsm(
+        *sides,
+        ints[0:].ctypes,
+        ints[1:].ctypes,
+        scal.ctypes,
+        factor.ctypes,
+        ints[2:].ctypes,
+        b.ctypes,
+        ints[3:].ctypes,
+    )

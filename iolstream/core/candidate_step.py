@@ -160,12 +160,14 @@ def observe_candidates(
     return features_t, outputs
 
 
-def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at, weights=None) -> np.ndarray:
     """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of what
     was emitted for these rows: each row's prediction by the one candidate that made it, or, on rows every
     candidate predicted, by the one in force now. ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it
     (NaN: not predicted); None: every candidate's present β predicts them (these labels are not in it yet
-    either)."""
+    either). ``weights``: the rows' class weights (None: 1). The selector judges the rows every candidate
+    predicted by each one's calibrated probabilities as they were; then each candidate's calibration learns
+    from the rows it predicted."""
     learners, b = model.learners, features_t.shape[2]
     if predicted is None or np.ndim(predicted) != 4:
         predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
@@ -184,16 +186,18 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
     elif (
         made_all == made_any
     ).all():  # a batch some candidates predicted, whole: one emitter for all its rows
-        scored, emitter = (
-            np.empty(0, dtype=np.int64),
-            chosen if made_all[chosen] else int(np.argmax(made_all)),
-        )
+        scored = np.empty(0, dtype=np.int64)
+        emitter = chosen if made_all[chosen] else int(np.argmax(made_all))
     else:  # rows of batches scored differently
         scored = np.flatnonzero(made.all(axis=0))
         emitter = np.where(made.all(axis=0) | made[chosen], chosen, made.argmax(axis=0))
-    labelled_gram, kept = _labelled_gram(model, features_t, gram_in, observed_at)
+    labelled_gram, kept = (
+        (None, False) if weights is not None else _labelled_gram(model, features_t, gram_in, observed_at)
+    )
     pair_losses = None
-    if not isinstance(emitter, np.ndarray):  # each candidate predicted all of these rows or none
+    if weights is None and not isinstance(
+        emitter, np.ndarray
+    ):  # each candidate predicted all the rows or none
         pair_losses = _fold_pair(learners, features_t, targets, gram_in, predicted, made_all, labelled_gram)
     if pair_losses is None:
         for j, ln in enumerate(learners):
@@ -204,6 +208,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
                         targets,
                         predicted=predicted[j],
                         observed_at=observed_at,
+                        sample_weight=weights,
                         complete=made_all[j],
                     )
                 continue
@@ -214,6 +219,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
                 predicted=predicted[j],
                 observed_at=observed_at,
                 labelled_gram=labelled_gram,
+                sample_weight=weights,
             )
     if kept:
         model.batch_grams.release(labelled_gram)
@@ -234,6 +240,21 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
         row_losses = model.selection_losses(predicted[:, :, scored], targets[scored])
     else:
         row_losses = np.empty((len(learners), 0))
+    if model.calibrated:  # after the selector's losses: they judge the probabilities as they were emitted
+        labels = targets.argmax(axis=1)
+        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        for j in range(len(learners)):
+            if made_all[j]:  # every row (no copy)
+                model.record_calibration(j, predicted[j], labels, stamps, weights)
+            elif made_any[j]:
+                own = np.flatnonzero(made[j])
+                model.record_calibration(
+                    j,
+                    predicted[j][:, own],
+                    labels[own],
+                    None if stamps is None else stamps[own],
+                    None if weights is None else weights[own],
+                )
     model.emitted_loss += losses
     model.predicted_rows += made.sum(axis=1)
     model.selector.record(row_losses)

@@ -21,6 +21,11 @@ With ``auto`` (several candidates) the selector's recent losses are sums too, on
 
     sel.loss (K,), sel.pair (K, K), sel.rows (1,)   ``candidates.CandidateSelector``'s sums
 
+Classification adds the labelled rows per class (``class_weight: balanced`` weighs by them) and, with
+``calibration: online``, every candidate's calibration sums (each decays with its own half-life, as its c):
+
+    cls.counts (m,)    cal.sums (K, G)   ``core.calibration``'s grid of log-loss sums, one row per candidate
+
 With forgetting (``model.forgetting``) every sum decays on the learner's clock of rows seen, the selector's
 on its clock of labelled rows; a set read at clocks (C₀, S₀) is worth ``decayed(model, sums, C − C₀, S − S₀)``
 at (C, S) (``stream.group`` keeps the clocks).
@@ -70,6 +75,10 @@ def sums(model) -> dict[str, np.ndarray]:
         out.update(
             {"sel.loss": sel.loss.copy(), "sel.pair": sel.pair.copy(), "sel.rows": np.array([sel.rows])}
         )
+    if len(model.class_counts):
+        out["cls.counts"] = model.class_counts.copy()
+    if model.calibrated:
+        out["cal.sums"] = np.stack([ln.calibration_sums for ln in model.learners])
     return out
 
 
@@ -106,6 +115,11 @@ def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0
                 "sel.rows": sums["sel.rows"] * f,
             }
         )
+    if "cal.sums" in sums and age:
+        factors = [
+            1.0 if ln.half_life is None else float(np.exp2(-age / ln.half_life)) for ln in model.learners
+        ]
+        out["cal.sums"] = sums["cal.sums"] * np.asarray(factors)[:, None]
     for p, ln in enumerate(primaries(model)):
         if ln.half_life is None or age == 0:
             continue
@@ -136,6 +150,10 @@ def layout(model) -> dict[str, tuple]:
     if len(model.learners) > 1:
         k = len(model.learners)
         out.update({"sel.loss": (k,), "sel.pair": (k, k), "sel.rows": (1,)})
+    if len(model.class_counts):
+        out["cls.counts"] = model.class_counts.shape
+    if model.calibrated:
+        out["cal.sums"] = (len(model.learners), len(model.learner.calibration_sums))
     return out
 
 
@@ -173,6 +191,12 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         a.woodbury_steps[:] = 0
         st.version += 1
         st.labelled_version += 1
+    if "cls.counts" in delta:
+        model.class_counts += sign * delta["cls.counts"]
+    if "cal.sums" in delta:
+        for ln, part in zip(model.learners, delta["cal.sums"]):
+            sums = ln.calibration_sums  # in place: the learner's state holds them
+            sums += sign * part
     if "sel.loss" in delta:
         sel = model.selector
         sel.loss += sign * delta["sel.loss"]

@@ -1,4 +1,4 @@
-"""Fused Numba kernels of one -F step: features, Gram + Cholesky update, β, prediction, fold-in.
+"""Fused Numba kernels of one step: features, Gram + Cholesky (or Woodbury) update, β, prediction, fold-in.
 
 Each kernel does a whole phase of a step in one call (``observe_*``: features and update;
 ``learn_*``: losses and fold-in), so the per-call Python and f2py overhead is paid once per
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower
+from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
 from iolstream.core.kernels import JIT, activate
 
 JIT_PARALLEL = dict(JIT, parallel=True)
@@ -174,8 +174,18 @@ def solve_layer(layer, factor, rhs, beta):
 
 @nb.njit(**JIT)
 def _solve(factor_l, layer, rhs, beta):
-    beta[layer] = rhs[layer]
+    _copy(rhs[layer], beta[layer])
     return potrs_lower(factor_l.T, beta[layer].T)
+
+
+@nb.njit(**JIT)
+def _copy(src, dst):
+    """dst ← src for two 2-D arrays of one shape (the dtype of ``dst``), element by element. A slice
+    assignment (``dst[:] = src``) compiles NumPy's shape-mismatch message with it (f-strings and
+    ``str.join`` for every kernel that inlines it): about a third of a cold start's compile time."""
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = src[i, j]
 
 
 @nb.njit(**JIT)
@@ -190,10 +200,43 @@ def predict_layer(features_t, layer, beta, out):
         gemm(1.0, beta[layer].T, True, d, True, 0.0, out[layer].T)
         return
     beta32 = np.empty((n_outputs, n), d.dtype)
-    beta32[:] = beta[layer]
+    _copy(beta[layer], beta32)
     part = np.empty((d.shape[0], n_outputs), d.dtype)
     gemm(1.0, beta32.T, True, d, True, 0.0, part.T)
-    out[layer] = part
+    _copy(part, out[layer])
+
+
+@nb.njit(**JIT)
+def woodbury_update(inverse, d_t):
+    """P ← P − P Dᵀ (I + D P Dᵀ)⁻¹ D P, in place (Algorithms 1–2, Sherman–Morrison–Woodbury).
+
+    inverse : (n, n) float64, symmetric positive definite P = A⁻¹ (η in the paper), either order
+    d_t     : (n, b) float64 C-ordered, Dᵀ of the batch entering A
+    S = I + D P Dᵀ = L Lᵀ by Cholesky, then with K = L⁻¹ D P the update is KᵀK; the result is
+    re-symmetrised, which keeps P positive definite over long streams (MEASUREMENTS.md: float32
+    without it diverges). Only BLAS and LAPACK calls (``blaslib``): NumPy's ``linalg`` in a kernel
+    costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
+    either way it is P, being symmetric.
+    """
+    n, b = d_t.shape
+    d = d_t.T  # D, (b, n) column-major
+    p_dt = np.empty((b, n)).T  # P Dᵀ, (n, b) column-major
+    gemm(1.0, inverse, False, d, True, 0.0, p_dt)
+    s = np.empty((b, b)).T  # S = I + D P Dᵀ
+    gemm(1.0, d, False, p_dt, False, 0.0, s)
+    for i in range(b):
+        s[i, i] += 1.0
+    if potrf_lower(s) != 0:
+        raise ValueError("woodbury_update: I + D P Dᵀ is not positive definite (P lost definiteness)")
+    trsm_right_lower_t(s, p_dt)  # P Dᵀ L⁻ᵀ = Kᵀ, (n, b)
+    update = np.empty((n, n)).T
+    gemm(1.0, p_dt, False, p_dt, True, 0.0, update)  # KᵀK = P Dᵀ S⁻¹ D P
+    for i in range(n):
+        for j in range(i, n):
+            v = 0.5 * ((inverse[i, j] - update[i, j]) + (inverse[j, i] - update[j, i]))
+            inverse[i, j] = v
+            inverse[j, i] = v
+    return inverse
 
 
 @nb.njit(**JIT)

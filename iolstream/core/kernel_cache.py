@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
-from numba.core import caching
+from numba.core import caching, config
 
 KERNEL_FILES = (
     "kernels.py",
@@ -71,6 +72,26 @@ class UserDirLocator(_StampedByAllKernels, _numba("UserProvidedCacheLocator")):
 
 class InTreeLocator(_StampedByAllKernels, _numba("InTreeCacheLocator")):
     """Kernels cached in ``__pycache__`` beside the sources."""
+
+
+def cache_dir() -> Path:
+    """Where the kernels of KERNEL_FILES are cached: ``NUMBA_CACHE_DIR``'s copy of this package's directory, else
+    ``__pycache__`` beside the sources (Numba's user-wide directory when that is not writable, which
+    ``cached_kernels`` then does not see)."""
+    if config.CACHE_DIR:
+        return Path(config.CACHE_DIR) / UserDirLocator.get_suitable_cache_subpath(str(HERE / KERNEL_FILES[0]))
+    return HERE / "__pycache__"
+
+
+def cached_kernels() -> int:
+    """How many kernels of KERNEL_FILES have an index in ``cache_dir()`` (0: the next call of each compiles)."""
+    where = cache_dir()
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return 0
+    stems = tuple(Path(name).stem + "." for name in KERNEL_FILES)
+    return sum(1 for name in names if name.endswith(".nbi") and name.startswith(stems))
 
 
 def install() -> None:

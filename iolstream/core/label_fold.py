@@ -23,6 +23,7 @@ class LabelFold:
         predicted: np.ndarray | None = None,
         observed_at=None,
         labelled_gram: np.ndarray | None = None,
+        sample_weight: np.ndarray | None = None,
     ) -> np.ndarray:
         """Fold labelled rows in: c_l += D_lᵀY (and their Gram, where it has not entered yet).
 
@@ -38,6 +39,10 @@ class LabelFold:
         labelled_gram : (L, n, n) — Σ DᵀD of these rows (lower triangles), formed once for the half-lives of
                      ``auto`` (``candidate_step``): A_r adds it, times the rows' weight (one stamp for all),
                      instead of forming its own. Only for rows whose Gram is in A.
+        sample_weight : (b,) float > 0 — each row's weight wᵢ (``model.class_weight``): it enters as wᵢ rows would,
+                     A = λI + Σ wᵢ dᵢᵀdᵢ, c = Σ wᵢ dᵢᵀyᵢ (Theorem 1 with row weights). Under -F a row's Gram entered
+                     A at weight 1 before its label was known: (wᵢ − 1)·dᵢᵀdᵢ is added now (at the row's decay
+                     with forgetting), so a labelled row ends at wᵢ and a row never labelled stays at 1.
         Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β (unweighted; the
         weighted loss is what accumulates in ``loss_sum`` with forgetting).
         β is left stale (solved when read): under -F the next observe replaces it unread.
@@ -45,8 +50,16 @@ class LabelFold:
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         predicted = unpredicted_as_targets(predicted, targets)
-        if self.half_life is not None and b:
-            return self._learn_weighted(features_t, targets, gram_in, predicted, observed_at, labelled_gram)
+        if sample_weight is not None and b:
+            sample_weight = np.asarray(sample_weight, dtype=np.float64).reshape(b)
+            if not (np.isfinite(sample_weight).all() and (sample_weight > 0).all()):
+                raise ValueError("sample_weight: every row's weight must be finite and > 0")
+            if (sample_weight == 1.0).all():
+                sample_weight = None
+        if (self.half_life is not None or sample_weight is not None) and b:
+            return self._learn_weighted(
+                features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight
+            )
         return self._learn(features_t, targets, gram_in, predicted, labelled_gram)
 
     def row_weights(self, observed_at, b: int) -> np.ndarray:
@@ -62,17 +75,26 @@ class LabelFold:
         return np.exp2(-ages / self.half_life)
 
     def _learn_weighted(
-        self, features_t, targets, gram_in, predicted, observed_at, labelled_gram
+        self, features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight=None
     ) -> np.ndarray:
-        """``learn`` with row weights w: every row's D, Y and prediction are scaled by √w, so the same
-        kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and A_r, and Σ w ½‖Dβ − Y‖² to the loss."""
+        """``learn`` with row weights w (forgetting's decay times ``sample_weight``): every row's D, Y and
+        prediction are scaled by √w, so the same kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and
+        A_r, and Σ w ½‖Dβ − Y‖² to the loss; then -F's rows already in A are brought to their weight there."""
         b = features_t.shape[2]
         if predicted is None:
             predicted = self.layer_outputs(features_t)
         predicted = np.ascontiguousarray(predicted, dtype=np.float64)
         plain = np.empty(self.n_layers)
         fused.label_losses(predicted, targets, plain)
-        weights = self.row_weights(observed_at, b)
+        decay = self.row_weights(observed_at, b)
+        weights = decay if sample_weight is None else decay * sample_weight
+        if sample_weight is not None:
+            if labelled_gram is not None:
+                raise ValueError("labelled_gram: not with row weights (each row's Gram enters at its own)")
+            self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights)
+            if self.mode == "forward":
+                self._reweigh_entered(features_t, gram_in, decay * (sample_weight - 1.0))
+            return plain
         if labelled_gram is not None and np.ptp(weights):
             raise ValueError("labelled_gram: the rows must share one stamp (one weight)")
         no_gram = self.mode == "forward" and (gram_in is None or np.all(gram_in))  # no Gram enters A now
@@ -87,13 +109,39 @@ class LabelFold:
             given = None if labelled_gram is None else labelled_gram * w
             self._learn(features_t, targets * w, gram_in, predicted * w, given, 1.0 / w)
             return plain
+        self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights, labelled_gram)
+        return plain
+
+    def _learn_scaled_rows(
+        self, features_t, targets, gram_in, predicted, weights, labelled_gram=None
+    ) -> None:
+        """``_learn`` of the rows scaled by √weights (D, Y and the prediction: Dᵀ w Y, Dᵀ w D, w ½‖Dβ − Y‖²)."""
         if not (weights == 1.0).all():
             root = np.sqrt(weights)
             features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
             targets = targets * root[:, None]
             predicted = predicted * root[:, None]
         self._learn(features_t, targets, gram_in, predicted, labelled_gram)
-        return plain
+
+    def _reweigh_entered(self, features_t, gram_in, extra: np.ndarray) -> None:
+        """-F: A += Σ extraᵢ·dᵢᵀdᵢ over the rows whose Gram is in A already (``gram_in``; they entered at weight 1,
+        decayed since): a labelled row of weight wᵢ ends at wᵢ. extra < 0 (w < 1) is a downdate of a part of what
+        the row put in, so A stays positive definite. The factors are rebuilt from A when next read."""
+        entered = np.ones(len(extra), dtype=bool) if gram_in is None else np.asarray(gram_in, dtype=bool)
+        changed = False
+        for sign in (1.0, -1.0):
+            rows = np.flatnonzero(entered & (sign * extra > 0))
+            if not rows.size:
+                continue
+            scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
+            for layer, ls in enumerate(self.state.layers):
+                linalg.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
+            changed = True
+        if changed:
+            a = self.state.arrays
+            a.factor_stale[:] = a.beta_stale[:] = True
+            a.factor_inverse[:] = False  # a Woodbury P of the old A is rebuilt from A when next needed
+            a.woodbury_steps[:] = 0
 
     def _learn(self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0) -> np.ndarray:
         """``learn`` of rows at weight 1 (or scaled by the caller); ``scale`` multiplies the losses and ‖Y‖² added

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, fused_shared, kernels, linalg, work
+from iolstream.core import fused, fused_shared, linalg, work
 from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
@@ -198,6 +198,11 @@ class OnlineLearner(LabelFold):
         """Per layer (c_l (n, m), A_r,l (n, n), lower triangle authoritative): the labelled rows' sums, what the
         offline expert of the regret solves on (docs/design.md §3); A_r is None for -F when not kept. Views."""
         return [(ls.rhs, ls.gram_labelled if self.mode == "forward" else ls.gram) for ls in self.state.layers]
+
+    @property
+    def calibration_sums(self) -> np.ndarray:
+        """(GRID_SIZE,) the calibration's sums of this learner's predictions (``core.calibration``), in place."""
+        return self.state.calibration
 
     @property
     def version(self) -> int:
@@ -414,7 +419,7 @@ class OnlineLearner(LabelFold):
             ls.factor_kind = "inverse"
             ls.woodbury_steps = 0
             return
-        kernels.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
+        fused.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
         ls.woodbury_steps += 1
 
     @staticmethod

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iolstream.core import fused, linalg
+from iolstream.core.calibration import GRID_SIZE
 
 
 @dataclass
@@ -238,6 +239,9 @@ class LearnerState:
     labelled_version: int = 0
     clock: int = 0  # rows seen (observed, or labelled without being observed): the time forgetting runs on
     extra: dict = field(default_factory=dict)
+    # Σ wᵢ·(−log pᵢ(yᵢ)) of every map of the calibration grid over this learner's predictions of labelled rows
+    # (``core.calibration``; classification): a data sum like c, scaled and added with it
+    calibration: np.ndarray = field(default_factory=lambda: np.zeros(GRID_SIZE))
     arrays: LayerArrays | None = field(default=None, repr=False)  # the stacks ``layers`` view
 
     def __getstate__(self) -> dict:
@@ -253,7 +257,8 @@ class LearnerState:
     # the prior λI is never scaled and never counted twice. scale and add commute: f(S + S') = fS + fS'.
 
     def scale(self, factor: float) -> None:
-        """Every data sum times ``factor`` (0 < factor ≤ 1 to forget): S, c, A_r − λI, Σ loss, Σ‖y‖².
+        """Every data sum times ``factor`` (0 < factor ≤ 1 to forget): S, c, A_r − λI, Σ loss, Σ‖y‖², the
+        calibration's sums.
 
         A_l ← λ_l I + factor·(A_l − λ_l I), computed as factor·A_l + (1 − factor)·λ_l on the diagonal.
         Rounding adds ~ε·|A| per call, and every later call scales it again by its factor, so the
@@ -271,11 +276,12 @@ class LearnerState:
         a.rhs *= factor
         a.loss_sum *= factor
         self.sum_y2 *= factor
+        self.calibration *= factor
         self._mark_changed()
 
     def add(self, other: LearnerState, factor: float = 1.0) -> None:
         """Add ``factor`` × another state's data sums to these (its prior λI is not added): S, c,
-        A_r − λI, Σ loss, Σ‖y‖², and its row counters. The clocks are not touched: a caller holding a
+        A_r − λI, Σ loss, Σ‖y‖², the calibration's sums, and its row counters. The clocks are not touched: a caller holding a
         state from another clock decays it first (``factor`` = 2^(−Δclock/half-life))."""
         a, b = self.arrays, other.arrays
         for name in ("gram", "rhs", "gram_labelled"):
@@ -296,6 +302,7 @@ class LearnerState:
         a.rhs += factor * b.rhs
         a.loss_sum += factor * b.loss_sum
         self.sum_y2 += factor * other.sum_y2
+        self.calibration += factor * other.calibration
         for key in ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         for key in ("max_label_batch", "d_max", "y_max"):

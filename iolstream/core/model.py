@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import kernels, learner, regret
+from iolstream.core import calibration, kernels, learner, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
+from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
 from iolstream.core.network import RandomNetwork
 from iolstream.core.regret import RegretReport
@@ -40,7 +41,7 @@ class Prediction:
 
     features_t    : (L, n, b) — D_lᵀ, reusable by ``learn`` to avoid recomputing features
     layer_outputs : (L, b, m) — D_l β_l with the β in force for this prediction
-    proba         : (b, m) — class probabilities (classification) or None
+    proba         : (b, m) — class probabilities (classification; calibrated, ``core.calibration``) or None
     index         : (b,) int — predicted class index (classification) or None
     value         : (b, m) — regression prediction or None
     version       : model version that made it
@@ -61,12 +62,34 @@ class Prediction:
     candidate_outputs: np.ndarray | None = None
 
     @property
+    def scores(self) -> np.ndarray:
+        """(b, m) the ensemble's raw output: the mean of the layers' outputs (what ``proba`` calibrates)."""
+        return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
+
+    @property
     def predicted(self) -> np.ndarray:
         """What ``learn(predicted=...)`` takes for these rows: every candidate's outputs with ``auto``, else layer_outputs."""
         return self.layer_outputs if self.candidate_outputs is None else self.candidate_outputs
 
     def labels(self, classes) -> list:
         return [classes[i] for i in self.index]
+
+
+def make_scaler(config: ModelConfig) -> Scaler:
+    """The input scaler of ``config`` (docs/design.md §4); with a feature schema (§11) it z-scores the number
+    columns only, and a fixed scaling comes from each number field's mean and std."""
+    schema = config.schema
+    mean, std = config.scaler_mean, config.scaler_std
+    if schema is not None and config.scaler == "fixed":
+        mean, std = schema.fixed_scaling()
+    return Scaler(
+        config.scaler,
+        config.n_inputs,
+        warmup_rows=config.warmup_rows,
+        mean=mean,
+        std=std,
+        scaled=None if schema is None else schema.scaled,
+    )
 
 
 class EdRVFL:
@@ -87,13 +110,8 @@ class EdRVFL:
             dtype=np.dtype(config.dtype),
             bias_column=config.bias_column,
         )
-        self.scaler = Scaler(
-            config.scaler,
-            config.n_inputs,
-            warmup_rows=config.warmup_rows,
-            mean=config.scaler_mean,
-            std=config.scaler_std,
-        )
+        self.scaler = make_scaler(config)
+        self.encoder = None if config.schema is None else RecordEncoder(config.schema)
         self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
         self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
         self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
@@ -110,6 +128,8 @@ class EdRVFL:
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
+        # classification: labelled rows folded in per class (model.class_weight "balanced" weighs by them)
+        self.class_counts = np.zeros(config.m if config.classes is not None else 0)
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
         if config.task == "regression" and config.target_scaler == "fixed":
@@ -173,6 +193,21 @@ class EdRVFL:
             ) from None
         return self.one_hot(index)
 
+    def encode(self, records) -> np.ndarray:
+        """Raw input rows (b, n_inputs) of ``records`` (dicts of named fields, as events carry them) by the
+        model's feature schema (``model.features``, ``core.encoder``): what ``observe`` and ``predict_batch``
+        take. ValueError naming the first record refused and its field."""
+        if self.encoder is None:
+            raise ValueError(
+                "the model has no feature schema (model.features): its rows are arrays of numbers"
+            )
+        out = self.encoder.encode(records)
+        if out.refused:
+            i, reason, detail = out.refused[0]
+            more = f" (and {len(out.refused) - 1} more records)" if len(out.refused) > 1 else ""
+            raise ValueError(f"record {i}: {reason}: {detail}{more}")
+        return out.X
+
     def one_hot(self, index: np.ndarray) -> np.ndarray:
         out = np.zeros((len(index), self.config.m))
         out[np.arange(len(index)), index] = 1.0
@@ -195,8 +230,24 @@ class EdRVFL:
         return self.scaler.transform(x)
 
     # ----------------------------------------------------------- prediction
-    def combine(self, layer_outputs: np.ndarray):
-        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value)."""
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
+        cfg = self.config
+        return cfg.task == "classification" and cfg.ensemble_rule == "softmax" and cfg.calibration == "online"
+
+    def calibration_in_force(self, candidate: int | None = None) -> dict | None:
+        """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
+        if not self.calibrated:
+            return None
+        j = self.selector.chosen if candidate is None else candidate
+        return calibration.describe(self.learners[j].calibration_sums)
+
+    def combine(self, layer_outputs: np.ndarray, candidate: int | None = None):
+        """Ensemble of the layer outputs (L, b, m) -> (proba, index, value). Classification: ``proba`` by the
+        calibration of ``candidate`` (default: the one in force), the class the highest mean output (the highest
+        probability: the calibration keeps their order), or with ``threshold`` the second class where its
+        probability reaches it."""
         rule = self.config.ensemble_rule
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
@@ -209,14 +260,29 @@ class EdRVFL:
                 ),
             )
         n_layers, b, m = layer_outputs.shape
-        if rule == "softmax":
-            proba = kernels.softmax_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+        outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+        if self.calibrated:
+            j = self.selector.chosen if candidate is None else candidate
+            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
+        elif rule == "softmax":
+            proba = kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
             for layer_votes in votes:
                 proba[np.arange(b), layer_votes] += 1.0 / n_layers
-        return proba, proba.argmax(axis=1), None
+        return proba, self.decide(proba, outputs), None
+
+    def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
+        """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
+        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        highest probability."""
+        if self.config.threshold is not None:
+            return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
+        if self.calibrated:
+            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+        return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
@@ -279,6 +345,22 @@ class EdRVFL:
             features_t, self.targets.transform(targets), gram_in, predicted, observed_at
         )
 
+    def class_weights(self, labels: np.ndarray) -> np.ndarray | None:
+        """Each labelled row's weight (b,) by ``model.class_weight`` (None: every row weighs 1), and the class counts
+        move on by these rows. "balanced": n / (m · n_c), n_c the rows of class c folded in so far, these included
+        (scikit-learn's rule on the labels seen when they arrive; with group learning, the group's)."""
+        labels = np.asarray(labels, dtype=np.int64)
+        self.class_counts += np.bincount(labels, minlength=self.config.m)
+        weight = self.config.class_weight
+        if weight is None or not len(labels):
+            return None
+        if weight == "balanced":
+            counts = self.class_counts
+            per_class = counts.sum() / (self.config.m * np.maximum(counts, 1.0))
+        else:
+            per_class = np.asarray(weight, dtype=np.float64)
+        return per_class[labels]
+
     def release_held_labels(self) -> None:
         """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
         if self.targets.frozen and self.targets.held:
@@ -286,13 +368,37 @@ class EdRVFL:
                 self._learn_scaled(*args)
 
     def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+        weights = None
+        if self._class_index is not None:
+            weights = self.class_weights(targets.argmax(axis=1))
         if len(self.learners) == 1:
-            return self.learner.learn(
-                features_t, targets, gram_in=gram_in, predicted=predicted, observed_at=observed_at
+            if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
+                predicted = self.learner.layer_outputs(features_t)
+            losses = self.learner.learn(
+                features_t,
+                targets,
+                gram_in=gram_in,
+                predicted=predicted,
+                observed_at=observed_at,
+                sample_weight=weights,
             )
+            if self.calibrated:
+                self.record_calibration(0, predicted, targets.argmax(axis=1), observed_at, weights)
+            return losses
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made (NaN where it made none)
-        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at)
+        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
+
+    def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
+        """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
+        their weight in its sums (forgetting's decay times ``weights``, the class weights)."""
+        ln = self.learners[candidate]
+        row_weights = ln.row_weights(observed_at, len(labels))
+        if weights is not None:
+            row_weights = row_weights * weights
+        scores = kernels.layer_mean(np.ascontiguousarray(outputs, dtype=np.float64))
+        sums = ln.calibration_sums  # in place: the learner's state holds them
+        sums += calibration.grid_losses(scores, labels, row_weights)
 
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
@@ -301,23 +407,30 @@ class EdRVFL:
             ln.forget(features_t, observed_at)
 
     def selection_losses(self, predicted: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """``selection_loss`` of K candidates' layer outputs ``predicted`` (K, L, b, m): (K, b); the softmax
-        classification ensemble (the default) in one kernel call."""
-        if self._class_index is not None and self.config.ensemble_rule == "softmax":
+        """``selection_loss`` of K candidates' layer outputs ``predicted`` (K, L, b, m), each with its own
+        calibration: (K, b); the uncalibrated softmax classification ensemble in one kernel call."""
+        if self._class_index is not None and self.config.ensemble_rule == "softmax" and not self.calibrated:
             out = np.empty((predicted.shape[0], predicted.shape[2]))
             kernels.softmax_errors(
                 np.ascontiguousarray(predicted, dtype=np.float64), targets.argmax(axis=1), out
             )
             return out
-        return np.stack([self.selection_loss(outputs, targets) for outputs in predicted])
+        return np.stack([self.selection_loss(outputs, targets, j) for j, outputs in enumerate(predicted)])
 
-    def selection_loss(self, layer_outputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """A candidate's loss per row (b,) for CandidateSelector: 1 where its ensemble misclassified the
-        row, or its ensemble's squared error (original units); ``targets`` as the layers learn them."""
-        _, index, value = self.combine(np.asarray(layer_outputs))
-        if index is not None:
-            return (index != targets.argmax(axis=1)).astype(np.float64)
-        return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+    def selection_loss(
+        self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
+    ) -> np.ndarray:
+        """Candidate ``candidate``'s loss per row (b,) for CandidateSelector: the log loss of its calibrated
+        probabilities (1 where its ensemble misclassified the row when ``proba`` is not calibrated), or its
+        ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        proba, index, value = self.combine(np.asarray(layer_outputs), candidate)
+        if index is None:
+            return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
+        labels = targets.argmax(axis=1)
+        if self.calibrated:
+            picked = proba[np.arange(len(labels)), labels]
+            return -np.log(np.maximum(picked, calibration.PROBABILITY_FLOOR))
+        return (index != labels).astype(np.float64)
 
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""

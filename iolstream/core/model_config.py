@@ -22,11 +22,13 @@ from iolstream.core.candidates import (
 )
 from iolstream.core.network import INITS, resolve_init
 from iolstream.core.scaling import SCALER_MODES
+from iolstream.core.schema import FeatureSchema, SchemaError
 
 TASKS = ("classification", "regression")
 TARGET_SCALERS = ("warmup", "fixed", "none")
 ENSEMBLES = {"classification": ("softmax", "vote"), "regression": ("mean", "median")}
 DTYPES = ("float64", "float32")
+CALIBRATIONS = ("online", "none")  # online: core.calibration; none: the mean of the layers' softmax
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,10 @@ class ModelConfig:
     Defaults were chosen from measurements over the shipped data sets (docs/benchmarks.md, "Why these defaults").
     """
 
-    n_inputs: int
-    classes: tuple | None = None  # classification: the declared class list; None: regression
+    n_inputs: int | None = None  # the row's width; with ``features``, their encoded width (may be left out)
+    classes: tuple | None = (
+        None  # classification: the declared classes (ints, texts or false/true); None: regression
+    )
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
     n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
     n_layers: int = 2
@@ -65,12 +69,30 @@ class ModelConfig:
     target_scaler: str = "warmup"  # regression: z-score targets by the first warmup_rows labels ("none": raw)
     target_mean: tuple | None = None  # target_scaler "fixed": m means and m deviations
     target_std: tuple | None = None
+    # classification: how proba is made from the layers' outputs (CALIBRATIONS; docs/design.md §12)
+    calibration: str = "online"
+    # classification: None (every row weighs 1), "balanced" (n / (m · n_class) from the labels folded in so far,
+    # this batch's included) or one weight per class; given as {class: weight} (a class not named weighs 1) or a
+    # list in the order of ``classes``, stored as that tuple of m floats
+    class_weight: str | tuple | None = None
+    threshold: float | None = None  # binary: y_hat is the second class when its probability ≥ threshold
+    # the feature schema (docs/design.md §11): the named fields of an event and how each is encoded; None: rows
+    # arrive as arrays of n_inputs numbers. Kept as a tuple of core.schema.FieldSpec
+    features: tuple | None = None
 
     def __post_init__(self):
         def bad(key, allowed, got):
             raise ValueError(f"model.{key}: must be {allowed}, got {got!r}")
 
-        if not (isinstance(self.n_inputs, int) and self.n_inputs >= 1):
+        if self.features is not None:
+            self._check_features()
+        if not (
+            isinstance(self.n_inputs, int) and not isinstance(self.n_inputs, bool) and self.n_inputs >= 1
+        ):
+            if self.n_inputs is None:
+                raise ValueError(
+                    "model.n_inputs: required (the number of features per row), or model.features"
+                )
             bad("n_inputs", "an integer ≥ 1", self.n_inputs)
         if self.classes is not None:
             if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
@@ -145,10 +167,86 @@ class ModelConfig:
             bad("scaler", f"one of {SCALER_MODES}", self.scaler)
         if self.scaler == "warmup" and self.warmup_rows < 2:
             bad("warmup_rows", "an integer ≥ 2 with scaler 'warmup'", self.warmup_rows)
-        if self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
+        if self.scaler == "fixed" and self.features is not None:  # per number field: its mean and std
+            if self.scaler_mean is not None or self.scaler_std is not None:
+                bad(
+                    "scaler_mean",
+                    "left out with model.features (each number field gives its mean and std)",
+                    self.scaler_mean,
+                )
+            try:
+                self.schema.fixed_scaling()
+            except SchemaError as exc:
+                raise ValueError(str(exc)) from None
+        elif self.scaler == "fixed":  # checked here, not when the Scaler is built: fail at config load
             self._check_fixed_scaling("scaler", self.n_inputs, bad, store=False)
         if self.ensemble is not None and self.ensemble not in ENSEMBLES[self.task]:
             bad("ensemble", f"one of {ENSEMBLES[self.task]} for {self.task}", self.ensemble)
+        if self.calibration not in CALIBRATIONS:
+            bad("calibration", f"one of {CALIBRATIONS}", self.calibration)
+        self._check_class_weight(bad)
+        if self.threshold is not None:
+            if self.classes is None or len(self.classes) != 2:
+                bad("threshold", "null unless the model has exactly 2 classes", self.threshold)
+            if isinstance(self.threshold, bool) or not (
+                isinstance(self.threshold, (int, float)) and 0.0 < self.threshold < 1.0
+            ):
+                bad("threshold", "a number between 0 and 1 (exclusive), or null", self.threshold)
+            object.__setattr__(self, "threshold", float(self.threshold))
+
+    def _check_class_weight(self, bad) -> None:
+        """``class_weight``: None / "none", "balanced", {class: weight} or m weights; stored as None, "balanced"
+        or a tuple of m floats in the order of ``classes`` (raises through ``bad`` naming the key)."""
+        value = self.class_weight
+        if value is None or value == "none":
+            object.__setattr__(self, "class_weight", None)
+            return
+        allowed = "none, balanced, {class: weight > 0} or a list of one weight > 0 per class"
+        if self.classes is None:
+            bad("class_weight", "none for regression", value)
+        if value == "balanced":
+            return
+        if isinstance(value, dict):
+            index = {c: i for i, c in enumerate(self.classes)}
+            by_text = {str(c): i for i, c in enumerate(self.classes)}
+            weights = [1.0] * len(self.classes)
+            for key, weight in value.items():
+                i = index.get(key, by_text.get(str(key)))
+                if i is None:
+                    bad("class_weight", f"weights of declared classes {list(self.classes)}", key)
+                weights[i] = weight
+        elif isinstance(value, (list, tuple)) and len(value) == len(self.classes):
+            weights = list(value)
+        else:
+            bad("class_weight", allowed, value)
+        ok = all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and np.isfinite(w) and w > 0
+            for w in weights
+        )
+        if not ok:
+            bad("class_weight", allowed, value)
+        object.__setattr__(self, "class_weight", tuple(float(w) for w in weights))
+
+    def _check_features(self) -> None:
+        """``features`` parsed into FieldSpecs; ``n_inputs`` is their encoded width (a config that gives another
+        is refused naming both)."""
+        try:
+            schema = FeatureSchema.parse(self.features)
+        except SchemaError as exc:
+            raise ValueError(str(exc)) from None
+        object.__setattr__(self, "features", schema.fields)
+        if self.n_inputs is None:
+            object.__setattr__(self, "n_inputs", schema.width)
+        elif self.n_inputs != schema.width:
+            raise ValueError(
+                f"model.n_inputs: {self.n_inputs!r} disagrees with model.features, which encode {schema.width} "
+                f"inputs ({', '.join(f'{f.name}: {f.width}' for f in schema.fields)}); leave n_inputs out"
+            )
+
+    @property
+    def schema(self) -> FeatureSchema | None:
+        """The feature schema (``features``), or None: rows arrive as arrays."""
+        return None if self.features is None else FeatureSchema(self.features)
 
     def _check_fixed_scaling(self, prefix: str, n: int, bad, *, store: bool) -> None:
         """``<prefix>_mean`` and ``<prefix>_std`` of a fixed scaling: n finite numbers each, deviations > 0
@@ -179,7 +277,14 @@ class ModelConfig:
         return self.ensemble or ENSEMBLES[self.task][0]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every key as given (``features``: each field's config entry, its keys that differ from their
+        defaults); without a schema ``features`` is left out, as configs and snapshots made before it."""
+        out = asdict(self)
+        if self.features is None:
+            del out["features"]
+        else:
+            out["features"] = [f.to_config() for f in self.features]
+        return out
 
     @property
     def candidates(self) -> list[tuple]:

@@ -4,6 +4,11 @@ meaningful while the scaling never changes.
 Modes: ``fixed`` (mean/std given), ``warmup`` (estimated from the first W rows,
 then frozen and kept in the state), ``none``. A column with zero spread is
 centred and left unscaled (std taken as 1) rather than divided by zero.
+
+With a feature schema (docs/design.md §11) the scaler is told which columns to z-score (``scaled``: the
+number values; one-hot, boolean and indicator columns keep their 0/1), and a number may be missing: NaN in
+the raw row. The warm-up then estimates each column's mean and spread from the values present, and
+``transform`` maps NaN to 0, the column's mean (with ``none``: to 0 itself).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ class Scaler:
     (True, [[0.0, 1.0]])
     """
 
-    def __init__(self, mode: str, n_features: int, *, warmup_rows: int = 1000, mean=None, std=None):
+    def __init__(
+        self, mode: str, n_features: int, *, warmup_rows: int = 1000, mean=None, std=None, scaled=None
+    ):
         if mode not in SCALER_MODES:
             raise ValueError(f"scaler mode must be one of {SCALER_MODES}, got {mode!r}")
         if mode == "warmup" and warmup_rows < 2:
@@ -43,6 +50,9 @@ class Scaler:
         self.mean = np.zeros(n_features)
         self.scale = np.ones(n_features)
         self.frozen = mode == "none"
+        # a schema's scaler: (n_features,) bool, the columns to z-score, and each one's values present so far
+        self.scaled = None if scaled is None else np.asarray(scaled, dtype=bool).reshape(n_features)
+        self._present = None if scaled is None else np.zeros(n_features, dtype=np.int64)
         if mode == "fixed":
             if mean is None or std is None:
                 raise ValueError("scaler mode 'fixed' needs both mean and std")
@@ -69,6 +79,8 @@ class Scaler:
         if self.frozen or len(x) == 0:
             return
         x = np.asarray(x, dtype=np.float64)[: self.warmup_rows - self.count]
+        if self.scaled is not None:
+            return self._partial_fit_present(x)
         n_b = x.shape[0]
         mean_b = x.mean(axis=0)
         dev_b = ((x - mean_b) ** 2).sum(axis=0)
@@ -86,6 +98,28 @@ class Scaler:
         if self.count >= self.warmup_rows:
             self.freeze()
 
+    def _partial_fit_present(self, x: np.ndarray) -> None:
+        """``partial_fit`` of a schema's scaler: per scaled column, over the values present (not NaN);
+        Chan et al.'s update with each column's own count."""
+        cols = x[:, self.scaled]
+        present = ~np.isnan(cols)
+        n_b = present.sum(axis=0)
+        values = np.where(present, cols, 0.0)
+        mean_b = values.sum(axis=0) / np.maximum(n_b, 1)
+        dev_b = (np.where(present, cols - mean_b, 0.0) ** 2).sum(axis=0)
+        n_old = self._present[self.scaled]
+        total = n_old + n_b
+        mean_old = self._sum[self.scaled] / np.maximum(n_old, 1)
+        delta = mean_b - mean_old
+        mean_new = np.where(n_old > 0, mean_old + delta * n_b / np.maximum(total, 1), mean_b)
+        dev_new = self._sumsq_dev[self.scaled] + dev_b + delta**2 * n_old * n_b / np.maximum(total, 1)
+        self._present[self.scaled] = total
+        self._sum[self.scaled] = mean_new * total
+        self._sumsq_dev[self.scaled] = dev_new
+        self.count += x.shape[0]
+        if self.count >= self.warmup_rows:
+            self.freeze()
+
     def freeze(self) -> None:
         """Fix mean and std from what has been seen (at least 2 rows)."""
         if self.frozen:
@@ -94,6 +128,14 @@ class Scaler:
             raise ScalerNotReady(
                 f"the warm-up scaler has seen {self.count} rows; it needs at least 2 to freeze"
             )
+        if self.scaled is not None:  # per column, over the values present; columns not scaled keep 0 / 1
+            n = self._present
+            mean = np.where(self.scaled & (n > 0), self._sum / np.maximum(n, 1), 0.0)
+            std = np.where(self.scaled & (n > 1), np.sqrt(self._sumsq_dev / np.maximum(n - 1, 1)), 1.0)
+            self.mean = mean
+            self.scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+            self.frozen = True
+            return
         self.mean = self._sum / self.count
         std = np.sqrt(self._sumsq_dev / (self.count - 1))
         self.scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(self.mean)), std, 1.0)
@@ -102,12 +144,16 @@ class Scaler:
     def transform(self, x: np.ndarray) -> np.ndarray:
         if not self.frozen:
             raise ScalerNotReady(f"the warm-up scaler needs {self.rows_needed} more rows before it can scale")
+        if self.scaled is not None:  # a schema's row: a missing number (NaN) is the mean, z = 0
+            z = np.asarray(x, dtype=np.float64)
+            z = z if self.mode == "none" else (z - self.mean) / self.scale
+            return np.where(np.isnan(z), 0.0, z)
         if self.mode == "none":
             return np.asarray(x, dtype=np.float64)
         return (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
 
     def to_state(self) -> dict:
-        return {
+        state = {
             "count": np.array(self.count),
             "sum": self._sum.copy(),
             "sumsq_dev": self._sumsq_dev.copy(),
@@ -115,8 +161,18 @@ class Scaler:
             "scale": self.scale.copy(),
             "frozen": np.array(self.frozen),
         }
+        if self._present is not None:
+            state["present"] = self._present.copy()
+        return state
 
     def load_state(self, state: dict) -> None:
+        if self.scaled is not None:  # a schema's scaler; every value was present if the count is all there is
+            present = state.get("present")
+            self._present = (
+                np.full(self.n_features, int(state["count"]), dtype=np.int64)
+                if present is None
+                else np.array(present, dtype=np.int64).reshape(self.n_features)
+            )
         self.count = int(state["count"])
         self._sum = np.array(state["sum"], dtype=float)
         self._sumsq_dev = np.array(state["sumsq_dev"], dtype=float)

@@ -94,6 +94,10 @@ class SharedGramLearner(OnlineLearner):
     def scratch(self) -> np.ndarray:
         return self.primary.scratch()  # the candidates solve one after another: one scratch for all
 
+    @property
+    def calibration_sums(self) -> np.ndarray:
+        return self._state.calibration  # its own (reading it syncs none of the primary's sums)
+
     def own_state(self):
         """Its counters (level with the primary's), loss sums and β; no copy of the sums."""
         self._sync_counters()
@@ -201,13 +205,24 @@ class SharedGramLearner(OnlineLearner):
         """The primary has seen these b rows: its sums decayed; this loss sum decays the same. (Its counters are
         the primary's: copied when read, ``own_state``.)"""
         if self.half_life is not None and b:
-            self._state.arrays.loss_sum *= float(np.exp2(-b / self.half_life))
+            decay = float(np.exp2(-b / self.half_life))
+            self._state.arrays.loss_sum *= decay
+            self._state.calibration *= decay
 
     def learn(
-        self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None, complete=False
+        self,
+        features_t,
+        targets,
+        *,
+        gram_in=None,
+        predicted=None,
+        observed_at=None,
+        sample_weight=None,
+        complete=False,
     ) -> np.ndarray:
         """The primary has folded these labels in; this one scores its own prediction of them (rows it did not
-        predict, NaN, add no loss; ``complete``: it predicted every row, nothing to look for)."""
+        predict, NaN, add no loss; ``complete``: it predicted every row, nothing to look for), each at its weight
+        in the sums (forgetting's decay times ``sample_weight``)."""
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         if predicted is None:
@@ -216,10 +231,12 @@ class SharedGramLearner(OnlineLearner):
             predicted = unpredicted_as_targets(predicted, targets)
         plain = np.empty(self.n_layers)
         fused.label_losses(predicted, targets, plain)
-        if self.half_life is None or observed_at is None:
+        if sample_weight is None and (self.half_life is None or observed_at is None):
             self._state.arrays.loss_sum += plain
         else:  # Σ w ½‖Dβ − Y‖², as the primary accumulates it
             w = self.row_weights(observed_at, b)
+            if sample_weight is not None:
+                w = w * np.asarray(sample_weight, dtype=np.float64)
             self._state.arrays.loss_sum += 0.5 * (
                 w[None, :] * ((predicted - targets[None]) ** 2).sum(axis=2)
             ).sum(axis=1)

@@ -67,6 +67,8 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
         "weights_sha256": model.weights_digest(),
     }
     arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
+    if len(model.class_counts):  # saved since class weights: labelled rows per class
+        arrays[f"{prefix}class_counts"] = model.class_counts.copy()
     tgt = model.targets
     if model.config.task == "regression" and model.config.target_scaler != "none":
         arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
@@ -130,9 +132,10 @@ def unpack_lower(packed: np.ndarray, stack: np.ndarray) -> None:
 
 def _learner_to_arrays(ln, arrays: dict, base: str) -> dict:
     """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``): a learner that makes
-    its own updates writes A and A_r (packed), c and a Woodbury P; a shared candidate nothing but its metadata."""
+    its own updates writes A and A_r (packed), c and a Woodbury P; a shared candidate its calibration sums alone."""
     shared = isinstance(ln, SharedGramLearner)
     st = ln.own_state()  # a candidate's counters and losses: no copy of its primary's sums is made
+    arrays[f"{base}calibration"] = st.calibration.copy()  # its own calibration sums (core.calibration)
     if not shared:
         a = st.arrays
         arrays[f"{base}gram"] = pack_lower(a.gram)
@@ -226,6 +229,10 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
             "the random weights regenerated from the seed differ from the saved ones (NumPy RNG change?)"
         )
     model.scaler.load_state({k.split("/")[-1]: arrays[k] for k in arrays if k.startswith(f"{prefix}scaler/")})
+    if f"{prefix}class_counts" in arrays:
+        model.class_counts = np.array(arrays[f"{prefix}class_counts"], dtype=np.float64).reshape(
+            model.class_counts.shape
+        )
     try:
         saved = manifest.get("targets")
         if saved is None:  # saved before targets were scaled, or not scaled: raw targets
@@ -281,6 +288,12 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
 def _learner_from_arrays(ln, part: dict, arrays, base: str, version: int) -> None:
     shared = isinstance(ln, SharedGramLearner)
     st = ln.own_state()
+    if (
+        f"{base}calibration" in arrays
+    ):  # saved before calibration: no sums, the clipped mean until labels come
+        st.calibration = np.array(arrays[f"{base}calibration"], dtype=np.float64).reshape(
+            st.calibration.shape
+        )
     for key, value in part["counters"].items():
         if key in _COUNTERS:
             setattr(st, key, type(getattr(st, key))(value))

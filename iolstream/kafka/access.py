@@ -37,7 +37,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from iolstream.kafka import diagnose
 from iolstream.kafka.acls import worker_acls
 from iolstream.kafka.config import WorkerConfig
-from iolstream.kafka.errors import AccessDenied
+from iolstream.kafka.errors import AccessDenied, WorkerError
 
 TIMEOUT = 10.0
 
@@ -50,6 +50,7 @@ class Finding:
     what: str
     line: str
     warning: bool = False  # ok, but worth a look (a probe that had to be skipped, an ACL the worker can lack)
+    missing: bool = False  # a topic that does not exist, topics.create being false
 
     @property
     def refused(self) -> bool:
@@ -110,6 +111,15 @@ class Access:
                     self._found[name] = exc.args[0]
         return self._found
 
+    def topic_ids(self) -> dict[str, str]:
+        """{topic: its id} of the topics that exist: a topic deleted and created again under the same name has
+        another id, and offsets of the old one mean nothing in it."""
+        return {
+            name: str(found.topic_id)
+            for name, found in self.found().items()
+            if not isinstance(found, KafkaError) and getattr(found, "topic_id", None) is not None
+        }
+
     def partitions(self, topic: str) -> int | None:
         """The partition count the topic has, or will have when the worker creates it (None: neither)."""
         found = self.found().get(topic)
@@ -129,9 +139,11 @@ class Access:
                 if self.cfg.topics.create:
                     out.append(self._can_create(topic, what))
                 else:
-                    out.append(
-                        Finding(False, what, f"does not exist at {self.address}, and topics.create is false")
+                    line = (
+                        f"does not exist at {self.address}, and topics.create is false: create it (iolstream topics "
+                        "-c CONFIG prints the commands, --create runs them) or set topics.create: true"
                     )
+                    out.append(Finding(False, what, line, missing=True))
             elif isinstance(found, KafkaError):  # refused: the principal may not even describe it
                 out.append(
                     Finding(False, what, self.explain(found, " and ".join(ops) or "Describe", resource))
@@ -167,10 +179,10 @@ class Access:
         t = self.cfg.topics
         f, lab = self.partitions(t.features), self.partitions(t.labels)
         what = "partition counts"
-        if f is None or lab is None or f == lab:
-            return Finding(
-                True, what, f"features and labels: {_partitions(f) if f == lab else 'not known yet'}"
-            )
+        if f is None or lab is None:
+            return Finding(True, what, "features and labels: not known (a topic is missing or refused)", True)
+        if f == lab:
+            return Finding(True, what, f"features and labels: {_partitions(f)}")
         return Finding(
             False,
             what,
@@ -231,7 +243,7 @@ class Access:
         if found.authorized_operations is not None and not names & {"READ", "ALL"}:
             err = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)
             return Finding(False, what, self.explain(err, "Read", resource))
-        return Finding(True, what, f"Read; {len(found.members)} members running now")
+        return Finding(True, what, f"Read; {_members(found.members)}")
 
     def check_groups(self) -> list[Finding]:
         """The consumer group, and with group learning this member's deltas group (``kafka.group``)."""
@@ -253,7 +265,9 @@ class Access:
             members = None
         if members != 0:
             why = (
-                "cannot tell whether a worker uses it" if members is None else f"{members} group members run"
+                "cannot tell whether a worker uses it"
+                if members is None
+                else f"the group lists {members} member{'s' * (members != 1)}"
             )
             return Finding(
                 True, what, f"not probed: {why}, and init_transactions would fence a running worker", True
@@ -286,24 +300,37 @@ class Access:
         return out + ([txn] if txn is not None else [])
 
 
-def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float = TIMEOUT) -> None:
+def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float = TIMEOUT) -> dict[str, str]:
     """At the worker's start, before any blocking call: ``check``'s probes of what it uses (``at_start``). The
-    first refusal is raised as ``AccessDenied`` (exit 6), one the worker can run with is logged as a warning;
-    the rest (an unreachable broker, a missing topic) is left to the worker, which meets it as before. What
-    only using a resource shows (a transaction's outputs, the transactional id) its clients report
-    (``refusals.Refusals``)."""
+    first refusal is raised as ``AccessDenied`` (exit 6), one the worker can run with is logged as a warning; a
+    topic missing while topics.create is false is a ``WorkerError`` (exit 3, the line ``check`` prints). An
+    unreachable broker is left to the worker, which meets it as before. What only using a resource shows (a
+    transaction's outputs, the transactional id) its clients report (``refusals.Refusals``). Returns the ids of
+    the topics that exist (``Access.topic_ids``; none when the probes could not run)."""
     with no_collection():
         meta, why = diagnose.probe(conf, timeout)
         if why is not None:
             if why.refusal:
                 raise AccessDenied(why)
-            return
-        findings = Access(cfg, conf, timeout).at_start()
+            return {}
+        access = Access(cfg, conf, timeout)
+        findings = access.at_start()
+        ids = access.topic_ids()
     for finding in findings:
         if finding.refused:
             raise AccessDenied(finding.line)
+    for finding in findings:
+        if finding.missing:
+            raise WorkerError(f"{finding.what}: {finding.line}")
         if finding.warning and getattr(finding.line, "refusal", False):
             log.warning("%s: %s", finding.what, finding.line, extra={"event": "access"})
+    return ids
+
+
+def topic_ids(cfg: WorkerConfig, conf: dict, timeout: float = TIMEOUT) -> dict[str, str]:
+    """{topic: id} of the worker's topics that exist (``Access.topic_ids``)."""
+    with no_collection():
+        return Access(cfg, conf, timeout).topic_ids()
 
 
 @contextmanager
@@ -327,6 +354,21 @@ def _missing(found) -> bool:
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError._UNKNOWN_TOPIC,
     )
+
+
+def _members(members) -> str:
+    """The group's members in words. A worker is a static member (group.instance.id): the broker lists it until
+    session.timeout.ms after it stopped, so "listed" is not "running"."""
+    if not members:
+        return "no member listed (no worker of the group runs)"
+    static = sum(1 for m in members if getattr(m, "group_instance_id", None))
+    line = f"{len(members)} member{'s' * (len(members) != 1)} listed"
+    if static:
+        line += (
+            f" ({static} static: a worker stays listed for session.timeout.ms, 45 s by default, after it stops, so "
+            "one that just stopped still counts)"
+        )
+    return line
 
 
 def _partitions(n: int) -> str:

@@ -141,10 +141,21 @@ class Assignment:
         committed = self.committed([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
+            end = self.end_offset(key)
+            if (past := self.book.past_end(key, end)) is not None:
+                log.warning(
+                    "%s[%d]: the snapshot's position %d is past the partition's end %d: offsets of another topic "
+                    "of that name (deleted and created again?); reading it from its beginning",
+                    key[0],
+                    key[1],
+                    past,
+                    end,
+                    extra={"event": "other_topic"},
+                )
             self.book.assign(
                 key,
                 committed.get(key),
-                self.end_offset(key),
+                end,
                 by_other=self.by_other(key),
                 base=self.base(key),
             )
@@ -154,10 +165,11 @@ class Assignment:
                 key, priority=0 if tp.topic == self.cfg.topics.features else 1
             )  # ties: features first
         (consumer.incremental_assign if self.cooperative else consumer.assign)(partitions)
+        replay = fmt(self.book.replay_until)
         log.info(
-            "assigned %s; replay without emitting until %s",
+            "assigned %s%s",
             fmt({(p.topic, p.partition): p.offset for p in partitions}),
-            fmt(self.book.replay_until) or "-",
+            f"; replay without emitting until {replay}" if replay else "",
             extra={"event": "assigned"},
         )
 

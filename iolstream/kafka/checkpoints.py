@@ -22,7 +22,7 @@ from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import fmt
+from iolstream.kafka.offsets import drop_other_topics, fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
 from iolstream.stream.warmup import ScalingAgreement
@@ -54,6 +54,7 @@ class Loaded:
     processor: StreamProcessor
     positions: dict
     group: tuple[dict, dict] | None = None
+    topic_ids: dict = field(default_factory=dict)  # {topic: id} the positions are of (older snapshots: none)
 
 
 class Checkpointer:
@@ -77,6 +78,7 @@ class Checkpointer:
         self.first_due: float | None = (
             None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         )
+        self.topic_ids: dict[str, str] = {}  # {topic: id} of the topics read (written with their positions)
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
@@ -98,30 +100,37 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                events=self.cfg.events,
             )
             loaded = Loaded(proc, {})
         else:
             loaded = Loaded(*self._restore(snap))
+            loaded.topic_ids = dict(snap.manifest.get("worker", {}).get("topic_ids", {}))
             if "group" in snap.manifest:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
         runtime.configure_for_model(loaded.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
+        if self.topic_ids:  # a roll-back: the topics' ids are known by now
+            self.forget_other_topics(loaded.positions, loaded.topic_ids)
         return loaded
 
-    def _restore(self, snap) -> tuple[StreamProcessor, dict]:
-        try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
-            saved = state_io.saved_config(snap.manifest).to_dict()
-        except StateFormatError as exc:
-            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
-        wanted = self.cfg.model.to_dict()
-        diff = [
-            k for k in wanted if k not in FREE_MODEL_KEYS and _jsonish(wanted[k]) != _jsonish(saved.get(k))
-        ]
-        if diff:
-            raise WorkerError(
-                f"snapshot {snap.path} was made with a different model config ({', '.join(f'model.{k}' for k in diff)}): "
-                "restore that config, or move the snapshot directory away to start a fresh model"
+    def forget_other_topics(self, positions: dict, saved: dict[str, str]) -> None:
+        """Never carry offsets across topics: drop the ``positions`` of a topic that has another id now than the
+        snapshot ``saved`` (deleted and created again under its name), which is then read from its beginning; the
+        model keeps what it learned."""
+        for topic in drop_other_topics(positions, saved, self.topic_ids):
+            log.warning(
+                "topic %s is not the one the snapshot read (topic id %s, now %s: deleted and created again?): its "
+                "offsets do not apply, it is read from its beginning; the model keeps what it learned",
+                topic,
+                saved[topic],
+                self.topic_ids[topic],
+                extra={"event": "other_topic"},
             )
+
+    def _restore(self, snap) -> tuple[StreamProcessor, dict]:
+        if (why := mismatch(self.cfg, snap)) is not None:
+            raise WorkerError(why)
         try:
             proc = StreamProcessor.from_state(
                 snap.manifest,
@@ -129,6 +138,7 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                events=self.cfg.events,
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
             raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
@@ -142,14 +152,16 @@ class Checkpointer:
             written_at=snap.manifest.get("written_at_ms", 0)
             / 1000.0,  # the snapshot's age counts from its write
         )
+        seeded = snap.manifest.get("worker", {}).get("seeded_from")
         log.info(
-            "loaded snapshot %s (%d bytes, %.3f s): %d rows in, %d labelled, offsets %s",
+            "loaded snapshot %s (%d bytes, %.3f s): %s%d rows in, %d labelled, offsets %s",
             snap.path.name,
             snap.size_bytes,
             snap.seconds,
+            "" if not seeded else f"seeded from {seeded.get('rows')} rows of {seeded.get('csv')}; since: ",
             proc.counters["rows_in"],
             proc.counters["rows_learned"],
-            fmt(positions),
+            fmt(positions) or "none (every partition is read from its beginning)",
             extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
         )
         return proc, positions
@@ -210,6 +222,10 @@ class Checkpointer:
         manifest["worker"] = {
             "exactly_once": self.cfg.durability.exactly_once,
             "group_id": self.cfg.kafka.group_id,
+            # a topic deleted and created again under its name gets another id: its positions then mean nothing
+            "topic_ids": {
+                t: i for t, i in sorted(self.topic_ids.items()) if any(t == k[0] for k in positions)
+            },
         }
         if group is not None:
             manifest["group"], group_arrays = group.to_state()
@@ -240,6 +256,39 @@ class Checkpointer:
         if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
             log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         return True
+
+
+def mismatch(cfg: WorkerConfig, snap) -> str | None:
+    """Why the worker of ``cfg`` cannot resume from ``snap`` (its model config differs in a key a restart may not
+    change, or its config cannot be read), else None. ``run`` stops with this line (exit 3); ``check`` says it."""
+    try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
+        saved = state_io.saved_config(snap.manifest).to_dict()
+    except StateFormatError as exc:
+        return f"snapshot {snap.path} cannot be restored: {exc}"
+    wanted = cfg.model.to_dict()
+    keys = list(wanted) + (["features"] if "features" in saved and "features" not in wanted else [])
+    diff = [k for k in keys if k not in FREE_MODEL_KEYS and _jsonish(wanted.get(k)) != _jsonish(saved.get(k))]
+    if not diff:
+        return None
+    named = [f"model.{k} ({_short(saved.get(k))} there, {_short(wanted.get(k))} here)" for k in diff]
+    if "features" in diff:  # a schema changes the encoded width too: the schema says what changed
+        schema = cfg.model.schema
+        what = (
+            schema.changes(state_io.saved_config(snap.manifest).schema)
+            if schema is not None
+            else ["the saved model reads named fields, this config has no model.features"]
+        )
+        named = [n for k, n in zip(diff, named) if k not in ("features", "n_inputs")]
+        named.append(f"model.features: {'; '.join(what)}")
+    return (
+        f"snapshot {snap.path} was made with a different model config ({', '.join(named)}): restore that config, "
+        "or move the snapshot directory away to start a fresh model"
+    )
+
+
+def _short(value) -> str:
+    text = repr(_jsonish(value))
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _jsonish(value):

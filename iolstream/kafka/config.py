@@ -23,7 +23,8 @@ from pathlib import Path
 import yaml
 
 from iolstream.core.model import ModelConfig
-from iolstream.stream.config import StreamConfig
+from iolstream.stream.config import EventsConfig, StreamConfig
+from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
 ENV_PREFIX = "IOLSTREAM_"
 # the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
@@ -132,7 +133,10 @@ class MetricsConfig:
 
     port: int = 9108  # 0 disables the HTTP endpoint (metrics, /healthz, /readyz)
     host: str = "0.0.0.0"
-    window_rows: int = 1000  # sliding window of the prequential metric
+    window_rows: int = 1000  # sliding window of the prequential metrics
+    # the prequential metric the status line leads with (stream.prequential): accuracy, log_loss, brier, roc_auc
+    # (two classes), balanced_accuracy; rmse, mae (regression). Null: accuracy, or rmse
+    primary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ class WorkerConfig:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)  # named-field events (model.features)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     durability: DurabilityConfig = field(default_factory=DurabilityConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
@@ -186,6 +191,7 @@ _SECTIONS = {
     "kafka": KafkaConfig,
     "topics": TopicsConfig,
     "stream": StreamConfig,
+    "events": EventsConfig,
     "snapshot": SnapshotConfig,
     "durability": DurabilityConfig,
     "group": GroupConfig,
@@ -243,7 +249,9 @@ def _check_type(key: str, value, annotation):
             return value
         if hint is dict and isinstance(value, dict):
             return {str(k): v for k, v in value.items()}
-    names = " or ".join("null" if h is type(None) else h.__name__ for h in hints)
+        if hint is tuple and isinstance(value, (list, tuple)):
+            return tuple(value)
+    names = " or ".join("null" if h is type(None) else "a list" if h is tuple else h.__name__ for h in hints)
     raise ConfigError(f"{key}: must be {names}, got {value!r}")
 
 
@@ -256,7 +264,7 @@ def _build_section(name: str, cls, raw) -> object:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{name}.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
+        raise ConfigError("; ".join(_unknown(f"{name}.{key}", key, known, "key") for key in unknown))
     values = {}
     for key, value in raw.items():
         full = f"{name}.{key}"
@@ -279,9 +287,11 @@ def _build_model(raw) -> ModelConfig:
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"model.{unknown[0]}: unknown key; known keys: {', '.join(sorted(known))}")
-    if "n_inputs" not in raw:
-        raise ConfigError("model.n_inputs: required (the number of features per row)")
+        raise ConfigError("; ".join(_unknown(f"model.{key}", key, known, "key") for key in unknown))
+    if "n_inputs" not in raw and raw.get("features") is None:
+        raise ConfigError(
+            "model.n_inputs: required (the number of features per row), or model.features (named fields)"
+        )
     if raw.get("classes") is not None and "n_outputs" in raw:
         raise ConfigError(
             "model.n_outputs: not with model.classes (classification has one output per class); "
@@ -354,6 +364,22 @@ def check_environment(environ) -> None:
         raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
 
 
+def env_overrides(environ=None) -> dict[str, str]:
+    """{configuration key: the variable that sets it} of the ``IOLSTREAM_<SECTION>__<KEY>`` overrides in
+    ``environ`` (default: this process' environment), for saying where a value came from.
+
+    >>> env_overrides({"IOLSTREAM_MODEL__N_INPUTS": "5", "IOLSTREAM_KAFKA__CLIENT__sasl.password": "x", "HOME": "/"})
+    {'kafka.client.sasl.password': 'IOLSTREAM_KAFKA__CLIENT__sasl.password', 'model.n_inputs': 'IOLSTREAM_MODEL__N_INPUTS'}
+    """
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name in sorted(environ):
+        rest = name[len(ENV_PREFIX) :]
+        if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES and "__" in rest:
+            found[".".join(rest.lower().split("__"))] = name
+    return dict(sorted(found.items()))
+
+
 def _apply_env(raw: dict, environ) -> dict:
     check_environment(environ)
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
@@ -378,9 +404,9 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a YAML mapping of sections")
     raw = _apply_env(raw, os.environ if environ is None else environ)
-    unknown = sorted(set(raw) - set(_SECTIONS) - {"model"})
+    unknown = sorted(set(raw) - set(_SECTIONS) - {"model"}, key=str)
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; known: model, {', '.join(_SECTIONS)}")
+        raise ConfigError(_unknown(str(unknown[0]), str(unknown[0]), {"model", *_SECTIONS}, "section"))
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
     cfg = WorkerConfig(model=_build_model(raw.get("model")), **sections)
     names = [cfg.topics.features, cfg.topics.labels, cfg.topics.predictions, cfg.topics.dead_letters]
@@ -390,7 +416,78 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
         )
     if cfg.group.enabled:
         _check_group(cfg, names)
+    _check_primary(cfg)
+    _check_events(cfg)
     return _with_size_limits(cfg)
+
+
+def _check_primary(cfg: WorkerConfig) -> None:
+    """``metrics.primary`` names a prequential metric of the model's task (roc_auc: two classes only)."""
+    primary = cfg.metrics.primary
+    if primary is None:
+        return
+    task = cfg.model.task
+    allowed = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
+    if task == "classification" and cfg.model.m != 2:
+        allowed = tuple(name for name in allowed if name != "roc_auc")
+    if primary not in allowed:
+        raise ConfigError(
+            f"metrics.primary: must be null or one of {', '.join(allowed)} for this model, got {primary!r}"
+        )
+
+
+def _check_events(cfg: WorkerConfig) -> None:
+    """The events section against the model: named fields need a schema, and the label is no input."""
+    events, schema = cfg.events, cfg.model.schema
+    if schema is None:
+        if not events.is_default:
+            changed = next(
+                f.name
+                for f in dataclasses.fields(events)
+                if getattr(events, f.name) != getattr(EventsConfig(), f.name)
+            )
+            raise ConfigError(
+                f"events.{changed}: named-field events need model.features (without a schema, messages are "
+                'arrays: {"id": ..., "x": [...]} and {"id": ..., "y": ...})'
+            )
+        return
+    for f in schema.fields:
+        if f.name == events.label_field:
+            raise ConfigError(
+                f"model.features: {f.name!r} is events.label_field, the label: it cannot be an input too"
+            )
+
+
+def _unknown(full: str, name: str, known, what: str) -> str:
+    """The line for an unknown key (or section): the nearest known one when there is one, else all of them.
+
+    >>> _unknown("model.n_input", "n_input", {"n_inputs", "n_nodes", "classes"}, "key")
+    'model.n_input: unknown key; did you mean model.n_inputs?'
+    """
+    near = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+    if near:
+        return f"{full}: unknown {what}; did you mean {full[: len(full) - len(str(name))]}{near[0]}?"
+    return f"{full}: unknown {what}; known: {', '.join(sorted(known))}"
+
+
+SASL_WITH_PASSWORD = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def check_login(kafka: KafkaConfig) -> None:
+    """A SASL login that needs a user and a password has both (librdkafka would refuse to make a client): else a
+    ConfigError naming the key and the environment variable that sets it. Called by the commands that connect
+    (``run``, ``check``, ``produce``, ``topics --create``); ``acls`` and ``topics`` print lines without one."""
+    client = {str(k).lower(): v for k, v in kafka.client.items()}
+    protocol = str(client.get("security.protocol", "plaintext")).upper()
+    mechanism = str(client.get("sasl.mechanism") or client.get("sasl.mechanisms") or "GSSAPI").upper()
+    if not protocol.startswith("SASL") or mechanism not in SASL_WITH_PASSWORD:
+        return
+    for key in ("sasl.username", "sasl.password"):
+        if client.get(key) in (None, ""):
+            raise ConfigError(
+                f"kafka.client.{key}: not set, and security.protocol {protocol} with sasl.mechanism {mechanism} needs "
+                f"it; set it in the environment: {ENV_PREFIX}KAFKA__CLIENT__{key}=..."
+            )
 
 
 def _check_group(cfg: WorkerConfig, names: list[str]) -> None:
@@ -436,5 +533,19 @@ def load_config(path, environ=None) -> WorkerConfig:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML{_where(exc)}") from None
     return config_from_dict(raw, environ)
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """Where a YAML error is and what it is, on one line: " at line L, column C: problem (context)"."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return ": " + " ".join(str(exc).split())
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        context += f" that starts at line {start.line + 1}, column {start.column + 1}"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
+        f" ({context})" if context else ""
+    )

@@ -32,6 +32,7 @@ worker starts); errors name the keys:
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka.admin import AdminClient
 
@@ -42,7 +43,7 @@ from iolstream.kafka.topics import (
     describe_max_message_bytes,
     framing_bytes,
 )
-from iolstream.stream.rows import MAX_DETAIL_CHARS, BadInput
+from iolstream.stream.rows import MAX_DETAIL_CHARS, REASON_HINTS, BadInput
 
 log = logging.getLogger("iolstream.worker")
 
@@ -95,6 +96,60 @@ def dead_letter_excerpt(
     return value[:keep], headers
 
 
+class ReasonLog:
+    """The worker's log of its dead letters: a reason's first one at once, then at most one line a reason every
+    ``every`` seconds, with how many came since its last line and one example (detail and source), so that an
+    input refused thousands of times is named without a line per message.
+
+    >>> lines = []
+    >>> log = ReasonLog("iol.dead-letters", say=lambda *a: lines.append(a[0] % a[1:]), clock=lambda: 0.0)
+    >>> for i in range(3):
+    ...     log.note(BadInput("duplicate_id", f"id 'r{i}' is already known"), ("iol.features", 0, i))
+    >>> lines[0][:108]
+    "dead letters to iol.dead-letters: 1 duplicate_id, e.g. id 'r0' is already known (iol.features[0]@0); usually"
+    """
+
+    def __init__(self, topic: str, *, every: float = 60.0, say=None, clock=time.monotonic):
+        self.topic = topic
+        self.every = every
+        self.say = say or (lambda *args: log.warning(*args, extra={"event": "dead_letters"}))
+        self.clock = clock
+        self.pending: dict[str, list] = {}  # reason -> [count since its last line, example detail, source]
+        self.said: dict[str, float] = {}  # reason -> when its last line was logged
+
+    def note(self, bad: BadInput, source) -> None:
+        """One dead letter; a reason not seen before is logged at once."""
+        entry = self.pending.get(bad.reason)
+        if entry is None:
+            entry = self.pending[bad.reason] = [0, bad.detail, source]
+        entry[0] += 1
+        if bad.reason not in self.said:
+            self._say(bad.reason, self.clock())
+
+    def tick(self) -> None:
+        """Log the reasons whose last line is ``every`` seconds old and that have dead letters since."""
+        now = self.clock()
+        for reason in [r for r in self.pending if now - self.said.get(r, -self.every) >= self.every]:
+            self._say(reason, now)
+
+    def _say(self, reason: str, now: float) -> None:
+        count, detail, source = self.pending.pop(reason)
+        since = f" in the last {now - self.said[reason]:.0f} s" if reason in self.said else ""
+        where = "" if source is None else f" ({source[0]}[{source[1]}]@{source[2]})"
+        self.say(
+            "dead letters to %s: %d %s%s, e.g. %s%s; usually %s (each dead letter names its reason in the header "
+            "iolstream.reason: docs/operations.md#reading-dead-letters)",
+            self.topic,
+            count,
+            reason,
+            since,
+            detail,
+            where,
+            REASON_HINTS[reason],
+        )
+        self.said[reason] = now
+
+
 class DeadLetterLimit:
     """How large a dead letter the worker produces: ``min(P, D)`` less the framing.
 
@@ -126,6 +181,8 @@ class DeadLetterLimit:
         """Which setting the limit comes from, for messages that name it."""
         if self.topic_bytes is not None and self.topic_bytes < self.producer_bytes:
             return f"max.message.bytes of topic {self.topic}"
+        if self.topic_bytes == self.producer_bytes:  # the defaults: Kafka's topic limit is the producer's too
+            return f"max.message.bytes of topic {self.topic} and kafka.producer.message.max.bytes"
         return "kafka.producer.message.max.bytes"
 
     def fit(

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from iolstream.kafka.config import ConfigError
 from iolstream.kafka.errors import AccessDenied
 
 ADDRESS_KEY = "kafka.bootstrap_servers"
@@ -108,6 +109,11 @@ class Context:
     @property
     def user(self) -> str | None:
         return self.conf.get("sasl.username")
+
+    @property
+    def protocol(self) -> str:
+        """The client's security.protocol (PLAINTEXT unless set)."""
+        return str(self.conf.get("security.protocol", "plaintext")).upper()
 
     @property
     def principal(self) -> str:
@@ -157,6 +163,8 @@ def _cause(text: str) -> str:
     return text
 
 
+# the broker closed the connection at the client's first request (ApiVersion): it expected another protocol
+_FIRST_REQUEST = re.compile(r"Disconnected.*in state APIVERSION_QUERY")
 _CAUSES = (
     (r"connection refused", "connection refused"),
     (r"failed to resolve|name or service not known|nodename nor servname", "host name not resolved"),
@@ -235,6 +243,16 @@ RULES = (
         lambda ctx, detail: f"{ctx.resource or 'the topic'} does not exist at {ctx.address}",
     ),
     Rule(
+        "protocol",
+        frozenset(),
+        _FIRST_REQUEST,
+        lambda ctx, detail: (
+            f"cannot reach the broker at {ctx.address} ({ADDRESS_KEY}): it closed the connection at the first "
+            f"request, as a TLS or SASL port does to a {ctx.protocol} client: set {KEYS['security.protocol']} "
+            "(and the sasl.* and ssl.* settings) to what the port speaks"
+        ),
+    ),
+    Rule(
         "unreachable",
         frozenset(
             {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE, KafkaError._TIMED_OUT}
@@ -288,9 +306,21 @@ def explain(
     m = _BROKER.match(text)
     ctx = Context(conf, m.group(1) if m else conf.get("bootstrap.servers", "?"), operation, resource)
     rule = rule_of(chosen)
-    line = rule.line(ctx, _detail(text))
-    password = conf.get("sasl.password")
-    return Explanation(line.replace(password, "***") if password else line, rule.name)
+    return Explanation(rule.line(ctx, _redact(_detail(text), conf.get("sasl.password"))), rule.name)
+
+
+def _redact(detail: str, password: str | None) -> str:
+    """librdkafka's text with the password (as a whole word) replaced by ***; the line around it is ours and never
+    holds it, so a password that is also a word ("wrong") leaves the line's own words alone.
+
+    >>> _redact("SASL authentication error: wrong refused", "wrong")
+    'SASL authentication error: *** refused'
+    >>> _redact("a wrongful refusal", "wrong")
+    'a wrongful refusal'
+    """
+    if not password:
+        return detail
+    return re.sub(rf"(?<!\w){re.escape(str(password))}(?!\w)", "***", detail)
 
 
 def refusal(err: KafkaError, conf: dict, **what) -> Explanation | None:
@@ -338,10 +368,13 @@ class Collector:
     def log(self, level, msg, *args, **kwargs) -> None:  # the logging.Logger.log signature librdkafka calls
         if self.forward is not None:
             self.forward.log(level, msg, *args, **kwargs)
+        text = msg % args if args else msg
+        if _FIRST_REQUEST.search(text):  # logged at INFO, and the only word of a protocol mismatch
+            self.error(KafkaError(KafkaError._TRANSPORT, text.split("]: ", 1)[-1]))
         if level >= logging.WARNING:
             with self._lock:
                 if len(self.lines) < 200:
-                    self.lines.append(msg % args if args else msg)
+                    self.lines.append(text)
 
     def conf(self) -> dict:
         """The settings that route a client's reports here."""
@@ -351,11 +384,46 @@ class Collector:
 DEFINITIVE = ("authentication", "certificate", "tls")  # rules whose errors waiting longer does not mend
 
 
+_PROPERTY = re.compile(r'configuration property:? "([^"]+)"')
+
+
+def settings_refused(exc: KafkaException) -> ConfigError:
+    """librdkafka refused to make a client from the settings (an unknown property, a bad value, a SASL login
+    without its user or password): a ConfigError (exit 2) naming the configuration key, never a traceback.
+
+    >>> from confluent_kafka import KafkaError
+    >>> str(settings_refused(KafkaException(KafkaError(KafkaError._INVALID_ARG, 'No such configuration property: "sasl.pasword"'))))
+    'kafka.client.sasl.pasword: librdkafka refuses the client settings: No such configuration property: "sasl.pasword"'
+    """
+    detail = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
+    detail = re.sub(r"^Failed to create \w+ client: ", "", detail)
+    m = _PROPERTY.search(detail)
+    if m:
+        key = f"kafka.client.{m.group(1)}"
+    elif "sasl.username and sasl.password" in detail:
+        key = f"{KEYS['sasl.username']}, {KEYS['sasl.password']}"
+        detail += " (from the environment: IOLSTREAM_KAFKA__CLIENT__sasl.password=...)"
+    else:
+        key = "kafka.client"
+    return ConfigError(f"{key}: librdkafka refuses the client settings: {detail}")
+
+
+def new_admin(conf: dict) -> AdminClient:
+    """An admin client of ``conf``; settings librdkafka refuses are a ConfigError naming the key."""
+    try:
+        return AdminClient(conf)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._INVALID_ARG:
+            raise settings_refused(exc) from None
+        raise
+
+
 def probe(conf: dict, timeout: float) -> tuple[object | None, Explanation | None]:
     """Ask the cluster at ``conf``'s address for its metadata within ``timeout`` seconds: (metadata, None), or
-    (None, one line saying why not). An authentication or TLS failure answers at once."""
+    (None, one line saying why not). An authentication or TLS failure answers at once; settings librdkafka
+    refuses are a ConfigError (``settings_refused``)."""
     seen = Collector()
-    admin = AdminClient({**conf, **seen.conf()})
+    admin = new_admin({**conf, **seen.conf()})
     deadline = time.monotonic() + max(0.5, timeout)
     while True:
         try:

@@ -45,6 +45,15 @@ class OffsetBook:
         # there
         self.bases: dict[Key, int] = {}
 
+    def past_end(self, key: Key, end: int | None) -> int | None:
+        """Forget ``key``'s position when it lies past the partition's ``end`` (high watermark): offsets of
+        another topic of that name (a snapshot older than topic ids), never of this one. Returns it, if so."""
+        position = self.positions.get(key)
+        if end is None or position is None or position <= end:
+            return None
+        del self.positions[key]
+        return position
+
     def reset(self, positions: dict[Key, int]) -> None:
         """The positions of a state just loaded (a roll-back)."""
         self.positions = dict(positions)
@@ -155,6 +164,20 @@ class OffsetBook:
         return True
 
 
+def drop_other_topics(positions: dict[Key, int], saved: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Forget the ``positions`` of every topic whose id ``now`` differs from the one they were ``saved`` with: a
+    topic deleted and created again under its name (its offsets are not the old ones). Returns those topics.
+
+    >>> positions = {("f", 0): 9, ("l", 0): 4}
+    >>> drop_other_topics(positions, {"f": "id-1", "l": "id-2"}, {"f": "id-3", "l": "id-2"}), positions
+    (['f'], {('l', 0): 4})
+    """
+    other = sorted(t for t, i in saved.items() if t in now and now[t] != i)
+    for key in [k for k in positions if k[0] in other]:
+        del positions[key]
+    return other
+
+
 def commit_metadata(member: str, base: int | None) -> str:
     """``member``, or ``member/base`` for a partition this member took over from another at offset ``base``
     (member ids have no '/')."""
@@ -173,5 +196,10 @@ def parse_metadata(text: str | None) -> tuple[str, int | None]:
 
 
 def fmt(offsets: dict) -> str:
-    """Positions as ``topic[partition]@offset``, sorted, for log lines."""
-    return ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(offsets.items()))
+    """Positions as ``topic[partition]@offset``, sorted, for log lines (``@beginning`` for librdkafka's
+    OFFSET_BEGINNING, -2).
+
+    >>> fmt({("f", 1): 7, ("f", 0): -2})
+    'f[0]@beginning, f[1]@7'
+    """
+    return ", ".join(f"{t}[{p}]@{'beginning' if o == -2 else o}" for (t, p), o in sorted(offsets.items()))

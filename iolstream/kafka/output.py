@@ -25,6 +25,21 @@ from iolstream.stream.processor import DeadLetter, StepOutput
 log = logging.getLogger("iolstream.worker")
 
 
+def key_text(key: bytes) -> str:
+    """A message key as text that round-trips to its exact bytes (``key_bytes``) through a snapshot's JSON: one
+    character per byte (Latin-1), whatever the bytes."""
+    return key.decode("latin-1")
+
+
+def key_bytes(text: str) -> bytes:
+    """The key ``key_text`` made text.
+
+    >>> key_bytes(key_text("row-7 é".encode())) == "row-7 é".encode()
+    True
+    """
+    return text.encode("latin-1")
+
+
 class Output:
     """Produces through ``producer`` (replaced by ``Transactions`` when it must be).
 
@@ -55,6 +70,7 @@ class Output:
         self.dead_letter_limit = deadletters.DeadLetterLimit(
             deadletters.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
         )
+        self.reasons = deadletters.ReasonLog(cfg.topics.dead_letters)  # each reason logged once a minute
 
     def read_limits(self) -> None:
         """At start: the dead-letter topic's max.message.bytes (and the predictions topic's) against the
@@ -143,7 +159,10 @@ class Output:
         if limit.refresh_due:
             limit.refresh()
         for d in dead:
-            src_topic, part, off = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
+            source = d.source if d.source is not None else (self.cfg.topics.labels, -1, -1)
+            src_topic, part, off = source[:3]
+            key = key_bytes(source[3]) if len(source) > 3 else None  # the input message's own key
+            self.reasons.note(d.bad, source)
             headers = deadletters.dead_letter_headers(d.bad, src_topic, part, off)
             fitted = limit.fit(d.value if d.value is not None else b"", headers)
             if fitted is None:
@@ -158,6 +177,7 @@ class Output:
                 self.produce(
                     self.cfg.topics.dead_letters,
                     value,
+                    key=key,
                     headers=headers,
                     on_delivery=self._dead_delivery(d.bad.reason),
                 )

@@ -23,6 +23,7 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from iolstream.kafka import output
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.offsets import parse_metadata
 
@@ -99,8 +100,11 @@ def relearn(
     features = cfg.topics.features
     now = int(time.time() * 1000)
     for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
-        key = (msg.topic(), msg.partition())
-        processor.feed(msg.value(), (key[0], key[1], msg.offset()), now, labels=key[0] != features)
+        key, mkey = (msg.topic(), msg.partition()), msg.key()
+        source = (
+            (key[0], key[1], msg.offset()) if mkey is None else (*key, msg.offset(), output.key_text(mkey))
+        )
+        processor.feed(msg.value(), source, now, labels=key[0] != features, key=mkey)
         positions[key] = msg.offset() + 1
     processor.step(now, force=True)
     for key, end in ranges.items():

@@ -35,7 +35,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from iolstream.kafka import access, clients, diagnose, relearn
+from iolstream.core import kernel_cache
+from iolstream.kafka import access, clients, diagnose, output, relearn
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -67,7 +68,7 @@ class Worker:
     """One long-running worker process around one model: the loop, and the collaborators it calls.
 
     What the metrics and health endpoints read is ``ops.status.WorkerView``: ``processor``, ``checkpoint``,
-    ``last_tick``, ``stopping``, ``connected``, ``partitions``, ``replay_pending``,
+    ``starting``, ``last_tick``, ``stopping``, ``connected``, ``partitions``, ``replay_pending``,
     ``broker_unreachable_seconds``, ``group_status``."""
 
     def __init__(self, cfg: WorkerConfig, *, metrics=None):
@@ -79,6 +80,8 @@ class Worker:
         # test-only hooks; the per-message one costs ~5 % on one-row messages
         self.crash_points = bool(os.environ.get(CRASH_ENV))
         self.last_tick = self.last_status = time.monotonic()
+        # what the start is doing, for /healthz ("starting: ..."); None once the loop runs
+        self.starting: str | None = "loading the snapshot"
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.consumers_replaced = 0
         self.stop_at_end = False
@@ -99,6 +102,8 @@ class Worker:
         self.book = OffsetBook(
             exactly_once=self.exactly_once, positions=loaded.positions, group=cfg.group.enabled
         )
+        self.loaded_topic_ids = loaded.topic_ids
+        self._dead_seen = dict(self.processor.dead_letters)  # dead letters per reason at the last status line
         if self.group is not None:
             self.group.attach(self.processor, loaded.group, start=True)
         sc = cfg.stream
@@ -160,18 +165,22 @@ class Worker:
 
     # ------------------------------------------------------------ clients
     def _open(self) -> None:
-        tuner = self.processor.model.thread_tuner
-        parallel = tuner is not None and any(s.parallel for s in tuner.settings)
-        seconds = warm.preload(self.processor.model.config, parallel=parallel)
-        # before the first message, not in the middle of the stream
-        log.info("kernels loaded in %.2f s", seconds)
         # check's probes of the topics and groups: a refusal is one line and exit 6, not a wait in the calls
-        # below
-        access.startup(self.cfg, clients.client_conf(self.cfg), log)
+        # below; a missing topic with topics.create false is exit 3 (as check says); before the kernels, which
+        # may take a minute to compile at a first start
+        self.starting = "probing the topics and groups"
+        topic_ids = access.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
+            self.starting = "creating topics"
             created = ensure_topics(self.cfg)
             if created:
                 log.info("created topics %s", created)
+                topic_ids = access.topic_ids(self.cfg, clients.client_conf(self.cfg))
+        # the ids go into every snapshot; a topic with another id than the snapshot's is read from its beginning
+        self.checkpoints.topic_ids = topic_ids
+        self.checkpoints.forget_other_topics(self.book.positions, self.loaded_topic_ids)
+        self._load_kernels()
+        self.starting = "connecting"
         self.output.read_limits()
         if self.group is not None:  # the group's sums (and, with no snapshot, this member's own) before input
             self.group.open()
@@ -192,6 +201,47 @@ class Worker:
         self.consumer = self._new_consumer()
         if self.group is not None and self.restarted_in_group:  # a restart: its partitions may have moved
             self.group.hand_over()  # while it was away; the rows waiting for labels go where their labels go
+
+    def _load_kernels(self) -> None:
+        """The compiled kernels, before the first message (not in the middle of the stream): loaded from the cache
+        in about a second, or compiled when nothing is cached (a first start), which is said before it begins."""
+        tuner = self.processor.model.thread_tuner
+        parallel = tuner is not None and any(s.parallel for s in tuner.settings)
+        where = kernel_cache.cache_dir()
+        cold = kernel_cache.cached_kernels() == 0
+        if cold:
+            log.info(
+                "compiling the kernels this model takes into %s (nothing cached there yet): usually %s, "
+                "once; the next start loads them in about a second (iolstream warmup -c CONFIG compiles them ahead)",
+                where,
+                warm.COLD_COMPILE_SECONDS,
+                extra={"event": "compiling"},
+            )
+        self.starting = "loading the compiled kernels"
+
+        def progress(done: int, total: int, seconds: float, compiled: int) -> None:
+            if compiled:
+                self.starting = f"compiling the kernels ({done}/{total} sets, {seconds:.0f} s)"
+                if done < total:
+                    log.info(
+                        "kernels: %d/%d sets ready (%.0f s)",
+                        done,
+                        total,
+                        seconds,
+                        extra={"event": "compiling"},
+                    )
+
+        warmed = warm.preload(self.processor.model.config, parallel=parallel, progress=progress)
+        if warmed.compiled:
+            log.info(
+                "kernels compiled in %.0f s (%d compilations), cached in %s",
+                warmed.seconds,
+                warmed.compiled,
+                where,
+                extra={"event": "kernels"},
+            )
+        else:
+            log.info("kernels loaded in %.2f s", warmed.seconds, extra={"event": "kernels"})
 
     def _new_consumer(self) -> Consumer:
         """The input consumer, subscribed to the features and labels topics."""
@@ -257,6 +307,7 @@ class Worker:
             if freeze_startup:
                 log.debug("%d start-up objects frozen for the garbage collector", freeze_startup_objects())
             self.last_tick = time.monotonic()
+            self.starting = None  # /healthz: the loop's ticks from now on
             self.checkpoints.started()
             watchdog.start()
             while not self.stop_event.is_set():
@@ -324,8 +375,14 @@ class Worker:
             accepted = None
             if metrics is not None and topic == features:  # produce time, for the latency histogram
                 accepted = lambda msg=msg: metrics.on_features(self, msg.timestamp())  # noqa: E731
-            # positional: (value, source, now, labels, accepted), the hot path
-            out = feed(msg.value(), (topic, key[1], offset), now, topic != features, accepted)
+            # the source a dead letter names (kafka.output): with the message key, if any, which it keeps
+            mkey = msg.key()
+            source = (
+                (topic, key[1], offset) if mkey is None else (topic, key[1], offset, output.key_text(mkey))
+            )
+            # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data: an
+            # event's id may be its message key
+            out = feed(msg.value(), source, now, topic != features, accepted, mkey)
             if out is not None:
                 emitter.emit(out)
             if replay:
@@ -429,4 +486,16 @@ class Worker:
         if self.metrics is not None:
             self.metrics.refresh(self)
         group = None if self.group is None else self.group.status()
-        log_status_line(log, self.processor, self.broker_unreachable_seconds, waiting_for, group=group)
+        dead = self.processor.dead_letters  # per reason, the state's (a roll-back may lower it)
+        new = {r: n - self._dead_seen.get(r, 0) for r, n in dead.items() if n > self._dead_seen.get(r, 0)}
+        self._dead_seen = dict(dead)
+        log_status_line(
+            log,
+            self.processor,
+            self.broker_unreachable_seconds,
+            waiting_for,
+            group=group,
+            dead_new=new,
+            primary=self.cfg.metrics.primary,
+        )
+        self.output.reasons.tick()

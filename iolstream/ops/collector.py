@@ -41,6 +41,10 @@ LABEL_OUTCOMES = {
     "orphan": "join_labels_orphan",
 }
 UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
+FIELD_COUNTS = {  # named-field events: status()["fields"][kind] -> the family <kind>_values_total{field}
+    "missing": "Events with a named input field absent or null (a number: the warm-up mean), by field",
+    "undeclared": "Events with a category value not declared in model.features, by field",
+}
 PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "rows_in": ("rows_in", "Feature rows accepted"),
     "rows_learned": ("rows_learned", "Labelled rows folded into the model"),
@@ -129,6 +133,12 @@ def counter_families(totals: dict[str, int]):
     for why, key in UNLABELLED.items():
         unlabelled.add_metric([why], totals.get(key, 0))
     yield unlabelled
+    for kind, doc in FIELD_COUNTS.items():  # named-field events, per field (fields seen so far)
+        family = CounterMetricFamily(PREFIX + f"{kind}_values", doc, labels=["field"])
+        for key, value in sorted(totals.items()):
+            if key.startswith(f"{kind}/"):
+                family.add_metric([key[len(kind) + 1 :]], value)
+        yield family
 
 
 def model_families(v: ModelStatus):
@@ -136,6 +146,14 @@ def model_families(v: ModelStatus):
     mode = v.mode
     yield _gauge("pending_rows", "Rows waiting for their label", v.pending)
     yield _gauge("held_rows", "Rows waiting for the warm-up scaler (not predicted yet)", v.held)
+    yield _gauge(
+        "warmup_rows", "Rows the warm-up scaler has (no prediction before warmup_target_rows)", v.warmup_rows
+    )
+    yield _gauge(
+        "warmup_target_rows",
+        "Rows the warm-up scaler waits for (model.warmup_rows; 0: none)",
+        v.warmup_target,
+    )
     yield _gauge("early_labels", "Labels waiting for their feature row", v.early_labels)
     yield _gauge("model_version", "Model version (changes of β)", v.model_version)
     preq = GaugeMetricFamily(
@@ -145,7 +163,12 @@ def model_families(v: ModelStatus):
     )
     preq.add_metric([v.metric_name, "all", mode], finite(v.metric))
     preq.add_metric([v.metric_name, "sliding", mode], finite(v.metric_window))
+    for window, values in (("all", v.metrics), ("sliding", v.metrics_window)):
+        for name, value in values.items():
+            if name != v.metric_name and not isinstance(value, list):
+                preq.add_metric([name, window, mode], finite(value))
     yield preq
+    yield from class_families(v)
     yield _gauge(
         "immediate_loss",
         "½‖Dβ − Y‖² of the last label batch, mean over layers (docs/design.md §3)",
@@ -191,6 +214,28 @@ def model_families(v: ModelStatus):
             "auto: share of the rows every candidate predicted (the rest, only the one in force)",
             eff["scored_share"],
         )
+
+
+def class_families(v: ModelStatus):
+    """Classification: each class's prequential precision and recall, and the calibration map in force (the
+    families are there for every model, empty or NaN when they do not apply)."""
+    for kind in ("precision", "recall"):
+        family = GaugeMetricFamily(
+            PREFIX + f"class_{kind}",
+            f"Prequential {kind} of each class, over all rows or the sliding window",
+            labels=["class", "window"],
+        )
+        for window, values in (("all", v.metrics), ("sliding", v.metrics_window)):
+            for cls, value in zip(v.classes or (), values.get(kind, [])):
+                family.add_metric([str(cls), window], finite(value))
+        yield family
+    cal = v.calibration or {"temperature": float("nan"), "kappa": float("nan")}
+    yield _gauge(
+        "calibration_temperature",
+        "The calibration map in force: softmax(T·g_κ(clipped mean output)), labelled with κ (docs/design.md §12)",
+        cal["temperature"],
+        kappa=f"{cal['kappa']:g}",
+    )
 
 
 def snapshot_families(v: ModelStatus):

@@ -6,6 +6,7 @@ b = ``stream.batch_rows``, K candidates and H learners that make their own updat
 ``auto`` 2 modes × 3 λ × 3 half-lives at most, one primary per half-life):
 
     snapshot  =  H · 8L (T + [A_r] T + n m + [Woodbury] n²)              the model: only what cannot be derived
+               + 8 · 51 per candidate                                    its calibration sums
                + 8 (k + 3 + K·L·m) + id per waiting row  +  17 per remembered id  +  ~80 per early label
 
     process   =  PROCESS_BYTES                                           Python, NumPy, SciPy, Numba's kernels,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from iolstream.core.calibration import GRID_SIZE
 from iolstream.core.learner import WOODBURY_RATIO
 
 # Peak RSS of a worker process before its model and its stores: the interpreter, NumPy, SciPy, Numba with the
@@ -65,12 +67,13 @@ def woodbury(model, batch_rows: int) -> bool:
 
 def snapshot_model_bytes(model, batch_rows: int) -> int:
     """Bytes of a model's arrays in a snapshot (state_io format 3): per learner that makes its own updates, A and
-    A_r (lower triangles), c, and P on the Woodbury route."""
+    A_r (lower triangles), c, and P on the Woodbury route; per candidate its calibration sums (``GRID_SIZE``);
+    classification, the labelled rows per class."""
     _, m, _, n_layers, n = _sizes(model)
-    _, h = learners(model)
+    k_candidates, h = learners(model)
     tri = n * (n + 1) // 2
     per = tri * (1 + keeps_labelled(model)) + n * m + (n * n if woodbury(model, batch_rows) else 0)
-    return 8 * n_layers * h * per
+    return 8 * (n_layers * h * per + k_candidates * GRID_SIZE + (m if model.task == "classification" else 0))
 
 
 def pending_row_bytes(model) -> int:

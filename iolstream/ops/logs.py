@@ -34,6 +34,9 @@ import time
 
 import orjson
 
+from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from iolstream.stream.rows import REASON_HINTS
+
 # attributes every LogRecord has: anything else on a record came from ``extra=``
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -141,6 +144,28 @@ class RepeatFilter(logging.Filter):
             return {f"{k[0]}: {k[2]}": v[1] for k, v in self._kinds.items() if v[1]}
 
 
+_BROKERS_DOWN = re.compile(r"\b(\d+)/\d+ brokers are down")
+
+
+class BrokersDown(logging.Filter):
+    """librdkafka's "N/M brokers are down": a warning at most (the worker rides an outage out and says so in its
+    status line), and "0/M" (none is down: it comes when a client re-bootstraps, meaning nothing) only at DEBUG.
+
+    >>> f = BrokersDown()
+    >>> r = logging.makeLogRecord({"levelno": logging.ERROR, "levelname": "ERROR", "msg": "kafka consumer: 0/2 brokers are down"})
+    >>> f.filter(r), r.levelname
+    (False, 'DEBUG')
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = _BROKERS_DOWN.search(record.getMessage()) if record.levelno > logging.INFO else None
+        if m is None:
+            return True
+        level = logging.DEBUG if m.group(1) == "0" else min(record.levelno, logging.WARNING)
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return logging.getLogger(record.name).isEnabledFor(level)
+
+
 def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
     """Configure the ``iolstream`` logger (idempotent: replaces the handler of an earlier call).
 
@@ -149,6 +174,7 @@ def setup(level: str = "INFO", fmt: str = "text", stream=None) -> None:
         raise ValueError(f"logging.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(BrokersDown())
     handler.addFilter(RepeatFilter())
     root = logging.getLogger("iolstream")
     root.handlers[:] = [handler]
@@ -186,39 +212,74 @@ def log_status_line(
     waiting_for: str | None = None,
     *,
     group: dict | None = None,
+    dead_new: dict[str, int] | None = None,
+    primary: str | None = None,
 ) -> None:
     """The worker's status line (``event: status``, every ``logging.status_every_seconds``): counters, the
-    prequential metric, the model version; the λ and half-life in force when forgetting or ``auto`` is on,
-    how long the broker has been unreachable, and what the loop waits for."""
+    prequential metrics (``primary`` first, with its sliding window: ``metrics.primary``), the model version; the
+    warm-up's progress until it is done; the dead letters since the last line and their most frequent reason
+    (``dead_new``: reason -> count); the λ and half-life in force when forgetting or ``auto`` is on, how long the
+    broker has been unreachable, and what the loop waits for."""
     s = processor.status()
-    metric = "acc" if processor.model.config.task == "classification" else "rmse"
+    classification = processor.model.config.task == "classification"
+    primary = primary or ("accuracy" if classification else "rmse")
+    others = [n for n in (CLASSIFICATION_METRICS if classification else REGRESSION_METRICS) if n != primary]
+    values, window = s["metrics"], s["metrics_window"]
+    short = {
+        "accuracy": "acc",
+        "log_loss": "log_loss",
+        "brier": "brier",
+        "roc_auc": "auc",
+        "balanced_accuracy": "bal_acc",
+        "rmse": "rmse",
+        "mae": "mae",
+    }
+    if classification and processor.model.config.m != 2:
+        others.remove("roc_auc")  # two classes only
+    more = "".join(f" {short[n]}={values[n]:.4f}" for n in others)  # nan until known
     down = broker_unreachable_seconds
     s["broker_unreachable_seconds"] = None if down is None else round(down, 1)
-    eff = processor.model.effective
-    tail = (
-        ""
-        if eff["forgetting"] is None and "candidates" not in eff
-        else f" lam={eff['lam']:g} half_life={eff['forgetting']}"
-    )
-    if processor.model.config.mode == "auto":  # -F or -R, chosen online
+    dead = ""
+    if dead_new and (new := sum(dead_new.values())):
+        reason = max(sorted(dead_new), key=dead_new.get)
+        s["dead_letters_new"] = dead_new
+        dead = f" (+{new} since the last line, {'all' if dead_new[reason] == new else 'mostly'} {reason}: {REASON_HINTS[reason]})"
+    warming = ""
+    if s["warmup_rows"] < s["warmup_target"]:
+        warming = f" warming up {s['warmup_rows']}/{s['warmup_target']} (no prediction before model.warmup_rows rows)"
+    eff, mc = processor.model.effective, processor.model.config
+    tail = ""
+    if eff["forgetting"] is not None or "candidates" in eff:
+        tail = f" lam={eff['lam']:g}"
+        if eff["forgetting"] is not None or mc.forgetting is not None:  # forgetting on, or chosen online
+            tail += " half_life=" + ("off" if eff["forgetting"] is None else f"{eff['forgetting']:g}")
+    if mc.mode == "auto":  # -F or -R, chosen online
         tail += f" mode={eff['mode']}"
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
         tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"
+    fields = s.get("fields", {})  # named-field events: values not declared, and missing, per field
+    if fields.get("undeclared"):
+        tail += " undeclared=" + ",".join(f"{name}:{n}" for name, n in fields["undeclared"].items())
+    if fields.get("missing"):
+        tail += " missing=" + ",".join(f"{name}:{n}" for name, n in fields["missing"].items())
     tail += "" if down is None else f" broker unreachable for {down:.0f} s"
     tail += "" if waiting_for is None else f" waiting for {waiting_for}"
     log.info(
-        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d prequential_%s=%.4f (window %.4f) "
-        "version=%d%s",
+        "rows_in=%d predictions=%d labels_joined=%d pending=%d dead_letters=%d%s prequential_%s=%.4f (window %.4f)%s "
+        "version=%d%s%s",
         s["rows_in"],
         s["predictions_out"],
         s["rows_learned"],
         s["pending"],
         s["dead_letters"],
-        metric,
-        s["metric"],
-        s["metric_window"],
+        dead,
+        short[primary],
+        values[primary],
+        window[primary],
+        more,
         s["model_version"],
+        warming,
         tail,
         extra={"event": "status", "status": s},
     )

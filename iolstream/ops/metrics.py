@@ -4,7 +4,8 @@ One small HTTP server (a daemon thread) answers:
 
 - ``/metrics``: Prometheus text format (names below);
 - ``/healthz``: 200 while the loop has ticked within ``max(5 × kafka.poll_timeout_ms, 10 s)``
-  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch);
+  (the loop ticks every poll timeout; the margin covers a snapshot or a long batch); 503 "starting: <what>"
+  until the loop runs (waiting for the broker, loading the snapshot, compiling the kernels);
 - ``/readyz``: 200 once partitions are assigned, the exactly-once replay is over, the
   broker is reachable and no stop was requested; else 503 and the reason.
 
@@ -24,9 +25,6 @@ Counters (``*_total``) count what *this process* did, from 0 at its start, so Pr
 Gauges (pending rows, prequential metric, regret, ...) describe the model state, which a
 snapshot carries across restarts.
 
-Exported (all ``iolstream_``):
-
-=====================================  ==========  =============================================
 name                                   type        labels; meaning
 =====================================  ==========  =============================================
 rows_in_total                          counter     feature rows accepted
@@ -38,12 +36,17 @@ labels_received_total                  counter     labels decoded
 labels_total                           counter     outcome = joined | duplicate | expired | orphan
 rows_unlabelled_total                  counter     why = expired | evicted
 dead_letters_total                     counter     reason (every codec.REASONS value)
+missing_values_total                   counter     field: named-field events with that input missing or null
+undeclared_values_total                counter     field: named-field events with a category value not declared
 dead_letters_truncated_total           counter     reason: dead letters written as an excerpt (too large)
 dead_letters_dropped_total             counter     reason: dead letters not written (refused even as excerpts)
 transactions_total                     counter     outcome = committed | aborted
 pending_rows, held_rows, early_labels  gauge       join buffer, warm-up hold, early labels
 model_version                          gauge       changes of β
-prequential                            gauge       metric = accuracy | rmse, window = all | sliding, mode
+prequential                            gauge       metric = accuracy | log_loss | brier | roc_auc | balanced_accuracy
+                                                   (classification) | rmse | mae, window = all | sliding, mode
+class_precision, class_recall          gauge       class, window: prequential precision and recall of each class
+calibration_temperature                gauge       kappa: the calibration map in force (docs/design.md §12)
 immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)
@@ -61,6 +64,9 @@ batch_update_seconds                   histogram   one step: forward update, pre
 prediction_latency_seconds             histogram   Kafka produce time of the features → prediction produced
 event_latency_seconds                  histogram   the row's "ts" (event time) → prediction produced
 =====================================  ==========  =============================================
+=======
+The names, types and labels exported are listed for users in docs/operations.md ("Health, readiness,
+metrics, logs"); tests/ops/test_metrics_documented.py keeps that table equal to what a scrape returns.
 """
 
 from __future__ import annotations
@@ -194,6 +200,7 @@ class Metrics:
         self._rows_in_seen = 0
         self.broker_up: bool | None = None  # None: no statistics yet
         self.worker = None
+        self.starting = ""  # before there is a worker: what the start is doing (``iolstream run`` says)
         self.server: ThreadingHTTPServer | None = None
 
     # ---------------------------------------------------- worker thread
@@ -303,8 +310,11 @@ class Metrics:
         totals = dict(self._totals)
         keys = list(PLAIN_COUNTERS) + list(LABEL_OUTCOMES.values()) + list(UNLABELLED.values())
         raw = {key: status.get(key, 0) for key in keys}
+        for kind, counts in status.get("fields", {}).items():  # named fields: missing / undeclared, per field
+            raw.update({f"{kind}/{name}": n for name, n in counts.items()})
         for key, value in raw.items():
-            last = self._last_raw.get(key, value)  # the first look is the baseline
+            # the first look is the baseline; a key that appears later (a field's first missing value) counts from 0
+            last = self._last_raw.get(key, 0 if self._last_raw else value)
             totals[key] = totals.get(key, 0) + max(0, value - last)
         self._last_raw = raw
         return totals
@@ -314,7 +324,9 @@ class Metrics:
         """``/healthz``: (ok, why): the loop ticked recently."""
         w = self.worker
         if w is None:
-            return False, "starting"
+            return False, f"starting: {self.starting}" if self.starting else "starting"
+        if w.starting is not None:
+            return False, f"starting: {w.starting}"
         limit = max(5 * self.cfg.kafka.poll_timeout_ms / 1000.0, HEALTH_MIN_SECONDS)
         idle = time.monotonic() - w.last_tick
         return (True, "ok") if idle <= limit else (False, f"loop stalled for {idle:.1f} s")
@@ -322,7 +334,7 @@ class Metrics:
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: (ok, why): assigned, replay over, broker reachable, not stopping."""
         w = self.worker
-        if w is None:
+        if w is None or w.starting is not None:
             return False, "starting"
         if w.stopping:
             return False, "stopping"

@@ -29,6 +29,7 @@ class WorkerView(Protocol):
         StreamProcessor  # the stream state and its model (replaced or restored in place on a roll-back)
     )
     checkpoint: CheckpointInfo
+    starting: str | None  # what the start is doing (compiling the kernels, ...); None once the loop runs
     last_tick: float  # monotonic time of the loop's last tick
     stopping: bool  # a stop was requested
     connected: bool  # the input consumer exists
@@ -46,6 +47,8 @@ class ModelStatus:
     metric_name: str  # accuracy | rmse
     pending: int
     held: int
+    warmup_rows: int  # rows the warm-up scaler has of the warmup_target it waits for (equal once it froze)
+    warmup_target: int  # model.warmup_rows (0: no warm-up scaler)
     early_labels: int
     model_version: int
     metric: float
@@ -56,6 +59,12 @@ class ModelStatus:
     regret: float
     regret_bound: float
     effective: dict  # the λ and half-life in force (``EdRVFL.effective``)
+    metrics: dict  # every prequential metric over all rows (``stream.prequential``; per-class lists)
+    metrics_window: dict  # the same over the sliding window
+    classes: tuple | None  # the declared classes (per-class metrics), None for regression
+    calibration: (
+        dict | None
+    )  # the calibration map in force ({"kappa", "temperature"}), None if not calibrated
     snapshot_written_at: float
     snapshot_seconds: float
     snapshot_bytes: int
@@ -77,6 +86,8 @@ def model_status(
         metric_name="accuracy" if mc.task == "classification" else "rmse",
         pending=status["pending"],
         held=status["held"],
+        warmup_rows=status["warmup_rows"],
+        warmup_target=status["warmup_target"],
         early_labels=status["early_labels"],
         model_version=status["model_version"],
         metric=status["metric"],
@@ -87,6 +98,10 @@ def model_status(
         regret=regret[1],
         regret_bound=regret[2],
         effective=proc.model.effective,
+        metrics=status["metrics"],
+        metrics_window=status["metrics_window"],
+        classes=mc.classes,
+        calibration=proc.model.calibration_in_force(),
         snapshot_written_at=checkpoint.written_at,
         snapshot_seconds=checkpoint.snapshot_seconds,
         snapshot_bytes=checkpoint.snapshot_bytes,

@@ -6,7 +6,7 @@ from collections import deque
 
 import numpy as np
 
-from iolstream.stream.rows import FeatureRows
+from iolstream.stream.rows import FeatureRows, events_array, events_from_array
 from iolstream.stream.stores import id_array
 
 
@@ -83,12 +83,15 @@ class MicroBatcher:
     def to_state(self) -> dict[str, np.ndarray]:
         rows = FeatureRows.concat([r for r, _ in self._chunks]) if self._chunks else None
         arrival = [t for r, t in self._chunks for _ in range(len(r))]
-        return {
+        state = {
             "ids": id_array(rows.ids if rows else []),
             "X": rows.X if rows else np.empty((0, self._n_features)),
             "ts": rows.ts if rows else np.empty(0, dtype=np.int64),
             "arrival_ms": np.array(arrival, dtype=np.int64),
         }
+        if rows is not None and rows.events is not None:  # named-field rows: their events
+            state["events"] = events_array(rows.events)
+        return state
 
     @classmethod
     def from_state(cls, state, **kwargs) -> MicroBatcher:
@@ -96,12 +99,16 @@ class MicroBatcher:
         ids = [str(s) for s in state["ids"].tolist()]
         X = np.ascontiguousarray(state["X"], dtype=np.float64)
         ts, arrival = np.asarray(state["ts"], dtype=np.int64), np.asarray(state["arrival_ms"], dtype=np.int64)
+        events = events_from_array(state["events"]) if "events" in state else None
         if X.ndim != 2 or len(X) != len(ids) or ts.shape != (len(ids),) or arrival.shape != (len(ids),):
             raise ValueError("inconsistent micro-batcher state")
+        if events is not None and len(events) != len(ids):
+            raise ValueError("inconsistent micro-batcher state: events")
         mb._n_features = X.shape[1]
         # one chunk per run of equal arrival times (batch boundaries depend only on row counts)
         starts = [0] + [i for i in range(1, len(ids)) if arrival[i] != arrival[i - 1]] + [len(ids)]
         for a, b in zip(starts[:-1], starts[1:]):
             if b > a:
-                mb.add(FeatureRows(ids[a:b], X[a:b], ts[a:b].copy()), int(arrival[a]))
+                part = None if events is None else events[a:b]
+                mb.add(FeatureRows(ids[a:b], X[a:b], ts[a:b].copy(), part), int(arrival[a]))
         return mb

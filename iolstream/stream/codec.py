@@ -36,9 +36,10 @@ Decisions worth knowing:
   absent -> -1. Anything else -> ``bad_schema`` (row-level in a ts list).
 - Classification y: the declared class itself; int classes also accept
   integral floats (3.0) and numeric strings ("3", via ``int()``); string
-  classes accept only those exact strings. A scalar that is not a class ->
-  ``unknown_class`` (a non-finite float -> ``non_finite``); a bool, null,
-  list or object -> ``bad_label``.
+  classes accept only those exact strings; false/true classes accept a
+  JSON boolean and the texts "true"/"false" (any case). A scalar that is
+  not a class -> ``unknown_class`` (a non-finite float -> ``non_finite``);
+  a bool (but for false/true classes), null, list or object -> ``bad_label``.
 - Regression y: a number (m = 1; ``[v]`` is accepted too) or a list of m
   numbers; wrong shape/type -> ``bad_label``, null -> ``non_finite``.
 - An id repeated within one message (features or labels): the later row is
@@ -63,65 +64,38 @@ overhead over ``orjson.loads`` stays about one numpy conversion.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 import orjson
 
 from iolstream.stream.encoding import row_message
 from iolstream.stream.rows import REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.values import (
+    MAX_ID_CHARS,
+    MAX_TS_MS,
+    check_id,
+    check_label,
+    check_ts,
+    fast_ids,
+    fast_labels,
+    json_type,
+    labels_array,
+    may_hold_bool,
+    short,
+)
 
 __all__ = [
+    "MAX_ID_CHARS",
     "REASONS",
+    "ArrayCodec",
     "decode_features",
     "decode_labels",
 ]
 
-MAX_ID_CHARS = 256  # ids are stored as fixed-width numpy unicode in snapshots: keep the width bounded
-MAX_TS_MS = 2**62  # event times beyond this are not milliseconds
 _NUMBER_TYPES = frozenset((int, float))  # exact types: bool is not a number here
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _json_type(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a bool"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    return "an object"
-
-
-def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _may_hold_bool(raw: bytes) -> bool:
-    """False when ``raw`` surely holds no JSON ``true``/``false`` (numpy would read them as 1.0/0.0).
-
-    Two memchr scans rule out most messages; otherwise the 'u' of "true" and the 'l' of
-    "false" are located with numpy and their neighbours checked. A hit inside a string
-    (an id "true-1") only sends the message to the exact per-row path.
-    """
-    if raw.find(b"u") < 0 and raw.find(b"l") < 0:
-        return False
-    a = np.frombuffer(raw, dtype=np.uint8)
-    p = np.flatnonzero(a[2:-1] == ord("u")) + 2  # t r [u] e
-    if p.size and ((a[p - 2] == ord("t")) & (a[p - 1] == ord("r")) & (a[p + 1] == ord("e"))).any():
-        return True
-    p = np.flatnonzero(a[2:-2] == ord("l")) + 2  # f a [l] s e
-    if not p.size:
-        return False
-    f_a = (a[p - 2] == ord("f")) & (a[p - 1] == ord("a"))
-    return bool((f_a & (a[p + 1] == ord("s")) & (a[p + 2] == ord("e"))).any())
 
 
 def _whole(reason: str, detail: str, raw: bytes) -> list[tuple[BadInput, bytes]]:
@@ -141,7 +115,7 @@ def _parse(value: bytes | None, max_bytes: int):
     except orjson.JSONDecodeError as exc:
         return None, raw, _whole("malformed_json", f"not valid JSON: {exc}", raw)
     if type(obj) is not dict:
-        return None, raw, _whole("bad_schema", f"top level is {_json_type(obj)}, not an object", raw)
+        return None, raw, _whole("bad_schema", f"top level is {json_type(obj)}, not an object", raw)
     if "ids" in obj and "id" in obj:
         return None, raw, _whole("bad_schema", "both 'id' and 'ids' given", raw)
     return obj, raw, None
@@ -156,7 +130,7 @@ def _batch_columns(obj: dict, raw: bytes, key: str):
         return (
             None,
             None,
-            _whole("bad_schema", f"'{which}' is {_json_type(obj.get(which))}, not an array", raw),
+            _whole("bad_schema", f"'{which}' is {json_type(obj.get(which))}, not an array", raw),
         )
     if len(ids) != len(values):
         return (
@@ -167,46 +141,6 @@ def _batch_columns(obj: dict, raw: bytes, key: str):
     if not ids:
         return None, None, _whole("bad_schema", "empty batch", raw)
     return ids, values, None
-
-
-def _check_id(v) -> tuple[str | None, str | None, str]:
-    """(id, None, "") or (None, reason, why) — the reference rule for one id."""
-    t = type(v)
-    if t is str:
-        if not v:
-            return None, "missing_id", "id is empty"
-        if len(v) > MAX_ID_CHARS:
-            return None, "bad_schema", f"id is {len(v)} characters, limit {MAX_ID_CHARS}"
-        if "\x00" in v:
-            return None, "bad_schema", "id contains a NUL character"
-        return v, None, ""
-    if t is int:
-        return str(v), None, ""
-    if v is None:
-        return None, "missing_id", "id is missing or null"
-    return None, "bad_schema", f"id is {_json_type(v)}, not a string"
-
-
-def _check_ts(v) -> tuple[int | None, str]:
-    """(ms, "") with -1 for absent, or (None, why)."""
-    if v is None:
-        return -1, ""
-    t = type(v)
-    if t is int and 0 <= v <= MAX_TS_MS:
-        return v, ""
-    if t is float and 0.0 <= v <= MAX_TS_MS:  # also rejects nan
-        return int(v), ""
-    return None, f"ts {_short(v)} is not a time in ms (an int >= 0)"
-
-
-def _fast_ids(ids: list) -> bool:
-    """True when every id is a valid str and ids are unique (the common case), cheaply."""
-    if set(map(type, ids)) != {str}:
-        return False
-    unique = set(ids)
-    if len(unique) != len(ids) or "" in unique:
-        return False
-    return max(map(len, ids)) <= MAX_ID_CHARS and "\x00" not in "".join(ids)
 
 
 def _batch_ts(obj: dict, b: int, raw: bytes):
@@ -221,7 +155,7 @@ def _batch_ts(obj: dict, b: int, raw: bytes):
         if arr.dtype.kind in "iu" and arr.size and arr.min() >= 0 and arr.max() <= MAX_TS_MS:
             return arr.astype(np.int64), ts, None
         return None, ts, None  # per-row check by the caller
-    value, why = _check_ts(ts)
+    value, why = check_ts(ts)
     if value is None:
         return None, None, _whole("bad_schema", why, raw)
     return np.full(b, value, dtype=np.int64), [ts] * b, None
@@ -244,7 +178,7 @@ def _check_x_row(row, k: int) -> tuple[str | None, str]:
         elif t is not int:
             if v is None:
                 return "non_finite", f"x[{j}] is null"
-            return "bad_schema", f"x[{j}] is {_json_type(v)}, not a number"
+            return "bad_schema", f"x[{j}] is {json_type(v)}, not a number"
     return None, ""
 
 
@@ -260,13 +194,13 @@ def decode_features(
     # one row: any problem rejects the raw message
     x = obj.get("x")
     if type(x) is not list:
-        why = "'x' is missing" if x is None else f"'x' is {_json_type(x)}, not an array"
+        why = "'x' is missing" if x is None else f"'x' is {json_type(x)}, not an array"
         return None, _whole("bad_schema", why, raw)
-    row_id, reason, why = _check_id(obj.get("id"))
+    row_id, reason, why = check_id(obj.get("id"))
     if reason is None:
         reason, why = _check_x_row(x, n_features)
     if reason is None:
-        ts, why = _check_ts(obj.get("ts"))
+        ts, why = check_ts(obj.get("ts"))
         reason = "bad_schema" if ts is None else None
     if reason is not None:
         return None, _whole(reason, why, raw)
@@ -281,15 +215,13 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
     b = len(ids)
     if set(map(type, x)) != {list}:
         j = next(j for j, row in enumerate(x) if type(row) is not list)
-        return None, _whole(
-            "bad_schema", f"x[{j}] is {_json_type(x[j])}: 'x' must be an array of arrays", raw
-        )
+        return None, _whole("bad_schema", f"x[{j}] is {json_type(x[j])}: 'x' must be an array of arrays", raw)
     ts_values, ts_raw, dead = _batch_ts(obj, b, raw)
     if dead:
         return None, dead
 
     # fast path: every id a unique valid string, x a clean (b, k) numeric block, ts fine
-    if ts_values is not None and _fast_ids(ids) and not _may_hold_bool(raw):
+    if ts_values is not None and fast_ids(ids) and not may_hold_bool(raw):
         try:
             X = np.array(x)
         except ValueError:  # ragged
@@ -303,14 +235,14 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
     good_ids, good_x, good_ts, dead, first_row = [], [], [], [], {}
     for i in range(b):
         row_ts = None if ts_raw is None else ts_raw[i]
-        row_id, reason, why = _check_id(ids[i])
+        row_id, reason, why = check_id(ids[i])
         if reason is None:
             reason, why = _check_x_row(x[i], k)
         if reason is None:
-            ts, why = _check_ts(row_ts)
+            ts, why = check_ts(row_ts)
             reason = "bad_schema" if ts is None else None
         if reason is None and row_id in first_row:
-            reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
+            reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
             dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "x", x[i], row_ts)))
             continue
@@ -327,71 +259,6 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
 # ---------------------------------------------------------------- labels
 
 
-@lru_cache(maxsize=32)
-def _class_lookup(classes: tuple) -> dict:
-    """Class value -> index; int classes also answer to their decimal string (and, by hashing,
-    to integral floats: 3.0 == 3). Bools must be screened out before a lookup (True == 1)."""
-    lookup = {c: i for i, c in enumerate(classes)}
-    if isinstance(classes[0], int):
-        lookup.update({str(c): i for i, c in enumerate(classes)})
-    return lookup
-
-
-def _check_class(v, target: TargetSpec) -> tuple[int | None, str | None, str]:
-    """(index, None, "") or (None, reason, why) — the reference rule for one class label."""
-    t = type(v)
-    if t is bool or v is None or t is list or t is dict:
-        return None, "bad_label", f"y is {_json_type(v)}, not a class label"
-    lookup = _class_lookup(target.classes)
-    int_classes = isinstance(target.classes[0], int)
-    key = v
-    if t is float:
-        if not math.isfinite(v):
-            return None, "non_finite", f"y is {v}"
-        key = v if int_classes else None
-    elif t is int:
-        key = v if int_classes else None
-    elif t is str and int_classes and v not in lookup:
-        try:
-            key = int(v)
-        except ValueError:
-            key = None
-    index = lookup.get(key) if key is not None else None
-    if index is None:
-        return None, "unknown_class", f"y {_short(v)} is not one of the declared classes"
-    return index, None, ""
-
-
-def _check_regression(v, m: int) -> tuple[list | None, str | None, str]:
-    """(list of m floats, None, "") or (None, reason, why) — the reference rule for one target."""
-    values = v if type(v) is list else [v]
-    if type(v) is not list and m != 1:
-        return None, "bad_label", f"y is {_json_type(v)}, expected an array of {m} numbers"
-    if len(values) != m:
-        return None, "bad_label", f"y has {len(values)} values, expected {m}"
-    for j, u in enumerate(values):
-        t = type(u)
-        if u is None:
-            return None, "non_finite", f"y[{j}] is null" if m > 1 else "y is null"
-        if t is not int and t is not float:
-            return None, "bad_label", f"y[{j}] is {_json_type(u)}, not a number"
-        if t is float and not math.isfinite(u):
-            return None, "non_finite", f"y[{j}] is {u}"
-    return [float(u) for u in values], None, ""
-
-
-def _check_label(v, target: TargetSpec):
-    if target.task == "classification":
-        return _check_class(v, target)
-    return _check_regression(v, target.n_outputs)
-
-
-def _labels_array(values: list, target: TargetSpec) -> np.ndarray:
-    if target.task == "classification":
-        return np.array(values, dtype=np.int64).reshape(len(values))
-    return np.array(values, dtype=np.float64).reshape(len(values), target.n_outputs)
-
-
 def decode_labels(
     value: bytes | None, target: TargetSpec, *, max_bytes: int
 ) -> tuple[LabelRows | None, list[tuple[BadInput, bytes]]]:
@@ -403,12 +270,12 @@ def decode_labels(
         return _decode_label_batch(obj, raw, target)
     if "y" not in obj:
         return None, _whole("bad_schema", "'y' is missing", raw)
-    row_id, reason, why = _check_id(obj.get("id"))
+    row_id, reason, why = check_id(obj.get("id"))
     if reason is None:
-        y, reason, why = _check_label(obj["y"], target)
+        y, reason, why = check_label(obj["y"], target)
     if reason is not None:
         return None, _whole(reason, why, raw)
-    return LabelRows([row_id], _labels_array([y], target)), []
+    return LabelRows([row_id], labels_array([y], target)), []
 
 
 def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
@@ -418,18 +285,18 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
     b = len(ids)
 
     y_types = set(map(type, y))  # a flat y shows its bools here; a nested one needs the raw scan
-    if _fast_ids(ids) and bool not in y_types and (list not in y_types or not _may_hold_bool(raw)):
-        Y = _fast_labels(y, target)
+    if fast_ids(ids) and bool not in y_types and (list not in y_types or not may_hold_bool(raw)):
+        Y = fast_labels(y, target)
         if Y is not None:
             return LabelRows(ids, Y), []
 
     good_ids, good_y, dead, first_row = [], [], [], {}
     for i in range(b):
-        row_id, reason, why = _check_id(ids[i])
+        row_id, reason, why = check_id(ids[i])
         if reason is None:
-            value, reason, why = _check_label(y[i], target)
+            value, reason, why = check_label(y[i], target)
         if reason is None and row_id in first_row:
-            reason, why = "duplicate_id", f"duplicate id {_short(row_id)} (first at row {first_row[row_id]})"
+            reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
             dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "y", y[i])))
             continue
@@ -438,29 +305,19 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
         good_y.append(value)
     if not good_ids:
         return None, dead
-    return LabelRows(good_ids, _labels_array(good_y, target)), dead
+    return LabelRows(good_ids, labels_array(good_y, target)), dead
 
 
-def _fast_labels(y: list, target: TargetSpec) -> np.ndarray | None:
-    """The labels array when every y is clean (no bools: screened by the caller), else None."""
-    if target.task == "classification":
-        try:
-            index = list(map(_class_lookup(target.classes).get, y))
-        except TypeError:  # an unhashable y (list, object)
-            return None
-        if None in index:
-            return None
-        return np.array(index, dtype=np.int64)
-    m = target.n_outputs
-    try:
-        Y = np.array(y)
-    except ValueError:  # ragged
-        return None
-    if Y.dtype.kind not in "fiu":
-        return None
-    if Y.shape == (len(y),) and m == 1:
-        Y = Y.reshape(-1, 1)
-    if Y.shape != (len(y), m):
-        return None
-    Y = np.ascontiguousarray(Y, dtype=np.float64)
-    return Y if np.isfinite(Y).all() else None
+class ArrayCodec:
+    """The array format of one model (``decode_features`` / ``decode_labels`` with its width, target and size
+    limit), with the interface of the named-field format (``stream.events.EventCodec``): the processor holds
+    one of the two. The message key plays no part here."""
+
+    def __init__(self, n_features: int, target: TargetSpec, *, max_bytes: int):
+        self.n_features, self.target, self.max_bytes = n_features, target, max_bytes
+
+    def features(self, value: bytes | None, key=None):
+        return decode_features(value, self.n_features, max_bytes=self.max_bytes)
+
+    def labels(self, value: bytes | None, key=None):
+        return decode_labels(value, self.target, max_bytes=self.max_bytes)

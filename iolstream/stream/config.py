@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+# the fields of a prediction itself: a passthrough field may not take their names
+PREDICTION_FIELDS = ("y_hat", "proba", "model_version", "ts", "event_ts", "mode")
+
 _POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
 _NON_NEGATIVE = (lambda v: v >= 0, "an integer ≥ 0")
 _OPTIONAL_POSITIVE = (lambda v: v is None or v >= 1, "null or an integer ≥ 1")
@@ -44,7 +47,9 @@ class StreamConfig:
     max_batch_latency_ms: int = 50
     label_batch_rows: int = 256
     max_label_latency_ms: int = 200
-    max_message_bytes: int = 1_048_576
+    # Kafka's default max.message.bytes of a topic (1,048,588) less the dead-letter headroom (8,192,
+    # kafka.topics.DEAD_LETTER_HEADROOM): topics made with the broker's defaults take every dead letter whole
+    max_message_bytes: int = 1_040_396
     max_pending_rows: int = 100_000
     row_ttl_ms: int | None = 3_600_000
     row_ttl_batches: int | None = None
@@ -53,6 +58,9 @@ class StreamConfig:
     remember_done: int = 200_000
     forget_expired: bool = (
         False  # downdate the Gram of rows whose label never came (default: keep it, docs/design.md §2)
+    )
+    emit_scores: bool = (
+        False  # classification: each prediction also carries "scores", the raw ensemble output
     )
     align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
     align_max_queued_messages: int = (
@@ -88,3 +96,65 @@ class StreamConfig:
             max_early_labels=self.max_early_labels,
             remember_done=self.remember_done,
         )
+
+
+@dataclass(frozen=True)
+class EventsConfig:
+    """The ``events`` section: where named-field events (a model with ``model.features``) keep their id, label
+    and event time, and which of their fields each prediction copies (docs/configuration.md). Field names are
+    dotted paths (``meta.order_id``). Validated when made (a ``ValueError`` naming ``events.<key>``).
+
+    >>> EventsConfig(id_field="order_id", label_field="is_fraud", passthrough=["country"]).passthrough
+    ('country',)
+    >>> EventsConfig(id_field="order_id", label_field="order_id")
+    Traceback (most recent call last):
+    ...
+    ValueError: events.label_field: must differ from events.id_field, got 'order_id'
+    """
+
+    id_field: str = "id"  # the row's id: this field of the event (a prediction names its id so too) ...
+    id_from_key: bool = False  # ... or the message key (one event per message then)
+    label_field: str = "y"  # the label, in the labels topic's events
+    time_field: str | None = (
+        None  # the event time in ms (null: none; Kafka's timestamps still order catch-up)
+    )
+    passthrough: tuple = ()  # fields copied from each event into its prediction
+
+    def __post_init__(self):
+        for key in ("id_field", "label_field", "time_field"):
+            value = getattr(self, key)
+            if value is None and key == "time_field":
+                continue
+            if not _field_name(value):
+                raise ValueError(
+                    f"events.{key}: must be a field name (a dotted path reaches a nested field), got {value!r}"
+                )
+        if not isinstance(self.id_from_key, bool):
+            raise ValueError(f"events.id_from_key: must be true or false, got {self.id_from_key!r}")
+        if self.label_field == self.id_field:
+            raise ValueError(
+                f"events.label_field: must differ from events.id_field, got {self.label_field!r}"
+            )
+        passthrough = self.passthrough
+        if isinstance(passthrough, str) or not isinstance(passthrough, (list, tuple)):
+            raise ValueError(f"events.passthrough: must be a list of field names, got {passthrough!r}")
+        object.__setattr__(self, "passthrough", tuple(passthrough))
+        for name in self.passthrough:
+            if not _field_name(name):
+                raise ValueError(f"events.passthrough: {name!r} is not a field name")
+            if name in PREDICTION_FIELDS or name == self.id_field:
+                raise ValueError(
+                    f"events.passthrough: {name!r} is a field of the prediction itself "
+                    f"({', '.join((self.id_field, *PREDICTION_FIELDS))})"
+                )
+        if len(set(self.passthrough)) != len(self.passthrough):
+            raise ValueError(f"events.passthrough: a field is listed twice in {list(self.passthrough)}")
+
+    @property
+    def is_default(self) -> bool:
+        """Whether every key has its default (the only events section an array-format model may have)."""
+        return self == EventsConfig()
+
+
+def _field_name(value) -> bool:
+    return isinstance(value, str) and bool(value) and all(value.split("."))

@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import orjson
 
-from iolstream.stream.rows import TargetSpec
+from iolstream.stream.rows import FeatureRows, TargetSpec
 
 
 def row_message(id_value, key: str, value, ts=None) -> bytes:
@@ -43,6 +43,13 @@ def feature_message(row_id: str, x: np.ndarray, ts: int = -1) -> bytes:
     return row_message(row_id, "x", np.asarray(x, dtype=np.float64).tolist(), int(ts) if ts >= 0 else None)
 
 
+def row_dead_letter(rows: FeatureRows, i: int) -> bytes:
+    """Row ``i`` of ``rows`` as a one-row message: its event as it came (named fields), or ``feature_message``."""
+    if rows.events is not None:
+        return bytes(memoryview(orjson.dumps(rows.events[i])))
+    return feature_message(rows.ids[i], rows.X[i], int(rows.ts[i]))
+
+
 def encode_predictions(
     ids: list[str],
     y_hat: np.ndarray,
@@ -53,6 +60,9 @@ def encode_predictions(
     ts_out_ms: int,
     mode: str,
     classes: tuple | None,
+    scores: np.ndarray | None = None,
+    id_key: str = "id",
+    extra: list[bytes] | None = None,
 ) -> list[bytes]:
     """One JSON prediction per row (docs/design.md §5).
 
@@ -60,7 +70,11 @@ def encode_predictions(
               itself; regression: (b,) or (b, m) floats, emitted as a float when m = 1, else a list
     proba   : (b, m) class probabilities (classification) or None
     ts_in   : (b,) int64 event times, -1 where absent (then "event_ts" is left out), or None
-    Fields: id, y_hat, [proba], model_version, ts (= ts_out_ms), [event_ts], mode.
+    scores  : (b, m) the ensemble's raw outputs (``stream.emit_scores``), or None
+    id_key  : the name of the id field (named-field events: the team's own, ``events.id_field``)
+    extra   : per row, more fields as a JSON fragment without braces (``"country":"FR"``: the
+              passthrough fields of named-field events), or None
+    Fields: <id_key>, y_hat, [proba], [scores], model_version, ts (= ts_out_ms), [event_ts], mode, [extra...].
     Non-finite floats are written as null (orjson's rule).
 
     The whole batch is serialised by a few orjson calls and split, then each row's message is
@@ -76,21 +90,26 @@ def encode_predictions(
     id_json = _split_json_list(orjson.dumps(ids), b)
     if id_json is None:  # an id with a comma in it: one call per id
         id_json = [orjson.dumps(i) for i in ids]
-    head = b'{"id":%b,"y_hat":%b'
+    key = orjson.dumps(id_key).replace(b"%", b"%%")
+    head = b"{" + key + b':%b,"y_hat":%b'
     if classes is not None:
         class_json = _class_json(classes)
         y_json = [class_json[i] for i in np.asarray(y_hat).reshape(b).tolist()]
     else:
         values = np.asarray(y_hat, dtype=np.float64).reshape(b, -1)
         if values.shape[1] > 1:
-            head = b'{"id":%b,"y_hat":[%b]'
+            head = b"{" + key + b':%b,"y_hat":[%b]'
         y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
     parts = [id_json, y_json]
-    if proba is not None:
-        head += b',"proba":[%b]'
-        parts.append(_rows_json(np.asarray(proba, dtype=np.float64).reshape(b, -1)))
+    for name, values in ((b"proba", proba), (b"scores", scores)):
+        if values is not None:
+            head += b',"' + name + b'":[%b]'
+            parts.append(_rows_json(np.asarray(values, dtype=np.float64).reshape(b, -1)))
     head += b',"model_version":%d,"ts":%d' % (int(model_version), int(ts_out_ms))
     tail = b',"mode":%b}' % orjson.dumps(mode)
+    if extra is not None:  # the passthrough fragments: the row's last field(s), one more %b per row
+        tail = tail[:-1].replace(b"%", b"%%") + b",%b}"
+        return _fill_extra(head, tail, parts, extra, ts_in, b)
     event = np.asarray(ts_in).reshape(b) if ts_in is not None else None
     if event is None or (event < 0).all():
         fill = head + tail.replace(b"%", b"%%")
@@ -99,10 +118,24 @@ def encode_predictions(
     without = head + tail.replace(b"%", b"%%")
     events = event.tolist()
     # the fields named, not star-unpacked (``*row, e``): that built a list and a tuple per row, 40 % of the fill
-    if proba is None:
+    if len(parts) == 2:
         return [with_event % (i, y, e) if e >= 0 else without % (i, y) for i, y, e in zip(*parts, events)]
+    if len(parts) == 3:
+        return [
+            with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
+        ]
+    return [with_event % (*row, e) if e >= 0 else without % row for row, e in zip(zip(*parts), events)]
+
+
+def _fill_extra(head: bytes, tail: bytes, parts: list, extra: list[bytes], ts_in, b: int) -> list[bytes]:
+    """``encode_predictions``' rows with a passthrough fragment each (``tail`` ends in its ``%b``)."""
+    parts = [*parts, extra]
+    event = np.asarray(ts_in).reshape(b).tolist() if ts_in is not None else [-1] * b
+    with_event = head + b',"event_ts":%d' + tail
+    without = head + tail
     return [
-        with_event % (i, y, p, e) if e >= 0 else without % (i, y, p) for i, y, p, e in zip(*parts, events)
+        with_event % (*row[:-1], e, row[-1]) if e >= 0 else without % row
+        for row, e in zip(zip(*parts), event)
     ]
 
 

@@ -206,7 +206,7 @@ class GroupState:
         if self.proposal is not None or self.proposed or self.model.scaler.frozen:
             return
         scaler = self.model.scaler
-        mine = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows)
+        mine = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows, scaled=scaler.scaled)
         mine.partial_fit(head)
         self.proposal = mine.to_state()
 
@@ -216,7 +216,7 @@ class GroupState:
         scaler = self.model.scaler
         if scaler.frozen:
             return False
-        proposal = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows)
+        proposal = Scaler("warmup", scaler.n_features, warmup_rows=scaler.warmup_rows, scaled=scaler.scaled)
         proposal.load_state(state)  # checked before the model's scaler takes it
         if (
             not proposal.frozen

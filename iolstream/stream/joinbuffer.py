@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.stream.encoding import feature_message, label_message
+from iolstream.stream.encoding import feature_message, label_message, row_dead_letter
 from iolstream.stream.joined import ExpireResult, JoinResult
 from iolstream.stream.recent_ids import RecentIds
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
@@ -230,7 +230,7 @@ class JoinBuffer:
         for i, row_id in enumerate(rows.ids):
             if row_id in pending or kinds[i] or row_id in seen:
                 bad = BadInput("duplicate_id", self._duplicate_why(row_id, kinds[i]))
-                rejected.append((bad, feature_message(row_id, rows.X[i], int(rows.ts[i]))))
+                rejected.append((bad, row_dead_letter(rows, i)))
             else:
                 seen.add(row_id)
                 keep.append(i)
@@ -239,7 +239,7 @@ class JoinBuffer:
         self.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep), rejected
 
     def add_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
         """Rows just observed (already forward-updated). Early labels waiting for them join now.

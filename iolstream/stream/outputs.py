@@ -19,7 +19,7 @@ class DeadLetter:
 
     value: bytes
     bad: BadInput
-    source: object  # opaque: what the adapter passed in; None when unknown
+    source: object  # opaque: what the adapter passed in (the Kafka adapter: with the message's key); None when unknown
 
 
 @dataclass

@@ -58,7 +58,8 @@ from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
 from iolstream.stream import codec, encoding, payload
 from iolstream.stream.batcher import MicroBatcher
-from iolstream.stream.config import StreamConfig
+from iolstream.stream.config import EventsConfig, StreamConfig
+from iolstream.stream.events import EventCodec
 from iolstream.stream.feature_cache import FeatureCache
 from iolstream.stream.joinbuffer import JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
@@ -86,11 +87,25 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
     ):
         self.model = model
         self.cfg = cfg
         mc = model.config
         self.target = TargetSpec(mc.task, mc.classes, mc.m)
+        # named-field events (a model with a feature schema, docs/design.md §11), or None: array messages
+        self.event_shape = events or EventsConfig()
+        if mc.features is None and not self.event_shape.is_default:
+            raise ValueError("events: named-field events need model.features (without it, rows are arrays)")
+        self.events = (
+            None
+            if mc.features is None
+            else EventCodec(mc.schema, self.event_shape, self.target, max_bytes=cfg.max_message_bytes)
+        )
+        # what decodes the input: the named-field events, or the arrays (both: features / labels (value, key))
+        self.decoder = self.events or codec.ArrayCodec(
+            mc.n_inputs, self.target, max_bytes=cfg.max_message_bytes
+        )
         self.n_features = mc.n_inputs
         self.n_candidates = len(model.learners)
         self.layout = PayloadLayout(mc.n_inputs, self.n_candidates, mc.n_layers, mc.m)  # pending rows' fields
@@ -116,7 +131,7 @@ class StreamProcessor:
             "rows_forgotten": 0,
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
-        self.metric = PrequentialMetric(mc.task, window_rows)
+        self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
@@ -124,14 +139,18 @@ class StreamProcessor:
 
     # ------------------------------------------------------------ input
     def feed(
-        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None
+        self, value: bytes | None, source, now_ms: int, labels: bool = False, accepted=None, key=None
     ) -> StepOutput | None:
         """One message in (features, or ``labels``): decoded, batched or joined. Returns what to emit: its
         dead letters, and the predictions of the batch it filled; None when there is nothing. A full batch is
         predicted at once, before the labels that follow it come, so that (aligned) each label message folds
         in its batch alone. ``accepted()``: called once the message is taken in, before a batch it filled is
-        predicted (the adapter notes when its rows arrived)."""
-        dead = self.on_labels(value, source, now_ms) if labels else self.on_features(value, source, now_ms)
+        predicted (the adapter notes when its rows arrived). ``key``: the message key (named-field events
+        may take their id from it; a dead letter keeps what the adapter put in its ``source``)."""
+        if labels:
+            dead = self.on_labels(value, source, now_ms, key)
+        else:
+            dead = self.on_features(value, source, now_ms, key)
         if accepted is not None:
             accepted()
         if len(self.batcher) < self.cfg.batch_rows:
@@ -148,10 +167,10 @@ class StreamProcessor:
             out.append(DeadLetter(raw if raw is not None else value, bad, source))
         return out
 
-    def on_features(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a features message into the batcher; bad rows come back as dead letters."""
         self.counters["messages_features"] += 1
-        rows, rejected = codec.decode_features(value, self.n_features, max_bytes=self.cfg.max_message_bytes)
+        rows, rejected = self.decoder.features(value, key)
         dead = self._dead(rejected, source)
         if rows is None or not len(rows.ids):
             return dead
@@ -160,6 +179,10 @@ class StreamProcessor:
         if rows is not None and self._queued_ids.intersection(rows.ids):
             rows, queued = self._screen_queued(rows)
             duplicates += queued
+        if (
+            duplicates and self.events is not None
+        ):  # counted when decoded: a duplicate is no event of the stream
+            self.events.uncount([letter for _, letter in duplicates])
         dead += self._dead(duplicates, source, raw=value if single else None)
         if rows is not None and len(rows.ids):
             self.counters["rows_in"] += len(rows.ids)
@@ -173,7 +196,7 @@ class StreamProcessor:
         rejected = [
             (
                 BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-                encoding.feature_message(row_id, rows.X[i], int(rows.ts[i])),
+                encoding.row_dead_letter(rows, i),
             )
             for i, row_id in enumerate(rows.ids)
             if row_id in self._queued_ids
@@ -181,12 +204,12 @@ class StreamProcessor:
         self.join.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
-        return FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), rejected
+        return rows.keep(keep), rejected
 
-    def on_labels(self, value: bytes | None, source, now_ms: int) -> list[DeadLetter]:
+    def on_labels(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
         self.counters["messages_labels"] += 1
-        labels, rejected = codec.decode_labels(value, self.target, max_bytes=self.cfg.max_message_bytes)
+        labels, rejected = self.decoder.labels(value, key)
         dead = self._dead(rejected, source)
         if labels is None or not len(labels.ids):
             return dead
@@ -279,13 +302,20 @@ class StreamProcessor:
             ts_out_ms=now_ms,
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
+            scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
+            id_key=self.event_shape.id_field,
+            extra=None if self.events is None else self.events.passthrough(rows.events),
         )
         out.event_ts = rows.ts if out.event_ts is None else np.concatenate([out.event_ts, rows.ts])
         self.counters["predictions_out"] += b
         mc = self.model.config
         outputs = np.asarray(pred.predicted).reshape(self.n_candidates, mc.n_layers, b, mc.m)  # (K, L, b, m)
         rows_payload = self.layout.build(
-            rows.X, stamp=pred.clock, candidate=self.model.selector.chosen, outputs=outputs
+            rows.X,
+            stamp=pred.clock,
+            candidate=self.model.selector.chosen,
+            outputs=outputs,
+            emitted=pred.proba if pred.proba is not None else pred.value,
         )
         self.feature_cache.put(
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
@@ -347,20 +377,20 @@ class StreamProcessor:
         emitted_outputs = (
             outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
         )
-        features_t, emitted = self._features_for(layout.x(rows), seqs, layout.position(rows))
+        features_t, _ = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
-        if emitted is None:  # the ensemble of the stored layer outputs: what was emitted for these rows
-            _, index, value = self.model.combine(emitted_outputs)
+        emitted = layout.emitted(rows)  # what was sent for these rows: probabilities, or values
+        if mc.task == "classification":
+            index = self.model.decide(emitted, emitted_outputs)
+            self.metric.update_classes(
+                y, index, emitted if self.model.config.ensemble_rule == "softmax" else None
+            )
         else:
-            index, value = (emitted, None) if mc.task == "classification" else (None, emitted)
-        if index is not None:
-            self.metric.update((index == y).astype(float))
-        else:
-            self.metric.update(((value - targets) ** 2).mean(axis=1))
+            self.metric.update_values(emitted, targets)
         return b
 
     def _features_for(self, x: np.ndarray, seqs: np.ndarray, positions: np.ndarray):
@@ -414,11 +444,21 @@ class StreamProcessor:
         c.update({f"join_{k}": v for k, v in self.join.counters.items()})
         c["pending"] = self.pending_rows
         c["held"] = self.held_rows
+        # the warm-up scaler: rows it has (batched or held, none predicted) of the rows it waits for; 0 of 0 without one
+        scaler = self.model.scaler
+        c["warmup_target"] = 0 if scaler.mode != "warmup" else scaler.warmup_rows
+        c["warmup_rows"] = c["warmup_target"] if scaler.frozen else min(self.queued_rows, c["warmup_target"])
         c["early_labels"] = self.join.n_early
         c["dead_letters"] = sum(self.dead_letters.values())
         c["metric"] = self.metric.value
         c["metric_window"] = self.metric.window_value
+        c["metrics"] = self.metric.values()
+        c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
+        if (
+            self.events is not None
+        ):  # named fields: per field, events with it missing / with an undeclared value
+            c["fields"] = self.events.counts()
         return c
 
     # ------------------------------------------------------------- state
@@ -429,13 +469,14 @@ class StreamProcessor:
         arrays.update({f"batcher/{k}": v for k, v in self.batcher.to_state().items()})
         arrays.update({f"join/{k}": v for k, v in self.join.to_state().items()})
         arrays.update(self.label_queue.to_arrays())
-        arrays["metric/window"] = np.asarray(self.metric.window, dtype=np.float64)
+        metric_manifest, metric_arrays = self.metric.to_state()
+        arrays.update(metric_arrays)
         arrays["last_losses"] = self.last_losses
         manifest["stream"] = {
             "batch_seq": self.batch_seq,
             "counters": self.counters,
             "dead_letters": self.dead_letters,
-            "metric": {"n": self.metric.n, "total": self.metric.total},
+            "metric": metric_manifest,
             "label_queue_since_ms": self.label_queue.since_ms,
             "last_label_rows": self.last_label_rows,
             "early_sources": [
@@ -443,6 +484,8 @@ class StreamProcessor:
             ],
             "payload": list(PAYLOAD),
         }
+        if self.events is not None:
+            manifest["stream"]["fields"] = self.events.counts()
         return manifest, arrays
 
     def restore(self, other: StreamProcessor) -> None:
@@ -462,16 +505,18 @@ class StreamProcessor:
         *,
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
+        events: EventsConfig | None = None,
     ) -> StreamProcessor:
         """A processor resuming from ``to_state``'s (manifest, arrays)."""
         model = state_io.model_from_arrays(manifest, arrays)
-        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement)
+        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement, events=events)
         st = manifest["stream"]
+        if proc.events is not None:
+            proc.events.load_counts(st.get("fields"))
         proc.batch_seq = int(st["batch_seq"])
         proc.counters.update(st["counters"])
         proc.dead_letters.update(st["dead_letters"])
-        proc.metric.n, proc.metric.total = int(st["metric"]["n"]), float(st["metric"]["total"])
-        proc.metric.window.extend(arrays["metric/window"].tolist())
+        proc.metric.load_state(st["metric"], arrays)
         proc.last_losses = np.array(arrays["last_losses"], dtype=float)
         proc.last_label_rows = int(st.get("last_label_rows", 0))
         arrays = payload.upgrade(arrays, manifest["format_version"], st.get("payload"), model)

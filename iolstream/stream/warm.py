@@ -5,7 +5,8 @@ batches of a stream (and each kernel variant the step tuner first tries) pay for
 middle of the stream. ``preload`` runs a tiny model of the same kind (dtype, mode, solver,
 activation, task) through the paths a stream takes — batch and one-row messages, the forward
 step, label folds (whole batches and recomputed features), the id memory — serial and parallel.
-docker/warmup.py calls ``exercise`` for every kind, at image build.
+``iolstream warmup`` runs the same ahead of time (``every_kind`` with ``--all``, as the container image's build
+does), into the cache the worker then reads.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import contextlib
 import dataclasses
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import orjson
+from numba.core import event
 
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.config import StreamConfig
@@ -43,6 +46,9 @@ def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -
 
 
 def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:
+    if config.features is not None:  # the kernels are those of the encoded rows: exercised as array rows
+        scaler = "none" if config.scaler == "fixed" else config.scaler
+        config = dataclasses.replace(config, features=None, scaler=scaler)
     proc = StreamProcessor(
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )
@@ -97,11 +103,15 @@ def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) 
         proc.model.regret()
 
 
-def preload(config: ModelConfig, *, parallel: bool = True) -> float:
-    """Load the kernels a stream of a model like ``config`` takes (both solvers when "auto",
-    the parallel variants too if ``parallel``); returns the seconds it took."""
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
+# What a cold start's compile of one model's kernels costs (nothing cached): ~53 CPU seconds measured
+# (docs/operations.md "Numba's compiled-kernel cache"); said in the worker's log before it starts compiling.
+COLD_COMPILE_SECONDS = "about 50 s on 2 idle cores"
+
+
+def kernel_runs(config: ModelConfig, *, parallel: bool = True) -> list[tuple[ModelConfig, bool]]:
+    """The tiny models (and serial or parallel) whose streams take the kernels a stream of ``config`` takes:
+    its dtype, mode, task and candidates; both solvers when "auto" (small batches take Woodbury, large ones
+    Gram + Cholesky), the parallel variants too if ``parallel`` (``runtime.StepTuner`` tries them)."""
     small = {"n_nodes": 8, "warmup_rows": 8} if config.scaler == "warmup" else {"n_nodes": 8}
     # with forgetting, "auto" always takes Gram + Cholesky (A is rescaled every batch: no rank-b update)
     solvers = (
@@ -109,8 +119,49 @@ def preload(config: ModelConfig, *, parallel: bool = True) -> float:
         if config.solver == "auto" and config.forgetting is None
         else (config.solver,)
     )
-    for solver in solvers:
-        tiny = dataclasses.replace(config, solver=solver, **small)
-        for par in (False, True) if parallel else (False,):
+    return [
+        (dataclasses.replace(config, solver=solver, **small), par)
+        for solver in solvers
+        for par in ((False, True) if parallel else (False,))
+    ]
+
+
+class Warmed(NamedTuple):
+    """What loading the kernels took: seconds, and how many kernels (and their callees, each signature) had to be
+    compiled (0: every one came from the cache)."""
+
+    seconds: float
+    compiled: int
+
+
+def preload(config: ModelConfig, *, parallel: bool = True, progress=None) -> Warmed:
+    """Load (or compile) the kernels a stream of a model like ``config`` takes (``kernel_runs``).
+    ``progress(done, total, seconds, compiled)`` is called after each run."""
+    return run_all(kernel_runs(config, parallel=parallel), progress=progress)
+
+
+def run_all(runs: list[tuple[ModelConfig, bool]], *, progress=None) -> Warmed:
+    """``exercise`` each (tiny model, parallel) of ``runs``, counting Numba's compilations."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    with event.install_recorder("numba:compile") as recorded:
+        for done, (tiny, par) in enumerate(runs, 1):
             exercise(tiny, rng, parallel=par)
-    return time.perf_counter() - t0
+            if progress is not None:
+                compiled = sum(1 for _, e in recorded.buffer if e.is_end)
+                progress(done, len(runs), time.perf_counter() - t0, compiled)
+    return Warmed(time.perf_counter() - t0, sum(1 for _, e in recorded.buffer if e.is_end))
+
+
+def every_kind() -> list[tuple[ModelConfig, bool]]:
+    """The runs of every kind of model a config may ask for: both dtypes, classification and regression, the
+    three modes, and ``lam`` and ``forgetting`` auto; serial and parallel (an image that serves any config)."""
+    runs = []
+    for dtype in ("float64", "float32"):
+        for target in ({"classes": (0, 1)}, {"n_outputs": 1}):
+            base = ModelConfig(n_inputs=3, n_layers=2, scaler="none", dtype=dtype, **target)
+            kinds = [dataclasses.replace(base, mode=mode) for mode in ("forward", "ridge", "auto")]
+            kinds.append(dataclasses.replace(base, lam="auto", forgetting="auto"))
+            for kind in kinds:
+                runs += kernel_runs(kind)
+    return runs

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from iolstream.core import unit_ranges
-from iolstream.stream.rows import FeatureRows, concat_rows
+from iolstream.stream.rows import FeatureRows, concat_rows, events_from_array
 
 log = logging.getLogger("iolstream.processor")  # said by the processor, whose warm-up it is
 
@@ -82,7 +82,10 @@ class WarmUpHold:
         """Back from ``to_arrays`` (a state without sizes held one batch)."""
         held = {k[len("held/") :]: v for k, v in arrays.items() if k.startswith("held/")}
         if len(held.get("ids", ())):
-            rows = FeatureRows([str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"])
+            events = events_from_array(held["events"]) if "events" in held else None  # named-field rows
+            rows = FeatureRows(
+                [str(i) for i in held["ids"]], np.ascontiguousarray(held["X"]), held["ts"], events
+            )
             bounds = np.concatenate([[0], np.cumsum(held.get("sizes", [len(rows)]))])
             self.batches = [rows.take(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 

@@ -29,7 +29,9 @@ def add_parser(subparsers):
         default="admin.properties",
         help="the admin's client settings file named in the lines (default: %(default)s)",
     )
-    p.add_argument("--command", default="kafka-acls.sh", help="the tool's name (default: %(default)s)")
+    p.add_argument(
+        "--command", default="kafka-acls.sh", dest="tool", help="the tool's name (default: %(default)s)"
+    )
     p.set_defaults(func=main)
     return p
 
@@ -54,7 +56,7 @@ def main(args) -> int:
         principal,
         bootstrap=args.bootstrap or cfg.kafka.bootstrap_servers,
         command_config=args.command_config,
-        command=args.command,
+        command=args.tool,
     ):
         print(line)
     return 0

@@ -24,9 +24,8 @@ from threadpoolctl import threadpool_limits
 from iolstream.core import learner as learner_mod
 from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
-from iolstream.core.model import ModelConfig
+from iolstream.core.model import ModelConfig, make_scaler
 from iolstream.core.network import RandomNetwork
-from iolstream.core.scaling import Scaler
 from iolstream.tools.datasets import DataError
 
 BASELINES = ("os-elm", "river-softmax", "river-arf", "river-hat")
@@ -51,9 +50,7 @@ class OSELM:
         k, n_nodes = config.n_inputs, config.n_nodes
         lam = ModelConfig.lam if config.lam == "auto" else config.lam  # auto: OS-ELM takes the default λ
         self.lam = max(learner_mod.as_lams(lam, config.n_layers))
-        self.scaler = Scaler(
-            config.scaler, k, warmup_rows=config.warmup_rows, mean=config.scaler_mean, std=config.scaler_std
-        )
+        self.scaler = make_scaler(config)  # the model's: a feature schema z-scores its number columns only
         self.network = RandomNetwork.create(
             k, n_nodes, 1, activation=config.activation, init=config.init, seed=config.seed, bias_column=False
         )
@@ -82,6 +79,13 @@ class OSELM:
         hidden_t = self._hidden_t(x)
         outputs = self.learner.layer_outputs(hidden_t)
         return (hidden_t, outputs), self._decide(outputs[0])
+
+    def probabilities(self, handle):
+        """The outputs clipped to [0.005, 1] and normalised (a ridge fit of one-hot targets has no softmax)."""
+        if not self._classification:
+            return None
+        clipped = np.clip(handle[1][0], 0.005, 1.0)
+        return clipped / clipped.sum(axis=1, keepdims=True)
 
     def label(self, handle, y) -> float:
         hidden_t, outputs = handle
@@ -157,7 +161,12 @@ class RiverLearner:
 
     @staticmethod
     def _rows(x):
-        return [dict(enumerate(row)) for row in np.asarray(x, dtype=np.float64).tolist()]
+        rows = np.asarray(x, dtype=np.float64)
+        if np.isnan(
+            rows
+        ).any():  # named fields with gaps: a missing number is a feature left out, River's way
+            return [{j: v for j, v in enumerate(row) if v == v} for row in rows.tolist()]
+        return [dict(enumerate(row)) for row in rows.tolist()]
 
     def _proba(self, row) -> np.ndarray:
         p = np.zeros(self.m)
@@ -173,6 +182,9 @@ class RiverLearner:
             return (rows, proba), proba.argmax(axis=1)
         values = np.array([self.model.predict_one(r) or 0.0 for r in rows], dtype=np.float64).reshape(-1, 1)
         return (rows, values), values
+
+    def probabilities(self, handle):
+        return handle[1] if self._classification else None
 
     def label(self, handle, y) -> float:
         rows, outputs = handle

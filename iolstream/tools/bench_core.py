@@ -22,6 +22,8 @@ SETTINGS = {
     "mode-auto": {"mode": "auto"},  # -F and -R: 2 candidates, one set of sums (A and A_r)
     "mode-lam-auto": {"mode": "auto", "lam": "auto"},
     "all-auto": {"mode": "auto", "lam": "auto", "forgetting": "auto"},
+    # the fixed learner without the calibration (proba the mean of the layers' softmax): what calibrating costs
+    "uncalibrated": {"mode": "forward", "calibration": "none"},
 }
 
 CONFIGS = {

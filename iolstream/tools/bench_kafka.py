@@ -7,20 +7,22 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
    ceiling; ``bench --suite core``);
 2. ``processor``: the worker's pure stream logic (decode, micro-batch, join, encode) fed the
    same messages from memory, no broker: what the stream logic costs on top of the learner;
-3. ``worker``: the stream pre-produced (batch messages, then row messages), then
-   ``iolstream run`` started as its own process, as in production. Throughput counts from
+3. ``worker``: the stream pre-produced (batch messages, then row messages, then the same rows as
+   named-field events: a JSON array of 256 events per message, ``{"id": "b0", "c0": .., "c9": ..}``, read
+   by a schema of ten required numbers, so the model is the same), then ``iolstream run`` started as its
+   own process, as in production. Throughput counts from
    the first prediction of the second batch to the last prediction, read from the Kafka
    timestamps of the prediction messages (the worker's produce times), so process start,
    group join and the first fetch are not in it (``bench --suite core`` and the startup
    numbers in docs/benchmarks.md cover those). Its peak RSS is the OS's high-water mark (VmHWM);
 4. ``river``: River's ``SoftmaxRegression``, predict-then-learn, as a plain consumer loop on the
-   same topics (counted from its first message; ``bench_river``);
+   same topics (counted from its first message; ``bench_river``), on the array topics and on the events;
 5. ``latency``: the worker process running, a producer paced at half the worker's measured
    throughput for 20 s stamps each message's event time at send; produce-to-prediction latency is the
    broker's append time of the prediction minus that event time (p50 / p99), read after the run;
 6. ``memory`` (small config): the worker's peak RSS after 100,000 and after 1,000,000 rows.
 
-Latency and memory are measured at the first mode. With several modes (``--modes auto forward``), the top-level
+Latency, memory and the named-field events are measured at the first mode. With several modes (``--modes auto forward``), the top-level
 figures are the first mode's and ``by_mode`` holds every mode's learner, processor and worker rates with
 ``worker_cost_vs_<mode>``: that mode's worker rows/s ÷ this one's (batch and one-row messages). ``--rounds R``
 runs the worker of every mode in turn R times and keeps each one's best: a slow spell of a shared machine then
@@ -76,31 +78,57 @@ def _producer(bootstrap: str) -> Producer:
     )
 
 
-def _messages(X, y, batch_rows: int, ids_from: int = 0):
-    """(features, labels) message pairs of ``batch_rows`` rows (1 = one-row messages)."""
+FIELDS = [f"c{j}" for j in range(K)]  # the named-field events' numbers
+EVENTS_SCHEMA = [
+    {"name": name, "type": "number", "required": True} for name in FIELDS
+]  # width K: the same model
+
+
+def _messages(X, y, batch_rows: int, ids_from: int = 0, events: bool = False):
+    """(features, labels) message pairs of ``batch_rows`` rows (1 = one-row messages); ``events``: named-field
+    events (a JSON array of them per message), labels as events ``{"id", "y"}``."""
     for start in range(0, len(X), batch_rows):
         stop = min(start + batch_rows, len(X))
         ids = [f"b{ids_from + i}" for i in range(start, stop)]
         lab = y[start:stop].tolist()
-        if batch_rows == 1:
+        if events:
+            rows = X[start:stop].tolist()
+            feats = [{"id": i, **dict(zip(FIELDS, row))} for i, row in zip(ids, rows)]
+            yield feats, [{"id": i, "y": v} for i, v in zip(ids, lab)]
+        elif batch_rows == 1:
             yield {"id": ids[0], "x": X[start].tolist()}, {"id": ids[0], "y": lab[0]}
         else:
             yield {"ids": ids, "x": X[start:stop].tolist()}, {"ids": ids, "y": lab}
 
 
 def _produce_stream(
-    p: Producer, features, labels, X, y, *, batch_rows: int, rate: float | None = None, ids_from: int = 0
+    p: Producer,
+    features,
+    labels,
+    X,
+    y,
+    *,
+    batch_rows: int,
+    rate: float | None = None,
+    ids_from: int = 0,
+    events: bool = False,
 ):
     """Features in messages of ``batch_rows`` rows, each label message one message later, event
-    time ("ts") stamped at send; paced to ``rate`` rows/s if given."""
+    time ("ts") stamped at send; paced to ``rate`` rows/s if given. ``events``: named-field events (each
+    with its "ts")."""
     t0 = time.monotonic()
     prev = None
-    for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from)):
+    for i, (feat, lab) in enumerate(_messages(X, y, batch_rows, ids_from, events)):
         if rate:
             wait = t0 + i * batch_rows / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-        feat["ts"] = int(time.time() * 1000)
+        now = int(time.time() * 1000)
+        if events:
+            for event in feat:
+                event["ts"] = now
+        else:
+            feat["ts"] = now
         _send(p, features, orjson.dumps(feat))
         if prev is not None:
             _send(p, labels, prev)
@@ -120,11 +148,14 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
             p.poll(0.05)
 
 
-def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256, mode=None) -> dict:
-    """The worker's config (``mode``: model.mode; None: the default)."""
+def _worker_cfg(
+    bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256, mode=None, events=False
+) -> dict:
+    """The worker's config (``mode``: model.mode, None: the default; ``events``: named-field events)."""
+    inputs = {"features": EVENTS_SCHEMA} if events else {"n_inputs": K}
     return {
         "model": {
-            "n_inputs": K,
+            **inputs,
             "classes": list(classes),
             "n_nodes": n_nodes,
             "n_layers": n_layers,
@@ -132,6 +163,7 @@ def _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_r
             "track_regret": False,
             **({} if mode is None else {"mode": mode}),
         },
+        **({"events": {"time_field": "ts"}} if events else {}),
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
         "topics": {
             "features": topics[0],
@@ -296,14 +328,19 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
         c.close()
 
 
-def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str, mode=None) -> dict:
-    """Pre-produce X, y, run a worker process (at ``mode``; None: the default) over them; rows/s and peak RSS."""
+def _worker_run(
+    bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str, mode=None, events: bool = False
+) -> dict:
+    """Pre-produce X, y (``events``: as named-field events), run a worker process (at ``mode``; None: the default)
+    over them; rows/s and peak RSS."""
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-{tag}")
     snap_dir = workdir / f"snap-{name}-{tag}-{uuid.uuid4().hex[:6]}"
-    cfg = _worker_cfg(bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(M)), BATCH[name], mode)
+    cfg = _worker_cfg(
+        bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(M)), BATCH[name], mode, events
+    )
     _ensure(cfg)
-    _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows)
+    _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows, events=events)
     worker = WorkerProcess(cfg, workdir, stop_at_end=True)
     worker.check(worker.wait(timeout=900))
     n, rate, (t0, t1) = _prediction_times(bootstrap, topics[2], skip=BATCH[name])
@@ -321,9 +358,9 @@ def _worker_run(bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: s
     }
 
 
-def _processor_rate(name: str, X, y, mode=None) -> float:
+def _processor_rate(name: str, X, y, mode=None, events: bool = False) -> float:
     """The worker's stream logic alone (StreamProcessor) at ``mode`` (None: the default), messages from memory,
-    after 8 warm-up batches."""
+    after 8 warm-up batches; ``events``: the same rows as named-field events."""
     from iolstream.core import runtime
     from iolstream.core.model import EdRVFL, ModelConfig
     from iolstream.stream.config import StreamConfig
@@ -331,9 +368,10 @@ def _processor_rate(name: str, X, y, mode=None) -> float:
 
     n_nodes, n_layers = CONFIGS[name]
     b = BATCH[name]
+    inputs = {"features": EVENTS_SCHEMA} if events else {"n_inputs": K}
     model = EdRVFL(
         ModelConfig(
-            n_inputs=K,
+            **inputs,
             classes=tuple(range(M)),
             n_nodes=n_nodes,
             n_layers=n_layers,
@@ -344,7 +382,7 @@ def _processor_rate(name: str, X, y, mode=None) -> float:
     )
     runtime.configure_for_model(model)
     proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
-    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b)]
+    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b, events=events)]
     warm = 8
     t0, prev = None, None
     for i, (feat, lab) in enumerate(pairs):
@@ -497,6 +535,12 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
         }
         batch = _best_runs(bootstrap, name, X, y, workdir, modes, rounds, batch_rows=256, tag="batch")
         river = river_loop(bootstrap, *batch[first]["topics"][:2], min(rows, 40_000), 120)
+        # the same rows as named-field events, side by side with the arrays (and River reading the events)
+        processor_events = _processor_rate(name, X, y, first, events=True)
+        named = _worker_run(
+            bootstrap, name, X, y, workdir, batch_rows=256, tag="events", mode=first, events=True
+        )
+        river_events = river_loop(bootstrap, *named["topics"][:2], min(rows, 40_000), 120)
         n_rows = max(rows // 4, 4 * BATCH[name])
         row = _best_runs(
             bootstrap, name, X[:n_rows], y[:n_rows], workdir, modes, rounds, batch_rows=1, tag="rows"
@@ -518,6 +562,11 @@ def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
             **{k: v for k, v in by_mode[first].items() if not k.startswith("worker_cost_vs_")},
             "mode": first,
             "river_softmax_rows_per_second": river,
+            "processor_events_rows_per_second": processor_events,
+            "worker_events": {k: v for k, v in named.items() if k != "topics"},
+            "river_softmax_events_rows_per_second": river_events,
+            "events_vs_arrays": named["rows_per_second"] / batch[first]["rows_per_second"],
+            "events_vs_river_events": named["rows_per_second"] / river_events,
         }
         if len(modes) > 1:
             entry["by_mode"] = by_mode

@@ -1,6 +1,7 @@
 """The River baseline of ``iolstream bench --suite kafka``: River's ``SoftmaxRegression`` (after a
 ``StandardScaler``), predict-then-learn one row at a time, as a plain consumer loop on the same topics as
-the worker: a label that comes before its row waits for it, as in the worker's join.
+the worker: a label that comes before its row waits for it, as in the worker's join. It reads array
+messages and named-field events (whose fields are River's dict of features as they come).
 """
 
 from __future__ import annotations
@@ -40,11 +41,22 @@ def river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float:
             if t0 is None:
                 t0 = time.monotonic()
             obj = orjson.loads(msg.value())
-            ids = obj["ids"] if "ids" in obj else [obj["id"]]
-            if msg.topic() == features:
-                xs = obj["x"] if "ids" in obj else [obj["x"]]
-                for i, x in zip(ids, xs):
-                    xd = dict(enumerate(x))
+            is_features = msg.topic() == features
+            events = obj if type(obj) is list else [obj] if "x" not in obj and "ids" not in obj else None
+            if events is not None:  # named-field events (or a one-row label): River's own dicts
+                ids = [e["id"] for e in events]
+                values = (
+                    [{k: v for k, v in e.items() if k not in ("id", "ts")} for e in events]
+                    if is_features
+                    else [e["y"] for e in events]
+                )
+            else:
+                ids = obj["ids"] if "ids" in obj else [obj["id"]]
+                key = "x" if is_features else "y"
+                values = obj[key] if "ids" in obj else [obj[key]]
+            if is_features:
+                for i, x in zip(ids, values):
+                    xd = x if type(x) is dict else dict(enumerate(x))
                     model.predict_one(xd)
                     if i in early:
                         model.learn_one(xd, early.pop(i))
@@ -52,7 +64,7 @@ def river_loop(bootstrap, features, labels, rows: int, timeout: float) -> float:
                     else:
                         pending[i] = xd
             else:
-                ys = obj["y"] if "ids" in obj else [obj["y"]]
+                ys = values
                 for i, yv in zip(ids, ys):
                     xd = pending.pop(i, None)
                     if xd is None:

@@ -7,7 +7,8 @@ One line per finding, ``ok``, ``warn`` or ``FAIL``, then the exit code:
         fit the model (its width against model.n_inputs, its labels against model.classes)
     3   a cluster problem (and the config and data are fine): the broker does not answer within
         --timeout, a topic is missing (topics.create false), or the features and labels topics differ
-        in partition count
+        in partition count; or the newest snapshot was made with another model config (``run`` would stop
+        with the same line and code)
     6   the broker refused (and the config and data are fine): authentication fails, its TLS certificate
         is not trusted, or an ACL of the worker's list (``iolstream acls``) is missing: Read on the inputs
         and the group, Write on the outputs, Create on a topic to create, Write on the transactional id
@@ -84,7 +85,7 @@ class Report:
 def main(args) -> int:
     import dataclasses
 
-    from iolstream.kafka.config import ConfigError, load_config
+    from iolstream.kafka.config import ConfigError, check_login, load_config
     from iolstream.ops import logs
 
     report = Report()
@@ -92,6 +93,7 @@ def main(args) -> int:
         raise ValueError("--csv and --target go together")
     try:
         cfg = load_config(args.config)
+        check_login(cfg.kafka)
     except ConfigError as exc:
         report.say(False, "config", str(exc), cluster=False)
         return report.code
@@ -99,14 +101,19 @@ def main(args) -> int:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
     logs.setup("WARNING", cfg.logging.format)  # librdkafka's complaints through the repeat filter, never raw
     check_config(cfg, args.config, report)
+    check_snapshot(cfg, report)
     if args.csv:
         check_csv(cfg, args.csv, args.target, args.rows, report)
-    check_cluster(cfg, args.timeout, report)
+    try:
+        check_cluster(cfg, args.timeout, report)
+    except ConfigError as exc:  # client settings librdkafka refuses (diagnose.settings_refused)
+        report.say(False, "config", str(exc), cluster=False)
     return report.code
 
 
 def check_config(cfg, path: str, report: Report) -> None:
     from iolstream.kafka.clients import check_timing
+    from iolstream.kafka.config import env_overrides
     from iolstream.kafka.errors import WorkerError
 
     try:
@@ -120,6 +127,10 @@ def check_config(cfg, path: str, report: Report) -> None:
     report.say(
         True, "config", f"{path}: {m.n_inputs} inputs, {target}; mode {m.mode}, {exactly}", cluster=False
     )
+    overrides = env_overrides()
+    if overrides:
+        keys = ", ".join(f"{key} ({name})" for key, name in overrides.items())
+        report.say(True, "config", f"from the environment: {keys}", cluster=False)
     for warning in warnings:
         report.say(True, "config", warning, warning=True, cluster=False)
     memory, snapshot = footprint_lines(cfg)
@@ -154,23 +165,65 @@ def footprint_lines(cfg) -> tuple[str, str]:
     return memory, snapshot
 
 
+def check_snapshot(cfg, report: Report) -> None:
+    """The newest valid snapshot in the worker's directory, as ``run`` would load it: a model config it was not
+    made with is the line ``run`` stops with (exit 3, as run's)."""
+    from iolstream.kafka.checkpoints import mismatch
+    from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
+
+    store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
+    try:
+        snap = store.load_latest()
+    except SnapshotError as exc:
+        report.say(False, "snapshot", f"cannot load the snapshots in {store.dir}: {exc}")
+        return
+    if snap is None:
+        report.say(True, "snapshot", f"none in {store.dir}: the worker starts a fresh model")
+        return
+    why = mismatch(cfg, snap)
+    if why is not None:
+        report.say(False, "snapshot", why)
+        return
+    counters = snap.manifest.get("stream", {}).get("counters", {})
+    report.say(
+        True,
+        "snapshot",
+        f"{snap.path}: its model config is this one; the worker resumes from it "
+        f"({counters.get('rows_in', 0)} rows in, {counters.get('rows_learned', 0)} labelled)",
+    )
+
+
 def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
     from iolstream.tools.csvdata import load_csv
     from iolstream.tools.data import DataError
     from iolstream.tools.fit import mismatches
 
     try:
-        ds = load_csv(path, target, task=cfg.model.task, rows=rows)
+        if cfg.model.schema is not None:  # named fields: every row through the schema, as produce sends it
+            X, y, task, n, width = _schema_rows(cfg, path, target, rows)
+        else:
+            ds = load_csv(path, target, task=cfg.model.task, rows=rows)
+            X, y, task, n, width = ds.X, ds.y, ds.task, ds.n_rows, ds.X.shape[1]
     except DataError as exc:
         report.say(False, "csv", str(exc), cluster=False)
         return
-    found = mismatches(ds.X, ds.y, ds.task, cfg.model)
+    found = mismatches(X, y, task, cfg.model)
     for line in found:
         report.say(False, "csv", f"{path}: {line}", cluster=False)
     if not found:
-        report.say(
-            True, "csv", f"{path}: {ds.n_rows} rows fit the model ({ds.X.shape[1]} features)", cluster=False
-        )
+        report.say(True, "csv", f"{path}: {n} rows fit the model ({width} features)", cluster=False)
+
+
+def _schema_rows(cfg, path: str, target: str, rows: int):
+    """(records, labels, task, rows, inputs) of a CSV read by the config's feature schema; DataError naming a
+    missing column or the rows the schema refuses."""
+    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.records import choose_schema, declared_labels, table_records
+
+    table = load_table(path, target, task=cfg.model.task, rows=rows)
+    schema = choose_schema(table, cfg.model.schema, source="the config")
+    records = table_records(table, schema)
+    return records, declared_labels(table.y, cfg.model), table.task, table.n_rows, schema.width
 
 
 def check_cluster(cfg, timeout: float, report: Report) -> None:

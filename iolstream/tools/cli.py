@@ -37,9 +37,21 @@ COMMANDS = {
         "iolstream.tools.seed",
         "learn a worker's starting state from a CSV (a snapshot it resumes from)",
     ),
+    "schema": (
+        "iolstream.tools.schema",
+        "infer a worker config (the feature schema) from a CSV of named fields",
+    ),
     "snapshot": (
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
+    ),
+    "topics": (
+        "iolstream.tools.topics",
+        "the kafka-topics lines creating a worker config's topics (or --create them)",
+    ),
+    "warmup": (
+        "iolstream.tools.warmup",
+        "compile the kernels a worker config takes into the cache, ahead of its first start",
     ),
     "acls": (
         "iolstream.tools.acls",

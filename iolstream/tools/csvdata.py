@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,6 +60,27 @@ def load_csv(path, target: str, *, task: str = "auto", rows: int | None = None) 
 
 
 def parse_csv(fh, target: str, *, task: str, rows: int | None, label: str) -> Dataset:
+    feature_names, features, targets = read_cells(fh, target, rows=rows, label=label)
+    X = _parse_features(features, feature_names, label)
+    y, task = _parse_target(targets, target, task, label)
+    n, k = X.shape
+    if task == "classification":
+        return classification(os.path.basename(label), X, y, feature_names, f"CSV {label}, target {target!r}")
+    return Dataset(
+        name=os.path.basename(label),
+        X=X,
+        y=y,
+        task="regression",
+        classes=None,
+        feature_names=feature_names,
+        description=f"CSV {label}, target {target!r}: {n} rows, {k} features, regression",
+    )
+
+
+def read_cells(
+    fh, target: str, *, rows: int | None, label: str
+) -> tuple[tuple[str, ...], list[list[str]], list[str]]:
+    """(feature column names, the feature cells of each row as text, the target cells stripped)."""
     reader = csv.reader(fh)
     header = next((line for line in reader if line), None)  # skip leading blank lines
     if header is None:
@@ -89,21 +111,7 @@ def parse_csv(fh, target: str, *, task: str, rows: int | None, label: str) -> Da
             break
     if not targets:
         raise DataError(f"{label}: no data rows after the header")
-
-    X = _parse_features(features, feature_names, label)
-    y, task = _parse_target(targets, target, task, label)
-    n, k = X.shape
-    if task == "classification":
-        return classification(os.path.basename(label), X, y, feature_names, f"CSV {label}, target {target!r}")
-    return Dataset(
-        name=os.path.basename(label),
-        X=X,
-        y=y,
-        task="regression",
-        classes=None,
-        feature_names=feature_names,
-        description=f"CSV {label}, target {target!r}: {n} rows, {k} features, regression",
-    )
+    return feature_names, features, targets
 
 
 def _parse_features(cells: list[list[str]], names: tuple[str, ...], label: str) -> np.ndarray:
@@ -169,3 +177,61 @@ def _to_float(value: str) -> float | None:
 
 def _is_number(value: str) -> bool:
     return _to_float(value.strip()) is not None
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A CSV read as text, for a feature schema: each feature column's cells, and the parsed target.
+
+    columns : column name -> its cells, in row order (text as in the file)
+    y, task, classes : as a Dataset's
+    """
+
+    name: str
+    columns: dict
+    y: np.ndarray
+    task: str
+    classes: tuple | None
+    description: str
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.y)
+
+    def needs_schema(self) -> bool:
+        """Whether some feature cell is not a finite number (text, or blank): then the rows are named fields
+        for a schema, not an array of numbers."""
+        for cells in self.columns.values():
+            try:
+                values = np.array(cells, dtype=np.str_).astype(np.float64)
+            except ValueError:
+                return True
+            if not np.isfinite(values).all():
+                return True
+        return False
+
+
+def load_table(path, target: str, *, task: str = "auto", rows: int | None = None) -> Table:
+    """A CSV with a header row as text columns and its parsed target (``load_csv``'s rules for the target
+    and the file; no cell of a feature column is refused here: the schema decides what it must be)."""
+    if task not in ("auto", *TASKS):
+        raise DataError(f"task must be 'auto', 'classification' or 'regression', got {task!r}")
+    rows = check_count("rows", rows)
+    label = os.fspath(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            names, cells, targets = read_cells(fh, target, rows=rows, label=label)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{label}: cannot read: {exc}") from exc
+    y, task = _parse_target(targets, target, task, label)
+    columns = {name: [row[j] for row in cells] for j, name in enumerate(names)}
+    classes = tuple(np.unique(y).tolist()) if task == "classification" else None
+    kind = f"{len(classes)} classes" if classes is not None else "regression"
+    return Table(
+        os.path.basename(label),
+        columns,
+        y,
+        task,
+        classes,
+        f"CSV {label}, target {target!r}: {len(y)} rows, {len(columns)} columns, {kind}",
+    )

@@ -34,6 +34,9 @@ class Dataset:
     feature_names : tuple of str of length n_features
     description : str
         One line: source and shape.
+    schema : FeatureSchema or None
+        Rows encoded from named fields (docs/design.md §11): the schema they were encoded by (X holds NaN
+        where a number was missing; ``feature_names`` are its columns). None: X is numbers as given.
     """
 
     name: str
@@ -43,6 +46,7 @@ class Dataset:
     classes: tuple | None
     feature_names: tuple[str, ...]
     description: str
+    schema: object = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -54,6 +58,10 @@ class Dataset:
         if len(self.feature_names) != self.X.shape[1]:
             raise DataError(
                 f"{self.name}: {len(self.feature_names)} feature names for {self.X.shape[1]} columns"
+            )
+        if self.schema is not None and self.schema.width != self.X.shape[1]:
+            raise DataError(
+                f"{self.name}: the schema encodes {self.schema.width} columns, X has {self.X.shape[1]}"
             )
         if (self.classes is None) != (self.task == "regression"):
             raise DataError(f"{self.name}: classes must be given for classification and only then")
@@ -87,6 +95,7 @@ def head(ds: Dataset, rows: int | None) -> Dataset:
         classes=ds.classes,
         feature_names=ds.feature_names,
         description=f"{ds.description}; first {rows} rows",
+        schema=ds.schema,
     )
 
 

@@ -46,6 +46,12 @@ def add_parser(subparsers):
         help="--csv only: classification or regression (default: auto)",
     )
     src.add_argument(
+        "--schema",
+        metavar="YAML",
+        help="--csv only: encode the rows by the model.features of this worker config (default: a CSV with "
+        "text or blank cells gets a schema inferred from it, as `iolstream schema infer` prints it)",
+    )
+    src.add_argument(
         "--classes",
         metavar="A,B,...",
         help="declare the class list (comma-separated); a label outside it is an error",
@@ -221,7 +227,6 @@ def main(args) -> int:
 
     from iolstream.tools import datasets, drift
     from iolstream.tools.common import model_defaults
-    from iolstream.tools.csvdata import load_csv
     from iolstream.tools.progress import ProgressBar, Table
 
     defaults = model_defaults()
@@ -231,6 +236,8 @@ def main(args) -> int:
         raise ValueError("--target applies only to --csv")
     if args.csv is None and args.task != "auto":
         raise ValueError("--task applies only to --csv")
+    if args.csv is None and args.schema is not None:
+        raise ValueError("--schema applies only to --csv")
     if args.csv is None and args.dataset not in datasets.DATASETS:
         raise DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
@@ -272,7 +279,9 @@ def main(args) -> int:
     classes = _parse_classes(args.classes) if args.classes else None
 
     if args.csv is not None:
-        dataset = load_csv(args.csv, args.target, task=args.task)
+        dataset = _csv_dataset(
+            args, say=lambda line: print(line, file=sys.stderr if args.json else sys.stdout)
+        )
     elif args.dataset == "poker":
         dataset = datasets.load("poker", rows=args.rows, seed=args.seed, sort_cards=args.sort_cards)
     elif args.dataset in ("friedman", *drift.STREAMS) and args.rows is not None:
@@ -371,6 +380,26 @@ def main(args) -> int:
     if args.plot and verbose:
         print(f"plot written to {args.plot}", file=table_stream)
     return 0
+
+
+def _csv_dataset(args, say) -> Dataset:
+    """The --csv data: numbers as they are; with --schema, or when a cell is text or blank, the rows as named
+    fields encoded by the config's schema or the one inferred from the file (``say`` is told which)."""
+    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.records import choose_schema, schema_dataset
+
+    if args.schema is None:
+        table = load_table(args.csv, args.target, task=args.task)
+        if not table.needs_schema():
+            return load_csv(args.csv, args.target, task=args.task)
+        return schema_dataset(table, choose_schema(table, None, source=args.csv, say=say))
+    from iolstream.kafka.config import load_config
+
+    schema = load_config(args.schema).model.schema
+    if schema is None:
+        raise ValueError(f"--schema: {args.schema} has no model.features")
+    table = load_table(args.csv, args.target, task=args.task)
+    return schema_dataset(table, choose_schema(table, schema, source=args.schema, say=say))
 
 
 # ------------------------------------------------------------------------ arg helpers

@@ -22,10 +22,12 @@ from iolstream.tools.plan import label_value
 MAX_NAMED = 5  # labels named in one message
 
 
-def mismatches(X: np.ndarray, y: np.ndarray, task: str, model) -> list[str]:
-    """What in (X, y) the model of ``model`` (a ModelConfig) would refuse, one line each; [] when it fits."""
+def mismatches(X, y, task: str, model) -> list[str]:
+    """What in (X, y) the model of ``model`` (a ModelConfig) would refuse, one line each; [] when it fits. ``X``:
+    rows of numbers, or records of named fields (a model with a feature schema; checked when they were read)."""
     found = []
-    if X.shape[1] != model.n_inputs:
+    y = np.asarray(y) if not isinstance(y, np.ndarray) else y
+    if isinstance(X, np.ndarray) and X.shape[1] != model.n_inputs:
         found.append(f"the data has {X.shape[1]} features per row, model.n_inputs is {model.n_inputs}")
     if model.task == "classification":
         found += _class_mismatches(y, model)

@@ -22,11 +22,29 @@ class Follower:
 
     errors[i]: 1.0/0.0 for a right/wrong class (classification) or the squared error (regression)
     of row i, NaN until its prediction came. ``duplicates`` counts predictions of an id seen before.
+    With ``dead_letters`` (the worker's dead-letter topic, read when it can be) the rows of this replay the
+    worker refused are counted by reason (``refused``, header ``iolstream.reason``): they get no prediction.
     """
 
-    def __init__(self, consumer_conf: dict, topic: str, ids: list[str], y, task: str):
+    def __init__(
+        self,
+        consumer_conf: dict,
+        topic: str,
+        ids: list[str],
+        y,
+        task: str,
+        id_field: str = "id",
+        *,
+        dead_letters=None,
+        features: str | None = None,
+    ):
         self.consumer_conf = consumer_conf
         self.topic = topic
+        self.id_field = id_field  # the predictions' id field: "id", or a named-field worker's events.id_field
+        self.dead_letters = dead_letters
+        self.features = features  # the features topic: its dead letters are refused rows
+        self.refused: dict[str, int] = {}  # reason -> rows of this replay refused (dead-lettered features)
+        self.refused_seen = np.zeros(len(ids), dtype=bool)
         self.index = {row_id: i for i, row_id in enumerate(ids)}
         self.task = task
         if task == "classification":
@@ -84,6 +102,7 @@ class Follower:
             parts = []
             for p in sorted(t.partitions):
                 parts.append(TopicPartition(self.topic, p, _end(consumer, TopicPartition(self.topic, p))))
+            parts += self._dead_letter_partitions(consumer)
             consumer.assign(parts)
         except Exception as exc:  # reported by start()
             self.error = exc
@@ -94,17 +113,68 @@ class Follower:
         try:
             while not self._stop.is_set():
                 for msg in consumer.consume(num_messages=1000, timeout=0.2):
-                    if msg.error() is None:
+                    if msg.error() is None and msg.topic() == self.topic:
                         self._on_prediction(msg.value())
+                    elif msg.error() is None:
+                        self._on_dead_letter(msg.value(), msg.headers())
                     elif msg.error().code() != KafkaError._PARTITION_EOF:
                         pass  # transient: librdkafka retries by itself
         finally:
             consumer.close()
 
+    def _dead_letter_partitions(self, consumer) -> list:
+        """The dead-letter topic's partitions from their ends, or none when it cannot be read (missing, no ACL):
+        the replay is followed without it."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if not self.dead_letters:
+            return []
+        try:
+            t = consumer.list_topics(self.dead_letters, timeout=10).topics.get(self.dead_letters)
+            if t is None or t.error is not None:
+                return []
+            return [
+                TopicPartition(
+                    self.dead_letters, p, _end(consumer, TopicPartition(self.dead_letters, p), 5.0)
+                )
+                for p in sorted(t.partitions)
+            ]
+        except KafkaException:
+            return []
+
+    def _on_dead_letter(self, value: bytes, headers) -> None:
+        """A dead letter: a feature row of this replay the worker refused (its value is the row's message)."""
+        named = {k: v.decode("utf-8", "replace") for k, v in headers or () if k.startswith("iolstream.")}
+        reason = named.get("iolstream.reason")
+        try:
+            obj = orjson.loads(value)
+        except (orjson.JSONDecodeError, TypeError):
+            return
+        if reason is None or not isinstance(obj, dict):
+            return  # not the worker's
+        source = named.get("iolstream.source.topic")
+        if not (source == self.features if self.features is not None and source is not None else "x" in obj):
+            return  # a label's dead letter (its row may still be predicted)
+        ids = obj["ids"] if isinstance(obj.get("ids"), list) else [obj.get(self.id_field)]
+        for row_id in ids:
+            i = self.index.get(row_id) if isinstance(row_id, str) else None
+            if i is not None and not self.refused_seen[i]:
+                self.refused_seen[i] = True
+                self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    @property
+    def refused_rows(self) -> int:
+        """Rows of this replay the worker dead-lettered (their features)."""
+        return sum(self.refused.values())
+
+    def dominant(self) -> str:
+        """The most frequent reason rows were refused for ("" when none was)."""
+        return max(sorted(self.refused), key=self.refused.get, default="")
+
     def _on_prediction(self, value: bytes) -> None:
         try:
             obj = orjson.loads(value)
-            i = self.index.get(obj.get("id"))
+            i = self.index.get(obj.get(self.id_field))
         except (orjson.JSONDecodeError, AttributeError):
             return
         if i is None:
@@ -136,11 +206,14 @@ class Follower:
         return float(errors.mean()) if self.task == "classification" else float(np.sqrt(errors.mean()))
 
     def wait(self, rows: int, *, timeout: float, on_tick=None) -> bool:
-        """Until ``rows`` rows are predicted (True) or no new prediction came for ``timeout`` s."""
+        """Until ``rows`` rows are predicted (True), or every row is predicted or refused, or no new prediction
+        or dead letter came for ``timeout`` s (False)."""
         last, last_change = -1, time.monotonic()
         while self.predicted < rows:
-            if self.predicted != last:
-                last, last_change = self.predicted, time.monotonic()
+            if self.predicted + self.refused_rows >= rows:
+                return False
+            if self.predicted + self.refused_rows != last:
+                last, last_change = self.predicted + self.refused_rows, time.monotonic()
             elif time.monotonic() - last_change > timeout:
                 return False
             if on_tick is not None:

@@ -38,6 +38,10 @@ class StreamLearner(TypingProtocol):
     def label(self, handle, y: np.ndarray) -> float:
         """Labels of an earlier batch; returns its immediate loss."""
 
+    def probabilities(self, handle) -> np.ndarray | None:
+        """Optional: the class probabilities (b, m) emitted with the prediction behind ``handle`` (None:
+        regression, or a learner without them)."""
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Pure inference: class indices (b,) or values (b, m)."""
 
@@ -102,6 +106,9 @@ class EdRVFLLearner:
                 for out in pred.candidate_outputs
             ]
         return (pred, own), (pred.index if self._classification else pred.value)
+
+    def probabilities(self, handle):
+        return handle[0].proba
 
     def label(self, handle, y) -> float:
         pred, own = handle

@@ -3,6 +3,10 @@ messages); each label becomes due ``label_delay_rows`` rows after its features (
 ``label_delay_seconds`` later still), and may be dropped (never sent), duplicated, or shuffled within
 a window (out of order). ``produce.send`` sends a plan.
 
+Rows are arrays (``{"id", "x"}`` messages) or, for a worker with a feature schema, records sent as
+named-field events in the worker's ``EventShape`` (``{"order_id": "r0", "amount": 4.5, ...}``, a batch as
+a JSON array of them; labels ``{"order_id": "r0", "is_fraud": true}``).
+
     >>> import numpy as np
     >>> msgs = plan(np.arange(6.0).reshape(3, 2), ["a", "b", "a"], PlanOptions(label_delay_rows=1, with_ts=False))
     >>> [(m.kind, m.encode()) for m in msgs][:4]  # doctest: +NORMALIZE_WHITESPACE
@@ -49,21 +53,59 @@ class PlanOptions:
             raise ValueError("--id-prefix: must not be empty")
 
 
+@dataclass(frozen=True)
+class EventShape:
+    """Where named-field events keep their id, label and event time: a worker's ``events`` section."""
+
+    id_field: str = "id"
+    label_field: str = "y"
+    time_field: str | None = None
+    id_from_key: bool = False  # the id goes in the message key only (one event per message)
+
+    @classmethod
+    def of(cls, events) -> EventShape:
+        """The shape of a worker's ``EventsConfig``."""
+        return cls(events.id_field, events.label_field, events.time_field, events.id_from_key)
+
+    def event(self, row_id: str, record: dict) -> dict:
+        """The features event of a row: its record and, unless it is the key, its id."""
+        return record if self.id_from_key else _with(record, self.id_field, row_id)
+
+    def label(self, row_id: str, y) -> dict:
+        """The labels event of a row."""
+        event = _with({}, self.label_field, y)
+        return event if self.id_from_key else _with(event, self.id_field, row_id)
+
+
+def _with(record: dict, path: str, value) -> dict:
+    """A copy of ``record`` with ``value`` at the dotted ``path`` (the objects on the way copied too)."""
+    head, _, rest = path.partition(".")
+    out = dict(record)
+    out[head] = (
+        _with(out.get(head) if isinstance(out.get(head), dict) else {}, rest, value) if rest else value
+    )
+    return out
+
+
 @dataclass
 class Message:
-    """One message of a planned stream: features or labels, its key, JSON object and rows."""
+    """One message of a planned stream: features or labels, its key, JSON object(s) and rows."""
 
     kind: str  # "features" or "labels"
     key: bytes
-    obj: dict  # the JSON object, without "ts" (stamped by ``encode``)
+    obj: dict | list  # the JSON object (a named-field batch: a list of events), without the event time
     rows: int
     due_row: int  # feature rows sent before this message (for rate-limited replays)
     stamp: bool = False  # features with event time
+    time_field: str | None = "ts"  # where the event time goes: "ts" of an array message; an event's field
 
     def encode(self, now_ms: int | None = None) -> bytes:
-        """The message value; features get ``"ts": now_ms`` when stamped (one int for a batch)."""
-        if self.stamp and now_ms is not None:
-            return orjson.dumps({**self.obj, "ts": int(now_ms)})
+        """The message value; stamped features get ``now_ms`` as their event time (an array message: one
+        "ts" for the batch; named-field events: each event's time field, if the worker reads one)."""
+        if self.stamp and now_ms is not None and self.time_field is not None:
+            if isinstance(self.obj, list):
+                return orjson.dumps([_with(e, self.time_field, int(now_ms)) for e in self.obj])
+            return orjson.dumps(_with(self.obj, self.time_field, int(now_ms)))
         return orjson.dumps(self.obj)
 
 
@@ -77,8 +119,9 @@ def row_ids(n: int, options: PlanOptions) -> list[str]:
     return [f"{options.id_prefix}{i}" for i in range(n)]
 
 
-def iter_plan(X: np.ndarray, y, options: PlanOptions) -> Iterator[Message]:
-    """The exact sequence of messages a replay sends (features and labels interleaved), lazily."""
+def iter_plan(X, y, options: PlanOptions, shape: EventShape | None = None) -> Iterator[Message]:
+    """The exact sequence of messages a replay sends (features and labels interleaved), lazily. ``X``: the rows
+    as an array, or with ``shape`` as records (dicts of named fields) sent as events."""
     rng = np.random.default_rng(options.seed)
     n = len(X)
     ids = row_ids(n, options)
@@ -109,27 +152,42 @@ def iter_plan(X: np.ndarray, y, options: PlanOptions) -> Iterator[Message]:
                     repeats.append(i)
         while pending:
             chunk = [pending.popleft() for _ in range(min(b, len(pending)))]
-            if b == 1:
+            if shape is not None:
+                events = [shape.label(ids[i], y_of(i)) for i in chunk]
+                obj = events[0] if b == 1 else events
+            elif b == 1:
                 obj = {"id": ids[chunk[0]], "y": y_of(chunk[0])}
             else:
                 obj = {"ids": [ids[i] for i in chunk], "y": [y_of(i) for i in chunk]}
             yield Message("labels", ids[chunk[0]].encode(), obj, len(chunk), sent_rows)
 
+    time_field = "ts" if shape is None else shape.time_field
     for start in range(0, n, b):
         stop = min(start + b, n)
-        if b == 1:
+        if shape is not None:
+            events = [shape.event(ids[i], X[i]) for i in range(start, stop)]
+            obj = events[0] if b == 1 else events
+        elif b == 1:
             obj = {"id": ids[start], "x": np.asarray(X[start], dtype=np.float64).tolist()}
         else:
             obj = {"ids": ids[start:stop], "x": np.asarray(X[start:stop], dtype=np.float64).tolist()}
-        yield Message("features", ids[start].encode(), obj, stop - start, start, stamp=options.with_ts)
+        yield Message(
+            "features",
+            ids[start].encode(),
+            obj,
+            stop - start,
+            start,
+            stamp=options.with_ts,
+            time_field=time_field,
+        )
         yield from flush_labels(stop, stop)
     yield from flush_labels(None, n)
     yield from flush_labels(None, n)  # the last repeats
 
 
-def plan(X: np.ndarray, y, options: PlanOptions) -> list[Message]:
+def plan(X, y, options: PlanOptions, shape: EventShape | None = None) -> list[Message]:
     """``iter_plan`` as a list."""
-    return list(iter_plan(X, y, options))
+    return list(iter_plan(X, y, options, shape))
 
 
 def plan_summary(messages: Iterable[Message]) -> dict:

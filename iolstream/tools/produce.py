@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iolstream.stream.rows import REASON_HINTS
 from iolstream.tools.follow import Follower, plot_curve
-from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary, row_ids
+from iolstream.tools.plan import EventShape, PlanOptions, iter_plan, plan, plan_summary, row_ids
 from iolstream.tools.progress import Reporter
-from iolstream.tools.send import SendFailed, create_topics, preflight, send
+from iolstream.tools.send import SendFailed, create_topics, ids_sent_before, preflight, send
 
 __all__ = [
     "PlanOptions",
@@ -166,18 +167,21 @@ class KafkaTarget:
     replication_factor: int = 1
     model: object = None  # the worker config's ModelConfig (with -c): the data is checked against it
     log_format: str = "text"
+    events: object = None  # the worker config's EventsConfig (with -c): its model has a feature schema
 
 
 def resolve_target(args) -> KafkaTarget:
-    from iolstream.kafka.config import TopicsConfig, load_config
+    from iolstream.kafka.config import TopicsConfig, check_login, load_config
 
     topics, client, bootstrap = TopicsConfig(), {}, DEFAULT_BOOTSTRAP
-    dead = model = None
+    dead = model = events = None
     log_format = "text"
     if args.config:
         cfg = load_config(args.config)
+        check_login(cfg.kafka)
         topics, client, bootstrap = cfg.topics, dict(cfg.kafka.client), cfg.kafka.bootstrap_servers
         dead, model, log_format = cfg.topics.dead_letters, cfg.model, cfg.logging.format
+        events = cfg.events if cfg.model.schema is not None else None
     conf = {**client, "bootstrap.servers": args.bootstrap or bootstrap}
     target = KafkaTarget(
         conf,
@@ -189,6 +193,7 @@ def resolve_target(args) -> KafkaTarget:
         topics.replication_factor,
         model,
         log_format,
+        events,
     )
     names = [target.features, target.labels, target.predictions]
     if len(set(names)) != 3:
@@ -196,16 +201,26 @@ def resolve_target(args) -> KafkaTarget:
     return target
 
 
-def load_rows(args):
-    """(X, y, task, description) of the data set, shuffled and capped as asked."""
+def load_rows(args, model=None):
+    """(X, y, task, description) of the data set, shuffled and capped as asked. With ``model`` (a worker's
+    ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent)."""
     from iolstream.tools import datasets
-    from iolstream.tools.csvdata import load_csv
+    from iolstream.tools.csvdata import load_csv, load_table
 
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
     if args.csv is None and args.target:
         raise ValueError("--target applies only to --csv")
+    if model is not None and model.schema is not None:
+        return _load_records(args, model)
     if args.csv is not None:
+        table = load_table(args.csv, args.target)
+        if table.needs_schema():
+            raise ValueError(
+                f"{args.csv} has text or blank cells: a worker reads such rows by a feature schema "
+                f"(model.features); `iolstream schema infer --csv {args.csv} --target {args.target}` writes a config "
+                "with one, then pass it with -c"
+            )
         ds = load_csv(args.csv, args.target)
     elif args.dataset not in datasets.DATASETS:
         raise datasets.DataError(
@@ -215,10 +230,42 @@ def load_rows(args):
         ds = datasets.load("poker", rows=args.rows, seed=args.seed)
     else:
         ds = datasets.load(args.dataset, seed=args.seed)
-    order = np.random.default_rng(args.seed).permutation(ds.n_rows) if args.shuffle else np.arange(ds.n_rows)
-    if args.rows is not None:
-        order = order[: args.rows]
+    order = _order(args, ds.n_rows)
     return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description
+
+
+def _order(args, n: int) -> np.ndarray:
+    order = np.random.default_rng(args.seed).permutation(n) if args.shuffle else np.arange(n)
+    return order[: args.rows] if args.rows is not None else order
+
+
+def _load_records(args, model):
+    """``load_rows`` for a worker with a feature schema: the records its events carry (a CSV's columns by the
+    schema; a built-in data set's features by their names), and the labels typed as its classes."""
+    from iolstream.tools import datasets
+    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.records import choose_schema, declared_labels, table_records
+
+    schema = model.schema
+    if args.csv is not None:
+        table = load_table(args.csv, args.target, task=model.task)
+        choose_schema(table, schema, source=args.config)  # every field of the schema is a column
+        records, y, task, description = table_records(table, schema), table.y, table.task, table.description
+    else:
+        if args.dataset not in datasets.DATASETS:
+            raise datasets.DataError(
+                f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}"
+            )
+        ds = datasets.load(args.dataset, seed=args.seed)
+        names = list(ds.feature_names)
+        records = [dict(zip(names, row)) for row in ds.X.tolist()]
+        from iolstream.tools.records import check_records
+
+        check_records(records, schema, ds.name)
+        y, task, description = ds.y, ds.task, ds.description
+    order = _order(args, len(records))
+    labels = declared_labels(np.asarray(y)[order], model)
+    return [records[i] for i in order.tolist()], labels, task, description + " (as named-field events)"
 
 
 def main(args) -> int:
@@ -261,7 +308,12 @@ def replay(args) -> int:
     )
     target = resolve_target(args)
     logs.setup("WARNING", target.log_format)  # librdkafka's complaints through the repeat filter, never raw
-    X, y, task, description = load_rows(args)
+    X, y, task, description = load_rows(args, target.model)
+    shape = None if target.events is None else EventShape.of(target.events)
+    if shape is not None and shape.id_from_key and args.batch_rows > 1:
+        raise ValueError(
+            "--batch-rows: the worker takes the id from the message key (events.id_from_key): 1 only"
+        )
     if target.model is not None:
         found = mismatches(X, y, task, target.model)
         if found:
@@ -278,6 +330,16 @@ def replay(args) -> int:
         f"via {target.client_conf['bootstrap.servers']}"
     )
 
+    ids = row_ids(n, options)
+    repeated, scanned = ids_sent_before(target.client_conf, target.features, ids)
+    if repeated:
+        print(
+            f"iolstream produce: warning: {repeated} of the {n} ids to send ({ids[0]} .. {ids[-1]}) are in "
+            f"{target.features} already (its newest {scanned} messages): a worker that saw them refuses these rows "
+            "as duplicate_id dead letters; give this replay new ids with --id-prefix",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.create_topics:
         names = [target.features, target.labels, target.predictions] + (
             [target.dead_letters] if target.dead_letters else []
@@ -297,15 +359,28 @@ def replay(args) -> int:
 
     follower = None
     if args.follow:
-        follower = Follower(target.client_conf, target.predictions, row_ids(n, options), y, task).start()
+        id_field = "id" if shape is None else shape.id_field
+        follower = Follower(
+            target.client_conf,
+            target.predictions,
+            ids,
+            y,
+            task,
+            id_field,
+            dead_letters=target.dead_letters,
+            features=target.features,
+        ).start()
     metric_name = "acc" if task == "classification" else "rmse"
     reporter = Reporter(n, "produce", enabled=not args.quiet)
 
     def status(rows_sent: int) -> str:
         if follower is None:
             return f"{rows_sent}/{n} rows sent"
+        refused = (
+            f", {follower.refused_rows} refused ({follower.dominant()})" if follower.refused_rows else ""
+        )
         return (
-            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted, "
+            f"{rows_sent}/{n} rows sent, {follower.predicted} predicted{refused}, "
             f"prequential {metric_name} {follower.metric():.4f}"
         )
 
@@ -317,7 +392,7 @@ def replay(args) -> int:
 
     try:
         summary = send(
-            iter_plan(X, y, options),
+            iter_plan(X, y, options, shape),
             producer_conf=target.client_conf,
             features_topic=target.features,
             labels_topic=target.labels,
@@ -350,10 +425,22 @@ def replay(args) -> int:
         name = args.dataset or os.path.basename(args.csv)
         plot_curve(follower.errors, task, args.plot, title=f"{name}: the worker's predictions ({modes})")
         say(f"learning curve written to {args.plot}")
+    if follower.refused_rows:
+        reason = follower.dominant()
+        say(
+            f"{follower.refused_rows} rows were refused by the worker (dead letters in {target.dead_letters}), "
+            f"{'all' if follower.refused[reason] == follower.refused_rows else 'mostly'} {reason}: "
+            f"{REASON_HINTS[reason]}"
+        )
     if not done:
+        missing = n - follower.predicted - follower.refused_rows
+        why = f"within {args.follow_timeout:.0f} s of the last one"
+        if follower.refused_rows:
+            why = f"{follower.refused_rows} refused as dead letters ({follower.dominant()})" + (
+                f", {missing} not {why}" if missing else ""
+            )
         print(
-            f"iolstream produce: error: {n - follower.predicted} rows got no prediction within "
-            f"{args.follow_timeout:.0f} s of the last one",
+            f"iolstream produce: error: {n - follower.predicted} rows got no prediction: {why}",
             file=sys.stderr,
         )
         return 1

@@ -32,6 +32,7 @@ kind before the clock starts (``compile_seconds``), and test evaluation is timed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iolstream.core.model import ModelConfig
+from iolstream.stream.prequential import classification_report
 from iolstream.tools.baselines import make_baseline
 from iolstream.tools.datasets import DataError, Dataset
 from iolstream.tools.learners import EdRVFLLearner, StreamLearner  # noqa: F401 (public here too)
@@ -49,6 +51,7 @@ from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     EvaluationResult,
     candidate_results,
     error_sums,
+    finite_or_none,
     metric_from,
     score,
 )
@@ -148,6 +151,7 @@ class Split:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    schema: object = None  # the feature schema the rows were encoded by (docs/design.md §11), or None
 
     @property
     def n_outputs(self) -> int:
@@ -207,6 +211,7 @@ def make_split(dataset: Dataset, protocol: Protocol, *, classes=None) -> Split:
         y[train],
         np.ascontiguousarray(dataset.X[test]),
         y[test],
+        dataset.schema,
     )
 
 
@@ -251,6 +256,10 @@ def run_protocol(
     learn_seconds = test_seconds = 0.0
     curve, curve_rows = [], []
 
+    seen = []  # classification: (labels, predicted, probabilities or None) of every scored batch
+    abs_error = 0.0  # regression: Σ |error| over every output of the scored batches
+    probabilities = getattr(learner, "probabilities", lambda handle: None)
+
     def deliver(upto: int) -> None:
         while pending and pending[0][0] <= upto:
             index, handle, y = pending.popleft()
@@ -270,6 +279,10 @@ def run_protocol(
         errors, n = error_sums(task, pred, y)
         if scored[t - 1]:
             error_sum, count = error_sum + errors, count + n
+            if task == "classification":
+                seen.append((y, np.asarray(pred), probabilities(handle)))
+            else:
+                abs_error += float(np.abs(np.asarray(pred, dtype=np.float64).reshape(y.shape) - y).sum())
         batch_prequential[t - 1] = metric_from(task, errors, n)
         batch_errors[t - 1], batch_counts[t - 1] = errors, n
         if t in points:
@@ -315,6 +328,7 @@ def run_protocol(
             prequential_last20=over(n_train - fifth, n_train),
             window_curve=[(hi, over(hi - window, hi)) for hi in range(window, n_train + 1, window)],
         )
+    extra.update(_prequential_report(split, seen, abs_error, count))
     return EvaluationResult(
         name=learner.name,
         dataset=split.name,
@@ -345,6 +359,31 @@ def run_protocol(
     )
 
 
+def _prequential_report(split: Split, seen: list, abs_error: float, count: int) -> dict:
+    """The metrics beside accuracy or RMSE over every scored prediction (``stream.prequential``): log loss,
+    Brier, ROC AUC (two classes; exact), balanced accuracy and per-class precision and recall; MAE."""
+    if split.task != "classification":
+        return {"mae": abs_error / count if count else math.nan}
+    if not seen:
+        return {}
+    labels = np.concatenate([y for y, _, _ in seen])
+    predicted = np.concatenate([p for _, p, _ in seen])
+    with_proba = all(p is not None for _, _, p in seen)
+    proba = np.concatenate([p for _, _, p in seen]) if with_proba else None
+    report = classification_report(labels, predicted, proba, len(split.classes))
+    classes = [str(plain_label(c)) for c in split.classes]
+    return {
+        "log_loss": report["log_loss"],
+        "brier": report["brier"],
+        "roc_auc": report["roc_auc"],
+        "balanced_accuracy": report["balanced_accuracy"],
+        "per_class": {
+            c: {"precision": finite_or_none(p), "recall": finite_or_none(r)}
+            for c, p, r in zip(classes, report["precision"], report["recall"])
+        },
+    }
+
+
 def model_config(split: Split, mode: str, model: dict | None = None) -> ModelConfig:
     """A ModelConfig for ``split``: ModelConfig's defaults, overridden by ``model``.
 
@@ -357,11 +396,27 @@ def model_config(split: Split, mode: str, model: dict | None = None) -> ModelCon
         kwargs["classes"] = tuple(plain_label(c) for c in split.classes)
     else:
         kwargs["n_outputs"] = split.n_outputs
-    if kwargs.get("scaler") == "fixed" and kwargs.get("scaler_mean") is None:
+    if split.schema is not None:  # named fields: the model encodes by the schema and scales its numbers only
+        kwargs["features"] = _fixed_fields(split) if kwargs.get("scaler") == "fixed" else split.schema.fields
+    elif kwargs.get("scaler") == "fixed" and kwargs.get("scaler_mean") is None:
         std = split.x_train.std(axis=0, ddof=1)
         kwargs["scaler_mean"] = tuple(split.x_train.mean(axis=0))
         kwargs["scaler_std"] = tuple(np.where(std > 0, std, 1.0))
     return ModelConfig(n_inputs=split.x_train.shape[1], **kwargs)
+
+
+def _fixed_fields(split: Split) -> tuple:
+    """The schema's fields, each number with the mean and deviation of its values present in the training part."""
+    out = []
+    for f, at in zip(split.schema.fields, split.schema.offsets()):
+        if f.type == "number":
+            column = split.x_train[:, at]
+            present = column[~np.isnan(column)]
+            mean = float(present.mean()) if len(present) else 0.0
+            std = float(present.std(ddof=1)) if len(present) > 1 else 0.0
+            f = dataclasses.replace(f, mean=mean, std=std if std > 0 else 1.0)
+        out.append(f)
+    return tuple(out)
 
 
 def evaluate(

@@ -18,6 +18,18 @@ def summary(results, stream) -> None:
     columns.append((f"preq {metric}", 13, ".4f"))
     if stream_order:
         columns += [("first 20%", 10, ".4f"), ("last 20%", 10, ".4f")]
+    # the prequential metrics beside it (stream.prequential): AUC with two classes only
+    extras = ["mae"] if metric == "rmse" else ["log_loss", "brier", "balanced_accuracy"]
+    if any(r.roc_auc is not None and r.roc_auc == r.roc_auc for r in results):
+        extras.insert(2, "roc_auc")
+    heads = {
+        "mae": "MAE",
+        "log_loss": "log loss",
+        "brier": "Brier",
+        "roc_auc": "ROC AUC",
+        "balanced_accuracy": "bal. acc",
+    }
+    columns += [(heads[key], 9, ".4f") for key in extras]
     columns += [
         ("cum. regret", 12, ".4g"),
         ("bound", 10, ".4g"),
@@ -28,9 +40,9 @@ def summary(results, stream) -> None:
     table = Table(columns, stream=stream)
     table.header()
 
-    def row(name, test, preq, first20, last20, regret, bound, rate, seconds):
+    def row(name, test, preq, first20, last20, more, regret, bound, rate, seconds):
         middle = [preq, first20, last20] if stream_order else [test, preq]
-        table.row(name, *middle, regret, bound, rate, seconds)
+        table.row(name, *middle, *more, regret, bound, rate, seconds)
 
     for r in results:
         row(
@@ -39,6 +51,7 @@ def summary(results, stream) -> None:
             r.prequential_metric,
             r.prequential_first20,
             r.prequential_last20,
+            [getattr(r, key) for key in extras],
             r.cumulative_regret,
             r.regret_bound,
             r.rows_per_second,
@@ -48,7 +61,18 @@ def summary(results, stream) -> None:
             for c in r.config["candidate_results"]:
                 lam = "" if c["lam"] == r.config.get("lam") else f" λ={c['lam']:g}"
                 name = f"  {MODE_SHORT[c['mode']]}{lam}"
-                row(name, None, c["prequential_metric"], None, None, c["cumulative_regret"], None, None, None)
+                row(
+                    name,
+                    None,
+                    c["prequential_metric"],
+                    None,
+                    None,
+                    [None] * len(extras),
+                    c["cumulative_regret"],
+                    None,
+                    None,
+                    None,
+                )
     notes = []
     if stream_order:
         notes.append(

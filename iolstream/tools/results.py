@@ -64,6 +64,13 @@ class EvaluationResult:
         default_factory=list
     )  # --order stream: [(rows seen, prequential metric of the window)]
     warmup_rows_excluded: int = 0  # regression: rows predicted before the target scaling was known
+    # prequential, over the same rows as prequential_metric (stream.prequential); None: not measured
+    log_loss: float | None = None  # classification, with the learner's probabilities
+    brier: float | None = None
+    roc_auc: float | None = None  # two classes: of the second class's probability, exact
+    balanced_accuracy: float | None = None
+    per_class: dict = field(default_factory=dict)  # class -> {"precision", "recall"}
+    mae: float | None = None  # regression
     compile_seconds: float = 0.0  # Numba kernels compiled or loaded before the clock started
 
     def to_json(self, per_batch: bool = False) -> dict:
@@ -77,6 +84,12 @@ class EvaluationResult:
                 "metric",
                 "test_metric",
                 "prequential_metric",
+                "log_loss",
+                "brier",
+                "roc_auc",
+                "balanced_accuracy",
+                "mae",
+                "per_class",
                 "cumulative_regret",
                 "regret_bound",
                 "rows_per_second",

@@ -34,7 +34,7 @@ def run(args) -> int:
     started = time.monotonic()
     faulthandler.enable()  # a crash in a C extension leaves the Python stack of every thread on stderr
 
-    from iolstream.kafka.config import load_config
+    from iolstream.kafka.config import check_login, load_config
     from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError
     from iolstream.ops import logs
     from iolstream.ops.lifecycle import EXIT_OK, SignalThread
@@ -51,6 +51,7 @@ def run(args) -> int:
 
     SignalThread(on_signal).start()
     cfg = load_config(args.config)
+    check_login(cfg.kafka)  # a SASL login without its password: one line naming the variable, exit 2
     if args.bootstrap:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
     logs.setup(cfg.logging.level, cfg.logging.format)
@@ -78,8 +79,12 @@ def run(args) -> int:
             return EXIT_FATAL
     try:
         try:  # a refused login or certificate: AccessDenied (exit 6) at once, not waited out
+            if metrics is not None:
+                metrics.starting = f"waiting for the broker at {cfg.kafka.bootstrap_servers}"
             if not _broker_answers(cfg, started, args.max_seconds, log):
                 return EXIT_FATAL
+            if metrics is not None:
+                metrics.starting = "loading the snapshot"
             worker = Worker(cfg, metrics=metrics)
         except WorkerError as exc:
             log.error("cannot start: %s", exc)

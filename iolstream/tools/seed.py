@@ -45,18 +45,24 @@ def add_parser(subparsers):
 
 
 def seed_processor(cfg, X, y):
-    """A StreamProcessor that has learned (X, y) as the worker would have, batch by batch."""
+    """A StreamProcessor that has learned (X, y) as the worker would have, batch by batch: ``X`` rows of numbers,
+    or, for a model with a feature schema, records of named fields sent as its events."""
     from iolstream.core.model import EdRVFL
     from iolstream.stream.processor import StreamProcessor
-    from iolstream.tools.plan import PlanOptions, iter_plan
+    from iolstream.tools.plan import EventShape, PlanOptions, iter_plan
 
-    proc = StreamProcessor(EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows)
+    proc = StreamProcessor(
+        EdRVFL(cfg.model), cfg.stream, window_rows=cfg.metrics.window_rows, events=cfg.events
+    )
     options = PlanOptions(batch_rows=cfg.stream.batch_rows, with_ts=False, id_prefix=SEED_ID_PREFIX)
+    shape = EventShape.of(cfg.events) if cfg.model.schema is not None else None
+    if shape is not None and shape.id_from_key:  # one event per message, its id the key
+        options = PlanOptions(batch_rows=1, with_ts=False, id_prefix=SEED_ID_PREFIX)
     now_ms = int(time.time() * 1000)
     dead = 0
-    for message in iter_plan(X, y, options):
+    for message in iter_plan(X, y, options, shape):
         feed = proc.on_features if message.kind == "features" else proc.on_labels
-        dead += len(feed(message.encode(), None, now_ms))
+        dead += len(feed(message.encode(), None, now_ms, message.key))
         proc.step(now_ms, force=True)  # a batch's Gram in and predicted, then its labels folded in
     if dead:  # the rows were checked against the model first: a refusal here is a bug, not bad data
         raise RuntimeError(f"{dead} seed rows or labels were refused by the stream logic")
@@ -68,7 +74,7 @@ def main(args) -> int:
 
     from iolstream.kafka.config import load_config
     from iolstream.kafka.snapshots import SnapshotStore
-    from iolstream.tools.csvdata import load_csv
+    from iolstream.stream.prequential import PrequentialMetric
     from iolstream.tools.fit import mismatches
 
     cfg = load_config(args.config)
@@ -83,31 +89,67 @@ def main(args) -> int:
             f"snapshot.dir {store.dir} already holds snapshots (newest {existing[0].name}): the worker resumes from "
             "them; move them away, or pass --replace to write the seed as the newest"
         )
-    ds = load_csv(args.csv, args.target, task=cfg.model.task, rows=args.rows)
-    found = mismatches(ds.X, ds.y, ds.task, cfg.model)
+    X, y, task, n_rows = _rows(args, cfg)
+    found = mismatches(X, y, task, cfg.model)
     if found:
         raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
     started = time.perf_counter()
-    proc = seed_processor(cfg, ds.X, ds.y)
+    proc = seed_processor(cfg, X, y)
+    c, metric_value = dict(proc.counters), proc.metric.value
+    # the seed's rows never came through Kafka and none of its predictions was emitted: the worker's counters
+    # and prequential metric (the status line, the gauges) start from 0, as for a fresh model
+    proc.counters.update(dict.fromkeys(proc.counters, 0))
+    proc.metric = PrequentialMetric(proc.metric.task, cfg.metrics.window_rows)
     manifest, arrays = proc.to_state()
     manifest["offsets"] = []  # no input consumed: the worker reads every partition from its beginning
     manifest["worker"] = {
         "exactly_once": cfg.durability.exactly_once,
         "group_id": cfg.kafka.group_id,
-        "seeded_from": {"csv": str(args.csv), "target": args.target, "rows": ds.n_rows},
+        "seeded_from": {"csv": str(args.csv), "target": args.target, "rows": c["rows_learned"]},
     }
     snap = store.write(manifest, arrays)
     metric = "accuracy" if cfg.model.task == "classification" else "RMSE"
-    c = proc.counters
     print(
-        f"seeded {snap.path} from {ds.n_rows} rows in {time.perf_counter() - started:.1f} s: "
-        f"{c['rows_learned']} learned, prequential {metric} {proc.metric.value:.4f}, model version "
+        f"seeded {snap.path} from {n_rows} rows in {time.perf_counter() - started:.1f} s: "
+        f"{c['rows_learned']} learned, prequential {metric} {metric_value:.4f}, model version "
         f"{proc.model.version}"
     )
     if not proc.model.ready:
         print(
-            f"iolstream seed: warning: {ds.n_rows} rows are fewer than model.warmup_rows "
+            f"iolstream seed: warning: {n_rows} rows are fewer than model.warmup_rows "
             f"({cfg.model.warmup_rows}): the scaler's warm-up goes on with the stream",
             file=sys.stderr,
         )
     return 0
+
+
+def _rows(args, cfg):
+    """(X, y, task, rows) of the CSV: numbers, or with the config's feature schema the records of its named
+    fields (said on stderr). A CSV with text or blank cells needs that schema in the config: the worker
+    resuming from the seed reads its events by it."""
+    import sys
+
+    from iolstream.core.schema_infer import infer_schema
+    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.records import choose_schema, declared_labels, table_records
+
+    schema = cfg.model.schema
+    table = load_table(args.csv, args.target, task=cfg.model.task, rows=args.rows)
+    if schema is None and not table.needs_schema():
+        ds = load_csv(args.csv, args.target, task=cfg.model.task, rows=args.rows)
+        return ds.X, ds.y, ds.task, ds.n_rows
+    if schema is None:
+        inferred, _ = infer_schema(table.columns)
+        print(
+            "the schema inferred from the file, for the config's model section:\n  features:", file=sys.stderr
+        )
+        for f in inferred.fields:
+            print(f"    - {f.to_config()}", file=sys.stderr)
+        raise ValueError(
+            f"{args.csv} has text or blank cells, and {args.config} has no model.features: the worker reads such "
+            "rows as named fields by a schema, as the seed must (above: the one inferred from the file; "
+            f"`iolstream schema infer --csv {args.csv} --target {args.target}` writes a whole config)"
+        )
+    choose_schema(table, schema, source=args.config, say=lambda line: print(line, file=sys.stderr))
+    records = table_records(table, schema)
+    return records, declared_labels(table.y, cfg.model), table.task, table.n_rows

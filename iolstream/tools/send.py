@@ -210,3 +210,60 @@ def preflight(
             err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
             return diagnose.explain(err, conf, operation=operation, resource=resource)
     return None
+
+
+SEEN_SCAN_MESSAGES = 20_000  # at most this many of the features topic's newest messages are read for ids
+SEEN_SCAN_SECONDS = 5.0
+
+
+def ids_sent_before(conf: dict, topic: str, ids: list[str], *, messages: int = SEEN_SCAN_MESSAGES,
+                    seconds: float = SEEN_SCAN_SECONDS) -> tuple[int, int]:  # fmt: skip
+    """(how many of ``ids`` are in the features ``topic`` already, how many messages were read): its newest
+    ``messages`` messages (spread over its partitions), for at most ``seconds``. A worker refuses a row whose id
+    it has seen (``duplicate_id``); a replay of the same data set sends the same ids unless ``--id-prefix``
+    changes them. Best effort: (0, 0) when the topic cannot be read."""
+    import orjson
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from iolstream.kafka.clients import logged
+
+    wanted = set(ids)
+    consumer = Consumer(
+        logged({"group.id": f"iolstream-produce-scan-{time.time_ns()}", "enable.auto.commit": False, **conf})
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=seconds)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return 0, 0
+        share = max(1, messages // len(found.partitions))
+        ends, assign = {}, []
+        for p in found.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=seconds)
+            if high > low:
+                ends[p] = high
+                assign.append(TopicPartition(topic, p, max(low, high - share)))
+        if not assign:
+            return 0, 0
+        consumer.assign(assign)
+        seen, read, deadline = set(), 0, time.monotonic() + seconds
+        done: set[int] = set()
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                if msg.error() is not None:
+                    continue
+                read += 1
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    done.add(msg.partition())
+                try:
+                    value = orjson.loads(msg.value())
+                except (orjson.JSONDecodeError, TypeError):
+                    continue
+                if isinstance(value, dict):
+                    got = value.get("ids") if isinstance(value.get("ids"), list) else [value.get("id")]
+                    seen.update(i for i in got if isinstance(i, str) and i in wanted)
+        return len(seen), read
+    except KafkaException:
+        return 0, 0
+    finally:
+        consumer.close()

@@ -82,10 +82,11 @@ def _print_detail(d: dict) -> None:
     print(f"sequence   {m.get('sequence')}, written {written}")
     if "worker" in m:
         print("worker     " + " ".join(f"{k}={v}" for k, v in m["worker"].items()))
-    print("model      " + " ".join(f"{k}={v}" for k, v in m.get("config", {}).items()))
+    print("model      " + " ".join(f"{k}={v}" for k, v in _model_keys(m.get("config", {})).items()))
     stream = m.get("stream", {})
     print("counters   " + " ".join(f"{k}={v}" for k, v in stream.get("counters", {}).items()))
-    print("learner    " + " ".join(f"{k}={v}" for k, v in m.get("counters", {}).items()))
+    for line in _learners(m):
+        print(line)
     dead = {k: v for k, v in stream.get("dead_letters", {}).items() if v}
     print("dead       " + (" ".join(f"{k}={v}" for k, v in dead.items()) or "none"))
     offsets = m.get("offsets", [])
@@ -101,6 +102,39 @@ def _print_detail(d: dict) -> None:
         print(
             f"           {name:<32} {a['dtype']:<8} {'×'.join(map(str, a['shape'])) or 'scalar':<12} {_mb(a['bytes'])}"
         )
+
+
+_REGRESSION_ONLY = ("n_outputs", "target_scaler", "target_mean", "target_std")
+
+
+def _model_keys(config: dict) -> dict:
+    """The model config as saved, less the keys of the other task (a classifier's outputs are its classes)."""
+    if config.get("classes") is None:
+        return config
+    return {k: v for k, v in config.items() if k not in _REGRESSION_ONLY}
+
+
+def _learners(m: dict) -> list[str]:
+    """One line per learner: its counters (format 1: the one learner; format 2: every candidate of ``auto``,
+    its mode, λ and half-life, the one in force marked)."""
+    candidates = m.get("candidates")
+    if candidates is None:  # format 1: one learner, its counters at the top level
+        counters = m.get("counters", {})
+        return ["learner    " + (" ".join(f"{k}={v}" for k, v in counters.items()) or "(no counters)")]
+    selection = m.get("selection", {})
+    grid, modes = selection.get("grid", []), selection.get("modes", [])
+    chosen = selection.get("chosen", 0)
+    out = []
+    for i, cand in enumerate(candidates):
+        lam, half_life = grid[i] if i < len(grid) else (None, None)
+        what = [f"mode={modes[i]}"] if i < len(modes) else []
+        what += [f"lam={lam:g}"] if isinstance(lam, (int, float)) else []
+        what += [f"half_life={half_life:g}"] if isinstance(half_life, (int, float)) else []
+        head = "learner    " if i == 0 else "           "
+        mark = " (in force)" if i == chosen and len(candidates) > 1 else ""
+        counters = " ".join(f"{k}={v}" for k, v in cand.get("counters", {}).items())
+        out.append(f"{head}{i}{mark}: {' '.join(what)} {counters}".rstrip())
+    return out
 
 
 def inspect(args) -> int:

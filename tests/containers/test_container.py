@@ -3,7 +3,7 @@
 - docker/compose.yaml validates against the Compose Specification's JSON schema
   (tests/data/compose-spec.json, vendored) and wires what the workers' config expects;
 - docker/Dockerfile passes hadolint and has the shape the issue asks for;
-- docker/warmup.py (run at image build) fills the Numba cache the worker then loads;
+- `iolstream warmup --all` (run at image build) fills the Numba cache the worker then loads;
 - the image's ENTRYPOINT + CMD, run here as a subprocess with the environment the compose
   file gives (broker address, topics and ports pointed at this machine), becomes ready,
   processes what the compose file's producer command sends, exports every metric the
@@ -301,7 +301,7 @@ def test_dockerfile_shape():
     assert user.split(":")[0] not in ("0", "root")
     runs = [a for i, a in stage if i == "RUN"]
     instructions = [i for i, _ in stage]
-    warm = next(k for k, (i, a) in enumerate(stage) if i == "RUN" and "warmup.py" in a)
+    warm = next(k for k, (i, a) in enumerate(stage) if i == "RUN" and "iolstream warmup" in a)
     assert instructions.index("USER") < warm, "the cache is warmed as the user who reads (and extends) it"
     assert "useradd" in " ".join(runs) and image_env()["NUMBA_CACHE_DIR"]
     assert exec_form("ENTRYPOINT") == ["iolstream"]
@@ -318,12 +318,13 @@ def test_dockerfile_shape():
 @pytest.fixture(scope="module")
 def numba_cache(tmp_path_factory) -> Path:
     """The Dockerfile's warm-up step, run here: the kernels compiled into a fresh cache directory."""
-    (run,) = [a for i, a in final_stage() if i == "RUN" and "warmup.py" in a]
-    argv = [sys.executable if a == "python" else a for a in shlex.split(run)]
-    argv = [str(image_copies().get(a, a)) for a in argv]
+    (run,) = [a for i, a in final_stage() if i == "RUN" and "iolstream warmup" in a]
+    argv = shlex.split(run)
+    assert argv[:2] == ["iolstream", "warmup"], run
+    argv = [sys.executable, "-m", "iolstream", *argv[1:]]
     cache = tmp_path_factory.mktemp("numba-cache")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return cache
 

@@ -107,7 +107,7 @@ def test_woodbury_update_equals_twin(b):
     d = rng.standard_normal((b, n))
     want = naive.woodbury(eta, d)
     got = eta.copy(order="F")
-    kernels.woodbury_update(got, np.ascontiguousarray(d.T))
+    fused.woodbury_update(got, np.ascontiguousarray(d.T))
     np.testing.assert_allclose(
         got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max(), err_msg=f"b={b} seed={seed}"
     )

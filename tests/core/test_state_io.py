@@ -68,7 +68,9 @@ def assert_bitwise(a: EdRVFL, b: EdRVFL, msg: str):
     sa, sb = a.learner.state, b.learner.state
     for key, value in vars(sa).items():
         if key not in ("layers", "arrays"):  # the arrays are compared layer by layer below
-            assert value == getattr(sb, key), f"{msg}: counter {key}: {value} != {getattr(sb, key)}"
+            assert np.array_equal(value, getattr(sb, key)), (
+                f"{msg}: counter {key}: {value} != {getattr(sb, key)}"
+            )
     for i, (la, lb) in enumerate(zip(sa.layers, sb.layers)):
         assert np.array_equal(la.beta, lb.beta), (
             f"{msg}: layer {i} β differs by {np.abs(la.beta - lb.beta).max():.3e}"

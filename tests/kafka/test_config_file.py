@@ -125,3 +125,15 @@ def test_the_list_of_other_variables_is_the_repositorys():
         used |= set(re.findall(r"IOLSTREAM_[A-Z0-9_]+", path.read_text(errors="replace")))
     others = {name for name in used if "__" not in name} - MISTAKES
     assert others == set(OTHER_VARIABLES), (others - OTHER_VARIABLES, OTHER_VARIABLES - others)
+
+
+def test_the_named_fields_example_of_the_configuration_page_loads():
+    """docs/configuration.md's worked example: the schema and events sections load, and its width is the one
+    the page states."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    block = (
+        text.split("## Named fields: the feature schema", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    )
+    cfg = config_from_dict(yaml.safe_load(block), environ={})
+    assert cfg.model.n_inputs == 79 and "79 inputs" in text
+    assert cfg.events.id_field == "order_id" and cfg.events.passthrough == ("country",)

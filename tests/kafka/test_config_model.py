@@ -50,3 +50,36 @@ def test_forgetting_and_lam_from_yaml(tmp_path):
 def test_bad_values_name_the_key(env, match):
     with pytest.raises(ConfigError, match=match):
         config_from_dict(BASE, env)
+
+
+def test_class_weight_threshold_and_primary_from_yaml(tmp_path):
+    path = tmp_path / "worker.yaml"
+    path.write_text(
+        "model:\n  n_inputs: 4\n  classes: [ok, fraud]\n  class_weight: {fraud: 20}\n  threshold: 0.3\n"
+        "metrics:\n  primary: roc_auc\nstream:\n  emit_scores: true\n"
+    )
+    cfg = load_config(path, environ={})
+    assert cfg.model.class_weight == (1.0, 20.0) and cfg.model.threshold == 0.3
+    assert cfg.metrics.primary == "roc_auc" and cfg.stream.emit_scores
+    env = {"IOLSTREAM_MODEL__CLASS_WEIGHT": "balanced", "IOLSTREAM_METRICS__PRIMARY": "log_loss"}
+    cfg = load_config(path, environ=env)
+    assert cfg.model.class_weight == "balanced" and cfg.metrics.primary == "log_loss"
+
+
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        (
+            {"model": {"n_inputs": 3, "classes": ["a", "b", "c"]}, "metrics": {"primary": "roc_auc"}},
+            "metrics.primary",
+        ),
+        ({"model": {"n_inputs": 3, "n_outputs": 1}, "metrics": {"primary": "log_loss"}}, "metrics.primary"),
+        ({"model": {"n_inputs": 3, "classes": ["a", "b"]}, "metrics": {"primary": "f1"}}, "metrics.primary"),
+        ({"model": {"n_inputs": 3, "classes": ["a", "b"], "class_weight": {"c": 2}}}, "model.class_weight"),
+        ({"model": {"n_inputs": 3, "classes": ["a", "b"], "threshold": 1.5}}, "model.threshold"),
+        ({"model": {"n_inputs": 3, "classes": ["a", "b"], "calibration": "isotonic"}}, "model.calibration"),
+    ],
+)
+def test_bad_probability_settings_are_refused_naming_the_key(raw, key):
+    with pytest.raises(ConfigError, match=key):
+        config_from_dict(raw, {})

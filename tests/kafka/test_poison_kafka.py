@@ -214,8 +214,8 @@ def test_producer_and_consumer_limits_below_max_message_bytes_are_config_errors_
     base = {"model": {"n_inputs": 3, "classes": [0, 1]}}
     cfg = config_from_dict(base, environ={})
     assert (
-        cfg.kafka.producer["message.max.bytes"] == 1_048_576 + topics.DEAD_LETTER_HEADROOM
-    )  # the default made to fit
+        cfg.kafka.producer["message.max.bytes"] == topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES
+    )  # the default made to fit, and equal to Kafka's default topic limit
     with pytest.raises(
         ConfigError, match=r"kafka\.producer\.message\.max\.bytes \(1000000\).*stream\.max_message_bytes"
     ):
@@ -306,9 +306,8 @@ def test_created_topics_get_a_limit_that_fits(kafka_bootstrap, kafka_admin, tmp_
         want = 2_000_000 + topics.DEAD_LETTER_HEADROOM
         got = {k: topics.describe_max_message_bytes(kafka_admin, n) for k, n in names.items()}
         assert got == {"features": want, "labels": want, "predictions": 1_048_588, "dead_letters": want}
-        assert (
-            topics.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_576 + topics.DEAD_LETTER_HEADROOM
-        )
+        # the default stream.max_message_bytes fits Kafka's default limit: the broker's default it keeps
+        assert topics.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_588
         assert topics.describe_max_message_bytes(kafka_admin, cli[1]) == 1_048_588
     finally:
         kafka_admin.delete_topics(list(names.values()) + cli)

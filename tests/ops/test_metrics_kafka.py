@@ -75,6 +75,7 @@ def fake_worker(processor=None, **attrs):
     w = types.SimpleNamespace(
         processor=processor or StreamProcessor(EdRVFL(ModelConfig(**MODEL)), StreamConfig(batch_rows=8)),
         checkpoint=Checkpoint(),
+        starting=None,
         last_tick=time.monotonic(),
         stopping=False,
         connected=True,
@@ -167,8 +168,15 @@ def test_health_and_readiness_endpoints():
         assert get(port, "/healthz") == (503, "starting\n")
         assert get(port, "/readyz") == (503, "starting\n")
         assert get(port, "/nothing")[0] == 404
-        w = fake_worker(connected=False, partitions=0)
+        metrics.starting = "waiting for the broker"
+        assert get(port, "/healthz") == (503, "starting: waiting for the broker\n")
+        # a first start compiling its kernels for a minute: starting, never "loop stalled"
+        w = fake_worker(connected=False, partitions=0, starting="compiling the kernels (1/4 sets, 31 s)")
+        w.last_tick -= 60.0
         metrics.attach(w)
+        assert get(port, "/healthz") == (503, "starting: compiling the kernels (1/4 sets, 31 s)\n")
+        assert get(port, "/readyz") == (503, "starting\n")
+        w.starting, w.last_tick = None, time.monotonic()  # the loop runs
         assert get(port, "/healthz") == (200, "ok\n")
         assert get(port, "/readyz") == (503, "not connected\n")
         w.connected = True

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from kafka_util import consume_all
-from secure_kafka import IOLSTREAM, REPO, run_worker, stream, worker_raw, write_config
+from secure_kafka import IOLSTREAM, REPO, lib_dir, run_worker, stream, worker_raw, write_config
 
 from iolstream.kafka import acls
 from iolstream.kafka.config import config_from_dict
@@ -83,6 +83,33 @@ def test_the_worker_runs_with_exactly_its_acls(secure_kafka, tmp_path, exactly_o
     code, out, _ = run_worker(write_config(raw, tmp_path / "worker.yaml"), "--max-seconds", "90")
     assert code == 0, out[-4000:]
     assert_quiet_log(out)
+    ids, _, _ = stream(ROWS)
+    assert predictions(secure_kafka, topics["predictions"], ROWS) == dict.fromkeys(ids, 1)
+
+
+def test_the_topics_lines_make_topics_the_worker_runs_on_without_a_warning(secure_kafka, tmp_path):
+    """topics.create off: the admin runs what `iolstream topics` prints (Kafka's own TopicCommand); the worker, with
+    the default size limits, runs on them with exactly its ACLs and no warning about the topics' limits."""
+    tag = f"t-topics-lines-{int(time.time() * 1000)}"
+    topics = {k: f"{tag}-{k}" for k in ("features", "labels", "predictions", "dead_letters")}
+    raw = worker_raw(secure_kafka, topics, tmp_path / "snap")
+    del raw["stream"]["max_message_bytes"]  # the default: it must agree with Kafka's default topic limit
+    config = write_config(raw, tmp_path / "worker.yaml")
+    tool = f"java -Xmx256m -cp '{lib_dir()}/*' org.apache.kafka.tools.TopicCommand"
+    printed = subprocess.run(
+        [str(IOLSTREAM), "topics", "-c", str(config), "--command", tool, "--command-config",
+         secure_kafka.properties("admin")],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert len(printed.splitlines()) == 4 and all(t in printed for t in topics.values()), printed
+    made = subprocess.run(["sh"], input=printed, capture_output=True, text=True, timeout=300, check=False)
+    assert made.returncode == 0, made.stdout + made.stderr
+    produce_rows(secure_kafka, topics, tmp_path)
+    secure_kafka.grant(acls.worker_acls(config_from_dict(raw)), "worker")
+    code, out, _ = run_worker(config, "--max-seconds", "90")
+    assert code == 0, out[-4000:]
+    assert_quiet_log(out)
+    assert "max.message.bytes" not in out, out[-3000:]
     ids, _, _ = stream(ROWS)
     assert predictions(secure_kafka, topics["predictions"], ROWS) == dict.fromkeys(ids, 1)
 

@@ -112,6 +112,30 @@ def test_a_wrong_password_names_the_mechanism_and_the_user(secure_kafka, tmp_pat
     assert "not-the-password" not in line
 
 
+def test_a_password_that_is_a_word_leaves_the_line_alone(secure_kafka, tmp_path):
+    """Redaction masks the password in librdkafka's text only: the password "wrong" must not turn the line's own
+    "wrong password" into "*** password"."""
+    raw = setup(secure_kafka, tmp_path)
+    raw["kafka"]["client"]["sasl.password"] = "wrong"
+    line = run_refused(secure_kafka, tmp_path, raw)
+    assert "refused: wrong password or no such user" in line and "***" not in line, line
+
+
+def test_a_plaintext_client_on_the_sasl_ssl_port_names_the_protocol(secure_kafka, tmp_path):
+    """No security settings against the SASL_SSL listener: the broker closes the connection at the first request,
+    which librdkafka reports only as a transport failure; the line names the likely protocol mismatch (exit 3)."""
+    raw = setup(secure_kafka, tmp_path)
+    raw["kafka"]["client"] = {}
+    config = write_config(raw, tmp_path / "worker.yaml")
+    checked, out = check(config)
+    assert checked == 3, out
+    (line,) = [c for c in out.splitlines() if c.startswith("FAIL  broker:")]
+    assert (
+        "closed the connection at the first request, as a TLS or SASL port does to a PLAINTEXT client" in line
+    )
+    assert "kafka.client.security.protocol" in line and "Broker transport failure" not in line, line
+
+
 def test_an_untrusted_certificate_names_the_broker_and_the_ca_file(secure_kafka, tmp_path, rogue_ca):
     raw = setup(secure_kafka, tmp_path)
     raw["kafka"]["client"]["ssl.ca.location"] = rogue_ca

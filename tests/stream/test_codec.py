@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolstream.kafka.deadletters import dead_letter_headers
-from iolstream.stream import codec
+from iolstream.stream import codec, values
 from iolstream.stream.codec import decode_features, decode_labels
 from iolstream.stream.encoding import encode_predictions
 from iolstream.stream.rows import MAX_DETAIL_CHARS, REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
@@ -206,10 +206,10 @@ def test_all_rows_bad_returns_none():
 
 
 def test_bool_detector():
-    assert not codec._may_hold_bool(b'{"ids":["a"],"x":[[1,2,3]]}')
-    assert not codec._may_hold_bool(b'{"ids":["null-ish","user"],"x":[[1,2,3]]}')
-    assert codec._may_hold_bool(b"[true]") and codec._may_hold_bool(b"[1,false]")
-    assert codec._may_hold_bool(b'{"ids":["true"]}')  # a false alarm only costs the reference path
+    assert not values.may_hold_bool(b'{"ids":["a"],"x":[[1,2,3]]}')
+    assert not values.may_hold_bool(b'{"ids":["null-ish","user"],"x":[[1,2,3]]}')
+    assert values.may_hold_bool(b"[true]") and values.may_hold_bool(b"[1,false]")
+    assert values.may_hold_bool(b'{"ids":["true"]}')  # a false alarm only costs the reference path
 
 
 @pytest.mark.parametrize("ids", [["a", "b"], ["true", "false"]])
@@ -243,7 +243,7 @@ def test_batch_equals_its_rows(row_specs):
     raw = orjson.dumps({"ids": ids, "x": xs})
     rows, bad = decode_features(raw, K, max_bytes=MAX)
     with pytest.MonkeyPatch.context() as mp:  # the same message through the reference path only
-        mp.setattr(codec, "_may_hold_bool", lambda raw: True)
+        mp.setattr(codec, "may_hold_bool", lambda raw: True)
         ref_rows, ref_bad = decode_features(raw, K, max_bytes=MAX)
     assert [(b.reason, b.detail, r) for b, r in bad] == [(b.reason, b.detail, r) for b, r in ref_bad]
     assert (rows is None) == (ref_rows is None)
@@ -402,7 +402,8 @@ def test_ragged_regression_batch_goes_row_by_row():
 def test_target_spec_validation():
     assert TargetSpec.classification([1, 2]).classes == (1, 2)
     assert TargetSpec.classification((np.int64(0), np.int64(1))).classes == (0, 1)
-    for bad in [(1,), (1, 1), (1, "a"), (True, False), ()]:
+    assert TargetSpec.classification((np.True_, False)).classes == (True, False)  # booleans: is_fraud
+    for bad in [(1,), (1, 1), (1, "a"), (True, 1), (True, True), (True, False, "a"), ()]:
         with pytest.raises(ValueError):
             TargetSpec.classification(bad)
     with pytest.raises(ValueError):
@@ -419,7 +420,7 @@ def test_bad_input_is_one_line_and_checked():
     assert len(BadInput("bad_schema", "y" * 10_000).detail) == MAX_DETAIL_CHARS
     with pytest.raises(ValueError):
         BadInput("not_a_reason", "x")
-    assert len(set(REASONS)) == len(REASONS) == 11
+    assert len(set(REASONS)) == len(REASONS) == 13
 
 
 def test_dead_letter_headers():
@@ -524,6 +525,14 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
         mode=data.draw(st.sampled_from(["forward", "ridge"])),
         classes=classes,
     )
+    if classes is not None and data.draw(st.booleans()):  # stream.emit_scores: the raw outputs too
+        kwargs["scores"] = proba[::-1].copy()
     assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(
         ids, y_hat, proba, **kwargs
     )
+
+
+def test_every_reason_has_the_hint_the_lines_naming_it_give():
+    from iolstream.stream.rows import REASON_HINTS, REASONS
+
+    assert set(REASON_HINTS) == set(REASONS)

@@ -92,15 +92,21 @@ def test_members_hold_the_single_learners_sums_and_the_closed_form(mode, lam):
         got = contribution.sums(m)
         for key in want:
             if key.endswith((".maxes", ".loss")) or key.startswith(
-                "sel."
+                ("sel.", "cal.")
             ):  # the prequential history differs:
                 continue  # other β predicted the rows
-            keep = (
-                [0, 1, 2, 4] if key.endswith(".counts") else slice(None)
-            )  # not label_batches: a count of fold-ins
+            keep = (  # not label_batches: a count of fold-ins
+                [0, 1, 2, 4] if key.endswith(".counts") and key.startswith("p") else slice(None)
+            )
             np.testing.assert_allclose(got[key][keep], want[key][keep], rtol=1e-9, atol=1e-9, err_msg=key)
         _assert_closed_form(m, m.learner, x, y, np.ones(len(x)))  # A = λI + Σ DᵀD over all rows
-        np.testing.assert_array_equal(m.predict(x), single.predict(x))
+        features_t = single.features(x)  # every candidate predicts what the single learner's would
+        for a, b in zip(m.learners, single.learners):
+            np.testing.assert_allclose(a.layer_outputs(features_t), b.layer_outputs(features_t), atol=1e-9)
+        if (
+            m.selector.chosen == single.selector.chosen
+        ):  # which one is in force follows the prequential history
+            np.testing.assert_array_equal(m.predict(x), single.predict(x))
 
 
 def test_a_record_applied_twice_or_out_of_order_counts_once():
@@ -278,3 +284,32 @@ def test_layout_names_every_key_and_shape_of_the_sums(kw):
     assert contribution.layout(model) == {key: value.shape for key, value in contribution.sums(model).items()}
     with pytest.raises(ValueError, match="p0.rhs"):
         contribution.check_layout(model, {**contribution.sums(model), "p0.rhs": np.zeros((1, 1, 1))})
+
+
+@pytest.mark.parametrize("forgetting", [None, 400.0])
+def test_members_agree_on_the_calibration_and_the_class_counts(forgetting):
+    """The calibration's sums and the class counts are sums like c: once every record has gone round, every member
+    holds the total of what each learned itself, so all map the same scores to the same probabilities."""
+    x, y = _data()
+    cfg = _config(mode="auto", forgetting=forgetting, class_weight="balanced")
+    members = [EdRVFL(cfg) for _ in range(3)]
+    states = [GroupState(f"m{i}", m) for i, m in enumerate(members)]
+    for round_ in range(3):
+        for i, m in enumerate(members):
+            part = np.arange(len(x))[i::3]
+            chunk = part[round_ * len(part) // 3 : (round_ + 1) * len(part) // 3]
+            _feed(m, x[chunk], y[chunk], batch=40)
+        _exchange(states, 1000 * round_)
+    for st in states:
+        own = st.own()
+        assert own["cal.sums"].any() and own["cls.counts"].sum() > 0
+    first = members[0]
+    np.testing.assert_array_equal(first.class_counts, np.bincount(y, minlength=first.config.m))
+    for m in members[1:]:
+        np.testing.assert_array_equal(m.class_counts, first.class_counts)
+        for a, b in zip(m.learners, first.learners):
+            np.testing.assert_allclose(a.calibration_sums, b.calibration_sums, rtol=1e-9)
+        assert m.selector.chosen == first.selector.chosen
+        np.testing.assert_allclose(
+            m.predict_batch(x[:50]).proba, first.predict_batch(x[:50]).proba, rtol=1e-7
+        )

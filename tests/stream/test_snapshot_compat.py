@@ -138,10 +138,26 @@ def assert_same_state(a: StreamProcessor, b: StreamProcessor, *, stamps_unknown:
     groups label folds (the label queue, fold counters, last losses), which this test is not about."""
     _, x = a.to_state()
     _, y = b.to_state()
-    names = [n for n in x if n.split("/")[0] in ("join", "batcher", "held", "model")]
+    # not in the old format, so started at the load: the class counts and the calibration, and what it emitted
+    names = [
+        n
+        for n in x
+        if n.split("/")[0] in ("join", "batcher", "held", "model")
+        and not n.endswith(("class_counts", "/calibration"))
+    ]
     assert "join/done_fingerprints" in names and "join/done_ids" not in names
-    assert set(names) == {n for n in y if n.split("/")[0] in ("join", "batcher", "held", "model")}
+    assert set(names) == {
+        n
+        for n in y
+        if n.split("/")[0] in ("join", "batcher", "held", "model")
+        and not n.endswith(("class_counts", "/calibration"))
+    }
     for name in names:
+        if (
+            name == "join/pending_X"
+        ):  # the last m columns: the probabilities emitted, calibrated since the load
+            m = a.model.config.m
+            x[name], y[name] = x[name][:, :-m], y[name][:, :-m]
         if (
             name == "join/pending_X" and stamps_unknown
         ):  # column 4: the stamp, unknown in the old file (never forgets)
@@ -260,10 +276,19 @@ OLD_CODE_PHASE1 = "3600669ea052330a296d811df6b3c698dbcab38eacc2cbd2e41b97726d583
 OLD_CODE_PHASE2 = "c6be1dc2f97cdc686b6d23e55a821884b1b93f97b402e42c31155d5c30c32071"
 
 
-def fresh_auto() -> StreamProcessor:
-    """The model of the version-2 file: ``mode: auto``, -F and -R on one set of sums."""
+def fresh_auto(calibration: str = "none") -> StreamProcessor:
+    """The model of the version-2 file: ``mode: auto``, -F and -R on one set of sums; ``calibration: none`` is
+    the code that wrote it (the softmax of the layers, the selector judging by 0/1 loss)."""
     model = EdRVFL(
-        ModelConfig(n_inputs=3, classes=("a", "b", "c"), n_nodes=8, n_layers=2, scaler="none", seed=3)
+        ModelConfig(
+            n_inputs=3,
+            classes=("a", "b", "c"),
+            n_nodes=8,
+            n_layers=2,
+            scaler="none",
+            seed=3,
+            calibration=calibration,
+        )
     )
     return StreamProcessor(model, CFG)
 
@@ -282,30 +307,40 @@ def test_a_version_2_auto_snapshot_loads_and_continues_as_the_code_that_wrote_it
     """A snapshot of ``mode: auto`` in format version 2 (every candidate's A, factor, β and c, written before the
     model kept only what cannot be derived) loads; the restored worker emits, byte for byte, what the code that
     wrote it emitted after loading it, which is also what a run of this code that never stopped emits; and this
-    code predicts phase 1 with the very bytes the old code did (its fused kernels compute the same bits)."""
+    code predicts phase 1 with the very bytes the old code did (its fused kernels compute the same bits). The file
+    predates calibrated probabilities: its config read with ``calibration: none`` is the code that wrote it; read
+    as it is (``online``, the default), the sums and β are the same and the calibration starts at the load."""
     snap = snapshot.read(V2_AUTO_SNAPSHOT)
     assert snapshot.read_header(V2_AUTO_SNAPSHOT.read_bytes())["version"] == 2
     assert {"model/cand1/layer0/gram", "model/cand1/layer0/beta", "model/cand0/layer0/factor"} <= set(
         snap.arrays
     )
-    restored = StreamProcessor.from_state(snap.manifest, snap.arrays, CFG)
+    assert "calibration" not in snap.manifest["config"]
+    as_saved = StreamProcessor.from_state(snap.manifest, snap.arrays, CFG)
+    assert as_saved.model.calibrated
+    manifest = json.loads(json.dumps(snap.manifest))
+    manifest["config"]["calibration"] = "none"
+    restored = StreamProcessor.from_state(manifest, snap.arrays, CFG)
     never_stopped = fresh_auto()
     assert predictions_digest(never_stopped, phase1()) == OLD_CODE_PHASE1
-    for a, b in zip(restored.model.learners, never_stopped.model.learners):
-        for la, lb in zip(a.state.layers, b.state.layers):
-            np.testing.assert_array_equal(np.tril(la.gram), np.tril(lb.gram))
-            np.testing.assert_array_equal(la.beta, lb.beta)
+    for loaded in (restored, as_saved):
+        for a, b in zip(loaded.model.learners, never_stopped.model.learners):
+            for la, lb in zip(a.state.layers, b.state.layers):
+                np.testing.assert_array_equal(np.tril(la.gram), np.tril(lb.gram))
+                np.testing.assert_array_equal(la.beta, lb.beta)
+    predictions_digest(as_saved, phase2())  # read as it is: calibrated from the load on
+    assert as_saved.model.learners[0].calibration_sums.any()
     assert (
         predictions_digest(restored, phase2())
         == predictions_digest(never_stopped, phase2())
         == OLD_CODE_PHASE2
     )
     # written again, it is version 3: the -F learner's A, A_r and c, and its P where a batch of 1 or 2 rows
-    # (b·6 ≤ n) left it on the Woodbury route; the -R candidate's counters alone
+    # (b·6 ≤ n) left it on the Woodbury route; the -R candidate's counters and calibration sums alone
     manifest, arrays = restored.to_state()
     assert manifest["format_version"] == 3
     model_arrays = {k for k in arrays if k.startswith("model/") and "/scaler/" not in k}
     assert {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} <= model_arrays
     assert model_arrays <= {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} | {
         f"model/cand0/layer{i}/inverse" for i in range(2)
-    }
+    } | {"model/cand0/calibration", "model/cand1/calibration", "model/class_counts"}  # each candidate's own

@@ -55,16 +55,24 @@ def test_unknown_column(capsys, csv_file):
     assert_usage_error(rc, err, "'nosuch'", "f1, f2, f3, label")
 
 
-def test_non_numeric_feature(capsys, csv_file):
+def test_text_and_gaps_make_named_fields_with_an_inferred_schema(capsys, csv_file):
+    """Text or a gap (blank, nan, NA) in a feature column: the rows are named fields, read by the schema
+    inferred from the file, and evaluate says so (docs/design.md §11)."""
+    path = csv_file(["1,2,3,a", "4,five,6,b", "7,,9,a", "1,nan,2,b"] * 5)
+    rc, out, _ = run(capsys, "evaluate", "--csv", path, "--target", "label", "--quiet", *FAST)
+    assert rc == 0
+    assert "schema: inferred from data.csv (2 numbers, 1 categories, 0 booleans, 1 with gaps" in out
+
+
+def test_a_value_the_given_schema_refuses(capsys, csv_file, tmp_path):
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(
+        "model:\n  classes: [a, b]\n  features:\n"
+        + "".join(f"    - {{name: f{i}, type: number}}\n" for i in (1, 2, 3))
+    )
     path = csv_file(["1,2,3,a", "4,five,6,b", "7,8,9,a"] * 5)
-    rc, _, err = run(capsys, "evaluate", "--csv", path, "--target", "label", *FAST)
-    assert_usage_error(rc, err, "column 'f2', row 2", "non-numeric", "'five'")
-
-
-def test_nan_feature(capsys, csv_file):
-    path = csv_file(["1,2,3,a", "4,5,6,b", "7,nan,9,a"] * 5)
-    rc, _, err = run(capsys, "evaluate", "--csv", path, "--target", "label", *FAST)
-    assert_usage_error(rc, err, "column 'f2', row 3", "non-finite")
+    rc, _, err = run(capsys, "evaluate", "--csv", path, "--target", "label", "--schema", str(schema), *FAST)
+    assert_usage_error(rc, err, "row 2: bad_field: field 'f2' is a string, not a number")
 
 
 def test_unknown_class(capsys, csv_file):
@@ -177,6 +185,19 @@ def test_json_objects(capsys, csv_file):
     assert objs[0]["config"]["lam"] == 0.25 and objs[0]["config"]["n_nodes"] == 16
     assert objs[0]["test_metric"] == pytest.approx(objs[1]["test_metric"])
     assert "edRVFL-F" in err  # the table went to stderr
+    for o in objs:  # the metrics teams watch, beside prequential_metric (stream.prequential)
+        assert 0 < o["log_loss"] < 5 and 0 <= o["brier"] <= 2 and 0 <= o["balanced_accuracy"] <= 1, o
+        assert o["mae"] is None and o["roc_auc"] is None  # three classes: no AUC
+        assert set(o["per_class"]) == {"a", "b", "c"}
+        assert all(set(v) == {"precision", "recall"} for v in o["per_class"].values())
+    assert "log loss" in err and "bal. acc" in err
+
+
+def test_json_regression_reports_mae(capsys):
+    rc, out, _ = run(capsys, "evaluate", "--dataset", "diabetes", *FAST, "--json", "--mode", "ridge")
+    assert rc == 0
+    (o,) = [json.loads(line) for line in out.splitlines()]
+    assert o["mae"] > 0 and o["log_loss"] is None and o["per_class"] == {}
 
 
 def test_quiet_prints_only_the_summary(capsys):
@@ -213,6 +234,13 @@ def test_stream_order_prints_no_test_columns_and_no_nan(capsys):
         "20%",
         "last",
         "20%",
+        "log",  # the prequential metrics beside it (two classes: ROC AUC too)
+        "loss",
+        "Brier",
+        "ROC",
+        "AUC",
+        "bal.",
+        "acc",
         "cum.",
         "regret",
     ] + [

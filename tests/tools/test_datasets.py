@@ -1,6 +1,5 @@
 """Tests for iolstream.tools.datasets: built-in sets, the poker generator and the CSV loader."""
 
-import time
 from collections import Counter
 from itertools import chain, combinations
 
@@ -289,16 +288,15 @@ def test_poker_rows_and_n_rows_are_one_cap():
 
 @pytest.fixture(scope="module")
 def full_poker():
-    start = time.perf_counter()
-    ds = load("poker", seed=0)
-    return ds, time.perf_counter() - start
+    return load("poker", seed=0)
 
 
 def test_full_size_generation(full_poker):
-    ds, seconds = full_poker
+    # how fast it generates is the bench's business (``iolstream bench``), never a unit test's: a busy machine
+    # would fail a clock
+    ds = full_poker
     n = 1_025_010
     assert ds.X.shape == (n, 10) and ds.y.shape == (n,) and ds.y.dtype == np.int64
-    assert seconds < 2.0, f"generating {n} hands took {seconds:.2f} s"
     suits, ranks = ds.X[:, 0::2], ds.X[:, 1::2]
     assert suits.min() == 1 and suits.max() == 4 and ranks.min() == 1 and ranks.max() == 13
     codes = np.sort((ranks - 1) * 4 + (suits - 1), axis=1)
@@ -310,7 +308,7 @@ def test_full_size_generation(full_poker):
 
 
 def test_full_size_class_frequencies(full_poker):
-    ds, _ = full_poker
+    ds = full_poker
     n = len(ds.y)
     counts = np.bincount(ds.y, minlength=10)
     p = np.array(POKER_COUNTS) / N_HANDS

@@ -1,0 +1,139 @@
+"""The commands on a table of named fields (no broker): ``schema infer`` prints a config that loads and says
+what it inferred; ``evaluate --csv`` and ``seed --csv`` on text and blank cells use the config's schema or
+the inferred one and say so; the replay plan sends named-field events; the estimators take a DataFrame or
+a list of dicts and encode as the worker does."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+from tables_util import orders_csv
+
+from iolstream.core.model import EdRVFL
+from iolstream.core.snapshot_file import load_snapshot
+from iolstream.kafka.config import config_from_dict, load_config
+from iolstream.tools import cli
+from iolstream.tools.plan import EventShape, PlanOptions, plan
+
+
+def test_schema_infer_prints_a_config_that_runs(tmp_path, capsys):
+    data = orders_csv(tmp_path / "orders.csv")
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud"]) == 0
+    text = capsys.readouterr().out
+    cfg = config_from_dict(yaml.safe_load(text), environ={})
+    assert [(f.name, f.type) for f in cfg.model.features] == [
+        ("amount", "number"),
+        ("country", "category"),
+        ("device.os", "category"),
+        ("coupon", "boolean"),
+    ]
+    assert set(cfg.model.features[1].values) == {"FR", "DE", "US"}
+    assert cfg.model.classes == (False, True)
+    assert (cfg.events.id_field, cfg.events.label_field) == ("order_id", "is_fraud")  # an id column found
+    assert cfg.topics.features == "orders.features" and cfg.kafka.group_id == "orders"
+    assert "# 45 of 400 missing" in text  # each field's gaps, said beside it
+    out = tmp_path / "orders.yaml"
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(out)]) == 0
+    assert (
+        load_config(out, environ={"IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": "b:9"}).kafka.bootstrap_servers
+        == "b:9"
+    )
+
+
+def test_evaluate_csv_with_text_and_gaps_infers_a_schema_and_says_so(tmp_path, capsys):
+    data = orders_csv(tmp_path / "orders.csv")
+    args = ["evaluate", "--csv", str(data), "--target", "is_fraud", "--order", "stream", "--mode", "ridge"]
+    assert cli.main([*args, "--nodes", "16", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "schema: inferred from orders.csv (1 numbers, 2 categories, 1 booleans, 3 with gaps" in out
+    config = tmp_path / "worker.yaml"
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(config)]) == 0
+    capsys.readouterr()
+    assert cli.main([*args, "--nodes", "16", "--quiet", "--schema", str(config)]) == 0
+    assert f"schema: model.features of {config} (4 fields" in capsys.readouterr().out
+
+
+def test_seed_reads_the_csv_by_the_config_schema_and_refuses_text_without_one(tmp_path, capsys):
+    data = orders_csv(tmp_path / "orders.csv")
+    config = tmp_path / "worker.yaml"
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(config)]) == 0
+    raw = yaml.safe_load(config.read_text())
+    raw["model"].update(n_nodes=16, warmup_rows=64)
+    raw["snapshot"] = {"dir": str(tmp_path / "snap")}
+    config.write_text(yaml.safe_dump(raw))
+    assert cli.main(["seed", "-c", str(config), "--csv", str(data), "--target", "is_fraud"]) == 0
+    out = capsys.readouterr()
+    assert "schema: model.features of" in out.err and "from 400 rows" in out.out
+    model = load_snapshot(tmp_path / "snap")
+    assert model.config.schema == load_config(config, environ={}).model.schema
+    assert model.predict_batch(model.encode([{"amount": 55.0, "country": "US"}])).proba.shape == (1, 2)
+    from iolstream import EdRVFLClassifier
+
+    clf = EdRVFLClassifier.from_snapshot(tmp_path / "snap")  # the worker's schema: it takes events too
+    np.testing.assert_array_equal(
+        clf.predict_proba([{"amount": 55.0, "country": "US"}]),
+        model.predict_batch(model.encode([{"amount": 55.0, "country": "US"}])).proba,
+    )
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        yaml.safe_dump({"model": {"n_inputs": 4, "classes": [False, True]}, "snapshot": raw["snapshot"]})
+    )
+    assert cli.main(["seed", "-c", str(plain), "--csv", str(data), "--target", "is_fraud", "--replace"]) == 2
+    err = capsys.readouterr().err
+    assert "has text or blank cells, and" in err and "{'name': 'country', 'type': 'category'" in err
+
+
+def test_the_plan_sends_named_field_events():
+    records = [{"amount": 1.5, "device": {"os": "ios"}}, {"amount": None}]
+    shape = EventShape(id_field="order_id", label_field="is_fraud", time_field="meta.ts")
+    msgs = plan(records, [True, False], PlanOptions(batch_rows=2, label_delay_rows=0), shape)
+    features, labels = msgs[0], msgs[1]
+    assert orjson.loads(features.encode(now_ms=5)) == [
+        {"amount": 1.5, "device": {"os": "ios"}, "order_id": "r0", "meta": {"ts": 5}},
+        {"amount": None, "order_id": "r1", "meta": {"ts": 5}},
+    ]
+    assert orjson.loads(labels.encode()) == [
+        {"is_fraud": True, "order_id": "r0"},
+        {"is_fraud": False, "order_id": "r1"},
+    ]
+    keyed = plan(
+        records[:1], [True], PlanOptions(with_ts=False), EventShape(id_from_key=True, label_field="l")
+    )
+    assert [(m.key, orjson.loads(m.encode())) for m in keyed] == [
+        (b"r0", {"amount": 1.5, "device": {"os": "ios"}}),
+        (b"r0", {"l": True}),
+    ]
+
+
+def test_estimators_take_a_dataframe_or_dicts_and_encode_as_the_worker():
+    pd = pytest.importorskip("pandas")
+    from iolstream import EdRVFLClassifier
+
+    rng = np.random.default_rng(0)
+    n = 300
+    frame = pd.DataFrame(
+        {
+            "amount": np.where(rng.random(n) < 0.1, np.nan, rng.lognormal(3, 1, n)),
+            "country": rng.choice(["FR", "DE", "US", None], n),
+            "vip": rng.choice([True, False], n),
+        }
+    )
+    y = (frame["amount"].fillna(0) > 30) & (frame["country"] != "FR")
+    clf = EdRVFLClassifier(n_nodes=32, random_state=0).fit(frame, y)
+    assert [(f.name, f.type) for f in clf.schema_.fields] == [
+        ("amount", "number"),
+        ("country", "category"),
+        ("vip", "boolean"),
+    ]
+    records = frame.to_dict(orient="records")
+    np.testing.assert_array_equal(clf.predict_proba(frame), clf.predict_proba(records))
+    model: EdRVFL = clf.model_
+    np.testing.assert_array_equal(model.encode(records), clf.model_.encoder.encode(records).X)
+    assert clf.score(frame, y) > 0.8
+    with pytest.raises(ValueError, match="fitted on named fields"):
+        clf.predict(np.zeros((2, 3)))
+    given = EdRVFLClassifier(n_nodes=8, features=[{"name": "amount", "type": "number"}]).fit(records, y)
+    assert given.model_.config.n_inputs == 2
