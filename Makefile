@@ -9,7 +9,7 @@ export KAFKA_PORT ?= 19092
 # they are present and is skipped, with the reason, where they are not.
 export IOLSTREAM_INSTALL_SYSTEM ?= 0
 
-.PHONY: install lint format test test-fast test-cluster container-test demo kafka-start kafka-stop bench clean
+.PHONY: install lint format test test-busy test-fast test-cluster container-test demo kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP) lint
 	  $(PY) -m pytest -q -m "not cluster_full" $(PYTEST_ARGS) || status=$$?; \
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
+
+# `make test` as on a machine busy with something else: two CPU-bound loops beside it (scripts/busy.sh: BUSY_NICE,
+# default 19, a background job's priority; 0 for an equal's), stopped however the suite ends. CI runs `make test`.
+test-busy: $(STAMP)
+	@bash scripts/busy.sh $(MAKE) --no-print-directory test
 
 # The compose stack in podman (tests/containers/test_container_stack.py, also part of `make test`, where it is
 # skipped with the reason if podman cannot be had): with IOLSTREAM_INSTALL_SYSTEM=1 installs podman as root

@@ -13,6 +13,10 @@ It never skips: if no broker can be had, the tests error with the reason.
 ``kafka_topics(*suffixes, partitions=1, config=None)`` -> fresh, uniquely named topic names
 (t-<test>-<uuid8>-<suffix>), created and ready; deleted after the test.
 
+``worker_kernels`` (session) compiles the Numba kernels a worker takes, once, before the first broker fixture
+hands out a broker (and so before the first worker starts): a cold cache compiles for minutes on a slow machine,
+which no test's wait for a worker should have to cover.
+
 Helpers (produce_json, consume_all, committed_offsets, unique_group, ...) live in kafka_util.py.
 """
 
@@ -23,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,8 +124,41 @@ def _start_local(port: str) -> tuple[str, Callable[[], None] | None]:
     return f"127.0.0.1:{port}", stop
 
 
+# The kinds of model the tests' workers run: the kernels' signatures follow the dtype (float64: no worker test runs
+# float32, whose kernels tests/core compiles in its own process), the mode (auto keeps -F and -R candidates), the task
+# and forgetting; ``warm.preload`` takes both solvers, serial and parallel, as a worker's start does for its config.
+WORKER_KINDS = [
+    {"mode": mode, **task}
+    for mode in ("auto", "forward", "ridge")
+    for task in ({"classes": (0, 1)}, {"n_outputs": 1})
+] + [
+    {"forgetting": 5000, "classes": (0, 1)},
+    {"forgetting": "auto", "lam": "auto", "classes": (0, 1)},
+    {"forgetting": "auto", "lam": "auto", "n_outputs": 1},
+]
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def worker_kernels(request) -> float:
+    """The kernels of every kind in WORKER_KINDS compiled into the cache (or loaded from it), in this process;
+    returns the seconds it took, which the terminal shows."""
+    from iolstream.core.model import ModelConfig
+    from iolstream.stream import warm
+
+    started = time.perf_counter()
+    for kind in WORKER_KINDS:
+        warm.preload(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none", **kind))
+    seconds = time.perf_counter() - started
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # to the terminal, not into the first test's output
+            reporter.write_line(f"worker kernels compiled or loaded in {seconds:.1f} s (tests/conftest.py)")
+    return seconds
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(worker_kernels) -> Iterator[str]:
     """Bootstrap servers ("host:port") of a real broker, verified to answer. Never skips."""
     stop: Callable[[], None] | None = None
     source: str

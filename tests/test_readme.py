@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kafka_util import consume_all
+from kafka_util import STARTUP_SECONDS, consume_all
 
 from iolstream.kafka.config import load_config
 from iolstream.tools.cli import COMMANDS
@@ -146,10 +146,12 @@ def test_the_readme_quickstart_runs_as_written(kafka_bootstrap, tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 300  # a cold Numba cache compiles the kernels first
+        deadline = time.monotonic() + STARTUP_SECONDS
         while _get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
             assert worker.poll() is None, f"the worker exited {worker.returncode}:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, f"not ready after 300 s:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, (
+                f"not ready after {STARTUP_SECONDS:.0f} s:\n{log_path.read_text()}"
+            )
             time.sleep(0.5)
 
         producer, consumer = (qs.substitute(code) for code in blocks("python quickstart"))
@@ -219,7 +221,7 @@ def test_the_readme_kcat_lines_send_a_row_and_read_its_prediction(kafka_bootstra
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + STARTUP_SECONDS
         while _get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
             assert worker.poll() is None and time.monotonic() < deadline, (
                 tmp_path / "worker.log"

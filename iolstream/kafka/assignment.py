@@ -41,8 +41,9 @@ BEHIND_BATCHES = 32
 
 
 class Assignment:
-    """``consumer`` is set by the worker once made (and again when it is replaced); ``before_revoke()`` checkpoints;
-    ``stopping()`` says a stop is under way (no checkpoint then: the shutdown writes the last one)."""
+    """``consumer`` is set by the worker once made (and again when it is replaced); ``before_revoke(keys)``
+    checkpoints; ``after_assign()`` follows every assignment (group learning: handed-over labels find their
+    member); ``stopping()`` says a stop is under way (no checkpoint then: the shutdown writes the last one)."""
 
     def __init__(
         self,
@@ -51,14 +52,16 @@ class Assignment:
         aligner: Aligner,
         calls: ClientCalls,
         *,
-        before_revoke: Callable[[], object],
+        before_revoke: Callable[[list], object],
         stopping: Callable[[], bool],
+        after_assign: Callable[[], object] = lambda: None,
     ):
         self.cfg = cfg
         self.book = book
         self.aligner = aligner
         self.calls = calls
         self.before_revoke = before_revoke
+        self.after_assign = after_assign
         self.stopping = stopping
         self.call_timeout = cfg.kafka.call_timeout_seconds
         self.consumer = None
@@ -172,6 +175,7 @@ class Assignment:
             f"; replay without emitting until {replay}" if replay else "",
             extra={"event": "assigned"},
         )
+        self.after_assign()
 
     def by_other(self, key: tuple[str, int]) -> bool:
         """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
@@ -189,7 +193,7 @@ class Assignment:
             "partitions revoked: %s", [(p.topic, p.partition) for p in partitions], extra={"event": "revoked"}
         )
         if not self.stopping():
-            self.before_revoke()
+            self.before_revoke([(tp.topic, tp.partition) for tp in partitions])
         self.forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions) if self.cooperative else consumer.unassign()
 

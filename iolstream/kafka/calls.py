@@ -26,12 +26,15 @@ gives up on that client object (a transactional producer is replaced, see ``work
 from __future__ import annotations
 
 import ctypes
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 
 from iolstream.ops.faults import fault_point
+
+log = logging.getLogger("iolstream.worker")
 
 WAIT_SLICE = 0.25  # seconds between two ``on_wait`` calls while a call runs
 HANG_FAULT = (
@@ -75,6 +78,7 @@ class ClientCalls:
         """``fn()`` (which should itself give up after ``timeout`` s), waiting at most ``timeout + grace``;
         returns its result or raises its exception, or ``CallTimedOut``."""
         if self.faults and fault_point(HANG_FAULT + name):
+            log.warning("test fault point %r reached: the call never returns", HANG_FAULT + name)
             fn = hang_in_c
         job = _Job(fn)
         if self._jobs is None:
@@ -106,6 +110,7 @@ class ClientCalls:
         inside a rebalance callback): no deadline but the call's own timeout; named in ``current`` for the
         loop watchdog."""
         if self.faults and fault_point(HANG_FAULT + name):
+            log.warning("test fault point %r reached: the call never returns", HANG_FAULT + name)
             fn = hang_in_c
         self.current = (name, time.monotonic())
         try:

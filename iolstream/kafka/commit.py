@@ -11,10 +11,11 @@ snapshot and the roll-back (as Quix Streams' ``Checkpoint``). The worker calls i
   commit an open transaction 3. wait for deliveries and write the snapshot (``kafka.checkpoints``)
   4. at-least-once: commit the snapshot's offsets;
 - ``partitions_go`` (a revoke): every row consumed is learned first (group learning: the warm-up
-  scaling agreed, the waiting rows handed over), then ``checkpoint``, waiting for deliveries up to the
-  call timeout;
+  scaling agreed, the rows waiting for labels and the labels waiting for rows of the partitions that go
+  handed over), then ``checkpoint``, waiting for deliveries up to the call timeout;
 - ``finish`` (shutdown): the partial batch is flushed (exactly-once: in a last transaction), then as
-  ``partitions_go``.
+  ``partitions_go`` for every partition; group learning: once its last record is committed, the member
+  reads the others' records published before the stop, up to the call timeout, before the final snapshot.
 
 At-least-once and exactly-once are the two strategies (``AtLeastOnce``, ``ExactlyOnce``): what closes a
 cycle, what happens around a snapshot, what a lost producer means. ``roll_back`` (exactly-once) reloads
@@ -87,13 +88,18 @@ class CommitUnit:
         if self.checkpoints.due(self.processor, self.book.positions, replaying, self.exactly_once):
             self.checkpoint()
 
-    def checkpoint(self, *, wait: float | None = None) -> bool:
+    def checkpoint(self, *, wait: float | None = None, final: bool = False) -> bool:
         """Publish, commit what is open, write the snapshot, commit its offsets; ``wait``: how long to wait
-        for deliveries (None: a periodic checkpoint, postponed if they are not done). Whether it was
-        written."""
+        for deliveries (None: a periodic checkpoint, postponed if they are not done); ``final``: the stop's
+        (group learning: the others' records published before it are read first). Whether it was written."""
         if self.group is not None and not self.book.replay_until:  # the sums go with the offsets they cover
             self.group.publish(self.book.positions, force=True)
         self._before_snapshot()
+        if final and self.group is not None:  # its own last record committed: the others' before the stop
+            self.group.complete(
+                self.stopper.timeout(self.cfg.kafka.call_timeout_seconds),
+                tick=lambda: self.waiting("the model-deltas topic", 0.0),
+            )
         written = self.checkpoints.write(
             self.processor,
             self.book.positions,
@@ -106,9 +112,11 @@ class CommitUnit:
             self._after_snapshot()
         return written
 
-    def partitions_go(self) -> bool:
-        """A revoke (and the end of ``finish``): learn every row consumed, hand the waiting ones over,
-        checkpoint waiting up to the call timeout for deliveries. Whether the snapshot was written."""
+    def partitions_go(self, partitions=None, *, final: bool = False) -> bool:
+        """A revoke of ``partitions`` ((topic, partition) keys; None: all), and the end of ``finish`` (``final``):
+        learn every row consumed, hand over the rows waiting for labels and the labels waiting for rows of the
+        partitions that go, checkpoint waiting up to the call timeout for deliveries. Whether the snapshot was
+        written."""
         if self.group is not None:
             self.emitter.step(now_ms(), force=True)  # the batcher's rows: predicted, or held for the scaling
             self.group.settle(
@@ -118,14 +126,14 @@ class CommitUnit:
             self.emitter.step(now_ms(), force=True)  # the held ones, once the scaling is agreed
             if not self.book.replay_until:  # partitions go: so do the rows waiting for their labels
                 self.group.publish(self.book.positions, force=True)
-                self.group.hand_over()
-        return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
+                self.group.hand_over(partitions)
+        return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds), final=final)
 
     def finish(self) -> bool:
         """Shutdown: flush the partial batch, then as ``partitions_go``. False if the final snapshot
         failed."""
         self._flush_partial()
-        return self.partitions_go()
+        return self.partitions_go(final=True)
 
     def roll_back(self, why: str) -> None:
         """Reload the newest snapshot into the processor and seek every assigned partition to its positions;

@@ -14,6 +14,12 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **start**: read the log to its end first; a member with no snapshot takes its own newest record back
   (sums and the input positions they cover) and its last handover of waiting rows, so that a restart
   without a snapshot neither drops nor repeats what it contributed;
+- **handover**: before partitions go (a revoke, a stop, and at a restart: they may have moved meanwhile), the
+  rows waiting for labels, for every member, and the labels waiting for rows of the partitions that go, for
+  the member that holds their partition next (``kafka.handover``);
+- **stop**: once its last record is committed, a stopping member reads the log to the end it has then, for up
+  to the call timeout, so that its final snapshot holds every record published before the stop; what it could
+  not read in time is noted in the snapshot (``stop``) and read first at the next start (docs/scaling.md);
 - **scaling**: a member's warm-up rows give a proposal (keys ``<member>/scaling/<i>``), produced at once by a
   producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
@@ -40,6 +46,7 @@ from iolstream.kafka import snapshots, topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import Reassembly, chunked
+from iolstream.kafka.handover import Handovers
 from iolstream.stream.group import GroupState
 
 log = logging.getLogger("iolstream.group")
@@ -65,7 +72,7 @@ class GroupSync:
     roll-back, the processor restored in place); ``open`` makes the consumer; then ``catch_up`` once, ``poll``
     every cycle, ``publish`` when due."""
 
-    def __init__(self, cfg, output):
+    def __init__(self, cfg, output, *, assigned=frozenset):
         self.cfg = cfg
         self.gc = cfg.group
         self.member = cfg.member_id
@@ -79,9 +86,9 @@ class GroupSync:
         self.caught_up = False
         self.restored = False  # a snapshot was loaded: no adoption of this member's own record
         self.adopted_positions: dict | None = None  # input positions of an adopted own record
-        self.own_rows: tuple | None = (
-            None  # (ids, payload) of its own last handover, adopted with its sums once caught up
-        )
+        # no snapshot: what its own last handover held, taken back with its sums once caught up
+        self.own_rows: tuple | None = None  # (ids, payload) of the rows
+        self.own_labels: dict | None = None  # the record's arrays, for the labels
         self.last_publish_ms = 0
         self.bytes_out = self.bytes_in = 0
         self.refused: set = (
@@ -93,6 +100,9 @@ class GroupSync:
         self.start_ends: dict[int, int] = {}  # deltas partition -> its end when the consumer was assigned
         self.started_ms = 0
         self.model_digest = model_digest(cfg.model)
+        self.handovers = Handovers(self._produce, assigned)  # rows and labels whose partitions moved
+        # at a stop (``complete``): partition -> (read to, end; -1 if the end could not be had)
+        self.stop_reached: dict[int, tuple[int, int]] | None = None
 
     # ------------------------------------------------------------ state
     def attach(self, processor, saved: tuple[dict, dict] | None, *, start: bool = False) -> None:
@@ -101,15 +111,23 @@ class GroupSync:
         snapshot replays the input from its beginning instead)."""
         self.state = GroupState(self.member, processor.model)
         self.processor = processor
+        self.handovers.attach(processor, self.state)
         self.model_digest = model_digest(
             processor.model.config, processor.model.candidates, processor.model.modes
         )
         self.restored = saved is not None or not start
-        self.own_rows = self.adopted_positions = None
+        self.own_rows = self.own_labels = self.adopted_positions = None
         if saved is not None:
             manifest, arrays = saved
             self.state.load_state(manifest, arrays, _now_ms())
             self.positions = {int(p): int(o) for p, o in manifest.get("positions", [])}
+            behind = (manifest.get("stop") or {}).get("behind")
+            if behind and start:
+                log.info(
+                    "the snapshot lacks records of the model-deltas topic published before its stop (partition, "
+                    "from, to: %s): reading them first",
+                    behind,
+                )
         else:
             self.positions = {}
         self.chunks.clear()
@@ -129,6 +147,13 @@ class GroupSync:
         for partition, offset in self.chunks.first_offsets():
             positions[partition] = min(positions.get(partition, offset), offset)
         manifest["positions"] = sorted([p, o] for p, o in positions.items())
+        if self.stop_reached is not None:  # a graceful stop: the end it read to, and what it could not read
+            manifest["stop"] = {
+                "ends": sorted([p, end] for p, (_, end) in self.stop_reached.items()),
+                "behind": sorted(
+                    [p, read, end] for p, (read, end) in self.stop_reached.items() if read < end
+                ),
+            }
         return manifest, arrays
 
     # ------------------------------------------------------------ the consumer
@@ -223,31 +248,25 @@ class GroupSync:
         if not self.caught_up and self._at_start_ends():
             self.caught_up = True
             if self.own_rows is not None:
-                self._adopt_rows(self.member, *self.own_rows)
+                self.handovers.adopt_rows(self.member, *self.own_rows)
                 self.own_rows = None
+            if self.own_labels is not None:
+                self.handovers.receive_labels(self.member, self.own_labels)
+                self.own_labels = None
         self._propose()
         return done
 
     def _at_start_ends(self) -> bool:
         """Every partition read to the end it had when the consumer was assigned (or to an end-of-partition
-        event). The consumer's position steps over transaction markers, which the last record's offset does
-        not."""
+        event)."""
         behind = [p for p in self.partitions if p not in self.eof and self.start_ends.get(p, 0) > 0]
-        if not behind:
-            return True
-        positions = self.consumer.position([TopicPartition(self.topic, p) for p in behind])
-        return all(tp.offset >= self.start_ends[tp.partition] for tp in positions)
+        return not behind or all(read >= self.start_ends[p] for p, read in self._read_to(behind).items())
 
-    def _adopt_rows(self, member: str, ids: np.ndarray, payload: np.ndarray) -> None:
-        ids = [str(i) for i in ids.tolist()]
-        added = self.processor.adopt_rows(ids, payload, _now_ms())
-        log.info(
-            "%d rows waiting for labels handed over by member %s (%d new here)",
-            len(ids),
-            member,
-            added,
-            extra={"event": "group_handover"},
-        )
+    def _read_to(self, partitions) -> dict[int, int]:
+        """partition -> the offset up to which the consumer has read it (every record below is taken). The
+        consumer's position steps over transaction markers, which the last record's offset does not."""
+        positions = self.consumer.position([TopicPartition(self.topic, p) for p in partitions])
+        return {tp.partition: max(tp.offset, self.positions.get(tp.partition, 0)) for tp in positions}
 
     def _propose(self) -> None:
         """This member's warm-up proposals waiting (``GroupState.propose_scaling``, ``propose_targets``):
@@ -274,6 +293,52 @@ class GroupSync:
     def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:
         """The model's target scaling (regression, ``target_scaler: warmup``): proposed to the group."""
         self.state.propose_targets(mean, std)
+
+    def complete(self, timeout: float, tick=lambda: None) -> bool:
+        """A graceful stop, once this member's last record is committed (``kafka.commit``): read the log to the end
+        it has now, for up to ``timeout`` s, so that the final snapshot holds every record published before the
+        stop. Labels handed over meanwhile are left to the members that take the partitions. What could not be
+        read in time is noted in the snapshot (``stop``) and read first at the next start, as every start reads
+        on from the snapshot's positions. Returns whether the end was reached."""
+        self.handovers.stop()
+        if self.consumer is None:  # stopped before the log was opened: nothing read, nothing to say
+            return False
+        try:
+            ends = {
+                p: self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=max(0.5, timeout), cached=False
+                )[1]
+                for p in sorted(self.partitions)
+            }
+        except KafkaException as exc:
+            log.warning("the model-deltas topic's end is unknown at the stop (%s): the snapshot says so", exc)
+            self.stop_reached = {p: (self.positions.get(p, 0), -1) for p in sorted(self.partitions)}
+            return False
+        until = time.monotonic() + timeout
+        read = self._read_to(ends)
+        while any(read[p] < end for p, end in ends.items()) and time.monotonic() < until:
+            self.poll(timeout=0.1)
+            tick()
+            read = self._read_to(ends)
+        self.stop_reached = {p: (read[p], end) for p, end in ends.items()}
+        behind = {p: (read[p], end) for p, end in ends.items() if read[p] < end}
+        if behind:
+            log.warning(
+                "the model-deltas topic was not read to its end at the stop within %.0f s (partition: read to, end "
+                "%s): the snapshot says so, and the next start reads them first",
+                timeout,
+                behind,
+                extra={"event": "group_stop_behind"},
+            )
+        else:
+            log.info(
+                "read the model-deltas topic to its end at the stop (%s): the final snapshot holds every record "
+                "published before it (%s)",
+                ends,
+                ", ".join(f"{m}#{seq}" for m, seq in sorted(self.state.status(0)["sequences"].items())),
+                extra={"event": "group_stop_complete"},
+            )
+        return not behind
 
     def settle(self, timeout: float, tick=lambda: None) -> None:
         """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up
@@ -351,11 +416,18 @@ class GroupSync:
             # Handovers are for the members of the rebalance that made them: one published before this member
             # started reading (10 s of clock skew allowed) is older than its membership, except its own last
             # one when it takes its own sums back (no snapshot): the rows it was waiting on, adopted once
-            # caught up.
-            if member != self.member and published_ms >= self.started_ms - HANDOVER_SKEW_MS:
-                self._adopt_rows(member, *rows)
+            # caught up. Its own labels come back to it if their partition does: they left its state.
+            current = published_ms >= self.started_ms - HANDOVER_SKEW_MS
+            if member != self.member and current:
+                self.handovers.adopt_rows(member, *rows)
             elif member == self.member and not self.caught_up and self.adopted_positions is not None:
                 self.own_rows = rows
+            if member == self.member and not self.restored and not self.caught_up:
+                # no snapshot: only the labels of its handover after the sums it takes back
+                if self.adopted_positions is not None:
+                    self.own_labels = arrays
+            elif member == self.member or current:
+                self.handovers.receive_labels(member, arrays)
             return 1
         adopt = not self.restored and not self.caught_up
         clocks = {k: int(manifest[k]) for k in ("clock", "rows", "label_clock", "label_rows")}
@@ -364,7 +436,7 @@ class GroupSync:
             member, seq, arrays, **clocks, published_ms=published_ms, now_ms=_now_ms(), adopt_own=adopt
         )
         if what == "adopted":
-            self.own_rows = None  # rows handed over before this record are older than it
+            self.own_rows = self.own_labels = None  # what it handed over before this record is older than it
             self.adopted_positions = positions
             log.info(
                 "no snapshot: took back this member's own sums #%d (input up to %s)",
@@ -419,19 +491,13 @@ class GroupSync:
         self.last_publish_ms = now
         return True
 
-    def hand_over(self) -> None:
-        """Before partitions go (a revoke, a shutdown): the rows waiting for labels, for whoever gets their
-        labels."""
-        ids, payload = self.processor.waiting_rows()
-        if ids:
-            self.state.handovers += 1
-            self._produce(
-                "rows",
-                self.state.handovers,
-                {"published_ms": _now_ms()},
-                {"ids": np.array(ids, dtype=str), "payload": payload},
-            )
-            log.info("handed over %d rows waiting for labels", len(ids), extra={"event": "group_handover"})
+    def hand_over(self, partitions=None) -> None:
+        """Before partitions go (a revoke, a stop, a restart): what this member waits on (``kafka.handover``)."""
+        self.handovers.hand_over(partitions)
+
+    def assignment_changed(self) -> None:
+        """The input consumer's assignment changed: handed-over labels find their member (``kafka.handover``)."""
+        self.handovers.assignment_changed()
 
     def _produce(self, kind: str, seq: int, manifest: dict, arrays: dict, producer=None) -> None:
         manifest = {**manifest, "kind": kind, "member": self.member, "seq": seq, "model": self.model_digest}
@@ -451,6 +517,9 @@ class GroupSync:
                 "bytes_out": self.bytes_out,
                 "bytes_in": self.bytes_in,
                 "caught_up": self.caught_up,
+                "log_positions": self._read_to(self.partitions) if self.consumer is not None else {},
+                # it holds input it has not learned, or learned sums it has not published
+                "unpublished": bool(self.state.changed() or self.processor.unlearned),
                 "records": {f"{kind}/{direction}": n for (kind, direction), n in self.records.items()},
             }
         )

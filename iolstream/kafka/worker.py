@@ -94,7 +94,9 @@ class Worker:
         # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
         self.refusals = self.output.refusals = Refusals(cfg)
         # group learning (kafka.group): the processor proposes its warm-up scaling to it
-        self.group = GroupSync(cfg, self.output) if cfg.group.enabled else None
+        self.group = (
+            GroupSync(cfg, self.output, assigned=lambda: self.book.assigned) if cfg.group.enabled else None
+        )
         self.checkpoints = Checkpointer(cfg, self.calls, metrics=metrics, agreement=self.group)
         loaded = self.checkpoints.load()
         self.processor = loaded.processor
@@ -114,8 +116,9 @@ class Worker:
             self.book,
             self.aligner,
             self.calls,
-            before_revoke=lambda: self.commit.partitions_go(),
+            before_revoke=lambda keys: self.commit.partitions_go(keys),
             stopping=self.stop_event.is_set,
+            after_assign=lambda: self.group.assignment_changed() if self.group is not None else None,
         )
         self.intake = Intake(cfg, self.book, self.aligner, self.assignment, self.health, self._on_error)
         self.emitter = Emitter(self.processor, self.output, metrics=metrics, view=self)

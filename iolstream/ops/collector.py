@@ -33,12 +33,13 @@ LATENCY_BUCKETS = (
     60.0,
     300.0,
 )
-# label value -> state counter; labels_early_held is no outcome (those end joined or orphan)
+# label value -> state counter; labels_early_held is no outcome (those end joined, orphan or handed over)
 LABEL_OUTCOMES = {
     "joined": "join_labels_joined",
     "duplicate": "join_labels_duplicate",
     "expired": "join_labels_expired_id",
     "orphan": "join_labels_orphan",
+    "handed_over": "join_labels_handed_over",  # group learning: held early, gone with their partition
 }
 UNLABELLED = {"expired": "join_rows_expired", "evicted": "join_rows_evicted"}
 FIELD_COUNTS = {  # named-field events: status()["fields"][kind] -> the family <kind>_values_total{field}

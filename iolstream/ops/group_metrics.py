@@ -8,7 +8,13 @@ group_state_lag_seconds                gauge       member: age of its newest sum
 group_state_lag_rows                   gauge       member: rows it likely learned since (its rate × that age)
 group_records_total                    counter     kind = sums | scaling | targets | rows, direction = out | in | refused
 group_bytes_total                      counter     direction = out | in: record bytes (this process)
+group_sequence                         gauge       member: sequence of its newest sums held here (this member's: its last published)
+group_log_position                     gauge       partition: offset of the model-deltas topic read to (every record below is applied)
+group_unpublished                      gauge       1 while this member holds input not learned yet, or sums learned since its last record
 =====================================  ==========  =============================================
+
+A group is settled when every member's ``group_unpublished`` is 0 and every member holds every member's newest
+sequence: then each holds the same sums (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -50,3 +56,24 @@ def group_families(status: dict | None):
     data.add_metric(["out"], status["bytes_out"])
     data.add_metric(["in"], status["bytes_in"])
     yield data
+    sequence = GaugeMetricFamily(
+        PREFIX + "sequence",
+        "Sequence of each member's newest sums held here (this member's own: the last it published)",
+        labels=["member"],
+    )
+    for member, seq in sorted(status["sequences"].items()):
+        sequence.add_metric([member], seq)
+    yield sequence
+    position = GaugeMetricFamily(
+        PREFIX + "log_position",
+        "Offset of the model-deltas topic this member has read to: every record below it is applied",
+        labels=["partition"],
+    )
+    for partition, offset in sorted(status["log_positions"].items()):
+        position.add_metric([str(partition)], offset)
+    yield position
+    yield GaugeMetricFamily(
+        PREFIX + "unpublished",
+        "1 while this member holds input it has not learned yet, or sums it learned since its last record",
+        value=1 if status["unpublished"] else 0,
+    )

@@ -254,7 +254,8 @@ class GroupState:
     # ------------------------------------------------------------ status, state
     def status(self, now_ms: int) -> dict:
         """Group size; how far this state is behind the group: per other member, the age of its newest sums
-        applied here (ms) and the rows it has likely learned since (its recent rate × that age, an estimate)."""
+        applied here (ms) and the rows it has likely learned since (its recent rate × that age, an estimate);
+        ``sequences``: the sequence of every member's newest sums held here (this member's: its last published)."""
         lag_ms = {m: max(0, now_ms - s.published_ms) for m, s in self.members.items()}
         lag_rows = {m: (0 if s.rate is None else int(s.rate * lag_ms[m])) for m, s in self.members.items()}
         return {
@@ -263,6 +264,7 @@ class GroupState:
             "lag_ms": lag_ms,
             "lag_rows": lag_rows,
             "own_seq": self.own_seq,
+            "sequences": {self.member: self.own_seq, **{m: s.seq for m, s in self.members.items()}},
             **self.counters,
         }
 
@@ -319,6 +321,50 @@ class GroupState:
         self.published_version = (
             None  # published again after a restart: the log may hold an older record of it
         )
+
+
+class HandedOverLabels:
+    """Labels another member held early (they came before their rows), handed over when their partition left it
+    (``kafka.group``): they belong to the member that holds their labels partition next — the one that reads
+    their rows, rows and labels being keyed alike — and to no other, since a label adopted twice could join two
+    copies of a handed-over row. They wait here until this member's assignment says whether the partition is
+    its own. Sources are opaque here; ``holds(source)`` says whether this member holds the source's partition."""
+
+    def __init__(self):
+        self.waiting: list[
+            tuple[str, list[str], np.ndarray, list]
+        ] = []  # (from member, ids, labels, sources)
+
+    def __len__(self) -> int:
+        return sum(len(ids) for _, ids, _, _ in self.waiting)
+
+    def add(self, member: str, ids: list[str], labels: np.ndarray, sources: list) -> None:
+        if ids:
+            self.waiting.append((member, list(ids), labels, list(sources)))
+
+    def clear(self) -> None:
+        self.waiting = []
+
+    def settle(self, holds, *, assigned: bool) -> tuple[list, list[tuple[str, int]]]:
+        """(adopt, let go): the labels of partitions this member holds now, as (member, ids, labels, sources), to
+        adopt; and, at an assignment (``assigned``), the count of the others per member: the assignment did not
+        give their partition here, so it is another member's. Until an assignment the others wait."""
+        adopt, let_go, keep = [], [], []
+        for member, ids, labels, sources in self.waiting:
+            mine = [i for i, source in enumerate(sources) if holds(source)]
+            if mine:
+                index = np.array(mine, dtype=np.intp)
+                adopt.append((member, [ids[i] for i in mine], labels[index], [sources[i] for i in mine]))
+            rest = sorted(set(range(len(ids))) - set(mine))
+            if not rest:
+                continue
+            if assigned:
+                let_go.append((member, len(rest)))
+            else:
+                index = np.array(rest, dtype=np.intp)
+                keep.append((member, [ids[i] for i in rest], labels[index], [sources[i] for i in rest]))
+        self.waiting = keep
+        return adopt, let_go
 
 
 def _plus(a: dict, b: dict) -> dict:

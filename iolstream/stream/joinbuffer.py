@@ -10,7 +10,9 @@ docs/design.md §2 -F) and wait for a label, and labels that came before their r
 - rejected ``expired_id`` — its row expired or was evicted (``labels_expired_id``);
 - rejected ``unknown_id`` — held early past ``early_label_ttl_ms`` or pushed out of
   the full early buffer, oldest first, without its row coming (``labels_orphan``);
-- still held early (``n_early``).
+- still held early (``n_early``);
+- handed over with its partition to the member that takes it (group learning, ``hand_over_early``:
+  ``labels_handed_over``).
 
 Rows leave the buffer by joining, by expiry (``expire``: age > ttl, in ms and/or
 in batches) or by eviction (a full buffer drops its oldest rows; returned in
@@ -74,6 +76,7 @@ COUNTERS = (
     "labels_duplicate",
     "labels_orphan",  # early labels rejected as unknown_id (ttl or capacity)
     "labels_expired_id",  # labels rejected as expired_id
+    "labels_handed_over",  # early labels given to the member that took their partition (group learning)
 )
 
 
@@ -157,6 +160,18 @@ class JoinBuffer:
     def early_labels(self) -> list[tuple[str, object, int, object]]:
         """(id, label, arrival ms, source) of the labels held early, oldest first."""
         return self._early.items()
+
+    def hand_over_early(self, which) -> tuple[list[str], np.ndarray, list]:
+        """(ids, labels, sources) of the labels held early whose source ``which`` accepts, oldest first, taken
+        out and counted as handed over: their partition goes to another member, which will see their rows.
+        Labels as ``add_labels`` takes them: class indices (n,) or targets (n, m)."""
+        taken = self._early.take(which)
+        self.counters["labels_handed_over"] += len(taken)
+        return (
+            [row_id for row_id, _, _, _ in taken],
+            self._y_array([y for _, y, _, _ in taken]),
+            [source for _, _, _, source in taken],
+        )
 
     def set_early_sources(self, pairs) -> None:
         """(id, source) pairs: the sources of labels held early (a restored buffer has none); ids not held are

@@ -66,7 +66,7 @@ from iolstream.stream.label_queue import LabelQueue
 from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
-from iolstream.stream.rows import BadInput, FeatureRows, TargetSpec
+from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
 # the step's outputs and the payload's fields, re-exported for the adapter
@@ -136,6 +136,8 @@ class StreamProcessor:
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
+        # dead letters of adopted labels (group learning), emitted with the next step's
+        self._adoption_dead: list[DeadLetter] = []
 
     # ------------------------------------------------------------ input
     def feed(
@@ -249,6 +251,8 @@ class StreamProcessor:
         """Run whatever is due; ``force`` flushes partial batches and queued labels (shutdown,
         snapshot, end of a transaction) — but never freezes a warm-up scaler early."""
         out = StepOutput()
+        if self._adoption_dead:
+            out.dead_letters, self._adoption_dead = self._adoption_dead, []
         t0 = time.perf_counter()
         if self.held and self.model.ready:  # frozen from outside (group learning): the held batches go first
             self._release_held(now_ms, out)
@@ -356,6 +360,38 @@ class StreamProcessor:
         self._queue_joined(result, now_ms)
         return len(screened)
 
+    def hand_over_labels(self, which) -> tuple[list[str], np.ndarray, list]:
+        """(ids, labels, sources) of the labels held early whose source ``which`` accepts, taken out: their
+        partition goes to another member (group learning), which will see their rows, and adopts them there
+        (``adopt_labels``). Labels as the join buffer keeps them: class indices (n,) or targets (n, m)."""
+        return self.join.hand_over_early(which)
+
+    def adopt_labels(self, ids: list[str], labels: np.ndarray, sources: list, now_ms: int) -> int:
+        """Take labels another member held early for rows of a partition this member now holds: each joins its
+        row if it waits here, else is held early with its ``source`` (a duplicate counts as one, as from the
+        topic). What they give to dead letters (a row that expired here unlabelled) goes out with the next
+        ``step``. Returns how many joined now."""
+        if len(ids) != len(labels) or len(ids) != len(sources):
+            raise ValueError(
+                f"handed-over labels: {len(ids)} ids, {len(labels)} labels, {len(sources)} sources"
+            )
+        joined, start = 0, 0
+        while start < len(ids):  # one call per source: a batch label message hands over together
+            end = start + 1
+            while end < len(ids) and sources[end] == sources[start]:
+                end += 1
+            rows = LabelRows(list(ids[start:end]), labels[start:end])
+            result = self.join.add_labels(rows, now_ms, waiting=self._queued_ids, source=sources[start])
+            self._queue_joined(result, now_ms)
+            joined += len(result.ids)
+            self._adoption_dead += self._dead(
+                [(bad, raw) for bad, raw in result.rejected if bad.reason != "unknown_id"], sources[start]
+            )
+            if result.orphan_sources:
+                self._adoption_dead += self._orphans(result.rejected, result.orphan_sources)
+            start = end
+        return joined
+
     def _queue_joined(self, result, now_ms: int) -> None:
         """Rows joined with their labels wait in the label queue until they are folded in."""
         self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms)
@@ -430,6 +466,14 @@ class StreamProcessor:
     def queued_rows(self) -> int:
         """Rows accepted and not predicted yet: in the batcher or the warm-up hold, oldest first."""
         return len(self.batcher) + self.held.rows
+
+    @property
+    def unlearned(self) -> int:
+        """Rows and labels taken in that the model has not learned yet: rows in the batcher or the warm-up
+        hold, joined rows waiting to be folded in, labels held for the target scaling. Zero: every change
+        this input makes is in the model."""
+        held_targets = sum(len(h[1]) for h in self.model.targets.held)
+        return self.queued_rows + self.label_queue.rows + held_targets
 
     @property
     def immediate_loss(self) -> float:

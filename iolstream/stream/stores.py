@@ -361,6 +361,14 @@ class EarlyLabels:
         y, source = self._take(slot)
         return row_id, y, ms, source
 
+    def take(self, which) -> list[tuple[str, object, int, object]]:
+        """(id, label, arrival ms, source) of every held label whose source ``which`` accepts, oldest first,
+        taken out."""
+        chosen = [item for item in self.items() if which(item[3])]
+        for row_id, _, _, _ in chosen:
+            self.pop(row_id)
+        return chosen
+
     def set_sources(self, pairs) -> None:
         """(id, source) pairs: the sources of held labels (a restored store has none); ids not held are passed
         over."""

@@ -155,13 +155,15 @@ def run_all(runs: list[tuple[ModelConfig, bool]], *, progress=None) -> Warmed:
 
 def every_kind() -> list[tuple[ModelConfig, bool]]:
     """The runs of every kind of model a config may ask for: both dtypes, classification and regression, the
-    three modes, and ``lam`` and ``forgetting`` auto; serial and parallel (an image that serves any config)."""
+    three modes, ``lam`` and ``forgetting`` auto, and ``calibration: none`` (the layers' softmax); serial and
+    parallel (an image that serves any config)."""
     runs = []
     for dtype in ("float64", "float32"):
         for target in ({"classes": (0, 1)}, {"n_outputs": 1}):
             base = ModelConfig(n_inputs=3, n_layers=2, scaler="none", dtype=dtype, **target)
             kinds = [dataclasses.replace(base, mode=mode) for mode in ("forward", "ridge", "auto")]
             kinds.append(dataclasses.replace(base, lam="auto", forgetting="auto"))
+            kinds.append(dataclasses.replace(base, calibration="none"))
             for kind in kinds:
                 runs += kernel_runs(kind)
     return runs

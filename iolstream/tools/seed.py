@@ -89,7 +89,7 @@ def main(args) -> int:
             f"snapshot.dir {store.dir} already holds snapshots (newest {existing[0].name}): the worker resumes from "
             "them; move them away, or pass --replace to write the seed as the newest"
         )
-    X, y, task, n_rows = _rows(args, cfg)
+    cfg, X, y, task, n_rows = _rows(args, cfg)
     found = mismatches(X, y, task, cfg.model)
     if found:
         raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
@@ -124,12 +124,12 @@ def main(args) -> int:
 
 
 def _rows(args, cfg):
-    """(X, y, task, rows) of the CSV: numbers, or with the config's feature schema the records of its named
-    fields (said on stderr). A CSV with text or blank cells needs that schema in the config: the worker
-    resuming from the seed reads its events by it."""
+    """(cfg, X, y, task, rows) of the CSV: numbers, or the records of its named fields by the config's feature
+    schema or, without one, the schema inferred from the file (said on stderr, with what the config needs: the
+    worker resuming from the seed reads its events by the snapshot's schema and refuses a config with another)."""
+    import dataclasses
     import sys
 
-    from iolstream.core.schema_infer import infer_schema
     from iolstream.tools.csvdata import load_csv, load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
@@ -137,19 +137,22 @@ def _rows(args, cfg):
     table = load_table(args.csv, args.target, task=cfg.model.task, rows=args.rows)
     if schema is None and not table.needs_schema():
         ds = load_csv(args.csv, args.target, task=cfg.model.task, rows=args.rows)
-        return ds.X, ds.y, ds.task, ds.n_rows
+        return cfg, ds.X, ds.y, ds.task, ds.n_rows
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     if schema is None:
-        inferred, _ = infer_schema(table.columns)
-        print(
-            "the schema inferred from the file, for the config's model section:\n  features:", file=sys.stderr
+        inferred = choose_schema(table, None, source=args.csv, say=say)
+        say(
+            f"{args.csv} has text or blank cells and {args.config} has no model.features: the seed's model reads "
+            "events by the inferred schema; before `iolstream run`, put it in the config's model section (a "
+            "worker refuses a snapshot whose schema differs from its config's; `iolstream schema infer --csv "
+            f"{args.csv} --target {args.target}` writes a whole config):\n  features:"
         )
         for f in inferred.fields:
-            print(f"    - {f.to_config()}", file=sys.stderr)
-        raise ValueError(
-            f"{args.csv} has text or blank cells, and {args.config} has no model.features: the worker reads such "
-            "rows as named fields by a schema, as the seed must (above: the one inferred from the file; "
-            f"`iolstream schema infer --csv {args.csv} --target {args.target}` writes a whole config)"
-        )
-    choose_schema(table, schema, source=args.config, say=lambda line: print(line, file=sys.stderr))
+            say(f"    - {f.to_config()}")
+        features = [f.to_config() for f in inferred.fields]
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, features=features, n_inputs=None))
+        schema = cfg.model.schema
+    else:
+        choose_schema(table, schema, source=args.config, say=say)
     records = table_records(table, schema)
-    return records, declared_labels(table.y, cfg.model), table.task, table.n_rows
+    return cfg, records, declared_labels(table.y, cfg.model), table.task, table.n_rows

@@ -42,10 +42,12 @@ def send(
     label_delay_seconds: float = 0.0,
     progress=None,
     stop: threading.Event | None = None,
+    flush_seconds: float = 60.0,
 ) -> dict:
     """Send a plan with one idempotent producer; ``rate`` in feature rows/s (None: as fast as
-    possible). ``progress(rows_sent)`` is called after every features message. Returns the
-    plan summary of what was sent, plus "seconds". Raises SendFailed on delivery errors."""
+    possible). ``progress(rows_sent)`` is called after every features message; ``flush_seconds``: how long
+    the last deliveries may take once everything is produced. Returns the plan summary of what was sent,
+    plus "seconds". Raises SendFailed on delivery errors."""
     from confluent_kafka import KafkaException, Producer
 
     from iolstream.kafka import diagnose
@@ -113,7 +115,7 @@ def send(
         due, m = delayed.popleft()
         time.sleep(max(0.0, due - time.monotonic()))
         produce(m)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + flush_seconds
     try:
         while (remaining := producer.flush(0.5)) and time.monotonic() < deadline:
             refused()

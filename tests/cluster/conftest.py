@@ -77,7 +77,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster(tmp_path_factory) -> Iterator[Cluster]:
+def kafka_cluster(tmp_path_factory, worker_kernels) -> Iterator[Cluster]:
     cluster = Cluster(
         int(os.environ.get("IOLSTREAM_TEST_CLUSTER_PORT", "19492")), tmp_path_factory.mktemp("cluster")
     )

@@ -1,12 +1,15 @@
-"""Group learning on a real broker (issue 15): worker processes in one consumer group share one model.
+"""Group learning on a real broker: worker processes in one consumer group share one model.
 
 Three members (``iolstream run`` processes, tests/crash_worker.py) read 6-partition features and labels
 topics (one-row messages keyed by id, labels 300 rows late, shuffled in windows of 50, 2 % never sent,
-2 % twice). After quiescence every member's A, c, β and A_r must equal one uninterrupted single-worker
-pass over the same messages (rtol 1e-9 of their scale), with the scaling the group agreed on; under
-exactly-once a read_committed reader sees one prediction per row. The chaos run kills one member with
-SIGKILL mid-stream and restarts it, stops another for good (a rebalance hands its partitions over), and
-ends with the same state: nothing counted twice or lost.
+2 % twice). Once the group has settled (every input committed, every member's input learned and published,
+every member holding every member's newest sums: read from their /metrics, never waited for by the clock),
+every member's A, c, β and A_r must equal one uninterrupted single-worker pass over the same messages
+(rtol 1e-9 of their scale), with the scaling the group agreed on; under exactly-once a read_committed reader
+sees one prediction per row. Each member is stopped in turn, and its final snapshot must hold every record
+published before its stop (docs/scaling.md, "A member's stop"). The chaos run kills one member with SIGKILL
+mid-stream and restarts it, stops another for good (a rebalance hands its partitions over), and ends with
+the same state: nothing counted twice or lost.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +32,8 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
-from kafka_util import committed_offsets, consume_all, unique_group
+from kafka_util import STARTUP_SECONDS, committed_offsets, consume_all, unique_group
+from prometheus_client.parser import text_string_to_metric_families
 
 from iolstream.core.model import EdRVFL
 from iolstream.core.snapshot_file import load_snapshot
@@ -63,13 +69,15 @@ def make_stream(seed: int = 7, regression: bool = False):
     return produce.plan(x, y, options)
 
 
-def group_config(bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool) -> dict:
+def group_config(
+    bootstrap: str, topics: dict, snap_dir: Path, group: str, *, exactly_once: bool, session_timeout_ms: int
+) -> dict:
     return {
         "model": {"n_inputs": 6, "classes": [0, 1, 2], "n_nodes": 24, "n_layers": 2, "warmup_rows": 128},
         "kafka": {
             "bootstrap_servers": bootstrap,
             "group_id": group,
-            "consumer": {"session.timeout.ms": 10000, "heartbeat.interval.ms": 500},
+            "consumer": {"session.timeout.ms": session_timeout_ms, "heartbeat.interval.ms": 500},
         },
         "topics": {**topics, "create": True, "partitions": PARTITIONS},
         "stream": {"batch_rows": 64, "row_ttl_ms": None, "early_label_ttl_ms": 3_600_000},
@@ -85,8 +93,14 @@ def group_config(bootstrap: str, topics: dict, snap_dir: Path, group: str, *, ex
     }
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Member:
-    """One member's successive processes (same member id, same snapshot directory)."""
+    """One member's successive processes (same member id, same snapshot directory), each with its /metrics."""
 
     def __init__(self, tmp_path: Path, config_path: Path, member: str):
         self.tmp, self.config_path, self.member = tmp_path, config_path, member
@@ -96,13 +110,48 @@ class Member:
     def start(self) -> None:
         self.runs += 1
         self.log = self.tmp / f"{self.member}-run{self.runs}.log"
-        env = {**os.environ, "IOLSTREAM_GROUP__MEMBER_ID": self.member}
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "IOLSTREAM_GROUP__MEMBER_ID": self.member,
+            "IOLSTREAM_METRICS__HOST": "127.0.0.1",
+            "IOLSTREAM_METRICS__PORT": str(self.port),
+        }
         cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", "600"]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb")
         )
 
-    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+    def alive(self) -> None:
+        assert self.proc.poll() is None, (
+            f"{self.member} exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+        )
+
+    def metrics(self) -> dict[tuple, float] | None:
+        """Its /metrics now: {(name, (label, value)...): value}; None while the endpoint does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        return {
+            (sample.name, *sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def wait(self, condition, what: str, timeout: float = STARTUP_SECONDS) -> dict:
+        """Until ``condition(metrics)`` holds on a scrape (the process alive meanwhile); returns that scrape."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.alive()
+            scrape = self.metrics()
+            if scrape is not None and condition(scrape):
+                return scrape
+            assert time.monotonic() < deadline, f"{self.member}: not {what} within {timeout:.0f} s"
+            time.sleep(0.2)
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 120.0) -> int:
         self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)
@@ -116,6 +165,56 @@ class Member:
         snap = snapshots.SnapshotStore(snap_dir / self.member, keep=3).load_latest()
         assert snap is not None, f"{self.member}: no snapshot"
         return snap
+
+
+def ready(scrape: dict) -> bool:
+    """/readyz's condition: partitions assigned, replay over, broker reachable."""
+    return scrape.get(("iolstream_ready",)) == 1.0
+
+
+def deltas_end(bootstrap: str, topic: str) -> int:
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
+    try:
+        return probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+    finally:
+        probe.close()
+
+
+def published_sequences(bootstrap: str, topic: str, below: int) -> dict[str, int]:
+    """The newest sequence of every member's sums published (committed) below offset ``below`` of the deltas topic:
+    a record counts once its last chunk is there."""
+    newest: dict[str, int] = {}
+    for _, _, headers, _, offset in consume_all(
+        bootstrap, topic, timeout=30, isolation_level="read_committed"
+    ):
+        h = {k: v.decode() for k, v in headers}
+        index, count = h["iolstream.chunk"].split("/")
+        if offset < below and h["iolstream.kind"] == "sums" and int(index) == int(count) - 1:
+            member, seq = h["iolstream.member"], int(h["iolstream.seq"])
+            newest[member] = max(newest.get(member, 0), seq)
+    return newest
+
+
+def held_sequences(snap) -> dict[str, int]:
+    """The sequence of every member's sums a snapshot holds (its own: the last it published)."""
+    group = snap.manifest["group"]
+    return {group["member"]: group["own_seq"], **{m: v[0] for m, v in group["members"].items()}}
+
+
+def stop_holding_everything_published(member: Member, snap_dir: Path, bootstrap: str, topic: str) -> None:
+    """Stop ``member`` gracefully; its final snapshot must hold every record published before the stop (it read
+    the deltas topic to an end at or past the one here before the signal, and missed nothing below it)."""
+    end = deltas_end(bootstrap, topic)
+    assert member.stop() == 0, member.log.read_text()[-3000:]
+    snap = member.newest(snap_dir)
+    stop = snap.manifest["group"].get("stop")
+    assert stop is not None and stop["behind"] == [], f"{member.member}'s stop: {stop}"
+    assert dict(map(tuple, stop["ends"]))[0] >= end, f"{member.member} read to {stop['ends']}, before {end}"
+    held = held_sequences(snap)
+    for other, seq in published_sequences(bootstrap, topic, below=end).items():
+        assert held.get(other, 0) >= seq, (
+            f"{member.member} stopped holding {other}#{held.get(other)}, not #{seq}"
+        )
 
 
 def agreed_model(raw_cfg: dict, snap) -> dict:
@@ -214,9 +313,11 @@ def assert_group_state(members, snap_dir: Path, raw_cfg: dict, messages, context
         assert snap.manifest["group"]["member"] == member.member
 
 
-def wait_quiet(members, bootstrap: str, raw: dict, timeout: float = 120.0) -> None:
-    """Until the group has committed every input message (at-least-once: covered by a snapshot), then long
-    enough for queued labels to fold in (max_label_latency_ms) and the last sums to go round (sync_every_ms)."""
+def wait_settled(members, bootstrap: str, raw: dict, timeout: float = STARTUP_SECONDS) -> None:
+    """Until the group has settled: every input message committed (at-least-once: covered by a snapshot); then,
+    on one scrape of each running member that shows it has read the deltas topic up to its end E (so the scrape
+    was made after E was there), nothing unpublished and every member's newest sequence held; and E still the
+    end. From then on no member changes its sums without new input, and all hold the same ones."""
     topics = [raw["topics"]["features"], raw["topics"]["labels"]]
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
     ends = {
@@ -227,39 +328,43 @@ def wait_quiet(members, bootstrap: str, raw: dict, timeout: float = 120.0) -> No
     probe.close()
     deadline = time.monotonic() + timeout
     behind = ends
-    while time.monotonic() < deadline:
+    while behind:
         for m in members:
-            assert m.proc.poll() is None, (
-                f"{m.member} exited {m.proc.returncode}:\n{m.log.read_text()[-3000:]}"
-            )
+            m.alive()
         committed = {
             (t, p): o
             for t in topics
             for p, o in committed_offsets(bootstrap, raw["kafka"]["group_id"], t, PARTITIONS).items()
         }
         behind = {key: end for key, end in ends.items() if (committed[key] or 0) < end}
-        if not behind:
-            break
-        time.sleep(1.0)
-    else:
-        raise AssertionError(f"input not all committed within {timeout} s: behind on {behind}")
-    # then until the members stop publishing (a member publishes only when its own sums changed): 2 s without
-    # a new record on the deltas topic, every member having applied every other's last one
-    deltas = TopicPartition(raw["topics"]["model_deltas"], 0)
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_group("probe")})
-    last, quiet_since = None, time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            end = probe.get_watermark_offsets(deltas, timeout=10, cached=False)[1]
-            if end != last:
-                last, quiet_since = end, time.monotonic()
-            elif time.monotonic() - quiet_since >= 2.0:
-                time.sleep(1.0)  # the last record's readers apply it within a cycle
-                return
-            time.sleep(0.25)
-    finally:
-        probe.close()
-    raise AssertionError(f"the members did not stop publishing within {timeout} s")
+        assert time.monotonic() < deadline, (
+            f"input not all committed within {timeout:.0f} s: behind on {behind}"
+        )
+        time.sleep(0.5)
+    topic = raw["topics"]["model_deltas"]
+    while True:
+        end = deltas_end(bootstrap, topic)
+        newest = published_sequences(bootstrap, topic, below=end)
+        scrapes = {m.member: m.metrics() for m in members}
+        waiting = {}
+        for name, scrape in scrapes.items():
+            if scrape is None:
+                waiting[name] = "no /metrics"
+                continue
+            read_to = scrape.get(("iolstream_group_log_position", ("partition", "0")), -1)
+            held = {key[1][1]: value for key, value in scrape.items() if key[0] == "iolstream_group_sequence"}
+            missing = {m: seq for m, seq in newest.items() if held.get(m) != seq}
+            if read_to < end or scrape.get(("iolstream_group_unpublished",)) != 0 or missing:
+                waiting[name] = (
+                    f"read to {read_to} of {end}, unpublished {scrape.get(('iolstream_group_unpublished',))}, "
+                    f"holds {held} of {newest}"
+                )
+        if not waiting and deltas_end(bootstrap, topic) == end:
+            return
+        for m in members:
+            m.alive()
+        assert time.monotonic() < deadline, f"the group did not settle within {timeout:.0f} s: {waiting}"
+        time.sleep(0.25)
 
 
 def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str) -> None:
@@ -274,7 +379,7 @@ def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str)
 
 @pytest.fixture
 def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
-    def make(exactly_once: bool):
+    def make(exactly_once: bool, session_timeout_ms: int = 10_000):
         names = kafka_topics("features", "labels", partitions=PARTITIONS)
         extra = kafka_topics(
             "predictions", "dead", "deltas"
@@ -287,7 +392,14 @@ def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
             "model_deltas": extra[2] + "-group",
         }
         snap_dir = tmp_path / "snapshots"
-        raw = group_config(kafka_bootstrap, topics, snap_dir, unique_group("grp"), exactly_once=exactly_once)
+        raw = group_config(
+            kafka_bootstrap,
+            topics,
+            snap_dir,
+            unique_group("grp"),
+            exactly_once=exactly_once,
+            session_timeout_ms=session_timeout_ms,
+        )
         path = tmp_path / "worker.yaml"
         path.write_text(yaml.safe_dump(raw))
         return raw, path, snap_dir, topics
@@ -358,10 +470,11 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
     members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
     for m in members:
         m.start()
+    # sent at once: members join while it flows, and rebalances move partitions with rows and labels waiting
     send(kafka_bootstrap, topics, messages)
-    wait_quiet(members, kafka_bootstrap, raw)
+    wait_settled(members, kafka_bootstrap, raw)
     for m in members:
-        assert m.stop() == 0, m.log.read_text()[-3000:]
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
     logs = [m.log.read_text() for m in members]
     assert sum("the group's warm-up scaling is member" in log for log in logs) == 3
     if variant == "regression":
@@ -375,30 +488,63 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
 
 
+ASSIGNED = re.compile(r"(t-[^\s,\[]+)\[(\d+)\]@")
+
+
+def assigned_in(text: str) -> set[tuple[str, int]]:
+    """The partitions of every "assigned" line of a worker log."""
+    lines = [line for line in text.splitlines() if " assigned " in line]
+    return {(t, int(p)) for line in lines for t, p in ASSIGNED.findall(line)}
+
+
+def restart_keeping_partitions(members, index: int) -> None:
+    """kill -9 ``members[index]`` and start it again; asserts that it was back before its session timed out: no other
+    member was assigned its partitions meanwhile (docs/operations.md: otherwise not exact)."""
+    victim, others = members[index], [m for i, m in enumerate(members) if i != index]
+    before = [len(m.log.read_text()) for m in others]
+    mine = assigned_in(victim.log.read_text())
+    assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
+    victim.start()  # static membership: its partitions wait for it
+    victim.wait(ready, "ready again after kill -9")
+    for m, offset in zip(others, before):
+        taken = assigned_in(m.log.read_text()[offset:]) & mine
+        assert not taken, (
+            f"{m.member} was assigned {sorted(taken)} while {victim.member} restarted: the restart took longer than "
+            f"session.timeout.ms ({victim.log.read_text()[-2000:]})"
+        )
+
+
 @pytest.mark.kafka
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
 def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap, tmp_path, exactly_once):
-    raw, path, snap_dir, topics = group_rig(exactly_once)
+    raw, path, snap_dir, topics = group_rig(exactly_once, session_timeout_ms=45_000)
     messages = make_stream(seed=11)
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
+    first, second = messages[: len(messages) // 2], messages[len(messages) // 2 :]
     members = [Member(tmp_path, path, f"m{i}") for i in range(3)]
     for m in members:
         m.start()
-    sender = threading.Thread(target=send, args=(kafka_bootstrap, topics, messages, 600.0))  # ~10 s of input
+    for m in members:
+        m.wait(ready, "ready")
+    sender = threading.Thread(target=send, args=(kafka_bootstrap, topics, first, 600.0))  # ~5 s of input
     sender.start()
-    time.sleep(4.0)
-    assert members[1].stop(signal.SIGKILL) == -signal.SIGKILL  # mid-stream, no goodbye
-    time.sleep(1.0)
-    members[1].start()  # static membership: its partitions wait for it (session timeout 10 s)
-    time.sleep(2.0)
-    assert members[2].stop() == 0, members[2].log.read_text()[
-        -3000:
-    ]  # for good: a rebalance hands its partitions over
+    # mid-stream, no goodbye: once its first predictions are committed. Not earlier: exactly-once commits the
+    # offsets of rows held for the group's warm-up scaling before they are predicted, and the restarted member
+    # re-learns them without emitting (kafka/relearn.py), the scaling agreed by then: their predictions are lost
+    # (a known gap of the group's warm-up, not this test's subject)
+    first = members[1].wait(lambda s: s.get(("iolstream_predictions_total",), 0) > 0, "predicting")
+    committed = ("iolstream_transactions_total", ("outcome", "committed"))
+    if exactly_once:  # a transaction committed after them: theirs, or a later one
+        members[1].wait(lambda s: s.get(committed, 0) > first.get(committed, 0), "committing its predictions")
+    restart_keeping_partitions(members, 1)
+    # for good: its partitions go to the others once its session times out (static membership)
+    stop_holding_everything_published(members[2], snap_dir, kafka_bootstrap, topics["model_deltas"])
     sender.join()
+    send(kafka_bootstrap, topics, second)  # its partitions' share waits for the rebalance
     survivors = members[:2]
-    wait_quiet(survivors, kafka_bootstrap, raw, timeout=180)
+    wait_settled(survivors, kafka_bootstrap, raw)
     for m in survivors:
-        assert m.stop() == 0, m.log.read_text()[-3000:]
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
     context = f"kill -9, restart, leave, exactly_once={exactly_once}"
     assert_group_state(survivors, snap_dir, raw, messages, context)
     if exactly_once:
@@ -411,7 +557,7 @@ def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(
 ):
     """Its snapshot directory lost: it takes back its newest record (sums and the input positions they cover) and
     the rows it was waiting on (its last handover), so the group's state stays exact, nothing learned twice."""
-    raw, path, snap_dir, topics = group_rig(True)
+    raw, path, snap_dir, topics = group_rig(True, session_timeout_ms=45_000)
     messages = make_stream(seed=13)
     ids = [m.obj["id"] for m in messages if m.kind == "features"]
     half = len(messages) // 2
@@ -419,14 +565,20 @@ def test_a_member_restarted_without_its_snapshot_takes_its_own_sums_back(
     for m in members:
         m.start()
     send(kafka_bootstrap, topics, messages[:half])
-    wait_quiet(members, kafka_bootstrap, raw)
-    assert members[1].stop() == 0, members[1].log.read_text()[-3000:]
+    wait_settled(members, kafka_bootstrap, raw)
+    stop_holding_everything_published(members[1], snap_dir, kafka_bootstrap, topics["model_deltas"])
+    mine = assigned_in(members[1].log.read_text())
     shutil.rmtree(snap_dir / "m1")
+    before = len(members[0].log.read_text())
     members[1].start()  # within the session timeout: its partitions wait for it (static membership)
+    members[1].wait(ready, "ready again without its snapshot")
+    assert not assigned_in(members[0].log.read_text()[before:]) & mine, (
+        "m1's session timed out while it restarted"
+    )
     send(kafka_bootstrap, topics, messages[half:])
-    wait_quiet(members, kafka_bootstrap, raw)
+    wait_settled(members, kafka_bootstrap, raw)
     for m in members:
-        assert m.stop() == 0, m.log.read_text()[-3000:]
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
     log = members[1].log.read_text()
     assert "no snapshot" in log and "took back this member's own sums" in log
     assert_group_state(members, snap_dir, raw, messages, "a restart without a snapshot")

@@ -6,6 +6,7 @@ be skipped (logged, counted as refused) and change nothing: raised, it would sto
 
 import numpy as np
 import pytest
+from confluent_kafka import TopicPartition
 
 from iolstream.core import contribution
 from iolstream.core.candidates import FIRST_GRID, candidate_grid
@@ -263,3 +264,40 @@ def test_the_handover_sequence_survives_a_restart():
     rows = {"ids": np.array(["a"]), "payload": np.zeros((1, fresh_proc.join.n_features))}
     assert fresh._take(_record(fresh, "w1", 7, rows, kind="rows")) == 1
     assert fresh.state.handovers == 7
+
+
+class _StuckLog:
+    """A deltas consumer whose log ends at ``end`` while nothing past ``read`` can be read (another member's
+    transaction left open, a broker slow to answer)."""
+
+    def __init__(self, read: int, end: int):
+        self.read, self.end = read, end
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        return 0, self.end
+
+    def position(self, tps):
+        return [TopicPartition(tp.topic, tp.partition, self.read) for tp in tps]
+
+    def consume(self, num_messages=1, timeout=0.0):
+        return []
+
+
+def test_a_stop_that_cannot_read_the_log_to_its_end_says_what_its_snapshot_lacks(caplog):
+    """The promise at a stop (docs/scaling.md): the final snapshot holds every record published before it, or says
+    which it lacks; a start from it reads those first (it resumes from the snapshot's positions anyway)."""
+    sync, proc = _attached(_cfg())
+    sync.partitions, sync.positions = {0}, {0: 5}
+    sync.consumer = _StuckLog(read=5, end=9)
+    with caplog.at_level("WARNING", logger="iolstream.group"):
+        assert sync.complete(0.3) is False
+    assert "not read to its end at the stop" in caplog.text
+    saved = sync.to_state()
+    assert saved[0]["stop"] == {"ends": [[0, 9]], "behind": [[0, 5, 9]]}
+    sync.consumer = _StuckLog(read=9, end=9)  # read to the end: nothing lacking
+    assert sync.complete(0.3) is True and sync.to_state()[0]["stop"]["behind"] == []
+    restarted, _ = _attached(_cfg())
+    with caplog.at_level("INFO", logger="iolstream.group"):
+        restarted.attach(proc, saved, start=True)
+    assert "lacks records of the model-deltas topic published before its stop" in caplog.text
+    assert restarted.positions == {0: 5}

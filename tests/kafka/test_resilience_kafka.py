@@ -86,14 +86,16 @@ def test_main_thread_stuck_in_a_client_call_ends_by_watchdog_or_sigterm(
     rig.raw["durability"]["watchdog_seconds"] = 600.0
     rig.write_config()
     proc, log_path = rig.start("hang_consumer.committed:1", idle=600)
-    wait_for(log_path, r"kernels loaded")
-    time.sleep(1.0)  # in the rebalance callback by now, stuck
+    wait_for(
+        log_path, r"test fault point 'hang_consumer.committed' reached"
+    )  # stuck in the rebalance callback
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(30)
     log = log_path.read_text()
     assert rc == EXIT_SHUTDOWN_OVERRUN, log[-3000:]
-    assert time.monotonic() - signalled < 2.0 + 3.0  # the grace period, and the process's exit
+    # the grace period ends it (exit 4, above), not the 600 s watchdog: a bound with room for a busy machine's exit
+    assert time.monotonic() - signalled < 2.0 + 20.0
     assert "SIGTERM: stopping within 2 s" in log and "shutdown took longer than" in log
 
     # 3. and the next start, not stuck, finishes the work cleanly
@@ -109,8 +111,8 @@ def test_a_crash_loop_makes_progress_and_loses_nothing(
     stream,
     reference,  # noqa: F811
 ):
-    """At-least-once, the stream produced live (3,000 rows/s), the worker killed (SIGKILL) 1.5 s after each
-    start: every incarnation writes a snapshot soon after it starts processing (snapshot.first_after_seconds),
+    """At-least-once, the stream produced live (3,000 rows/s), the worker killed (SIGKILL) in each incarnation
+    once it has written the snapshot it writes soon after it starts processing (snapshot.first_after_seconds),
     so each resumes further on; the last one, left to finish (--stop-at-end), ends with the model of an
     uninterrupted run and every row predicted."""
     messages, ids = stream
@@ -127,7 +129,9 @@ def test_a_crash_loop_makes_progress_and_loses_nothing(
     for _ in range(4):
         proc, log_path = rig.start(idle=600)
         wait_for(log_path, r"assigned ")
-        time.sleep(1.5)
+        wait_for(
+            log_path, r"snapshot snap-\d+\.iolsnap: "
+        )  # its early snapshot written (not the one it loaded)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL
         snap = rig.store().load_latest()

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from confluent_kafka import KafkaError, KafkaException
 from kafka_util import (
+    STARTUP_SECONDS,
     committed_offsets,
     consume_all,
     create_topics,
@@ -100,7 +101,7 @@ class WorkerThread:
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
 
-    def wait_assigned(self, partitions: int = 2, timeout: float = 30.0) -> None:
+    def wait_assigned(self, partitions: int = 2, timeout: float = STARTUP_SECONDS) -> None:
         """Until the group gave the worker its partitions (then it reads new input as it comes)."""
         deadline = time.monotonic() + timeout
         while self.worker.partitions < partitions:
@@ -568,6 +569,10 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
             model={"n_nodes": 32, "n_layers": 2, "warmup_rows": 100},
             stream={"batch_rows": 20, "label_batch_rows": 20},
             snapshot={"every_seconds": 3},
+            # the outage is 30 s, but stopping and starting a broker on a busy machine adds tens of seconds
+            # (68 s in all, measured): within librdkafka's default 45 s the group would expel the worker, which
+            # is another test's case (a consumer that lost its partitions)
+            kafka={"consumer": {"session.timeout.ms": 180_000}},
         ),
         environ={},
     )
@@ -586,6 +591,7 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
                 features_topic=topics[0],
                 labels_topic=topics[1],
                 rate=100.0,
+                flush_seconds=STARTUP_SECONDS,  # the stream may end long before the broker is back
             )
         )
 
@@ -741,7 +747,12 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
     book.assign(("f", 0), None)
     book.assign(("l", 0), None)
     a = Assignment(
-        cfg, book, Aligner(100, 100, 2**20), ClientCalls(), before_revoke=lambda: None, stopping=lambda: False
+        cfg,
+        book,
+        Aligner(100, 100, 2**20),
+        ClientCalls(),
+        before_revoke=lambda keys: None,
+        stopping=lambda: False,
     )
     a.lag = lambda key: lag_messages if key[0] == "f" else 10**6  # a labels backlog is not rows to predict
 

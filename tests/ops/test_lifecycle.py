@@ -4,6 +4,7 @@ the loop watchdog, repeated log lines (iolstream.kafka.calls, iolstream.ops.life
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +34,9 @@ def test_a_call_past_its_deadline_is_abandoned_and_the_caller_ticks_meanwhile():
     started = time.monotonic()
     with pytest.raises(CallTimedOut, match="producer.flush did not return within 0.8 s"):
         calls.call("producer.flush", release.wait, timeout=0.5, grace=0.3)
-    assert 0.75 <= time.monotonic() - started < 3.0
+    assert (
+        0.75 <= time.monotonic() - started < 10.0
+    )  # after the deadline, not for ever (a busy machine is late)
     assert waits and all(name == "producer.flush" for name, _ in waits)  # the loop ticked while it waited
     assert calls.abandoned == 1
     assert (
@@ -132,4 +135,5 @@ def test_repeated_warnings_are_logged_once_per_interval_with_a_count():
     time.sleep(0.25)
     again = record("FAIL|rdkafka#producer-1| 127.0.0.1:19092/1: Connect failed (after 7ms)")
     assert f.filter(again)
-    assert again.getMessage().endswith("(50 more like it in the last 0 s)") and again.repeated == 50
+    # the seconds since the first of the kind: 0 unless the machine was too busy to wake the sleep on time
+    assert re.search(r"\(50 more like it in the last \d+ s\)$", again.getMessage()) and again.repeated == 50

@@ -16,7 +16,7 @@ from collections import Counter as Tally
 import numpy as np
 import orjson
 import pytest
-from kafka_util import consume_all, produce_json, unique_group
+from kafka_util import STARTUP_SECONDS, consume_all, produce_json, unique_group
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -367,7 +367,7 @@ def test_scrape_matches_what_the_worker_processed(kafka_bootstrap, kafka_topics,
 
     with RunningWorker(cfg) as rw:
         port = rw.port
-        assert wait_for(lambda: get(port, "/readyz")[0] == 200, what="/readyz 200")
+        assert wait_for(lambda: get(port, "/readyz")[0] == 200, STARTUP_SECONDS, what="/readyz 200")
         assert get(port, "/healthz")[0] == 200
         stop, errors = threading.Event(), []
 
@@ -536,6 +536,7 @@ def test_exactly_once_counts_transactions_and_restart_resumes_from_zero(
     with RunningWorker(cfg) as rw:
         wait_for(
             lambda: scrape(rw.port).get(("iolstream_predictions_total", frozenset())) == 60,
+            STARTUP_SECONDS,
             what="60 predictions",
         )
         rw.stop()
@@ -547,7 +548,9 @@ def test_exactly_once_counts_transactions_and_restart_resumes_from_zero(
 
     # a restart from the final snapshot: the counters of the new process start at 0, the state's gauges go on
     with RunningWorker(cfg) as rw:
-        assert wait_for(lambda: get(rw.port, "/readyz")[0] == 200, what="/readyz 200 after the restart")
+        assert wait_for(
+            lambda: get(rw.port, "/readyz")[0] == 200, STARTUP_SECONDS, what="/readyz 200 after the restart"
+        )
         s = scrape(rw.port)
         assert value(s, "iolstream_rows_in_total") == 0
         assert value(s, "iolstream_predictions_total") == 0

@@ -12,7 +12,7 @@ from secure_kafka import SecureBroker
 
 
 @pytest.fixture(scope="session")
-def secure_kafka(tmp_path_factory) -> Iterator[SecureBroker]:
+def secure_kafka(tmp_path_factory, worker_kernels) -> Iterator[SecureBroker]:
     port = int(os.environ.get("IOLSTREAM_TEST_SECURE_PORT", "19392"))
     state = os.environ.get("IOLSTREAM_TEST_SECURE_DATA")
     broker = SecureBroker(port, Path(state) if state else tmp_path_factory.mktemp("secure-kafka"))

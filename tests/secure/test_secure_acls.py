@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka_util import consume_all
+from kafka_util import STARTUP_SECONDS, consume_all
 from secure_kafka import IOLSTREAM, REPO, lib_dir, run_worker, stream, worker_raw, write_config
 
 from iolstream.kafka import acls
@@ -152,7 +152,9 @@ def test_a_two_member_group_works_with_exactly_its_acls(secure_kafka, tmp_path):
         )
         logs.append(log)
     try:
-        deadline = time.monotonic() + 90  # both members hold a features partition before any row is sent
+        deadline = (
+            time.monotonic() + STARTUP_SECONDS
+        )  # both members hold a features partition before rows are sent
         while not all(re.search(r"assigned [^\n]*features\[\d\]", log.read_text()) for log in logs):
             assert time.monotonic() < deadline, "\n----\n".join(log.read_text()[-2000:] for log in logs)
             time.sleep(0.2)

@@ -54,7 +54,10 @@ def check_identities(buf: JoinBuffer) -> None:
     """Counter bookkeeping: every row and every label is somewhere, once."""
     c = buf.counters
     assert c["rows_added"] == c["labels_joined"] + c["rows_expired"] + c["rows_evicted"] + len(buf)
-    assert c["labels_early_held"] == c["labels_early_joined"] + c["labels_orphan"] + buf.n_early
+    assert (
+        c["labels_early_held"]
+        == c["labels_early_joined"] + c["labels_orphan"] + c["labels_handed_over"] + buf.n_early
+    )
     direct = c["labels_joined"] - c["labels_early_joined"]
     assert (
         c["labels_received"]
@@ -137,6 +140,21 @@ def test_duplicate_labels_are_applied_once():
     res = add_labels(buf, ["a", "early"], [1, 1])  # after the join
     assert res.ids == [] and res.rejected == []
     assert buf.counters["labels_duplicate"] == 4 and buf.counters["labels_joined"] == 2
+    check_identities(buf)
+
+
+def test_early_labels_of_a_partition_that_goes_are_handed_over_with_their_sources():
+    """Group learning: labels waiting for rows of partitions that go to another member leave the buffer (counted),
+    with their label and the source that names their partition; the others stay."""
+    buf = make()
+    for row_id, y, partition in (("a", 0, 1), ("b", 2, 2), ("c", 1, 1)):
+        buf.add_labels(LabelRows([row_id], np.array([y])), 0, source=("labels", partition, 10))
+    ids, ys, sources = buf.hand_over_early(lambda source: source[1] == 1)
+    assert ids == ["a", "c"] and ys.tolist() == [0, 1] and sources == [("labels", 1, 10)] * 2
+    assert buf.n_early == 1 and buf.counters["labels_handed_over"] == 2
+    assert buf.hand_over_early(lambda source: False)[0] == []
+    res = add_rows(buf, ["a", "b"])  # "a" went: it waits for a label now, "b" joins
+    assert res.ids == ["b"] and len(buf) == 1
     check_identities(buf)
 
 

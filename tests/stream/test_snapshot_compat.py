@@ -129,6 +129,7 @@ OLD_CODE_COUNTERS = {
     "labels_duplicate": 6,
     "labels_orphan": 0,
     "labels_expired_id": 1,
+    "labels_handed_over": 0,  # a counter the old code did not have: 0 when loaded
 }
 OLD_CODE_DEAD = ["expired_id", "duplicate_id", "duplicate_id"]
 

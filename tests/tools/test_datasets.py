@@ -292,9 +292,7 @@ def full_poker():
 
 
 def test_full_size_generation(full_poker):
-    # how fast it generates is the bench's business (``iolstream bench``), never a unit test's: a busy machine
-    # would fail a clock
-    ds = full_poker
+    ds = full_poker  # how fast is the benchmarks' business (iolstream bench), not a timed test's
     n = 1_025_010
     assert ds.X.shape == (n, 10) and ds.y.shape == (n,) and ds.y.dtype == np.int64
     suits, ranks = ds.X[:, 0::2], ds.X[:, 1::2]

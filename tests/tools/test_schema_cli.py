@@ -55,7 +55,7 @@ def test_evaluate_csv_with_text_and_gaps_infers_a_schema_and_says_so(tmp_path, c
     assert f"schema: model.features of {config} (4 fields" in capsys.readouterr().out
 
 
-def test_seed_reads_the_csv_by_the_config_schema_and_refuses_text_without_one(tmp_path, capsys):
+def test_seed_reads_the_csv_by_the_config_schema_or_the_inferred_one(tmp_path, capsys):
     data = orders_csv(tmp_path / "orders.csv")
     config = tmp_path / "worker.yaml"
     assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(config)]) == 0
@@ -81,9 +81,12 @@ def test_seed_reads_the_csv_by_the_config_schema_and_refuses_text_without_one(tm
     plain.write_text(
         yaml.safe_dump({"model": {"n_inputs": 4, "classes": [False, True]}, "snapshot": raw["snapshot"]})
     )
-    assert cli.main(["seed", "-c", str(plain), "--csv", str(data), "--target", "is_fraud", "--replace"]) == 2
+    assert cli.main(["seed", "-c", str(plain), "--csv", str(data), "--target", "is_fraud", "--replace"]) == 0
     err = capsys.readouterr().err
-    assert "has text or blank cells, and" in err and "{'name': 'country', 'type': 'category'" in err
+    assert "schema: inferred from orders.csv" in err and "{'name': 'country', 'type': 'category'" in err
+    assert "before `iolstream run`, put it in the config's model section" in err
+    seeded = load_snapshot(tmp_path / "snap")  # the inferred schema is the model's: the same as the config's
+    assert seeded.config.schema == model.config.schema
 
 
 def test_the_plan_sends_named_field_events():
