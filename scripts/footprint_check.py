@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import orjson
 import yaml
 
 from iolstream.kafka.config import config_from_dict
@@ -51,7 +52,7 @@ def configs(bootstrap: str, snap_root: Path) -> dict[str, dict]:
             "model": {**minimal["model"], "n_nodes": 16, "n_layers": 1, "mode": "forward"},
         },
         "poker": {
-            **minimal,
+            **{k: v for k, v in minimal.items() if k != "events"},  # arrays: {"ids", "x"}
             "model": {
                 "n_inputs": 10,
                 "classes": list(range(10)),
@@ -77,9 +78,29 @@ def configs(bootstrap: str, snap_root: Path) -> dict[str, dict]:
 def data(name: str, rows: int):
     if name == "poker":
         return bench_kafka._data(rows)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((rows, 4))
-    return x, np.where(x[:, 0] + x[:, 1] > 1.5, "fraud", "ok")
+    rng = np.random.default_rng(1)  # the quickstart's events: an amount, a country, is_fraud
+    amount = rng.lognormal(3.0, 1.0, rows).round(2)
+    country = rng.choice(["FR", "DE", "US", "GB"], rows)
+    return np.column_stack([amount, country]), (amount > 80.0) & (country != "FR")
+
+
+def produce_events(bootstrap: str, raw: dict, X, y, batch_rows: int) -> None:
+    """The quickstart's named-field events (``config/minimal.yaml``), a JSON array of ``batch_rows`` per message,
+    each label message one message later."""
+    ids, label = raw["events"]["id_field"], raw["events"]["label_field"]
+    p = bench_kafka._producer(bootstrap)
+    prev = None
+    for start in range(0, len(X), batch_rows):
+        part = range(start, min(start + batch_rows, len(X)))
+        feats = [{ids: f"o{i}", "amount": float(X[i, 0]), "country": str(X[i, 1])} for i in part]
+        bench_kafka._send(p, raw["topics"]["features"], orjson.dumps(feats))
+        if prev is not None:
+            bench_kafka._send(p, raw["topics"]["labels"], prev)
+        prev = orjson.dumps([{ids: f"o{i}", label: bool(y[i])} for i in part])
+        p.poll(0)
+    if prev is not None:
+        bench_kafka._send(p, raw["topics"]["labels"], prev)
+    p.flush(60)
 
 
 def run(name: str, raw: dict, rows: int, bootstrap: str, workdir: Path, pythonpath: str | None) -> dict:
@@ -87,14 +108,17 @@ def run(name: str, raw: dict, rows: int, bootstrap: str, workdir: Path, pythonpa
     cfg = config_from_dict(raw, environ={})
     bench_kafka._ensure(raw)
     batch = raw.get("stream", {}).get("batch_rows", 256)
-    bench_kafka._produce_stream(
-        bench_kafka._producer(bootstrap),
-        raw["topics"]["features"],
-        raw["topics"]["labels"],
-        X,
-        y,
-        batch_rows=batch,
-    )
+    if "events" in raw:
+        produce_events(bootstrap, raw, X, y, batch)
+    else:
+        bench_kafka._produce_stream(
+            bench_kafka._producer(bootstrap),
+            raw["topics"]["features"],
+            raw["topics"]["labels"],
+            X,
+            y,
+            batch_rows=batch,
+        )
     command = [sys.executable, "-m", "iolstream", "run"]
     if pythonpath:  # -P: not the working directory's iolstream first
         command = ["env", f"PYTHONPATH={pythonpath}", sys.executable, "-P", "-m", "iolstream", "run"]

@@ -6,7 +6,7 @@ b = ``stream.batch_rows``, K candidates and H learners that make their own updat
 ``auto`` 2 modes × 3 λ × 3 half-lives at most, one primary per half-life):
 
     snapshot  =  H · 8L (T + [A_r] T + n m + [Woodbury] n²)              the model: only what cannot be derived
-               + 8 · 51 per candidate                                    its calibration sums
+               + 8 (51 K + m)                                            calibration sums per candidate, rows per class
                + 8 (k + 3 + K·L·m) + id per waiting row  +  17 per remembered id  +  ~80 per early label
 
     process   =  PROCESS_BYTES                                           Python, NumPy, SciPy, Numba's kernels,

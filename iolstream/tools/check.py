@@ -135,7 +135,7 @@ def check_config(cfg, path: str, report: Report) -> None:
         report.say(True, "config", warning, warning=True, cluster=False)
     memory, snapshot = footprint_lines(cfg)
     report.say(True, "memory", memory, cluster=False)
-    report.say(True, "snapshot", snapshot, cluster=False)
+    report.say(True, "snapshot size", snapshot, cluster=False)
 
 
 def footprint_lines(cfg) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from iolstream.tools import cli
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)  # two modes, eight worker processes: a busy 2-core machine took over 300 s
 def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
 
