@@ -24,6 +24,13 @@ The names load on first use (``iolstream --help`` must not wait for Numba; ``EdR
 ``EdRVFLRegressor``, the scikit-learn estimators of ``iolstream.estimators``, need scikit-learn).
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use (below)
+    from iolstream.core.model import EdRVFL, ModelConfig
+    from iolstream.core.snapshot_file import load_snapshot
+    from iolstream.estimators import EdRVFLClassifier, EdRVFLRegressor
+
 __version__ = "0.1.0"
 __all__ = ["EdRVFL", "EdRVFLClassifier", "EdRVFLRegressor", "ModelConfig", "load_snapshot", "__version__"]
 _HOMES = {
@@ -41,3 +48,8 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'iolstream' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, for ``dir(iolstream)`` and completion in a REPL."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -48,7 +48,7 @@ class _EdRVFLBase(BaseEstimator):
         lam=0.5,
         activation="relu",
         init="auto",
-        mode="forward",
+        mode="auto",
         ensemble=None,
         solver="auto",
         dtype="float64",
@@ -131,15 +131,15 @@ class _EdRVFLBase(BaseEstimator):
             raise ValueError(f"X row {i}: {reason}: {detail}")
         return out.X
 
-    def _stream(self, X, targets) -> None:
-        """-F: observe (Gram in), then learn (c); -R: learn both. Batch by batch."""
+    def _stream(self, X, y) -> None:
+        """Batch by batch, as a stream: each batch predicted (``observe``; -F puts its Gram in), then its labels
+        learned (``learn``; every candidate of ``mode: auto`` judged on what it predicted)."""
         b = int(self.batch_size)
         if b < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {self.batch_size}")
         model = self.model_
         for start in range(0, len(X), b):
-            pred = model.observe(X[start : start + b])
-            model.learn(pred.features_t, targets[start : start + b], predicted=pred.layer_outputs)
+            model.learn(model.observe(X[start : start + b]), y[start : start + b])
 
     def _features_ok(self, X):
         rows = self._rows(X, first=False)
@@ -179,9 +179,60 @@ class _EdRVFLBase(BaseEstimator):
 
 
 class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
-    """edRVFL classifier learning by -F (default) or -R; softmax-averaged ensemble.
+    """edRVFL classifier learning online by -F, -R or both (``mode="auto"``); calibrated probabilities.
 
-    Attributes: ``classes_``, ``n_features_in_``, ``model_`` (the underlying EdRVFL).
+    Parameters
+    ----------
+    n_nodes : int, default=512
+        Hidden units per layer (N).
+    n_layers : int, default=2
+        Hidden layers (L); each layer's output layer is one member of the ensemble.
+    lam : float, list of float or "auto", default=0.5
+        The ridge penalty λ: one for every layer, one per layer, or "auto" (chosen online among
+        ``LAM_CANDIDATES``).
+    activation : {"relu", "sigmoid", "tanh", "selu", "swish", "leaky_relu"}, default="relu"
+        The hidden units' activation.
+    init : {"auto", "normal", "xavier", "kaiming", "uniform", "spread"}, default="auto"
+        How the random weights are drawn; "auto" picks the activation's own (Xavier for relu).
+    mode : {"auto", "forward", "ridge"}, default="auto"
+        How the output layers learn: -F ("forward": a batch's Gram enters before it is predicted), -R
+        ("ridge": rows enter with their labels), or "auto", the worker's default: both on the same sums and
+        the better of the two, judged online, in force. Once every label is in, all three hold the same sums.
+    ensemble : "softmax", "vote", default=None
+        How the layers' outputs are combined; None: "softmax".
+    solver : {"auto", "cholesky", "woodbury"}, default="auto"
+        How each batch updates the output layers: Gram + Cholesky, a Woodbury rank-b update, or by the batch's
+        size ("auto").
+    dtype : {"float64", "float32"}, default="float64"
+        The precision of the features and sums.
+    batch_size : int, default=256
+        Rows per batch as ``fit`` and ``partial_fit`` stream X through the model.
+    random_state : int, RandomState instance or None, default=0
+        The seed of the random weights.
+    features : list of dict, default=None
+        The feature schema of named fields (as ``model.features`` in a worker config) for X given as a
+        DataFrame or a list of dicts; None: inferred from the first data ``fit`` sees when X has named fields.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The class labels, sorted.
+    n_features_in_ : int
+        Features (named fields, with a schema) seen by ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        The named fields, when X has them.
+    schema_ : FeatureSchema or None
+        The feature schema X is encoded by (None: X is an array of numbers).
+    model_ : EdRVFL
+        The underlying online model.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_breast_cancer
+    >>> X, y = load_breast_cancer(return_X_y=True)
+    >>> clf = EdRVFLClassifier(n_nodes=64, random_state=0).fit(X[:400], y[:400])
+    >>> print(f"accuracy {clf.score(X[400:], y[400:]):.2f}")
+    accuracy 0.99
     """
 
     def fit(self, X, y):
@@ -197,7 +248,7 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
         if len(classes) < 2:
             raise ValueError(f"need at least 2 classes to fit, got {len(classes)} class")
         self.model_ = self._new_model(X, self.schema_, classes=classes)
-        self._stream(X, self.model_.encode_labels(y))
+        self._stream(X, y)
         return self
 
     def partial_fit(self, X, y, classes=None):
@@ -219,7 +270,7 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
             self.model_ = self._new_model(
                 X, self.schema_, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
             )
-        self._stream(X, self.model_.encode_labels(y))
+        self._stream(X, y)
         return self
 
     @classmethod
@@ -247,8 +298,53 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
 
 
 class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
-    """edRVFL regressor (one or several outputs) learning by -F (default) or -R; mean ensemble.
+    """edRVFL regressor (one or several outputs) learning online by -F, -R or both (``mode="auto"``).
 
+    Parameters
+    ----------
+    n_nodes : int, default=512
+        Hidden units per layer (N).
+    n_layers : int, default=2
+        Hidden layers (L); each layer's output layer is one member of the ensemble.
+    lam : float, list of float or "auto", default=0.5
+        The ridge penalty λ: one for every layer, one per layer, or "auto" (chosen online among
+        ``LAM_CANDIDATES``).
+    activation : {"relu", "sigmoid", "tanh", "selu", "swish", "leaky_relu"}, default="relu"
+        The hidden units' activation.
+    init : {"auto", "normal", "xavier", "kaiming", "uniform", "spread"}, default="auto"
+        How the random weights are drawn; "auto" picks the activation's own (Xavier for relu).
+    mode : {"auto", "forward", "ridge"}, default="auto"
+        How the output layers learn: -F ("forward": a batch's Gram enters before it is predicted), -R
+        ("ridge": rows enter with their labels), or "auto", the worker's default: both on the same sums and
+        the better of the two, judged online, in force. Once every label is in, all three hold the same sums.
+    ensemble : "mean", "median", default=None
+        How the layers' outputs are combined; None: "mean".
+    solver : {"auto", "cholesky", "woodbury"}, default="auto"
+        How each batch updates the output layers: Gram + Cholesky, a Woodbury rank-b update, or by the batch's
+        size ("auto").
+    dtype : {"float64", "float32"}, default="float64"
+        The precision of the features and sums.
+    batch_size : int, default=256
+        Rows per batch as ``fit`` and ``partial_fit`` stream X through the model.
+    random_state : int, RandomState instance or None, default=0
+        The seed of the random weights.
+    features : list of dict, default=None
+        The feature schema of named fields (as ``model.features`` in a worker config) for X given as a
+        DataFrame or a list of dicts; None: inferred from the first data ``fit`` sees when X has named fields.
+
+    Attributes
+    ----------
+    n_features_in_ : int
+        Features (named fields, with a schema) seen by ``fit``.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        The named fields, when X has them.
+    schema_ : FeatureSchema or None
+        The feature schema X is encoded by (None: X is an array of numbers).
+    model_ : EdRVFL
+        The underlying online model; targets are z-scored by the first fit's mean and deviation.
+
+    Examples
+    --------
     >>> from sklearn.datasets import make_friedman1
     >>> X, y = make_friedman1(n_samples=2000, noise=0.5, random_state=0)
     >>> reg = EdRVFLRegressor(n_nodes=128, n_layers=2, random_state=0).fit(X[:1500], y[:1500])

@@ -11,6 +11,6 @@ from threadpoolctl import threadpool_limits
 
 @pytest.fixture(autouse=True, scope="module")
 def one_blas_thread():
-    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (MEASUREMENTS.md)."""
+    """NumPy's and SciPy's OpenBLAS fight over 2 cores when calls alternate (docs/benchmarks.md, "The update's building blocks")."""
     with threadpool_limits(1):
         yield

@@ -2,6 +2,7 @@
 document is gone, links between the pages resolve, and the pages speak to users (no issue numbers, commit
 hashes, clock times or words about the machine beyond its description)."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -9,11 +10,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
-# where references to the design live: code, tests, docs, the container files
+# where references to the design live: code, tests, benchmarks, docs, the container files
 SOURCES = [
     *sorted((ROOT / "iolstream").rglob("*.py")),
     *sorted((ROOT / "tests").rglob("*.py")),
     *sorted((ROOT / "scripts").rglob("*.py")),
+    *sorted((ROOT / "benchmarks").rglob("*.py")),
     *sorted((ROOT / "docs").glob("*.md")),
     *sorted((ROOT / "docker").rglob("*.*")),
     ROOT / "README.md",
@@ -39,8 +41,8 @@ def references() -> list[tuple[str, int, int]]:
     return found
 
 
-def test_design_numbers_its_sections_one_to_twelve():
-    assert design_sections() == set(range(1, 13))
+def test_design_numbers_its_sections_one_to_thirteen():
+    assert design_sections() == set(range(1, 14))
 
 
 def test_every_design_reference_names_a_section_that_exists():
@@ -56,9 +58,9 @@ def test_no_reference_to_a_document_outside_the_repository():
     for path in SOURCES:
         if path.is_file() and path.suffix not in {".png", ".iolsnap"}:
             for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-                if re.search(r"\bSPEC\b", line):
+                if re.search(r"\bSPEC\b|\bMEASUREMENTS\b", line):
                     stale.append(f"{path.relative_to(ROOT)}:{i}")
-    assert not stale, "cite docs/design.md §n instead: " + ", ".join(stale)
+    assert not stale, "cite docs/design.md §n or docs/benchmarks.md instead: " + ", ".join(stale)
 
 
 # what a lab notebook says and a user's guide does not
@@ -159,3 +161,29 @@ def test_the_anchor_rule_is_githubs():
         "message-size-limits-and-dead-letter-excerpts",
     ):
         assert slug in got, (slug, sorted(got)[:20])
+
+
+BENCHMARKS = sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.name)
+def test_each_benchmark_names_its_table_and_its_command(script):
+    """A study in benchmarks/ regenerates a table of docs/benchmarks.md: its docstring's first line quotes that
+    table's heading (its date left out), the docstring gives the command that runs it, and the page cites it."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    headings = re.findall(r"^#{2,6}\s+(.+?)\s*$", page, flags=re.MULTILINE)
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    quoted = re.search(r'"([^"]+)"', doc.split("\n\n")[0])
+    assert quoted, f"{script.name}: the docstring's first line names no table in quotes"
+    assert any(h.startswith(quoted.group(1)) for h in headings), (
+        f'{script.name}: no heading "{quoted.group(1)}" in docs/benchmarks.md'
+    )
+    assert f"benchmarks/{script.name}" in doc, f"{script.name}: the docstring gives no command"
+    assert f"benchmarks/{script.name}" in page, f"docs/benchmarks.md does not cite benchmarks/{script.name}"
+
+
+def test_scripts_hold_what_operates_the_project():
+    """scripts/ is for operating (the broker, the cluster, the images, the demo, a busy machine); studies live in
+    benchmarks/."""
+    studies = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
+    assert not studies, f"move these studies to benchmarks/, each named after its table: {studies}"

@@ -4,7 +4,7 @@ Each routine's address comes from ``scipy.linalg.cython_blas`` / ``cython_lapack
 registered with LLVM under a fixed symbol name, so compiled kernels call it by name and
 stay cacheable (a ctypes pointer baked into the code would pin one process's address).
 Only SciPy's OpenBLAS is reached — the same library ``linalg`` and Numba's ``np.dot`` use —
-never NumPy's (MEASUREMENTS.md, "two OpenBLAS copies fighting over 2 cores").
+never NumPy's (two copies fight over 2 cores: docs/benchmarks.md, "The update's building blocks").
 
 The wrappers take column-major *views*: a 2-D array whose first axis has unit stride (an
 F-ordered array, the transpose of a C-ordered one, or a slice of either). The leading

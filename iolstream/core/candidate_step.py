@@ -75,6 +75,10 @@ class BatchGrams:
         while len(self._kept) > self.keep:
             self._free.append(self._kept.pop(0)[1])
 
+    def clear(self) -> None:
+        """Keep none (rows were taken out of the model: a kept Gram may hold them)."""
+        self._kept = []
+
     def take(self, features_t: np.ndarray) -> np.ndarray | None:
         """The Gram of this very ``features_t`` if kept (then no longer: ``release`` it once added), else None."""
         for i, (kept, gram) in enumerate(self._kept):

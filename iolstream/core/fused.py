@@ -141,6 +141,20 @@ def add_gram(d, gram_l):
 
 
 @nb.njit(**JIT)
+def _sub_gram(d, gram_l):
+    """Lower triangle of A ← A − DᵀD (a downdate: ``_add_gram`` with the sign turned)."""
+    if d.itemsize == 8:
+        syrk_lower(-1.0, d, 1.0, gram_l)
+        return
+    n = d.shape[1]
+    part = np.empty((n, n), d.dtype).T
+    syrk_lower(1.0, d, 0.0, part)
+    for j in range(n):
+        for i in range(j, n):
+            gram_l[i, j] -= part[i, j]
+
+
+@nb.njit(**JIT)
 def _cholesky(gram_l, factor_l):
     """factor_l ← lower Cholesky factor of A_l (both C blocks, i.e. transposed column-major
     matrices); returns LAPACK's info (0 on success)."""
@@ -213,9 +227,9 @@ def woodbury_update(inverse, d_t):
     inverse : (n, n) float64, symmetric positive definite P = A⁻¹ (η in the paper), either order
     d_t     : (n, b) float64 C-ordered, Dᵀ of the batch entering A
     S = I + D P Dᵀ = L Lᵀ by Cholesky, then with K = L⁻¹ D P the update is KᵀK; the result is
-    re-symmetrised, which keeps P positive definite over long streams (MEASUREMENTS.md: float32
-    without it diverges). Only BLAS and LAPACK calls (``blaslib``): NumPy's ``linalg`` in a kernel
-    costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
+    re-symmetrised, which keeps P positive definite over long streams (float32 without it
+    diverges: docs/benchmarks.md, "The update's building blocks"). Only BLAS and LAPACK calls
+    (``blaslib``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
     either way it is P, being symmetric.
     """
     n, b = d_t.shape
@@ -249,6 +263,15 @@ def fold_labels(d, targets, rhs_l):
         rhs_l += _yt_d(targets.T, d)
     else:
         rhs_l += _yt_d(targets.astype(d.dtype).T, d)
+
+
+@nb.njit(**JIT)
+def _unfold_labels(d, targets, rhs_l):
+    """c_l ← c_l − D_lᵀ Y (``_fold_labels`` with the sign turned)."""
+    if d.itemsize == 8:
+        rhs_l -= _yt_d(targets.T, d)
+    else:
+        rhs_l -= _yt_d(targets.astype(d.dtype).T, d)
 
 
 @nb.njit(**JIT)
@@ -437,3 +460,104 @@ def abs_max(a):
 def predict_all(features_t, beta, out):
     for layer in range(features_t.shape[0]):
         predict_layer(features_t, layer, beta, out)
+
+
+# ------------------------------------------------------------------------- erasure (docs/design.md §13)
+
+
+@nb.njit(**JIT)
+def _sub_given(gram_l, given, layer, weights):
+    """Lower triangle of A_l ← A_l − Σ_k w_k G_k,l (``given``: (K, L, n, n) Grams laid out as A's stack)."""
+    n = gram_l.shape[0]
+    for k in range(given.shape[0]):
+        g, w = given[k, layer].T, weights[k]
+        for j in range(n):
+            for i in range(j, n):
+                gram_l[i, j] -= w * g[i, j]
+
+
+@nb.njit(**JIT)
+def erase_layer(
+    grams_t,
+    labelled_t,
+    targets,
+    layer,
+    gram,
+    factor,
+    rhs,
+    gram_labelled,
+    scratch,
+    given,
+    weights,
+    check,
+    info,
+):
+    """Rows out of layer l's sums: A_l −= DᵀD over ``grams_t`` (L, n, bg) and A_r −= DᵀD over ``labelled_t``
+    (L, n, bl) (rows scaled by √w) — or, when ``given`` has Grams ((K, L, n, n), their rows' ``weights`` (K,)),
+    A_l and A_r (its rows all labelled) −= Σ w_k G_k; then c_l −= DᵀY over ``labelled_t`` with ``targets``
+    (bl, m) scaled to match; then A_l factored again from the sums into ``factor`` (and A_r into ``scratch``
+    when ``check``). info[l]: 0, or the column of a failed Cholesky (A_l: > 0; A_r: its column + n)."""
+    r_layers = gram_labelled.shape[0]
+    if given.shape[0] > 0:
+        _sub_given(gram[layer].T, given, layer, weights)
+        if r_layers > 0 and labelled_t.shape[2] > 0:
+            _sub_given(gram_labelled[layer].T, given, layer, weights)
+    else:
+        _sub_gram(grams_t[layer].T, gram[layer].T)
+        if r_layers > 0 and labelled_t.shape[2] > 0:
+            _sub_gram(labelled_t[layer].T, gram_labelled[layer].T)
+    if labelled_t.shape[2] > 0:
+        _unfold_labels(labelled_t[layer].T, targets, rhs[layer].T)
+    info[layer] = refactor_layer(layer, gram, factor)
+    if info[layer] == 0 and check and r_layers > 0:
+        failed = _cholesky(gram_labelled[layer], scratch)
+        if failed != 0:
+            info[layer] = failed + gram.shape[1]
+
+
+@nb.njit(**JIT)
+def erase_serial(
+    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, given, weights, check, info
+):
+    """``erase_layer`` for every layer (scratch: (threads, n, n)); returns how many failed."""
+    for layer in range(gram.shape[0]):
+        erase_layer(
+            grams_t,
+            labelled_t,
+            targets,
+            layer,
+            gram,
+            factor,
+            rhs,
+            gram_labelled,
+            scratch[0],
+            given,
+            weights,
+            check,
+            info,
+        )
+    return np.count_nonzero(info)
+
+
+@nb.njit(**JIT_PARALLEL)
+def erase_parallel(
+    grams_t, labelled_t, targets, gram, factor, rhs, gram_labelled, scratch, given, weights, check, info
+):
+    """``erase_serial`` with the layers spread over Numba's threads."""
+    for layer in nb.prange(gram.shape[0]):
+        erase_layer(
+            grams_t,
+            labelled_t,
+            targets,
+            layer,
+            gram,
+            factor,
+            rhs,
+            gram_labelled,
+            scratch[nb.get_thread_id()],
+            given,
+            weights,
+            check,
+            info,
+        )
+    return np.count_nonzero(info)

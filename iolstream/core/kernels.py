@@ -7,8 +7,8 @@ layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``fused`
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
 ``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
-``linalg``: the hot path uses one OpenBLAS thread pool, never two (see
-MEASUREMENTS.md, "two OpenBLAS copies fighting over 2 cores").
+``linalg``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
+docs/benchmarks.md, "The update's building blocks").
 """
 
 from __future__ import annotations

@@ -241,6 +241,128 @@ class LabelFold:
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
+    def erase(
+        self,
+        features_t: np.ndarray,
+        targets: np.ndarray,
+        labelled,
+        observed_at=None,
+        *,
+        grams=None,
+        undo=None,
+        sample_weight=None,
+    ) -> None:
+        """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
+        put in, at the weight it has now.
+
+            A   −= Σ w dᵢdᵢᵀ   rows whose Gram is in A: every row under -F, the labelled ones under -R
+            c   −= Σ w dᵢᵀyᵢ   labelled rows;  A_r −= Σ w dᵢdᵢᵀ and Σ‖y‖² −= Σ w‖yᵢ‖² likewise
+            w    = 2^(−(clock − stamp)/half_life) (1 without forgetting), times a labelled row's class weight
+
+        features_t : (L, n, b) — D_lᵀ of the rows, as ``learn`` takes them
+        targets    : (b, m) — Y as the layers learned it (one-hot, or scaled regression targets); rows not
+                     labelled are not read
+        labelled   : (b,) bool — whose label is in c
+        observed_at : the rows' stamps, as in ``learn``
+        grams      : (G (K, L, n, n), stamps (K,)) — the rows' Gram by stamp, unweighted (lower triangles), formed
+                     once for the half-lives of ``auto``: A loses Σ w(stamp)·G instead of a Gram formed again
+                     (every row's Gram in A; every row labelled, or no A_r)
+        sample_weight : (b,) — the class weight each labelled row entered with (``learn``'s ``sample_weight``;
+                     under -F its Gram ended at that weight too); None: 1. Rows not labelled left at 1
+        undo       : a list; once the rows are out, a function putting this learner's sums back is appended (a
+                     model taking rows out of several learners, all or nothing)
+
+        The row counters go back (``rows_observed`` by the Gram rows, ``rows_labelled`` by the labelled ones);
+        the clock does not (it is time: the other rows keep their age). A is then factored again from the
+        sums, by Cholesky (a factor is never downdated; a Woodbury P is rebuilt from A when next needed). Should
+        round-off leave A or A_r not positive definite, every sum is put back as it was and
+        ``linalg.NotPositiveDefinite`` raised: the rows stay, nothing else changed.
+        """
+        b = features_t.shape[2]
+        labelled = np.broadcast_to(np.asarray(labelled, dtype=bool), (b,))
+        gram_rows = np.ones(b, dtype=bool) if self.mode == "forward" else labelled
+        if b == 0 or not gram_rows.any():
+            return
+        st, a = self.state, self.state.arrays
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
+        weights = self.row_weights(observed_at, b)
+        if sample_weight is not None:
+            weights = weights * np.where(
+                labelled, np.asarray(sample_weight, dtype=np.float64).reshape(b), 1.0
+            )
+            grams = None  # a Gram by stamp holds the rows at one weight
+        root = np.sqrt(weights)
+        scaled = self._kernel_features(features_t)
+        removed_y2 = float((weights[labelled] * (targets[labelled] ** 2).sum(axis=1)).sum())
+        every_gram = gram_rows.all() and (labelled.all() or not len(a.gram_labelled))
+        no_grams = np.empty((0, self.n_layers, self.n_columns, self.n_columns))
+        if grams is not None and every_gram:  # given by stamp: A (and A_r) lose Σ w(stamp)·G, c loses Dᵀ(wY)
+            given, stamps = grams
+            given_w = np.array([float(self.row_weights(stamp, 1)[0]) for stamp in stamps])
+            y_w = targets[labelled] * weights[labelled, None]
+        elif (
+            every_gram and labelled.all() and len(a.gram_labelled)
+        ):  # A and A_r lose the same Gram: formed once
+            if not (weights == 1.0).all():
+                scaled = np.ascontiguousarray(scaled * root.astype(scaled.dtype))
+            given, given_w, y_w = self.rows_gram(scaled)[None], np.ones(1), targets * root[:, None]
+        else:  # the kernel takes each Gram out itself
+            if not (weights == 1.0).all():
+                scaled = np.ascontiguousarray(scaled * root.astype(scaled.dtype))
+            given, given_w = no_grams, np.ones(0)
+            y_w = targets[labelled] * root[labelled, None]  # (√w d)ᵀ(√w y) = w dᵀy
+        labelled_t = scaled if labelled.all() else np.ascontiguousarray(scaled[:, :, labelled])
+        grams_t = scaled if gram_rows.all() else np.ascontiguousarray(scaled[:, :, gram_rows])
+        y_w = np.ascontiguousarray(y_w)
+        saved = (a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy())
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        kernel = fused.erase_parallel if self.parallel else fused.erase_serial
+        check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
+        sums = (a.gram, a.factor, a.rhs, a.gram_labelled, self.scratch())
+        stack = (*sums, given, given_w, check_labelled, info)
+        if kernel(grams_t, labelled_t, y_w, *stack):
+            a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+            a.factor_stale[:] = a.beta_stale[:] = True
+            a.factor_inverse[:] = False
+            layer = int(np.flatnonzero(info)[0])
+            which = "A_r" if info[layer] > self.n_columns else "A"
+            raise linalg.NotPositiveDefinite(
+                f"layer {layer}: erasing these rows would leave {which} not positive definite (round-off); "
+                "nothing was changed"
+            )
+        a.factor_stale[:] = a.factor_inverse[:] = False  # factored from the sums just now
+        a.woodbury_steps[:] = 0
+        a.beta_stale[:] = True
+        if undo is not None:
+            undo.append(_putting_back(st, saved))
+        st.sum_y2 = max(st.sum_y2 - removed_y2, 0.0)
+        st.rows_observed -= int(gram_rows.sum())
+        st.rows_labelled -= int(labelled.sum())
+        st.version += 1
+        if labelled.any():  # A_r and c moved: a -R candidate solving on them solves again
+            st.labelled_version += 1
+
+    def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
+        """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""
+        gram = np.zeros((self.n_layers, self.n_columns, self.n_columns))
+        (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, gram)
+        return gram
+
+
+def _putting_back(st, saved: tuple):
+    """A function putting ``st``'s sums and row counters back as they are now, with these saved arrays."""
+    counters = (st.rows_observed, st.rows_labelled, st.sum_y2, st.version)
+
+    def put_back() -> None:
+        a = st.arrays
+        a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+        st.rows_observed, st.rows_labelled, st.sum_y2, st.version = counters
+        st.labelled_version += 1  # a β solved on the sums taken out is not theirs
+        a.factor_stale[:] = a.beta_stale[:] = True
+        a.factor_inverse[:] = False
+
+    return put_back
+
 
 def unpredicted_as_targets(predicted, targets: np.ndarray):
     """``predicted`` (L, b, m) with every row it holds NaN for (a row this learner did not predict) replaced by

@@ -39,7 +39,7 @@ from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, 
 MODES = ("forward", "ridge")
 SOLVERS = ("auto", "cholesky", "woodbury")
 
-# auto: Woodbury when b·WOODBURY_RATIO ≤ n. Measured here (MEASUREMENTS.md): Woodbury wins only
+# auto: Woodbury when b·WOODBURY_RATIO ≤ n. Measured (docs/benchmarks.md, "The update's building blocks"): Woodbury wins only
 # below b ≈ n/8 to n/4; n/6 sits in between.
 WOODBURY_RATIO = 6
 

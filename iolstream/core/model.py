@@ -8,9 +8,9 @@ class list, or regression with m outputs). Arrays in, arrays out, no I/O.
     >>> rng = np.random.default_rng(0)
     >>> x = rng.standard_normal((300, 4)); y = (x[:, 0] + x[:, 1] > 0).astype(int)
     >>> model = EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1), n_nodes=32, n_layers=2, scaler="none"))
-    >>> for start in range(0, 300, 50):                    # -F: observe, predict, then learn
-    ...     batch = model.observe(x[start:start + 50])
-    ...     _ = model.learn(batch.features_t, model.encode_labels(y[start:start + 50]), predicted=batch.layer_outputs)
+    >>> for start in range(0, 300, 50):            # predict a batch, then learn its labels
+    ...     prediction = model.observe(x[start:start + 50])
+    ...     _ = model.learn(prediction, y[start:start + 50])
     >>> float((model.predict(x) == y).mean()) > 0.9
     True
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import calibration, kernels, learner, regret
+from iolstream.core import calibration, fused, kernels, learner, linalg, regret
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder
@@ -93,7 +93,19 @@ def make_scaler(config: ModelConfig) -> Scaler:
 
 
 class EdRVFL:
-    """An ensemble deep RVFL network learning online by -F or -R."""
+    """An ensemble deep RVFL network learning online by -F or -R (or choosing between them: ``mode: auto``).
+
+    One way to learn a stream, predict then learn, as River's ``predict_one`` / ``learn_one``:
+
+    - ``observe(x) -> Prediction``: a new batch of rows (b, n_inputs); under -F its Gram enters first, then it
+      is predicted (``Prediction.index`` / ``.proba`` / ``.value``);
+    - ``learn(prediction, y)``: the labels of those rows, when they come (class labels, or regression values
+      (b,) or (b, m)); each candidate of ``auto`` is judged on what it predicted.
+
+    ``learn_rows(x, y)`` learns labelled rows never observed (history, a backfill); ``predict`` and
+    ``predict_batch`` change nothing. The stream's processor uses the low-level form of ``learn`` (features,
+    encoded targets and the outputs it kept for the rows, ``Prediction.predicted``).
+    """
 
     def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None, modes: list | None = None):
         """``candidates``: the (lam, half_life) grid of ``auto`` and ``modes`` each one's mode (default
@@ -135,6 +147,8 @@ class EdRVFL:
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+        # the class weight of each row the last ``learn`` folded in (None: 1), for a record of what it entered with
+        self.entered_weights: np.ndarray | None = None
 
     def set_scoring_share(self, share) -> None:
         """Another ``model.scoring_share`` (a number > 0, or "all") from now on: it sets which batches the
@@ -233,8 +247,7 @@ class EdRVFL:
     @property
     def calibrated(self) -> bool:
         """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
-        cfg = self.config
-        return cfg.task == "classification" and cfg.ensemble_rule == "softmax" and cfg.calibration == "online"
+        return self.config.calibrated
 
     def calibration_in_force(self, candidate: int | None = None) -> dict | None:
         """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
@@ -331,10 +344,39 @@ class EdRVFL:
         )
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
-        """Fold labelled rows in (see OnlineLearner.learn). ``targets`` is (b, m) (see encode_labels);
-        ``observed_at``: the rows' ``Prediction.clock`` (needed with forgetting, else ignored)."""
+        """Fold labelled rows in (see OnlineLearner.learn); returns the loss per layer (L,) of what was emitted.
+
+        ``learn(prediction, y)``: the ``Prediction`` that ``observe`` returned for the rows and their labels ``y``
+        as ``predict`` gives them (class labels; regression values).
+
+        The low-level form: ``features_t`` (L, n, b) of the rows, ``targets`` (b, m) (see encode_labels),
+        ``predicted`` the rows' ``Prediction.predicted`` (None: rows that were never predicted; the present β
+        of every candidate predicts them), ``observed_at`` their ``Prediction.clock`` (needed with forgetting,
+        else ignored). With several candidates ``predicted`` must be every candidate's outputs (K, L, b, m): the
+        layer outputs of one are refused, since recomputing the others would bypass the scoring budget."""
+        if isinstance(features_t, Prediction):
+            if gram_in is not None or predicted is not None or observed_at is not None:
+                raise TypeError("learn(prediction, y): the prediction carries predicted and observed_at")
+            prediction = features_t
+            features_t, predicted, observed_at = prediction.features_t, prediction.predicted, prediction.clock
+            b, m, shape = features_t.shape[2], self.config.m, np.shape(targets)
+            if self._class_index is not None:
+                fits, expected = shape == (b,), f"({b},) class labels"
+            else:
+                fits, expected = shape == (b, m) or (m == 1 and shape == (b,)), f"({b}, {m}) values"
+            if not fits:
+                raise ValueError(f"y: {expected} for the prediction's {b} rows, got shape {shape}")
+            targets = self.encode_labels(targets)
+        elif predicted is not None and len(self.learners) > 1 and np.ndim(predicted) != 4:
+            raise ValueError(
+                f"predicted: this model keeps {len(self.learners)} candidates (mode, lam or forgetting auto): "
+                f"pass Prediction.predicted, every candidate's outputs (K, L, b, m), not outputs of shape "
+                f"{np.shape(predicted)} (Prediction.layer_outputs): recomputing the other candidates' outputs "
+                "would bypass the scoring budget (model.scoring_share); or call learn(prediction, y)"
+            )
         # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
+        self.entered_weights = None
         if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
             held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
             if self.targets.frozen:
@@ -371,6 +413,7 @@ class EdRVFL:
         weights = None
         if self._class_index is not None:
             weights = self.class_weights(targets.argmax(axis=1))
+        self.entered_weights = weights
         if len(self.learners) == 1:
             if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
                 predicted = self.learner.layer_outputs(features_t)
@@ -388,6 +431,16 @@ class EdRVFL:
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made (NaN where it made none)
         return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
+
+    def calibration_scores(self, predicted) -> np.ndarray | None:
+        """(K, b, m) each candidate's mean output for rows, from ``predicted`` as ``learn`` takes it ((L, b, m),
+        or (K, L, b, m) with NaN where a candidate made none): what its calibration learns from when their labels
+        come, and loses again if they are erased (``erase(scores=...)``). None when ``proba`` is not calibrated."""
+        if not self.calibrated:
+            return None
+        predicted = np.asarray(predicted, dtype=np.float64)
+        per = predicted[None] if predicted.ndim == 3 else predicted
+        return np.stack([kernels.layer_mean(np.ascontiguousarray(p)) for p in per])
 
     def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
         """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
@@ -416,6 +469,83 @@ class EdRVFL:
             )
             return out
         return np.stack([self.selection_loss(outputs, targets, j) for j, outputs in enumerate(predicted)])
+
+    def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
+        """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
+        sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
+        it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
+        own units); ``observed_at``: the rows' ``Prediction.clock``; ``weights`` (b,): the class weight each
+        labelled row entered with (``entered_weights``; None: 1); ``scores`` (K, b, m): each candidate's mean
+        output for the row when its label came (``entered_scores``, NaN where it made none; None: the calibration
+        keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
+        sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
+        (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
+        candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+        b = features_t.shape[2]
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
+        labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
+        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
+        if weights is not None:
+            weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64), (b,)))
+            if not (np.isfinite(weights).all() and (weights > 0).all()):
+                raise ValueError("erase: weights: every row's weight must be finite and > 0")
+            if (weights[labelled] == 1.0).all():
+                weights = None
+        keep = np.ones(b, dtype=bool)
+        if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
+            for i in np.flatnonzero(labelled).tolist():
+                in_a = self.targets.drop(
+                    features_t[:, :, i], targets[i], None if stamps is None else stamps[i]
+                )
+                if in_a is None:
+                    raise ValueError(
+                        f"erase: row {i} is labelled, but its label is neither in the sums nor held"
+                    )
+                labelled[i] = False  # never in c
+                keep[i] = in_a and self.learner.mode == "forward"  # its Gram: in A under -F
+        if not keep.all():
+            features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
+            stamps = None if stamps is None else stamps[keep]
+            weights = None if weights is None else weights[keep]
+            scores = None if scores is None else np.asarray(scores)[:, keep]
+        scaled = self.targets.transform(targets) if self.targets.frozen else targets
+        primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
+        undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
+        grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
+        if len(primaries) > 1 and weights is None and features_t.shape[2] and features_t.flags.c_contiguous:
+            grams = _grams_by_stamp(primaries[0], features_t, stamps)
+        try:
+            for ln in primaries:
+                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
+        except linalg.NotPositiveDefinite:
+            for put_back in undo:  # the ones already done put back too: all or nothing
+                put_back()
+            raise
+        for ln in self.learners:
+            if isinstance(ln, SharedGramLearner):
+                ln.erase(features_t, scaled, labelled, stamps)
+        self.batch_grams.clear()  # a kept batch Gram may hold these rows
+        if self._class_index is not None and labelled.any():
+            classes = targets[labelled].argmax(axis=1)
+            self.class_counts -= np.bincount(classes, minlength=self.config.m)
+            if scores is not None and self.calibrated:
+                self._erase_calibration(np.asarray(scores)[:, labelled], classes, stamps, weights, labelled)
+
+    def _erase_calibration(self, scores, classes, stamps, weights, labelled) -> None:
+        """Labelled rows out of each candidate's calibration sums: the log loss they added (``grid_losses`` of the
+        scores it had for them), at the weight they have now there (decay times class weight)."""
+        stamps = None if stamps is None else stamps[labelled]
+        weights = None if weights is None else weights[labelled]
+        for j, ln in enumerate(self.learners):
+            own = np.flatnonzero(~np.isnan(scores[j, :, 0]))
+            if not own.size:
+                continue
+            row_weights = ln.row_weights(None if stamps is None else stamps[own], own.size)
+            if weights is not None:
+                row_weights = row_weights * weights[own]
+            sums = ln.calibration_sums
+            sums -= calibration.grid_losses(scores[j, own], classes[own], row_weights)
+            np.maximum(sums, 0.0, out=sums)  # round-off: a sum of losses is never below 0
 
     def selection_loss(
         self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
@@ -458,6 +588,26 @@ class EdRVFL:
             h.update(np.ascontiguousarray(w).tobytes())
             h.update(np.ascontiguousarray(b).tobytes())
         return h.hexdigest()
+
+
+SHARED_GRAM_STAMPS = 4  # up to this many stamps, erase forms one Gram per stamp for every half-life
+
+
+def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
+    """(G (K, L, n, n), stamps (K,)): Σ DᵀD of the rows of each stamp, when the rows have at most SHARED_GRAM_STAMPS
+    stamps (each half-life then takes Σ w·G out instead of forming its own weighted Gram), else None."""
+    if stamps is None:
+        return first.rows_gram(features_t)[None], [None]
+    values = np.unique(stamps)
+    if len(values) > SHARED_GRAM_STAMPS:
+        return None
+    if len(values) == 1:
+        return first.rows_gram(features_t)[None], values
+    given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
+    add = fused.add_grams_parallel if first.parallel else fused.add_grams
+    for k, v in enumerate(values.tolist()):
+        add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
+    return given, values
 
 
 __all__ = [

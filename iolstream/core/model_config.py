@@ -43,7 +43,7 @@ class ModelConfig:
         None  # classification: the declared classes (ints, texts or false/true); None: regression
     )
     n_outputs: int = 1  # regression outputs (ignored for classification: m = len(classes))
-    n_nodes: int = 512  # defaults: the most robust of scripts/sweep_defaults.py (docs/benchmarks.md, "Why these defaults")
+    n_nodes: int = 512  # defaults: the most robust of benchmarks/why_these_defaults.py (docs/benchmarks.md, "Why these defaults")
     n_layers: int = 2
     lam: float | tuple = 0.5
     activation: str = "relu"
@@ -275,6 +275,13 @@ class ModelConfig:
     @property
     def ensemble_rule(self) -> str:
         return self.ensemble or ENSEMBLES[self.task][0]
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``proba`` is calibrated online (classification, softmax ensemble, ``calibration: online``)."""
+        return (
+            self.task == "classification" and self.ensemble_rule == "softmax" and self.calibration == "online"
+        )
 
     def to_dict(self) -> dict:
         """Every key as given (``features``: each field's config entry, its keys that differ from their

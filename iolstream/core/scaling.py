@@ -245,6 +245,35 @@ class TargetScaler:
             )
         self.mean, self.std, self.frozen = mean, std, True
 
+    def drop(self, column: np.ndarray, y: np.ndarray, stamp) -> bool | None:
+        """Take one labelled row out of the held batches (a row forgotten before the scaling was known,
+        docs/design.md §13): the held column whose features match ``column`` (L, n) to round-off and whose label
+        and stamp are ``y`` (m,) and ``stamp``. Rows alike in all three are interchangeable in every sum, so
+        whichever is found is the one. Returns whether its Gram is in A already (the batch's ``gram_in``),
+        None when no held row matches. Its label then never enters the warm-up statistics."""
+        for i, (f, held_y, gram_in, predicted, observed_at) in enumerate(self.held):
+            stamps = None if observed_at is None else np.broadcast_to(observed_at, (len(held_y),))
+            for j in range(len(held_y)):
+                if (
+                    np.array_equal(held_y[j], y)
+                    and (stamps is None or stamp is None or stamps[j] == stamp)
+                    and np.allclose(f[:, :, j], column, rtol=1e-9, atol=1e-12)
+                ):
+                    in_a = True if gram_in is None else bool(gram_in[j])
+                    keep = np.arange(len(held_y)) != j
+                    if not keep.any():
+                        del self.held[i]
+                        return in_a
+                    self.held[i] = (
+                        np.ascontiguousarray(f[:, :, keep]),
+                        held_y[keep],
+                        None if gram_in is None else np.asarray(gram_in)[keep],
+                        None if predicted is None else np.asarray(predicted)[..., keep, :],
+                        observed_at if observed_at is None or np.ndim(observed_at) == 0 else stamps[keep],
+                    )
+                    return in_a
+        return None
+
     def release(self) -> list[tuple]:
         """The held batches with their targets scaled, once frozen (and forgets them)."""
         out = [(f, self.transform(y), g, p, o) for f, y, g, p, o in self.held]

@@ -170,6 +170,13 @@ class SharedGramLearner(OnlineLearner):
         λ − λ_primary per layer, solve) — ``fused_shared``'s ``ridge`` argument."""
         return self._state.arrays.beta, out, self._shift, solve
 
+    def __getstate__(self) -> dict:
+        """Pickle with β solved from the primary's sums, as ``LearnerState`` pickles its own: a read-only copy
+        (a memory map) then predicts without writing."""
+        if self._solved != self.primary.state.version or self._state.arrays.beta_stale.any():
+            self.layer_outputs(np.zeros((self.n_layers, self.n_columns, 0)))
+        return self.__dict__.copy()
+
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
         """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
         features_t = self._kernel_features(features_t)
@@ -248,6 +255,9 @@ class SharedGramLearner(OnlineLearner):
 
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
         """The primary has taken these rows' Gram out: nothing of its own changes."""
+
+    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None) -> None:
+        self._sync_counters()  # the primary has taken the rows out of the sums this one reads
 
     def refresh(self) -> None:
         self.sync()

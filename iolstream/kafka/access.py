@@ -86,6 +86,9 @@ class Access:
         }
         if self.cfg.group.enabled:
             names[t.model_deltas] = "topics.model_deltas"
+        if t.forget:
+            names[t.forget] = "topics.forget"
+            names[t.forget_receipts] = "topics.forget_receipts"
         return names
 
     def wanted(self, topic: str) -> list[str]:
@@ -181,14 +184,22 @@ class Access:
         what = "partition counts"
         if f is None or lab is None:
             return Finding(True, what, "features and labels: not known (a topic is missing or refused)", True)
-        if f == lab:
-            return Finding(True, what, f"features and labels: {_partitions(f)}")
-        return Finding(
-            False,
-            what,
-            f"features topic {t.features} has {_partitions(f)}, labels topic {t.labels} has {lab}: a row and its "
-            "label must meet in the same partition number; give both topics the same count",
-        )
+        if f != lab:
+            return Finding(
+                False,
+                what,
+                f"features topic {t.features} has {_partitions(f)}, labels topic {t.labels} has {lab}: a row and "
+                "its label must meet in the same partition number; give both topics the same count",
+            )
+        forget = self.partitions(t.forget) if t.forget else None
+        if forget is not None and forget != f:  # a request must reach its row's member
+            return Finding(
+                False,
+                what,
+                f"features topic {t.features} has {_partitions(f)}, forget topic {t.forget} has {forget}: a request "
+                "must reach the partition number of its row; give both topics the same count",
+            )
+        return Finding(True, what, f"features and labels: {_partitions(f)}")
 
     def check_output_configs(self) -> list[Finding]:
         """DescribeConfigs of the output topics that exist (the worker reads their max.message.bytes at start)."""

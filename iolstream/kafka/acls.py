@@ -54,6 +54,11 @@ def worker_acls(cfg: WorkerConfig) -> list[Acl]:
         Acl("topic", t.predictions, "DescribeConfigs", why="size limits read at start"),
         Acl("topic", t.dead_letters, "DescribeConfigs", why="size limits read at start"),
     ]
+    if t.forget:
+        acls += [
+            Acl("topic", t.forget, "Read", why="forget requests"),
+            Acl("topic", t.forget_receipts, "Write", why="forget receipts"),
+        ]
     if cfg.group.enabled:
         acls += [
             Acl("topic", t.model_deltas, "Read", why="group learning"),
@@ -77,6 +82,8 @@ def worker_acls(cfg: WorkerConfig) -> list[Acl]:
         created = [t.features, t.labels, t.predictions, t.dead_letters]
         if cfg.group.enabled:
             created.append(t.model_deltas)
+        if t.forget:
+            created += [t.forget, t.forget_receipts]
         acls += [Acl("topic", name, "Create", why="topics.create") for name in created]
     return acls
 

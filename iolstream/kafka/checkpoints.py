@@ -25,6 +25,7 @@ from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import drop_other_topics, fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
+from iolstream.stream.retention import RetentionStore, record_shape
 from iolstream.stream.warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
@@ -78,7 +79,28 @@ class Checkpointer:
         self.first_due: float | None = (
             None  # after a start: the early checkpoint (snapshot.first_after_seconds)
         )
+        # forget receipts whose snapshot is durable, to be produced (``take_receipts``): after a write, or the
+        # ones the snapshot just loaded names (a restart may send them again)
+        self.receipts: list[dict] = []
+        self.last_written_ms = 0  # when the snapshot loaded or written last was written (its manifest's time)
         self.topic_ids: dict[str, str] = {}  # {topic: id} of the topics read (written with their positions)
+
+    def retention(self) -> RetentionStore | None:
+        """The retention store of forget requests (docs/design.md §13), None without ``topics.forget``."""
+        directory = self.cfg.retention_dir
+        if directory is None:
+            return None
+        return RetentionStore(
+            directory,
+            **record_shape(self.cfg.model),
+            rows=self.cfg.retention.rows,
+            ms=self.cfg.retention.ms,
+        )
+
+    def take_receipts(self) -> list[dict]:
+        """The forget receipts to produce now (then no longer held here)."""
+        receipts, self.receipts = self.receipts, []
+        return receipts
 
     def started(self) -> None:
         """The loop begins: the first checkpoint is due ``snapshot.first_after_seconds`` from now."""
@@ -100,16 +122,22 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                retention=self.retention(),
                 events=self.cfg.events,
             )
+            proc.erasure.load_state(None)  # a fresh model: no row of an earlier one is kept
             loaded = Loaded(proc, {})
         else:
             loaded = Loaded(*self._restore(snap))
             loaded.topic_ids = dict(snap.manifest.get("worker", {}).get("topic_ids", {}))
+            self.last_written_ms = int(snap.manifest.get("written_at_ms", 0))
+            self.receipts = loaded.processor.erasure.due()
+            if self.receipts:  # it is the first without those rows: the older ones hold them
+                self._delete_older(snap.path.name)
             if "group" in snap.manifest:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
-        runtime.configure_for_model(loaded.processor.model)  # BLAS threads (MEASUREMENTS.md trap)
+        runtime.configure_for_model(loaded.processor.model)  # BLAS threads (docs/operations.md)
         if self.topic_ids:  # a roll-back: the topics' ids are known by now
             self.forget_other_topics(loaded.positions, loaded.topic_ids)
         return loaded
@@ -138,6 +166,7 @@ class Checkpointer:
                 self.cfg.stream,
                 window_rows=self.cfg.metrics.window_rows,
                 agreement=self.agreement,
+                retention=self.retention(),
                 events=self.cfg.events,
             )
         except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
@@ -165,6 +194,17 @@ class Checkpointer:
             extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
         )
         return proc, positions
+
+    def _delete_older(self, name: str) -> None:
+        """Snapshots older than ``name`` hold rows forgotten since: deleted (docs/design.md §13)."""
+        gone = self.store.delete_older(name)
+        if gone:
+            log.info(
+                "deleted %d older snapshot(s) that held forgotten rows: %s",
+                len(gone),
+                ", ".join(gone),
+                extra={"event": "snapshots_deleted", "snapshot": name},
+            )
 
     def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
         """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds``, or soon after a
@@ -217,6 +257,10 @@ class Checkpointer:
                 "checkpoint postponed: %d messages not delivered yet", remaining, extra={"event": "postponed"}
             )
             return False
+        name = self.store.next_name()
+        erasure = processor.erasure
+        erasure.seal(name)  # rows forgotten so far: this snapshot is the first without them
+        erasure.flush()  # the retention store's records this snapshot covers, on disk first
         manifest, arrays = processor.to_state()
         manifest["offsets"] = [[t, p, o] for (t, p), o in sorted(positions.items())]
         manifest["worker"] = {
@@ -234,6 +278,13 @@ class Checkpointer:
             snap = self.store.write(manifest, arrays)
         except OSError as exc:
             raise WorkerError(f"cannot write a snapshot to {self.store.dir}: {exc}") from None
+        state = manifest["stream"]["erasure"]
+        self.last_written_ms = int(snap.manifest["written_at_ms"])
+        self.receipts = erasure.durable(
+            snap.path.name, state, int(time.time() * 1000)
+        )  # every receipt not out
+        if self.receipts or state.get("retention", {}).get("erased"):
+            self._delete_older(snap.path.name)
         self.last = Checkpoint(
             processor.counters["batches"],
             time.monotonic(),

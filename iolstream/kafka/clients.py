@@ -145,8 +145,11 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
     dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (topics.topic_configs)."""
     admin = admin or AdminClient(client_conf(cfg))
     t = cfg.topics
-    configs = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
+    inputs = [t.features, t.labels, t.dead_letters] + ([t.forget] if t.forget else [])
+    configs = topics.topic_configs(cfg.stream.max_message_bytes, inputs)
     names = [t.features, t.labels, t.predictions, t.dead_letters]
+    if t.forget:  # forget requests keyed by id, as the labels are (a group's member holding the row gets it)
+        names += [t.forget, t.forget_receipts]
     try:
         return topics.create_topics(
             admin,

@@ -9,7 +9,8 @@ snapshot and the roll-back (as Quix Streams' ``Checkpoint``). The worker calls i
   letters and input offsets; a lost one rolls back) 4. serve delivery callbacks 5. checkpoint when due;
 - ``checkpoint``: 1. group learning: publish the sums with the offsets they cover 2. exactly-once:
   commit an open transaction 3. wait for deliveries and write the snapshot (``kafka.checkpoints``)
-  4. at-least-once: commit the snapshot's offsets;
+  4. at-least-once: commit the snapshot's offsets 5. the forget receipts the snapshot makes true
+  (``kafka.receipts``; exactly-once: in a transaction of their own, committed at once);
 - ``partitions_go`` (a revoke): every row consumed is learned first (group learning: the warm-up
   scaling agreed, the rows waiting for labels and the labels waiting for rows of the partitions that go
   handed over), then ``checkpoint``, waiting for deliveries up to the call timeout;
@@ -36,8 +37,10 @@ from iolstream.kafka.emit import Emitter
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import OffsetBook, fmt
 from iolstream.kafka.output import Output
+from iolstream.kafka.receipts import Receipts
 from iolstream.kafka.stopping import Stopping
 from iolstream.kafka.transactions import Transactions
+from iolstream.ops.faults import crash_point
 from iolstream.stream.align import Aligner
 
 log = logging.getLogger("iolstream.worker")
@@ -71,6 +74,7 @@ class CommitUnit:
         self.processor = emitter.processor
         self.checkpoints, self.assignment, self.aligner = checkpoints, assignment, aligner
         self.stopper, self.group, self.waiting, self.metrics = stopper, group, waiting, metrics
+        self.receipts = Receipts(cfg, output)
 
     # ------------------------------------------------------------ the worker's four calls
     def end_cycle(self, now: int, *, processed: bool) -> None:
@@ -110,7 +114,24 @@ class CommitUnit:
         )
         if written:
             self._after_snapshot()
+            self._send_receipts(self.checkpoints.take_receipts())
         return written
+
+    def receipts_after_load(self) -> None:
+        """After a snapshot was loaded (start, roll-back): the forget receipts it names that must go out again
+        (``Receipts.unsent``)."""
+        receipts = self.checkpoints.take_receipts()
+        if receipts:
+            unsent = self.receipts.unsent(receipts, self.checkpoints.last_written_ms)
+            self.processor.erasure.sent([r for r in receipts if r not in unsent])  # out before the restart
+            self._send_receipts(unsent)
+
+    def _send_receipts(self, receipts: list[dict]) -> None:
+        if receipts:
+            crash_point("before_receipts")  # test-only: the snapshot durable, its receipts not out
+            self.receipts.send(receipts)
+            self.processor.erasure.sent(receipts)
+            self._receipts_out()
 
     def partitions_go(self, partitions=None, *, final: bool = False) -> bool:
         """A revoke of ``partitions`` ((topic, partition) keys; None: all), and the end of ``finish`` (``final``):
@@ -130,10 +151,13 @@ class CommitUnit:
         return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds), final=final)
 
     def finish(self) -> bool:
-        """Shutdown: flush the partial batch, then as ``partitions_go``. False if the final snapshot
-        failed."""
+        """Shutdown: flush the partial batch, then as ``partitions_go``; the forget receipts the final snapshot
+        made true are delivered before the worker stops. False if the final snapshot failed."""
         self._flush_partial()
-        return self.partitions_go(final=True)
+        ok = self.partitions_go(final=True)
+        if self.receipts.sent and not self.exactly_once:  # (exactly-once: their transaction committed them)
+            self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
+        return ok
 
     def roll_back(self, why: str) -> None:
         """Reload the newest snapshot into the processor and seek every assigned partition to its positions;
@@ -149,6 +173,7 @@ class CommitUnit:
         self.emitter.replaying = False
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the positions
         self.assignment.seek_back()
+        self.receipts_after_load()
         log.info(
             "rolled back to offsets %s; replay without emitting until %s (%s)",
             fmt(self.book.positions) or "-",
@@ -174,6 +199,9 @@ class CommitUnit:
 
     def _flush_partial(self) -> None:
         """Shutdown: the partial batch."""
+
+    def _receipts_out(self) -> None:
+        """Forget receipts were just produced."""
 
     def check_deliveries(self) -> None:
         """Between cycles: what failed deliveries mean."""
@@ -234,6 +262,11 @@ class ExactlyOnce(CommitUnit):
 
     def _flush_partial(self) -> None:
         self.emitter.step(now_ms(), force=True)
+        self._commit_cycle()
+
+    def _receipts_out(self) -> None:
+        """The receipts' transaction commits now, with their requests' offsets: out as soon as the snapshot is
+        durable (also at shutdown, after the last one)."""
         self._commit_cycle()
 
     def lost(self, why: str) -> None:

@@ -25,33 +25,9 @@ import yaml
 from iolstream.core.model import ModelConfig
 from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.prequential import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from iolstream.stream.retention import RetentionConfig
 
 ENV_PREFIX = "IOLSTREAM_"
-# the project's other variables: not configuration overrides, never refused (tests, scripts, containers)
-OTHER_VARIABLES = frozenset(
-    {
-        "IOLSTREAM_CONTAINER_STATE",
-        "IOLSTREAM_CONTAINER_TEST",
-        "IOLSTREAM_CRASH_AT",
-        "IOLSTREAM_IMAGE",
-        "IOLSTREAM_INSTALL_SYSTEM",
-        "IOLSTREAM_KAFKA_CACHE",
-        "IOLSTREAM_KAFKA_CLUSTER_DATA",
-        "IOLSTREAM_KAFKA_DATA",
-        "IOLSTREAM_KAFKA_IMAGE",
-        "IOLSTREAM_PROMETHEUS_IMAGE",
-        "IOLSTREAM_TEST_BOOTSTRAP",
-        "IOLSTREAM_TEST_CLUSTER_PORT",
-        "IOLSTREAM_TEST_DOCKER",
-        "IOLSTREAM_TEST_KAFKA_IMAGE",
-        "IOLSTREAM_TEST_OUTAGE_PORT",
-        "IOLSTREAM_TEST_RESTART_PORT",
-        "IOLSTREAM_TEST_SECURE_DATA",
-        "IOLSTREAM_TEST_SECURE_PORT",
-        "IOLSTREAM_TEST_SEED",
-        "IOLSTREAM_TEST_STARTUP_SECONDS",
-    }
-)
 
 
 class ConfigError(ValueError):
@@ -86,6 +62,10 @@ class TopicsConfig:
     predictions: str = "iol.predictions"
     dead_letters: str = "iol.dead-letters"
     model_deltas: str = "iol.model-deltas"  # group learning: the members' sums (one partition, compacted)
+    forget: str | None = None  # forget requests {"id"} / {"ids"} (docs/data-protection.md); None: none taken
+    forget_receipts: str = (
+        "iol.forget-receipts"  # one receipt per row forgotten, once a snapshot without it is durable
+    )
     create: bool = True
     partitions: int = 1
     replication_factor: int = 1
@@ -161,6 +141,7 @@ class WorkerConfig:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     durability: DurabilityConfig = field(default_factory=DurabilityConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -187,6 +168,17 @@ class WorkerConfig:
         it."""
         return os.path.join(self.snapshot.dir, self.member_id) if self.group.enabled else self.snapshot.dir
 
+    @property
+    def retention_dir(self) -> str | None:
+        """Where the retention store of forget requests goes: ``retention.dir`` (group learning: its
+        ``<member_id>`` below it), else ``retention`` below the snapshot directory; None without
+        ``topics.forget``, or with ``retention.rows`` 0 (no rows kept)."""
+        if self.topics.forget is None or not self.retention.rows:
+            return None
+        if self.retention.dir is None:
+            return os.path.join(self.snapshot_dir, "retention")
+        return os.path.join(self.retention.dir, self.member_id) if self.group.enabled else self.retention.dir
+
 
 _SECTIONS = {
     "kafka": KafkaConfig,
@@ -196,6 +188,7 @@ _SECTIONS = {
     "snapshot": SnapshotConfig,
     "durability": DurabilityConfig,
     "group": GroupConfig,
+    "retention": RetentionConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
 }
@@ -345,24 +338,36 @@ def _dict_keys() -> set[tuple[str, str]]:
 
 def check_environment(environ) -> None:
     """Refuse an ``IOLSTREAM_`` variable that looks like an override but names no key (ConfigError with the
-    nearest valid name): one with a double underscore, or one that starts with a section's name
-    (``IOLSTREAM_STREAM_BATCH_ROWS``). The project's other variables (``OTHER_VARIABLES``) are left alone."""
+    nearest valid name): one with a double underscore, or a section's name and one underscore before a key of
+    that section or a name close to one (``IOLSTREAM_STREAM_BATCH_ROWS``). Other names are left alone: the
+    project's own variables (``IOLSTREAM_KAFKA_DATA`` of scripts/kafka.sh, the tests' and the containers')."""
     names = override_names()
-    sections = ("model", *_SECTIONS)
     free = _dict_keys()
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
+        if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :]
         path = rest.lower().split("__")
         if "__" in rest:
             if name.upper() in names or (len(path) >= 3 and (path[0], path[1]) in free):
                 continue  # a key, or a key below kafka.client / kafka.consumer / kafka.producer
-        elif not any(rest.lower().startswith(f"{s}_") for s in sections):
+        elif not _looks_like_a_key(rest.lower()):
             continue
         near = difflib.get_close_matches(name.upper(), names, n=1, cutoff=0.6)
         hint = f"; did you mean {near[0]}?" if near else f"; overrides are {ENV_PREFIX}<SECTION>__<KEY>"
         raise ConfigError(f"environment variable {name}: names no configuration key{hint}")
+
+
+def _looks_like_a_key(rest: str) -> bool:
+    """``<section>_<key>`` with one underscore where the override takes two: the key one of that section's, or
+    close to one (as ``check_environment``'s hint finds the nearest)."""
+    sections = {"model": ModelConfig, **_SECTIONS}
+    for section, cls in sections.items():
+        if rest.startswith(f"{section}_"):
+            key, keys = rest[len(section) + 1 :], [f.name for f in dataclasses.fields(cls)]
+            if key in keys or difflib.get_close_matches(key, keys, n=1, cutoff=0.6):
+                return True
+    return False
 
 
 def env_overrides(environ=None) -> dict[str, str]:
@@ -376,7 +381,7 @@ def env_overrides(environ=None) -> dict[str, str]:
     found = {}
     for name in sorted(environ):
         rest = name[len(ENV_PREFIX) :]
-        if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES and "__" in rest:
+        if name.startswith(ENV_PREFIX) and "__" in rest:
             found[".".join(rest.lower().split("__"))] = name
     return dict(sorted(found.items()))
 
@@ -415,6 +420,13 @@ def config_from_dict(raw: dict, environ=None) -> WorkerConfig:
         raise ConfigError(
             f"topics: features, labels, predictions and dead_letters must be four different topics, got {names}"
         )
+    if cfg.topics.forget is not None:
+        for key in ("forget", "forget_receipts"):
+            name = getattr(cfg.topics, key)
+            if name in names or (cfg.group.enabled and name == cfg.topics.model_deltas):
+                raise ConfigError(f"topics.{key}: must differ from the other topics, got {name!r}")
+        if cfg.topics.forget == cfg.topics.forget_receipts:
+            raise ConfigError("topics.forget_receipts: must differ from topics.forget")
     if cfg.group.enabled:
         _check_group(cfg, names)
     _check_primary(cfg)

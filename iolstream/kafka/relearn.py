@@ -39,7 +39,9 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
         keys = set(positions)
-        for topic in (cfg.topics.features, cfg.topics.labels):
+        for topic in (cfg.topics.features, cfg.topics.labels, cfg.topics.forget):
+            if topic is None:
+                continue
             meta = consumer.list_topics(topic, timeout=cfg.kafka.call_timeout_seconds).topics.get(topic)
             if meta is not None and meta.error is None:
                 keys.update((topic, p) for p in meta.partitions)
@@ -104,7 +106,10 @@ def relearn(
         source = (
             (key[0], key[1], msg.offset()) if mkey is None else (*key, msg.offset(), output.key_text(mkey))
         )
-        processor.feed(msg.value(), source, now, labels=key[0] != features, key=mkey)
+        if key[0] == cfg.topics.forget:  # a forget request: the same removal again
+            processor.on_forget(msg.value(), source, now, mkey)
+        else:
+            processor.feed(msg.value(), source, now, labels=key[0] != features, key=mkey)
         positions[key] = msg.offset() + 1
     processor.step(now, force=True)
     for key, end in ranges.items():

@@ -90,6 +90,24 @@ class SnapshotStore:
         """Snapshot files, newest first."""
         return paths(self.dir)
 
+    def next_name(self) -> str:
+        """The file name the next ``write`` gives its snapshot."""
+        paths = self.paths()
+        return f"snap-{(sequence_of(paths[0]) + 1 if paths else 1):012d}.iolsnap"
+
+    def delete_older(self, name: str) -> list[str]:
+        """Delete every snapshot older than the one named ``name`` (they hold rows forgotten since: docs/design.md
+        §13); returns the names deleted."""
+        seq = sequence_of(self.dir / name)
+        gone = []
+        for old in self.paths():
+            if sequence_of(old) < seq:
+                old.unlink(missing_ok=True)
+                gone.append(old.name)
+        if gone:
+            _fsync_dir(self.dir)
+        return gone
+
     def write(self, manifest: dict, arrays: dict[str, np.ndarray]) -> Snapshot:
         """1. encode and checksum 2. write a temporary file 3. fsync it 4. rename it into place
         5. fsync the directory 6. delete all but the newest ``keep``. A crash anywhere leaves

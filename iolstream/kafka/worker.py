@@ -59,6 +59,7 @@ from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
 from iolstream.stream import warm
 from iolstream.stream.align import Aligner
+from iolstream.stream.outputs import StepOutput
 
 __all__ = ["EXIT_FATAL", "EXIT_OK", "Worker", "WorkerError", "check_timing", "ensure_topics"]
 log = logging.getLogger("iolstream.worker")
@@ -204,6 +205,7 @@ class Worker:
         self.consumer = self._new_consumer()
         if self.group is not None and self.restarted_in_group:  # a restart: its partitions may have moved
             self.group.hand_over()  # while it was away; the rows waiting for labels go where their labels go
+        self.commit.receipts_after_load()  # forget receipts of the snapshot loaded, not out before a restart
 
     def _load_kernels(self) -> None:
         """The compiled kernels, before the first message (not in the middle of the stream): loaded from the cache
@@ -256,8 +258,9 @@ class Worker:
         consumer = Consumer(conf)
         self.assignment.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
         a = self.assignment
+        t = self.cfg.topics
         consumer.subscribe(
-            [self.cfg.topics.features, self.cfg.topics.labels],
+            [t.features, t.labels] + ([t.forget] if t.forget else []),
             on_assign=a.on_assign,
             on_revoke=a.on_revoke,
             on_lost=a.on_lost,
@@ -366,7 +369,7 @@ class Worker:
         """Feed the released messages to the processor and emit what each gives; only now may a snapshot or a
         commit cover them. One-row messages make this loop hot, so it is kept lean."""
         feed, emitter, book, metrics = self.processor.feed, self.emitter, self.book, self.metrics
-        features = self.cfg.topics.features
+        features, forget = self.cfg.topics.features, self.cfg.topics.forget
         positions, replay_until = book.positions, book.replay_until
         for key, msg in ready:
             topic, offset = key[0], msg.offset()
@@ -383,9 +386,15 @@ class Worker:
             source = (
                 (topic, key[1], offset) if mkey is None else (topic, key[1], offset, output.key_text(mkey))
             )
-            # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data: an
-            # event's id may be its message key
-            out = feed(msg.value(), source, now, topic != features, accepted, mkey)
+            if topic == forget:  # a forget request (docs/design.md §13): its refusals are its only output
+                dead = self.processor.on_forget(msg.value(), source, now, mkey)
+                out = StepOutput(dead_letters=dead) if dead else None
+                if self.crash_points:
+                    crash_point("after_forget")
+            else:
+                # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data:
+                # an event's id may be its message key
+                out = feed(msg.value(), source, now, topic != features, accepted, mkey)
             if out is not None:
                 emitter.emit(out)
             if replay:

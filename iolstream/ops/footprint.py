@@ -32,7 +32,7 @@ from iolstream.core.learner import WOODBURY_RATIO
 
 # Peak RSS of a worker process before its model and its stores: the interpreter, NumPy, SciPy, Numba with the
 # kernels of a step loaded, confluent-kafka (librdkafka's threads), the metrics server. Measured on a worker with
-# a 16-node model (235-241 MiB, -F or auto; scripts/footprint_check.py, docs/benchmarks.md "Memory").
+# a 16-node model (235-241 MiB, -F or auto; benchmarks/memory_formula.py, docs/benchmarks.md "Memory").
 PROCESS_BYTES = 240 * 2**20
 PENDING_ROW_BYTES = 220  # besides its payload: id string, index entry, slot (docs/benchmarks.md, "Memory")
 EARLY_LABEL_BYTES = 340  # a label waiting for its row, measured (ibid.)

@@ -80,6 +80,25 @@ class MicroBatcher:
         self._n -= len(batch.ids)
         return batch
 
+    def drop(self, ids) -> list[str]:
+        """Take the rows of ``ids`` out (forgotten on request before they were predicted); returns the ids taken.
+        The others keep their order and arrival times."""
+        wanted = set(ids)
+        if not self._n or not any(i in wanted for rows, _ in self._chunks for i in rows.ids):
+            return []
+        dropped, chunks = [], deque()
+        for rows, arrived in self._chunks:
+            keep = [i for i, row_id in enumerate(rows.ids) if row_id not in wanted]
+            dropped += [row_id for row_id in rows.ids if row_id in wanted]
+            if len(keep) == len(rows):
+                chunks.append((rows, arrived))
+            elif keep:
+                chunks.append(
+                    (FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]), arrived)
+                )
+        self._chunks, self._n = chunks, self._n - len(dropped)
+        return dropped
+
     def to_state(self) -> dict[str, np.ndarray]:
         rows = FeatureRows.concat([r for r, _ in self._chunks]) if self._chunks else None
         arrival = [t for r, t in self._chunks for _ in range(len(r))]

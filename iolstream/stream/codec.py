@@ -7,6 +7,7 @@ A message carries one row or a batch::
               {"ids": ["a1", "a2"], "x": [[...], [...]], "ts": [123, 124]}   ("ts": a list or one int)
     labels    {"id": "a1", "y": 3}
               {"ids": ["a1", "a2"], "y": [3, 0]}
+    forget    {"id": "a1"}  {"ids": ["a1", "a2"]}       (x and y may ride along: not read)
 
 Nothing is silently dropped. ``decode_features`` / ``decode_labels`` return the
 good rows and a list of ``(BadInput, bytes)`` dead letters:
@@ -89,7 +90,9 @@ __all__ = [
     "REASONS",
     "ArrayCodec",
     "decode_features",
+    "decode_forget",
     "decode_labels",
+    "forget_ids",
 ]
 
 _NUMBER_TYPES = frozenset((int, float))  # exact types: bool is not a number here
@@ -308,6 +311,46 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
     return LabelRows(good_ids, labels_array(good_y, target)), dead
 
 
+# ---------------------------------------------------------------- forget requests
+
+
+def decode_forget(
+    value: bytes | None, *, max_bytes: int
+) -> tuple[list[str] | None, list[tuple[BadInput, bytes]]]:
+    """The ids of a forget request (docs/design.md §13), or None when none is good, plus the dead letters. The
+    shapes of the other topics: ``{"id": "a1"}`` or ``{"ids": ["a1", "a2"]}``; the row's "x" and "y" may ride
+    along (the worker takes a row out from what it kept of it, never from what a request says it was)."""
+    obj, raw, dead = _parse(value, max_bytes)
+    if dead:
+        return None, dead
+    if "ids" not in obj:
+        row_id, reason, why = check_id(obj.get("id"))
+        return ([row_id], []) if reason is None else (None, _whole(reason, why, raw))
+    return forget_ids(obj["ids"], raw, "ids")
+
+
+def forget_ids(
+    ids, raw: bytes, name: str, id_field: str = "id"
+) -> tuple[list[str] | None, list[tuple[BadInput, bytes]]]:
+    """The good ids of a request's array ``ids`` (its field ``name``) and a dead letter for each bad or repeated
+    one: a request for that id alone, ``{id_field: id}``."""
+    if type(ids) is not list:
+        return None, _whole("bad_schema", f"{name!r} is {json_type(ids)}, not an array", raw)
+    if not ids:
+        return None, _whole("bad_schema", "empty batch", raw)
+    good, dead, first = [], [], {}
+    for i, v in enumerate(ids):
+        row_id, reason, why = check_id(v)
+        if reason is None and row_id in first:
+            reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first[row_id]})"
+        if reason is not None:
+            dead.append((BadInput(reason, f"row {i}: {why}"), orjson.dumps({id_field: v})))
+            continue
+        first[row_id] = i
+        good.append(row_id)
+    return (good or None), dead
+
+
 class ArrayCodec:
     """The array format of one model (``decode_features`` / ``decode_labels`` with its width, target and size
     limit), with the interface of the named-field format (``stream.events.EventCodec``): the processor holds
@@ -321,3 +364,7 @@ class ArrayCodec:
 
     def labels(self, value: bytes | None, key=None):
         return decode_labels(value, self.target, max_bytes=self.max_bytes)
+
+    def forget(self, value: bytes | None, key=None):
+        """A forget request's ids (``decode_forget``)."""
+        return decode_forget(value, max_bytes=self.max_bytes)

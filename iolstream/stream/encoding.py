@@ -38,6 +38,16 @@ def label_message(row_id: str, label, target: TargetSpec) -> bytes:
     return row_message(row_id, "y", encode_label(label, target))
 
 
+def forget_message(row_id: str) -> bytes:
+    """A one-id forget request ``{"id":..}`` (the dead letter of one refused id of a request)."""
+    return bytes(memoryview(orjson.dumps({"id": row_id})))
+
+
+def receipt_message(receipt: dict) -> bytes:
+    """A forget receipt as JSON (docs/design.md §13)."""
+    return bytes(memoryview(orjson.dumps(receipt)))
+
+
 def feature_message(row_id: str, x: np.ndarray, ts: int = -1) -> bytes:
     """A one-row feature message ``{"id":..,"x":..[,"ts":..]}`` for a stored row."""
     return row_message(row_id, "x", np.asarray(x, dtype=np.float64).tolist(), int(ts) if ts >= 0 else None)

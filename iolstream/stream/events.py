@@ -50,6 +50,7 @@ import orjson
 
 from iolstream.core.encoder import MISSING, RecordEncoder, Refused, resolve
 from iolstream.core.schema import FeatureSchema
+from iolstream.stream.codec import forget_ids
 from iolstream.stream.config import EventsConfig
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.values import (
@@ -333,6 +334,30 @@ class EventCodec:
         if not good_ids:
             return None, dead
         return LabelRows(good_ids, labels_array(good_y, target)), dead
+
+    def forget(self, value: bytes | None, key=None) -> tuple[list[str] | None, list[tuple[BadInput, bytes]]]:
+        """A forget request's ids (docs/design.md §13), found where this format finds a row's id: with
+        ``events.id_from_key`` the message key (the value may be anything, even empty); else the event's
+        ``events.id_field``, of one event or each of an array (the other fields are not read: a row is taken
+        out from what the worker kept of it), or an array of ids under ``"ids"``."""
+        if self.events.id_from_key:
+            row_id, reason, why = self._check_id(self._ids([None], key)[0])
+            raw = value if type(value) is bytes else bytes(value or b"")
+            return ([row_id], []) if reason is None else (None, _one(reason, why, raw))
+        events, raw, dead = self._parse(value, key)
+        if events is None:
+            return None, dead
+        if (
+            len(events) == 1
+            and type(events[0]) is dict
+            and "ids" in events[0]
+            and self.events.id_field != "ids"
+        ):
+            if self._get(events[0], self._id_path) is not None:
+                return None, _one("bad_schema", f"both {self.events.id_field!r} and 'ids' given", raw)
+            return forget_ids(events[0]["ids"], raw, "ids", self.events.id_field)
+        ids = [self._get(e, self._id_path) if type(e) is dict else None for e in events]
+        return forget_ids(ids, raw, self.events.id_field, self.events.id_field)
 
     def _label(self, event):
         if type(event) is not dict:

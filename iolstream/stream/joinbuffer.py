@@ -62,7 +62,7 @@ from iolstream.stream.recent_ids import RecentIds
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.stores import EarlyLabels, PendingRows, id_array
 
-LABELLED, EXPIRED = 1, 2  # kinds of remembered ids
+LABELLED, EXPIRED, FORGOTTEN = 1, 2, 3  # kinds of remembered ids (FORGOTTEN: on request, docs/design.md §13)
 
 COUNTERS = (
     "rows_added",  # rows accepted by add_rows (joined on arrival, held, or evicted at once)
@@ -76,6 +76,8 @@ COUNTERS = (
     "labels_duplicate",
     "labels_orphan",  # early labels rejected as unknown_id (ttl or capacity)
     "labels_expired_id",  # labels rejected as expired_id
+    "labels_forgotten_id",  # labels rejected as forgotten_id (their id was forgotten on request)
+    "rows_forgotten_id",  # rows rejected as forgotten_id
     "labels_handed_over",  # early labels given to the member that took their partition (group learning)
 )
 
@@ -218,6 +220,16 @@ class JoinBuffer:
             return f"id {row_id!r} already expired unlabelled"
         return f"id {row_id!r} is repeated within the batch"
 
+    def _row_refusal(self, row_id: str, kind: int) -> BadInput:
+        """A feature row refused: its id forgotten on request (forgotten_id), or seen before (duplicate_id)."""
+        if kind == FORGOTTEN and row_id not in self._pending:
+            self.counters["rows_forgotten_id"] += 1
+            return BadInput(
+                "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
+            )
+        self.counters["rows_duplicate"] += 1
+        return BadInput("duplicate_id", self._duplicate_why(row_id, kind))
+
     def unseen(self, ids: list[str]) -> list[int]:
         """Indices of ``ids`` neither pending nor remembered here, first occurrences only (group handover)."""
         kinds = self._done.kinds(self._done.fingerprints_of(ids)) if len(self._done) else np.zeros(len(ids))
@@ -244,14 +256,13 @@ class JoinBuffer:
         keep, rejected = [], []
         for i, row_id in enumerate(rows.ids):
             if row_id in pending or kinds[i] or row_id in seen:
-                bad = BadInput("duplicate_id", self._duplicate_why(row_id, kinds[i]))
+                bad = self._row_refusal(row_id, kinds[i] if row_id not in seen else 0)
                 rejected.append((bad, row_dead_letter(rows, i)))
             else:
                 seen.add(row_id)
                 keep.append(i)
         if not rejected:
             return rows, []
-        self.counters["rows_duplicate"] += len(rejected)
         if not keep:
             return None, rejected
         return rows.keep(keep), rejected
@@ -275,12 +286,7 @@ class JoinBuffer:
         for i, row_id in enumerate(ids):
             kind = done.get(row_id)
             if row_id in pending or kind:
-                rejected.append(
-                    (
-                        BadInput("duplicate_id", self._duplicate_why(row_id, kind)),
-                        feature_message(row_id, X[i]),
-                    )
-                )
+                rejected.append((self._row_refusal(row_id, kind), feature_message(row_id, X[i])))
                 continue
             held = early.pop(row_id)
             if held is not None:
@@ -307,7 +313,6 @@ class JoinBuffer:
 
         c = self.counters
         c["rows_added"] += len(new_rows) + len(join_rows)
-        c["rows_duplicate"] += len(rejected)
         c["labels_joined"] += len(join_rows)
         c["labels_early_joined"] += len(join_rows)
         return JoinResult(
@@ -399,7 +404,7 @@ class JoinBuffer:
             self.counters["labels_early_held"] += 1
             return JoinResult([], self._no_X, self._no_y, self._no_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected, orphan_sources = [], [], [], [], []
-        n_duplicate = n_held = n_orphan = n_expired = 0
+        n_duplicate = n_held = n_orphan = n_expired = n_forgotten = 0
         done = None  # the id memory's session, opened when first needed
         for row_id, y in zip(labels.ids, Y.tolist()):
             slot = pending.pop(row_id, None)
@@ -420,6 +425,10 @@ class JoinBuffer:
             elif kind == EXPIRED:
                 n_expired += 1
                 bad = BadInput("expired_id", f"label for id {row_id!r} came after its row expired unlabelled")
+                rejected.append((bad, label_message(row_id, y, self.target)))
+            elif kind == FORGOTTEN:
+                n_forgotten += 1
+                bad = BadInput("forgotten_id", f"label for id {row_id!r}, which was forgotten on request")
                 rejected.append((bad, label_message(row_id, y, self.target)))
             else:
                 early.add(row_id, y, now_ms, source)
@@ -442,6 +451,7 @@ class JoinBuffer:
         c["labels_joined"] += len(join_ids)
         c["labels_duplicate"] += n_duplicate
         c["labels_expired_id"] += n_expired
+        c["labels_forgotten_id"] += n_forgotten
         c["labels_early_held"] += n_held
         c["labels_orphan"] += n_orphan
         return JoinResult(
@@ -453,6 +463,31 @@ class JoinBuffer:
             self._empty_rows(),
             orphan_sources,
         )
+
+    # ----------------------------------------------------------- forget requests (docs/design.md §13)
+    def remembered(self, ids: list[str]) -> np.ndarray:
+        """(n,) int8: what each id is remembered as (LABELLED, EXPIRED, FORGOTTEN; 0: not remembered)."""
+        if not len(self._done) or not len(ids):
+            return np.zeros(len(ids), dtype=np.int8)
+        return self._done.kinds(self._done.fingerprints_of(ids))
+
+    def take_rows(self, ids: list[str]) -> ExpireResult:
+        """The pending rows among ``ids``, taken out of the buffer with their data (in arrival order)."""
+        found = [row_id for row_id in ids if row_id in self._pending]
+        if not found:
+            return self._empty_rows()
+        slots = [self._pending.pop(row_id) for row_id in found]
+        return self._release(found, slots)
+
+    def drop_early(self, ids: list[str]) -> list[str]:
+        """The early labels of ``ids`` (labels whose row has not come), dropped; returns their ids."""
+        return [row_id for row_id in ids if self._early.pop(row_id) is not None]
+
+    def remember(self, ids: list[str], kind: int) -> None:
+        """Remember ``ids`` as ``kind``: FORGOTTEN (on request: a later row or label for them is refused,
+        forgotten_id), or EXPIRED (rows taken out of the buffer that keep their Gram)."""
+        if len(ids):
+            self._done.remember(list(ids), kind)
 
     # ----------------------------------------------------------- expiry
     def expire(self, now_ms: int, batch_seq: int) -> ExpireResult:
@@ -502,7 +537,9 @@ class JoinBuffer:
         buf._rows.load(state)
 
         buf._early.load_arrays(state, buf.target)
-        buf._done.load_arrays(state, kinds={LABELLED, EXPIRED})  # oldest first: past capacity, forgotten
+        buf._done.load_arrays(
+            state, kinds={LABELLED, EXPIRED, FORGOTTEN}
+        )  # oldest first: past capacity, gone
 
         names = [str(s) for s in state["counter_names"].tolist()]
         buf.counters.update(zip(names, (int(v) for v in np.asarray(state["counter_values"]).tolist())))

@@ -29,12 +29,15 @@ Rules worth knowing:
   an expired row's Gram leaves at the weight its Gram has in A (its stamp), so β stays the
   closed-form weighted ridge for any label delay and order; with ``auto`` each candidate is judged
   on the prediction it made.
+- A forget request (``on_forget``, docs/design.md §13) takes each row out of wherever it waits and out of the
+  model (``stream.erasure``); its id is remembered as forgotten, so a later row or label for it is refused.
+  With a retention store, every predicted row is recorded there and its label when folded in.
 - A dead letter of a one-row message carries the message's raw bytes; one row of a
   batch message carries that row re-encoded (codec). An early label given up on
   (``unknown_id``) carries the source of the message that brought it.
 
     >>> import numpy as np
-    >>> from iolstream.kafka.config import StreamConfig
+    >>> from iolstream.stream.config import StreamConfig
     >>> from iolstream.core.model import EdRVFL, ModelConfig
     >>> model = EdRVFL(ModelConfig(n_inputs=2, classes=(0, 1), n_nodes=8, n_layers=2, scaler="none"))
     >>> proc = StreamProcessor(model, StreamConfig(batch_rows=2, max_batch_latency_ms=10))
@@ -59,13 +62,15 @@ from iolstream.core.model import EdRVFL
 from iolstream.stream import codec, encoding, payload
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import EventsConfig, StreamConfig
+from iolstream.stream.erasure import Erasure, Located
 from iolstream.stream.events import EventCodec
 from iolstream.stream.feature_cache import FeatureCache
-from iolstream.stream.joinbuffer import JoinBuffer
+from iolstream.stream.joinbuffer import EXPIRED, FORGOTTEN, JoinBuffer
 from iolstream.stream.label_queue import LabelQueue
 from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
+from iolstream.stream.retention import ERASED, RetentionStore
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
@@ -88,6 +93,7 @@ class StreamProcessor:
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
         events: EventsConfig | None = None,
+        retention: RetentionStore | None = None,
     ):
         self.model = model
         self.cfg = cfg
@@ -129,6 +135,7 @@ class StreamProcessor:
             "batches": 0,
             "label_batches": 0,
             "rows_forgotten": 0,
+            "messages_forget": 0,
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
         self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
@@ -136,6 +143,7 @@ class StreamProcessor:
         self.last_label_rows = 0
         self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
+        self.erasure = Erasure(model, self.layout, retention)  # forget requests, the rows kept for them
         # dead letters of adopted labels (group learning), emitted with the next step's
         self._adoption_dead: list[DeadLetter] = []
 
@@ -181,6 +189,9 @@ class StreamProcessor:
         if rows is not None and self._queued_ids.intersection(rows.ids):
             rows, queued = self._screen_queued(rows)
             duplicates += queued
+        if rows is not None and self.erasure.retention is not None:  # learned before, or forgotten
+            rows, kept = self._screen_retained(rows)
+            duplicates += kept
         if (
             duplicates and self.events is not None
         ):  # counted when decoded: a duplicate is no event of the stream
@@ -207,6 +218,64 @@ class StreamProcessor:
         if not keep:
             return None, rejected
         return rows.keep(keep), rejected
+
+    def _screen_retained(self, rows: FeatureRows):
+        """Split off rows whose id the retention store holds: learned already (duplicate_id, past the id
+        memory), or forgotten on request (forgotten_id)."""
+        if not self.erasure.retention.index.remembers_any(rows.ids):
+            return rows, []
+        held = self.erasure.held(rows.ids)
+        rejected = []
+        for i in np.flatnonzero(held).tolist():
+            row_id = rows.ids[i]
+            if held[i] == ERASED:
+                bad = BadInput(
+                    "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
+                )
+                self.join.counters["rows_forgotten_id"] += 1
+            else:
+                bad = BadInput(
+                    "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
+                )
+                self.join.counters["rows_duplicate"] += 1
+            rejected.append((bad, encoding.row_dead_letter(rows, i)))
+        keep = np.flatnonzero(held == 0)
+        if not keep.size:
+            return None, rejected
+        return rows.keep(keep.tolist()), rejected
+
+    def on_forget(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
+        """A forget request (docs/design.md §13): each id's row taken out of wherever it is and out of the model
+        (``stream.erasure``); its receipt waits for a snapshot without it. Ids that cannot be forgotten come back
+        as dead letters with their reason. The ids are where the features' are (``events.id_field``, or the
+        message ``key`` with ``events.id_from_key``)."""
+        self.counters["messages_forget"] += 1
+        ids, rejected = self.decoder.forget(value, key)
+        dead = self._dead(rejected, source)
+        if not ids:
+            return dead
+        remembered = self.join.remembered(ids)
+        done, blocked, failed, refused = self.erasure.forget(
+            ids, self._take_out(ids), remembered, source, now_ms
+        )
+        self.join.remember(done + blocked, FORGOTTEN)  # never seen: kept out should its row come after all
+        self.join.remember(failed, EXPIRED)  # out of the buffer, their Gram still in A: as expired rows
+        single = len(ids) == 1 and not rejected
+        return dead + self._dead(refused, source, raw=value if single else None)
+
+    def _take_out(self, ids: list[str]) -> Located:
+        """The rows of ``ids`` out of the processor's own stores: not predicted yet (batcher, warm-up hold),
+        early labels, waiting for their label (join buffer) or for their fold-in (label queue)."""
+        queued = self.batcher.drop(ids) + self.held.drop(ids)
+        self._queued_ids.difference_update(queued)
+        early = self.join.drop_early(ids)
+        pending = self.join.take_rows(ids)
+        joined_ids, joined, _, joined_seqs = self.label_queue.take_ids(ids)
+        self.feature_cache.drop_batches(np.concatenate([pending.batch_seq, joined_seqs]))
+        payload = (
+            pending.X if not joined_ids else np.concatenate([pending.X.reshape(-1, joined.shape[1]), joined])
+        )
+        return Located(queued, early, pending.ids + joined_ids, payload, len(joined_ids))
 
     def on_labels(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """Decode a labels message and join what can be joined; the rest waits or is rejected."""
@@ -324,6 +393,7 @@ class StreamProcessor:
         self.feature_cache.put(
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
         )
+        self.erasure.observed(list(rows.ids), rows.X, pred.clock, now_ms)
         result = self.join.add_rows(list(rows.ids), rows_payload, self.batch_seq, now_ms)
         self._queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
@@ -354,9 +424,12 @@ class StreamProcessor:
         if not screened:
             return 0
         keep = np.array(screened, dtype=np.int64)
+        adopted = [ids[i] for i in screened]
         result = self.join.add_rows(
-            [ids[i] for i in screened], np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
+            adopted, np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
         )
+        x = self.layout.x(rows_payload[keep])
+        self.erasure.observed(adopted, x, self.layout.stamp(rows_payload[keep]), now_ms)
         self._queue_joined(result, now_ms)
         return len(screened)
 
@@ -394,13 +467,13 @@ class StreamProcessor:
 
     def _queue_joined(self, result, now_ms: int) -> None:
         """Rows joined with their labels wait in the label queue until they are folded in."""
-        self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms)
+        self.label_queue.add(result.X, result.Y, result.batch_seq, now_ms, result.ids)
 
     def _fold_labels(self, everything: bool = True) -> int:
         """Learn queued joined rows in one batch: c += DᵀY (-F, the Gram is in A already) or Gram
         and c together (-R): all of them, or (``everything`` False) up to the trailing rows of the
         batch queued last (``LabelQueue.take``)."""
-        rows, y, seqs = self.label_queue.take(everything)
+        rows, y, seqs, ids = self.label_queue.take(everything)
         mc, layout = self.model.config, self.layout
         b = len(y)
         targets = (
@@ -416,6 +489,9 @@ class StreamProcessor:
         features_t, _ = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
+        self.erasure.labelled(
+            ids, y, predicted
+        )  # the retention store keeps the label as it came, and its weight
         self.counters["rows_learned"] += b
         self.last_label_rows = b
         self.counters["label_batches"] += 1
@@ -450,6 +526,7 @@ class StreamProcessor:
                 x, stamps = self.layout.x(result.X), self.layout.stamp(result.X)
                 self.model.forget(self.model.features(x), observed_at=stamps)
                 self.counters["rows_forgotten"] += len(result.ids)
+                self.erasure.left(result.ids)
 
     # ------------------------------------------------------------ status
     @property
@@ -499,6 +576,7 @@ class StreamProcessor:
         c["metrics"] = self.metric.values()
         c["metrics_window"] = self.metric.values(sliding=True)
         c["model_version"] = self.model.version
+        c.update(self.erasure.counters)
         if (
             self.events is not None
         ):  # named fields: per field, events with it missing / with an undeclared value
@@ -527,6 +605,7 @@ class StreamProcessor:
                 [row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None
             ],
             "payload": list(PAYLOAD),
+            "erasure": self.erasure.to_state(),
         }
         if self.events is not None:
             manifest["stream"]["fields"] = self.events.counts()
@@ -550,10 +629,14 @@ class StreamProcessor:
         window_rows: int = 1000,
         agreement: ScalingAgreement | None = None,
         events: EventsConfig | None = None,
+        retention: RetentionStore | None = None,
     ) -> StreamProcessor:
-        """A processor resuming from ``to_state``'s (manifest, arrays)."""
+        """A processor resuming from ``to_state``'s (manifest, arrays); ``retention``: its retention store, read
+        back to the state's tail (``RetentionStore.load``)."""
         model = state_io.model_from_arrays(manifest, arrays)
-        proc = cls(model, cfg, window_rows=window_rows, agreement=agreement, events=events)
+        proc = cls(
+            model, cfg, window_rows=window_rows, agreement=agreement, events=events, retention=retention
+        )
         st = manifest["stream"]
         if proc.events is not None:
             proc.events.load_counts(st.get("fields"))
@@ -581,6 +664,7 @@ class StreamProcessor:
             (row_id, _tuples(source)) for row_id, source in st.get("early_sources", [])
         )
         proc.label_queue.load_arrays(arrays, st.get("label_queue_since_ms"))
+        proc.erasure.load_state(st.get("erasure", {}))
         return proc
 
 

@@ -25,6 +25,11 @@ REASONS: tuple[str, ...] = (
     "unknown_id",  # label whose feature row never came within the wait
     "expired_id",  # label for a row that expired (or was evicted) before its label came
     "duplicate_id",  # feature row whose id is already pending/known, or repeated within a message
+    "forgotten_id",  # a row or label for an id the model was asked to forget (docs/design.md §13)
+    "forget_unknown_id",  # forget request: id never seen here (or past both the retention and the id memory)
+    "forget_past_retention",  # forget request: the row was learned, but its record is past the retention
+    "forget_already_forgotten",  # forget request: the id was forgotten before
+    "forget_failed",  # forget request: the downdate would leave the model not positive definite (kept)
     "bad_field",  # a named field of the wrong type (text for a number, an object for a category)
     "missing_field",  # a required named field absent or null
 )
@@ -43,6 +48,13 @@ REASON_HINTS = {
     "expired_id": "labels for rows that expired before them (stream.row_ttl_ms)",
     "duplicate_id": "ids the worker has seen before: the same rows sent again? give new rows new ids "
     "(iolstream produce --id-prefix)",
+    "forgotten_id": "rows or labels whose id was forgotten on request: forgotten ids stay out "
+    "(docs/data-protection.md#refusals)",
+    "forget_unknown_id": "forget requests for ids never seen here: a request ahead of its row, or another "
+    "member's id (docs/data-protection.md#refusals)",
+    "forget_past_retention": "forget requests for rows older than the retention (retention.rows, retention.ms)",
+    "forget_already_forgotten": "forget requests for ids forgotten before (a repeated request)",
+    "forget_failed": "forget requests the model could not apply (round-off): the rows stay; see the log",
     "bad_field": "event fields of another type than model.features declares (the detail names the field)",
     "missing_field": "events without a field model.features declares required (the detail names it)",
 }

@@ -68,6 +68,22 @@ class WarmUpHold:
         batches, self.batches = self.batches, []
         return batches
 
+    def drop(self, ids) -> list[str]:
+        """Take the held rows of ``ids`` out (forgotten on request before they were predicted; the warm-up's
+        first W rows are counted from the rows held, so a row taken out never enters the scaling); returns the
+        ids taken."""
+        wanted = set(ids)
+        dropped, batches = [], []
+        for rows in self.batches:
+            keep = [i for i, row_id in enumerate(rows.ids) if row_id not in wanted]
+            dropped += [row_id for row_id in rows.ids if row_id in wanted]
+            if len(keep) == len(rows):
+                batches.append(rows)
+            elif keep:
+                batches.append(FeatureRows([rows.ids[i] for i in keep], rows.X[keep], rows.ts[keep]))
+        self.batches = batches
+        return dropped
+
     def ids(self) -> set[str]:
         """The ids held (they are not in the join buffer yet)."""
         return {i for rows in self.batches for i in rows.ids}

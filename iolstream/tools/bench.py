@@ -15,12 +15,17 @@ Suites:
 - ``group``: 1 worker against a group of workers sharing one model, the per-sync costs and the group's
   quality against one worker (see ``bench_group``).
 - ``memory``: bytes per waiting label and per waiting row of the stream logic, after floods (see ``bench_memory``).
+- ``retention``: the retention store of forget requests: bytes per row, its writes, the read of a row asked for
+  (see ``bench_retention``).
+- ``core`` also times forgetting on request (``--forget``, default on): a learned batch of b rows taken back out
+  of the model against a step learning b rows, interleaved in one run (``bench_core.bench_forget_step``).
 
 Machines here are shared and noisy: compare ratios within one run, not seconds across runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -30,7 +35,7 @@ import numpy as np
 
 from iolstream.core.candidates import MODES
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step
+from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step, bench_forget_step
 
 
 def run_core(args) -> list[dict]:
@@ -60,7 +65,32 @@ def run_core(args) -> list[dict]:
                         f"GEMM {r.gemm_gflops:6.1f}  efficiency {r.efficiency:.2f}  cost vs fixed {r.cost_vs_fixed:5.2f}x",
                         flush=True,
                     )
+            if args.forget:
+                results += run_forget(args, name, dtype, settings)
     return results
+
+
+def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
+    """Forgetting b rows against learning b rows, per setting (``bench_forget_step``): with ``--rounds R``, each
+    setting R times in turn, the round with the median ratio kept (both rates of a round come from one run)."""
+    out = []
+    cases = [(setting, stamps) for setting in settings for stamps in (1, 2)]
+    rounds = {case: [] for case in cases}
+    for _ in range(args.rounds):
+        for setting, stamps in cases:
+            f = bench_forget_step(name, dtype, seconds=args.seconds, setting=setting, stamps=stamps)
+            rounds[(setting, stamps)].append(f)
+    for case in cases:
+        f = sorted(rounds[case], key=lambda r: r.forget_vs_learn)[len(rounds[case]) // 2]
+        out.append({"case": "forget", **asdict(f)})
+        if not args.json:
+            print(
+                f"{name:6s} {dtype:8s} {case[0]:15s} b={f.batch:5d}  forget ({f.stamps} stamp{'s' if f.stamps > 1 else ''}) "
+                f"{f.forget_rows_per_second:8.0f} rows/s  learn {f.learn_rows_per_second:8.0f} rows/s  "
+                f"forget vs learn {f.forget_vs_learn:5.2f}x",
+                flush=True,
+            )
+    return out
 
 
 def run_poker(args) -> dict:
@@ -137,7 +167,9 @@ def run_poker(args) -> dict:
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="throughput benchmarks with same-run baselines")
-    p.add_argument("--suite", choices=("core", "poker", "kafka", "memory", "group"), default="core")
+    p.add_argument(
+        "--suite", choices=("core", "poker", "kafka", "memory", "group", "retention"), default="core"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
@@ -164,6 +196,12 @@ def add_parser(subparsers):
         default=list(SETTINGS),
         choices=list(SETTINGS),
         help="core suite: fixed λ and half-life, and the auto settings measured against it (default: all)",
+    )
+    p.add_argument(
+        "--forget",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="core suite: also time forgetting b rows on request against learning them (default: on)",
     )
     p.add_argument("--rows", type=int, default=1_025_010, help="poker suite: rows to generate")
     p.add_argument("--test-fraction", type=float, default=0.1, help="poker suite")
@@ -214,6 +252,12 @@ def add_parser(subparsers):
         help="group suite: poker quality, a member syncs every S rows of its own",
     )
     p.add_argument("--memory-messages", type=int, default=600_000, help="memory suite: messages a flood")
+    p.add_argument(
+        "--retention-rows",
+        type=int,
+        default=1_000_000,
+        help="retention suite: rows the store keeps (its window)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -236,6 +280,10 @@ def run(args) -> int:
         from iolstream.tools.bench_memory import run_memory
 
         out = run_memory(args)
+    elif args.suite == "retention":
+        from iolstream.tools.bench_retention import run_retention
+
+        out = run_retention(args)
     else:
         from iolstream.tools.bench_kafka import run_kafka
 

@@ -162,3 +162,108 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
             break
     elapsed = time.perf_counter() - t0
     return (steps - warm) * b / elapsed, elapsed
+
+
+@dataclass
+class ForgetResult:
+    """Forgetting b rows on request against learning b rows, the same model, interleaved in one run.
+
+    learn_rows_per_second  : rows/s of full -F steps (observe batch t, learn batch t − 1)
+    forget_rows_per_second : rows/s of taking b learned rows back out: their features recomputed from x, then
+                             every candidate's sums at each row's weight and the refactorisation
+                             (``EdRVFL.erase``, what a forget request costs the model)
+    forget_vs_learn        : forget's seconds per row ÷ learn's (≤ 1: forgetting costs no more than learning)
+    stamps                 : 1: the rows erased are one learned batch (one stamp: one Gram for every half-life);
+                             2: halves of two batches (the general route: a Gram per half-life)
+    """
+
+    config: str
+    dtype: str
+    setting: str
+    batch: int
+    learn_rows_per_second: float
+    forget_rows_per_second: float
+    forget_vs_learn: float
+    steps: int
+    stamps: int = 1
+
+
+def bench_forget_step(
+    name: str, dtype: str, *, seconds: float = 5.0, setting: str = "fixed", stamps: int = 1
+) -> ForgetResult:
+    """Steps of ``CONFIGS[name]`` in ``setting``, each followed by the erasure of b learned rows (with their
+    labels, at their stamps): the batch learned ``KEPT_BATCHES`` steps before (``stamps`` 1), or the second half
+    of that one and the first half of the one after it (``stamps`` 2); both timed, in turn."""
+    if stamps not in (1, 2):
+        raise ValueError(f"stamps must be 1 or 2, got {stamps}")
+    k, m, n_nodes, n_layers, b = CONFIGS[name]
+    cfg = ModelConfig(
+        n_inputs=k,
+        n_outputs=m,
+        n_nodes=n_nodes,
+        n_layers=n_layers,
+        scaler="none",
+        dtype=dtype,
+        track_regret=False,
+        **SETTINGS[setting],
+    )
+    model = EdRVFL(cfg)
+    from iolstream.core import runtime
+
+    runtime.configure_for_model(model)
+    rng = np.random.default_rng(0)
+    learned: list[tuple] = []  # (x, targets, stamps) of the rows learned and not erased, oldest first
+    prev = None
+    learn_s = forget_s = 0.0
+    half = b // 2
+    steps, warm, started = 0, 4, time.perf_counter()
+    while steps < warm + 3 or time.perf_counter() - started < seconds:
+        x, y = rng.standard_normal((b, k)), np.eye(m)[rng.integers(0, m, b)]
+        t0 = time.perf_counter()
+        pred = model.observe(x)
+        if prev is not None:
+            model.learn(prev[0].features_t, prev[2], predicted=prev[0].predicted, observed_at=prev[0].clock)
+            learned.append((prev[1], prev[2], np.full(b, prev[0].clock)))
+        t1 = time.perf_counter()
+        prev = (pred, x, y)
+        forgot = 0.0
+        if len(learned) > KEPT_BATCHES:
+            if stamps == 1:
+                old_x, old_y, old_s = learned.pop(0)
+            else:  # the oldest batch's rows left (its second half), and the first half of the next one
+                (ax, ay, a_s), (bx, by, b_s) = learned[0], learned[1]
+                take = b - len(ax)
+                old_x, old_y, old_s = (
+                    np.concatenate([ax, bx[:take]]),
+                    np.concatenate([ay, by[:take]]),
+                    np.concatenate([a_s, b_s[:take]]),
+                )
+                learned[1] = (bx[take:], by[take:], b_s[take:]) if len(ax) != b else learned[1]
+                if len(ax) == b:  # the first erasure: half of the oldest, to start the halves going
+                    old_x, old_y, old_s = ax[:half], ay[:half], a_s[:half]
+                    learned[0] = (ax[half:], ay[half:], a_s[half:])
+                else:
+                    learned.pop(0)
+            t2 = time.perf_counter()
+            model.erase(model.features(old_x), old_y, np.ones(len(old_x), dtype=bool), old_s)
+            forgot = time.perf_counter() - t2
+            erased_rows = len(old_x)
+        else:
+            erased_rows = 0
+        steps += 1
+        if steps == warm:
+            started = time.perf_counter()
+            learn_s = forget_s = 0.0
+            timed_erased = 0
+        elif steps > warm:
+            learn_s += t1 - t0
+            forget_s += forgot
+            timed_erased += erased_rows
+    timed = steps - warm
+    learn_rate, forget_rate = timed * b / learn_s, timed_erased / forget_s
+    return ForgetResult(
+        name, dtype, setting, b, learn_rate, forget_rate, learn_rate / forget_rate, timed, stamps
+    )
+
+
+KEPT_BATCHES = 2  # the rows erased were learned this many steps before (or one more)

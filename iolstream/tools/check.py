@@ -25,7 +25,7 @@ EXIT_READY, EXIT_CONFIG, EXIT_CLUSTER, EXIT_ACCESS = 0, 2, 3, 6
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import non_negative_float
+    from iolstream.tools.arguments import non_negative_float
 
     p = subparsers.add_parser(
         "check",

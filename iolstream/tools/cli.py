@@ -45,6 +45,10 @@ COMMANDS = {
         "iolstream.tools.snapshot",
         "inspect worker snapshots: format, config, counters, offsets, checksum",
     ),
+    "forget": (
+        "iolstream.tools.forget",
+        "forget rows by id: send the requests, wait for their receipts, or verify what the disk holds",
+    ),
     "topics": (
         "iolstream.tools.topics",
         "the kafka-topics lines creating a worker config's topics (or --create them)",

@@ -1,4 +1,5 @@
-"""A CSV file with a header row as a :class:`~iolstream.tools.data.Dataset` (``--csv PATH --target COLUMN``).
+"""A user's CSV file with a header row (``--csv PATH --target COLUMN``): read as a ``data.Dataset`` of numbers, or,
+where a cell is text or blank, as text columns for a feature schema (``records`` encodes them).
 
 Every cell is checked: an empty, non-numeric or non-finite value, a repeated column, a ragged row or a
 missing target column is a ``DataError`` naming the file, the column and the row.

@@ -1,4 +1,6 @@
-"""The data set type of the tools: features, targets, task and classes in memory, checked when made."""
+"""``Dataset``, the one in-memory type every data source of the tools returns (the built-in sets of ``datasets``,
+a CSV file by ``csvdata``, the drifting streams of ``drift``): features, targets, task and classes, checked when
+made."""
 
 from __future__ import annotations
 

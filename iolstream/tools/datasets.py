@@ -1,4 +1,5 @@
-"""Built-in data streams for ``iolstream evaluate`` and ``iolstream produce``.
+"""The built-in data sets by name (``DATASETS``, ``load``), each loaded as a ``data.Dataset``, for ``iolstream
+evaluate`` and ``iolstream produce``.
 
 Every loader returns a :class:`Dataset`: a float64 feature matrix, the targets,
 the task and (for classification) the declared class list. Rows come in their

@@ -26,7 +26,7 @@ from iolstream.tools.report import plot_curves, plot_windows, summary
 
 def add_parser(subparsers):
     """``iolstream evaluate``: the protocol above, as a command."""
-    from iolstream.tools.common import add_data_source, model_defaults, positive_float, positive_int
+    from iolstream.tools.arguments import add_data_source, model_defaults, positive_float, positive_int
 
     defaults = model_defaults()
     p = subparsers.add_parser(
@@ -226,7 +226,7 @@ def main(args) -> int:
     import sys
 
     from iolstream.tools import datasets, drift
-    from iolstream.tools.common import model_defaults
+    from iolstream.tools.arguments import model_defaults
     from iolstream.tools.progress import ProgressBar, Table
 
     defaults = model_defaults()
@@ -428,7 +428,7 @@ def _all_or(kind):
 def _batch(text: str) -> float:
     import argparse
 
-    from iolstream.tools.common import positive_float
+    from iolstream.tools.arguments import positive_float
 
     value = positive_float(text)
     if value >= 1:

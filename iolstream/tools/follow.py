@@ -12,7 +12,7 @@ import time
 import numpy as np
 import orjson
 
-from iolstream.tools.common import pyplot, save_figure
+from iolstream.tools.figures import pyplot, save_figure
 from iolstream.tools.plan import label_value
 
 

@@ -40,7 +40,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import add_data_source, non_negative_float, non_negative_int, positive_int
+    from iolstream.tools.arguments import add_data_source, non_negative_float, non_negative_int, positive_int
 
     p = subparsers.add_parser(
         "produce",

@@ -3,7 +3,7 @@ candidates measured in the same run) and the learning-curve plots."""
 
 from __future__ import annotations
 
-from iolstream.tools.common import pyplot, save_figure
+from iolstream.tools.figures import pyplot, save_figure
 from iolstream.tools.learners import MODE_SHORT
 
 

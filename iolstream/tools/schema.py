@@ -20,7 +20,7 @@ BUCKETS_DEFAULT = 64
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import positive_int
+    from iolstream.tools.arguments import positive_int
 
     p = subparsers.add_parser(
         "schema",

@@ -21,7 +21,7 @@ SEED_ID_PREFIX = "iolstream-seed-"
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import positive_int
+    from iolstream.tools.arguments import positive_int
 
     p = subparsers.add_parser(
         "seed",

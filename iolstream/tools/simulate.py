@@ -53,7 +53,7 @@ from iolstream.core import regret as regret_mod
 from iolstream.core import runtime
 from iolstream.core.candidates import AUTO_START_MODE, MODE_CANDIDATES, CandidateSelector
 from iolstream.core.learner import OnlineLearner
-from iolstream.tools.common import pyplot, save_figure
+from iolstream.tools.figures import pyplot, save_figure
 from iolstream.tools.protocol import time_points
 
 STREAMS = ("single", "batch")

@@ -419,7 +419,7 @@ def measure_float32_forgetting(checkpoints, half_life=50_000.0, data_seed=1, bat
         x = rng.standard_normal((batch, 10))
         y = model.one_hot(rng.integers(0, 10, batch))
         pred = model.observe(x)
-        model.learn(pred.features_t, y, predicted=pred.layer_outputs, observed_at=pred.clock)
+        model.learn(pred.features_t, y, predicted=pred.predicted, observed_at=pred.clock)
         f64 = pred.features_t.astype(np.float64)
         for layer in range(SMALL["n_layers"]):
             data64[layer] = decay * data64[layer] + f64[layer] @ f64[layer].T

@@ -626,7 +626,7 @@ def measure_float32(checkpoints, data_seed=1, batch=256):
         x = rng.standard_normal((batch, 10))
         y = model.one_hot(rng.integers(0, 10, batch))
         pred = model.observe(x)
-        model.learn(pred.features_t, y, predicted=pred.layer_outputs)
+        model.learn(pred.features_t, y, predicted=pred.predicted)
         f64 = pred.features_t.astype(np.float64)
         for layer in range(SMALL["n_layers"]):
             linalg.gram_update(gram64[layer], f64[layer])
@@ -670,7 +670,7 @@ def test_float32_path_stays_close_to_float64_closed_form():
 
         after 100 / 1,000 / 5,000 batches:  8.2e-6 / 4.7e-6 / 3.4e-6
 
-    (MEASUREMENTS.md had 7e-4 / 1.8e-3 / 3.7e-3 for a prototype that also accumulated in float32.)
+    (A prototype that also accumulated in float32 had 7e-4 / 1.8e-3 / 3.7e-3: docs/benchmarks.md, "The update's building blocks".)
     The error does not grow with the stream: A is a float64 sum, only each batch's DᵀD is rounded.
     Against a float64 *model* fed the same rows (float64 weights and features too) it is the same
     order: 8.0e-6 / 4.6e-6 after 100 / 1,000 batches, with identical predicted classes.

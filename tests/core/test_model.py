@@ -203,6 +203,75 @@ def test_predict_batch_is_pure_and_inputs_unchanged(mode):
     np.testing.assert_array_equal(first.features_t, f_copy)
 
 
+# --------------------------------------------------------------------------- one way to learn
+
+
+@pytest.mark.parametrize("classes", [(0, 1, 2), None])
+def test_learn_a_prediction_is_the_low_level_learn_of_its_parts(classes):
+    """learn(prediction, y) is learn(features_t, encode_labels(y), predicted=Prediction.predicted,
+    observed_at=Prediction.clock): the same sums, losses and selector, bitwise (mode auto, forgetting auto)."""
+    seed = 11
+    target_scaler = "warmup" if classes else "none"  # regression: no labels held for the target scaling
+    cfg = small(
+        classes=classes, n_outputs=2, forgetting="auto", scoring_share="all", target_scaler=target_scaler
+    )
+    pair, parts = EdRVFL(cfg), EdRVFL(cfg)
+    rng = np.random.default_rng(seed)
+    for t in range(6):
+        x = rows(seed + t, 20)
+        y = rng.integers(0, 3, 20) if classes else rng.standard_normal((20, 2))
+        p_pair, p_parts = pair.observe(x), parts.observe(x)
+        got = pair.learn(p_pair, y)
+        want = parts.learn(
+            p_parts.features_t, parts.encode_labels(y), predicted=p_parts.predicted, observed_at=p_parts.clock
+        )
+        np.testing.assert_array_equal(got, want, err_msg=f"seed={seed} t={t}")
+    pair.sync_candidates()
+    parts.sync_candidates()
+    for j, (a, b) in enumerate(zip(pair.learners, parts.learners)):
+        for la, lb in zip(a.state.layers, b.state.layers):
+            np.testing.assert_array_equal(la.beta, lb.beta, err_msg=f"seed={seed} candidate {j}")
+    np.testing.assert_array_equal(pair.selector.recent(), parts.selector.recent())
+    assert pair.effective == parts.effective
+
+
+def test_learn_refuses_one_candidates_outputs_where_every_candidates_are_needed():
+    """With several candidates, the outputs of the one in force (Prediction.layer_outputs) would make learn
+    recompute every other candidate's, past the scoring budget: refused, naming what to pass, and nothing changes."""
+    model = EdRVFL(small(classes=(0, 1, 2)))  # mode auto: -F and -R
+    assert len(model.learners) == 2
+    p = model.observe(rows(3, 20))
+    before = state_copy(model)
+    with pytest.raises(ValueError, match=r"Prediction\.predicted.*scoring budget"):
+        model.learn(p.features_t, model.encode_labels([0, 1] * 10), predicted=p.layer_outputs)
+    assert_same(before, state_copy(model), "refused learn")
+    model.learn(p, [0, 1] * 10)  # the pair, and the low-level form with every candidate's outputs, are taken
+    q = model.observe(rows(4, 20))
+    model.learn(q.features_t, model.encode_labels([2, 1] * 10), predicted=q.predicted, observed_at=q.clock)
+    one = EdRVFL(
+        small(classes=(0, 1, 2), mode="forward")
+    )  # one learner: its layer outputs are every candidate's
+    r = one.observe(rows(3, 20))
+    one.learn(r.features_t, one.encode_labels([0, 1] * 10), predicted=r.layer_outputs)
+
+
+@pytest.mark.parametrize(
+    "classes,y,expected",
+    [
+        ((0, 1, 2), np.zeros((20, 3)), r"y: \(20,\) class labels .* got shape \(20, 3\)"),
+        ((0, 1, 2), [0, 1] * 5, r"y: \(20,\) class labels .* got shape \(10,\)"),
+        (None, np.zeros((20, 3)), r"y: \(20, 2\) values .* got shape \(20, 3\)"),
+    ],
+)
+def test_learn_a_prediction_names_labels_that_do_not_fit_it(classes, y, expected):
+    model = EdRVFL(small(classes=classes, n_outputs=2))
+    p = model.observe(rows(5, 20))
+    with pytest.raises(ValueError, match=expected):
+        model.learn(p, y)
+    with pytest.raises(TypeError, match="the prediction carries"):
+        model.learn(p, [0] * 20, observed_at=p.clock)
+
+
 # --------------------------------------------------------------------------- configuration
 
 BAD_CONFIGS = [
@@ -473,8 +542,8 @@ def test_parallel_steps_equal_serial_steps_bitwise(dtype):
         pending.append((preds, y))
         if len(pending) > 1:
             (p_serial, p_parallel), y_old = pending.pop(0)
-            serial.learn(p_serial.features_t, y_old, predicted=p_serial.layer_outputs)
-            parallel.learn(p_parallel.features_t, y_old, predicted=p_parallel.layer_outputs)
+            serial.learn(p_serial.features_t, y_old, predicted=p_serial.predicted)
+            parallel.learn(p_parallel.features_t, y_old, predicted=p_parallel.predicted)
     assert_same(state_copy(serial), state_copy(parallel), f"{dtype} seed={seed}")
 
 

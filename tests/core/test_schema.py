@@ -279,7 +279,7 @@ def test_a_schema_model_round_trips_through_its_state():
     X = model.encode(events(120, seed=3))
     model.scaler.partial_fit(X[:50])
     pred = model.observe(X)
-    model.learn(pred.features_t, model.encode_labels(np.arange(120) % 3 == 0), predicted=pred.layer_outputs)
+    model.learn(pred.features_t, model.encode_labels(np.arange(120) % 3 == 0), predicted=pred.predicted)
     buf = io.BytesIO()
     state_io.save_model(buf, model)
     buf.seek(0)

@@ -58,7 +58,7 @@ class Stream:
                 )
             while len(self.pending) > 2:  # labels two batches late
                 pred, y = self.pending.pop(0)
-                model.learn(pred.features_t, y, predicted=pred.layer_outputs)
+                model.learn(pred.features_t, y, predicted=pred.predicted)
             if t % 7 == 6 and model.config.mode == "forward" and self.pending:  # an expired row: downdate
                 pred, _ = self.pending.pop(0)
                 model.learner.forget(pred.features_t)

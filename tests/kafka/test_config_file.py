@@ -14,7 +14,7 @@ import yaml
 
 from iolstream.core.model import ModelConfig
 from iolstream.kafka import config as config_module
-from iolstream.kafka.config import OTHER_VARIABLES, ConfigError, config_from_dict, load_config
+from iolstream.kafka.config import ConfigError, check_environment, config_from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_YAML = REPO / "config" / "worker.yaml"
@@ -23,6 +23,31 @@ SECTIONS = {"model": ModelConfig, **config_module._SECTIONS}
 EXAMPLES = {("model", "n_inputs"), ("model", "classes")}
 BASE = {"model": {"n_inputs": 3, "classes": ["a", "b"]}}
 MISTAKES = {"IOLSTREAM_STREAM_BATCH_ROWS"}  # the docs' example of a mistyped override
+# the project's own variables (tests, scripts, containers): not configuration overrides, never refused
+OTHER_VARIABLES = frozenset(
+    {
+        "IOLSTREAM_CONTAINER_STATE",
+        "IOLSTREAM_CONTAINER_TEST",
+        "IOLSTREAM_CRASH_AT",
+        "IOLSTREAM_IMAGE",
+        "IOLSTREAM_INSTALL_SYSTEM",
+        "IOLSTREAM_KAFKA_CACHE",
+        "IOLSTREAM_KAFKA_CLUSTER_DATA",
+        "IOLSTREAM_KAFKA_DATA",
+        "IOLSTREAM_KAFKA_IMAGE",
+        "IOLSTREAM_PROMETHEUS_IMAGE",
+        "IOLSTREAM_TEST_BOOTSTRAP",
+        "IOLSTREAM_TEST_CLUSTER_PORT",
+        "IOLSTREAM_TEST_DOCKER",
+        "IOLSTREAM_TEST_KAFKA_IMAGE",
+        "IOLSTREAM_TEST_OUTAGE_PORT",
+        "IOLSTREAM_TEST_RESTART_PORT",
+        "IOLSTREAM_TEST_SECURE_DATA",
+        "IOLSTREAM_TEST_SECURE_PORT",
+        "IOLSTREAM_TEST_SEED",
+        "IOLSTREAM_TEST_STARTUP_SECONDS",
+    }
+)
 
 
 def documented_keys() -> dict[str, dict[str, object]]:
@@ -111,9 +136,29 @@ def test_valid_overrides_free_mappings_and_the_projects_other_variables_pass():
     assert cfg.stream.batch_rows == 64 and cfg.kafka.client == {"security.protocol": "SSL"}
 
 
+@pytest.mark.parametrize(
+    "name,refused",
+    [
+        ("IOLSTREAM_METRICS_PORT", "IOLSTREAM_METRICS__PORT"),  # a section, one underscore, a key
+        ("IOLSTREAM_GROUP_ENABLE", "IOLSTREAM_GROUP__ENABLED"),  # ... a name close to a key
+        ("IOLSTREAM_KAFKA_JARS", None),  # a section's name before a name of one's own: not an override
+        ("IOLSTREAM_MODELS_DIR", None),
+    ],
+)
+def test_a_single_underscore_is_an_override_only_before_a_key(name, refused):
+    """Only a name that reads as an override with one underscore too few is refused; the worker needs no list of
+    the project's (or a team's) own IOLSTREAM_ variables to leave them alone."""
+    if refused is None:
+        check_environment({name: "x"})
+        return
+    with pytest.raises(ConfigError, match=rf"{name}: names no configuration key; did you mean {refused}\?"):
+        check_environment({name: "x"})
+
+
 def test_the_list_of_other_variables_is_the_repositorys():
-    """Every IOLSTREAM_ name the repository uses that is not an override is in OTHER_VARIABLES, and the list
-    names no variable the repository does not use: a new one must be added there, or the worker refuses it."""
+    """Every IOLSTREAM_ name the repository uses that is not an override is in OTHER_VARIABLES (which
+    ``test_valid_overrides_free_mappings_and_the_projects_other_variables_pass`` runs past the worker's check),
+    and the list names no variable the repository does not use."""
     files = subprocess.run(
         ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()

@@ -354,3 +354,16 @@ def test_a_restart_may_change_the_scoring_share_and_nothing_else_of_the_model(tm
     raw["model"]["lam"] = 0.5
     with pytest.raises(WorkerError, match="model.lam"):
         Worker(config_from_dict(raw, environ={}))
+
+
+def test_delete_older_removes_every_snapshot_before_the_named_one(tmp_path):
+    """A snapshot holding the model without a forgotten row makes the older ones go (docs/design.md §13)."""
+    from iolstream.kafka.snapshots import SnapshotStore
+
+    store = SnapshotStore(tmp_path, keep=5)
+    assert store.next_name() == "snap-000000000001.iolsnap"
+    names = [store.write({"i": i}, {"x": np.zeros(1)}).path.name for i in range(4)]
+    assert store.next_name() == "snap-000000000005.iolsnap"
+    assert store.delete_older(names[2]) == [names[1], names[0]]
+    assert [p.name for p in store.paths()] == [names[3], names[2]]
+    assert store.load_latest().manifest["i"] == 3

@@ -1,6 +1,6 @@
 """The footprint formulas (``ops.footprint``) against what a model really holds: the arrays a snapshot writes and
 the arrays a running model allocates, byte for byte, for every kind of learner set (one -F or -R learner, the
-default -F and -R pair, λ and half-life candidates, the Woodbury route). Measured RSS: scripts/footprint_check.py."""
+default -F and -R pair, λ and half-life candidates, the Woodbury route). Measured RSS: benchmarks/memory_formula.py."""
 
 from __future__ import annotations
 

@@ -420,7 +420,7 @@ def test_bad_input_is_one_line_and_checked():
     assert len(BadInput("bad_schema", "y" * 10_000).detail) == MAX_DETAIL_CHARS
     with pytest.raises(ValueError):
         BadInput("not_a_reason", "x")
-    assert len(set(REASONS)) == len(REASONS) == 13
+    assert len(set(REASONS)) == len(REASONS) == 18
 
 
 def test_dead_letter_headers():

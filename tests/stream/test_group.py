@@ -286,6 +286,46 @@ def test_layout_names_every_key_and_shape_of_the_sums(kw):
         contribution.check_layout(model, {**contribution.sums(model), "p0.rhs": np.zeros((1, 1, 1))})
 
 
+@pytest.mark.parametrize("kw", [{"mode": "forward"}, {"mode": "auto", "lam": "auto"}, {"forgetting": 400.0}])
+def test_a_row_one_member_forgets_leaves_every_member_through_its_published_sums(kw):
+    """Forget on request in a group of two (docs/design.md §13): each member takes rows it learned out of its own
+    sums (``EdRVFL.erase``) and publishes its cumulative sums without them; once the records went round, both
+    hold the same sums, and without forgetting the closed form of the rows not forgotten (with forgetting,
+    each row left at its weight on the group's clock: tests/core/test_erase.py checks that weight)."""
+    x, y = _data(1200)
+    cfg = _config(**kw)
+    members = [EdRVFL(cfg), EdRVFL(cfg)]
+    states = [GroupState(m, model) for m, model in zip("ab", members)]
+    parts = [np.arange(len(x))[i::2] for i in range(2)]
+    stamps = [np.zeros(len(x)), np.zeros(len(x))]
+    for round_ in range(3):  # each member learns a third of its rows, then the sums go round
+        for i, model in enumerate(members):
+            chunk = parts[i][round_ * 200 : (round_ + 1) * 200]
+            stamps[i][chunk] = _feed(model, x[chunk], y[chunk], batch=40)
+        _exchange(states, 1000 * round_)
+    rng = np.random.default_rng(5)
+    gone = [np.sort(rng.choice(parts[i], 120, replace=False)) for i in range(2)]  # 20 % of each one's rows
+    for i, model in enumerate(members):  # each takes out rows it learned itself, at their stamps
+        rows = gone[i]
+        model.erase(
+            model.features(x[rows]), model.encode_labels(y[rows]), np.ones(len(rows), bool), stamps[i][rows]
+        )
+    _exchange(states, 5000)
+    kept = np.setdiff1d(np.arange(len(x)), np.concatenate(gone))
+    for i, model in enumerate(members):
+        st = model.learners[0].state
+        assert (st.rows_observed, st.rows_labelled) == (len(kept), len(kept)), f"member {'ab'[i]}"
+        if cfg.forgetting is None:
+            for ln in model.learners[:1]:
+                _assert_closed_form(model, ln, x[kept], y[kept], np.ones(len(kept)))
+    for key, want in contribution.sums(members[0]).items():
+        if key.endswith((".maxes", ".loss")) or key.startswith("sel."):
+            continue
+        got = contribution.sums(members[1])[key]
+        keep = [0, 1, 2, 4] if key.endswith(".counts") and not key.startswith("cls.") else slice(None)
+        np.testing.assert_allclose(got[keep], want[keep], rtol=1e-9, atol=1e-9, err_msg=key)
+
+
 @pytest.mark.parametrize("forgetting", [None, 400.0])
 def test_members_agree_on_the_calibration_and_the_class_counts(forgetting):
     """The calibration's sums and the class counts are sums like c: once every record has gone round, every member

@@ -129,6 +129,8 @@ OLD_CODE_COUNTERS = {
     "labels_duplicate": 6,
     "labels_orphan": 0,
     "labels_expired_id": 1,
+    "labels_forgotten_id": 0,  # counters added since: zero from an old snapshot
+    "rows_forgotten_id": 0,
     "labels_handed_over": 0,  # a counter the old code did not have: 0 when loaded
 }
 OLD_CODE_DEAD = ["expired_id", "duplicate_id", "duplicate_id"]

@@ -1,4 +1,4 @@
-"""-F, -R and ``mode: auto`` side by side: the table of docs/benchmarks.md ("Which mode").
+"""The table "Which mode: -F, -R or `auto`" of docs/benchmarks.md: -F, -R and ``mode: auto`` side by side.
 
 Every data set is streamed by ``iolstream evaluate``'s protocol (``tools.protocol``) three times, once per mode,
 on the same split and the same random features: the shipped sets shuffled with a held-out test set (batches of
@@ -14,8 +14,8 @@ against the offline expert (docs/design.md §3, mean over layers; for auto, the 
 metric, and training rows per second (the stream's predict + learn time; on the small sets it is mostly fixed
 per-batch cost). The output is the markdown table, preceded by the command that made it.
 
-    nice -n 5 .venv/bin/python scripts/modes_table.py                  # everything (about 15 min on 2 cores)
-    nice -n 5 .venv/bin/python scripts/modes_table.py --sets iris wine --regimes default --no-simulation
+    nice -n 5 .venv/bin/python benchmarks/which_mode.py                  # everything (about 15 min on 2 cores)
+    nice -n 5 .venv/bin/python benchmarks/which_mode.py --sets iris wine --regimes default --no-simulation
 """
 
 from __future__ import annotations
@@ -157,7 +157,9 @@ def main(argv=None) -> int:
     if args.simulation:
         print("Supplement F...", file=sys.stderr, flush=True)
         rows += run_simulation(args.repetitions, args.seed)
-    print(f"`{' '.join(['python scripts/modes_table.py', *(argv if argv is not None else sys.argv[1:])])}`\n")
+    print(
+        f"`{' '.join(['python benchmarks/which_mode.py', *(argv if argv is not None else sys.argv[1:])])}`\n"
+    )
     print(markdown(rows))
     return 0
 

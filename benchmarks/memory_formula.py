@@ -1,5 +1,5 @@
 """The worker's memory and snapshot formulas (``iolstream.ops.footprint``) against a real worker's peak RSS and its
-snapshots (docs/operations.md, "Memory bounds" and "Snapshot size").
+snapshots: the table of docs/benchmarks.md, "Memory" (the formulas: docs/operations.md, Memory bounds, Snapshot size).
 
 For each config (the quickstart's ``config/minimal.yaml``, its ``lam: auto``, and the poker config: k = 10,
 m = 10, N = 989, L = 5, b = 2200; all at the default ``mode: auto``; ``tiny`` and ``tiny-forward``, a 16-node
@@ -10,9 +10,9 @@ RSS (VmHWM, read every 20 ms), the size of the snapshot it wrote at
 the end, and the formulas' values: the snapshot's model part plus 17 bytes per remembered id, the memory's
 ``fixed`` part (what does not wait in a store), and its total with every store at its bound (the pod limit).
 
-    nice -n 10 .venv/bin/python scripts/footprint_check.py [--configs minimal lam-auto poker] [--bootstrap HOST:PORT]
+    nice -n 10 .venv/bin/python benchmarks/memory_formula.py [--configs minimal lam-auto poker] [--bootstrap HOST:PORT]
     # another build's worker (e.g. a checkout of an older commit), for a before/after comparison:
-    nice -n 10 .venv/bin/python scripts/footprint_check.py --worker-pythonpath /path/to/checkout
+    nice -n 10 .venv/bin/python benchmarks/memory_formula.py --worker-pythonpath /path/to/checkout
 
 Needs a broker (``bash scripts/kafka.sh start``).
 """
@@ -71,6 +71,7 @@ def configs(bootstrap: str, snap_root: Path) -> dict[str, dict]:
         }
         raw["snapshot"] = {"dir": str(snap_root / name), "every_seconds": 3600, "every_batches": 10**6}
         raw["metrics"] = {"port": 0}
+        raw["durability"] = {"watchdog_seconds": 900}  # a poker step on a busy 2-core machine took over 60 s
         raw["logging"] = {"level": "WARNING"}
     return out
 

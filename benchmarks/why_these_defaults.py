@@ -1,4 +1,5 @@
-"""Choose ModelConfig's default hyperparameters from measurements (issue #2, item 10).
+"""The sweep of "Why these defaults" in docs/benchmarks.md: ModelConfig's default hyperparameters chosen from
+measurements.
 
 Runs the ``iolstream evaluate`` protocol (default batch and label delay, -F) over a grid
 
@@ -17,8 +18,8 @@ hold the same sums), so only -F runs; its prequential accuracy is reported besid
 
 Usage (about 20–30 min on 2 cores; the CSV makes it resumable):
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python scripts/sweep_defaults.py --out sweep.csv
-    .venv/bin/python scripts/sweep_defaults.py --out sweep.csv --report-only
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/why_these_defaults.py --out sweep.csv
+    .venv/bin/python benchmarks/why_these_defaults.py --out sweep.csv --report-only
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Is -F's accuracy loss inherent, or a choice of ours? docs/benchmarks.md ("Which mode"), the coding table.
+"""The coding table of "Which mode: -F, -R or `auto`" in docs/benchmarks.md: is -F's accuracy loss inherent,
+or a choice of ours?
 
 Theorem 1 holds for any target coding (it is about the sums), so each data set is streamed by
 ``iolstream evaluate``'s protocol with ``mode: auto`` (its candidates are -F and -R, measured in one run) and
@@ -6,7 +7,7 @@ one change at a time: the class targets coded 0/1 one-hot (shipped), centred one
 into ``EdRVFL.one_hot`` for the experiment), no bias column, the vote ensemble, λ = 5, λ = 0.5·b. Prints one
 markdown row per (set, change): prequential accuracy -F / -R, cumulative regret -F / -R, final test accuracy.
 
-    nice -n 5 .venv/bin/python scripts/modes_coding.py digits segment breast_cancer wine
+    nice -n 5 .venv/bin/python benchmarks/which_mode_coding.py digits segment breast_cancer wine
 """
 
 from __future__ import annotations

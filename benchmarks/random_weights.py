@@ -1,5 +1,4 @@
-"""The random weights against the activation: every activation × init, measured (docs/benchmarks.md,
-"Random weights and the activation").
+"""The tables of "Random weights and the activation" in docs/benchmarks.md: every activation × init, measured.
 
 Part 1 runs the ``iolstream evaluate`` protocol (default batch and label delay, ModelConfig's defaults
 otherwise) once per data set, activation and init on seed 0, -F and -R, and prints per data set the test
@@ -14,7 +13,7 @@ relu, selu and swish, other spreads s for sigmoid and tanh.
 
 Usage (about 45 min on a shared 2-core machine; --parts, --sets and --seeds cut it):
 
-    OPENBLAS_NUM_THREADS=1 nice -n 5 .venv/bin/python scripts/init_table.py
+    OPENBLAS_NUM_THREADS=1 nice -n 5 .venv/bin/python benchmarks/random_weights.py
 """
 
 from __future__ import annotations

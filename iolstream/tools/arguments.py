@@ -1,4 +1,5 @@
-"""What the commands share: argparse number types, the model defaults, and writing a figure."""
+"""The commands' shared arguments: argparse number types, the model defaults the options start from, the
+data source (``--dataset`` or ``--csv`` with ``--target``)."""
 
 from __future__ import annotations
 
@@ -47,27 +48,3 @@ def add_data_source(parser):
     which.add_argument("--csv", metavar="PATH", help="a CSV file with a header row (needs --target)")
     src.add_argument("--target", metavar="COLUMN", help="the target column of --csv")
     return src
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (figures go to files; no display needed), imported on first use."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str, *, dpi: int = 120) -> None:
-    """Lay ``fig`` out, write it to ``path`` and close it; a path that cannot be written is a
-    ValueError naming ``--plot`` (the option every command takes the path from)."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=dpi)
-    except OSError as exc:
-        raise ValueError(f"--plot: cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)

@@ -1,6 +1,6 @@
-"""Broker outages against a running worker (issue #12, items 2 and 3): does it ride them out?
+"""The table "Broker outages" of docs/benchmarks.md: does a running worker ride a broker outage out?
 
-    .venv/bin/python scripts/outage.py [--runs 10] [--outage 30] [--exactly-once] [--rows 30000] [--rate 1000]
+    .venv/bin/python benchmarks/broker_outages.py [--runs 10] [--outage 30] [--exactly-once] [--rows 30000] [--rate 1000]
 
 Each run, on a broker of its own (scripts/kafka.sh on --port, data in a temporary directory):
 1. a producer sends ``--rows`` rows (labels 200 rows late) at ``--rate`` rows/s; a worker

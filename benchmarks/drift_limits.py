@@ -1,5 +1,5 @@
-"""What choosing λ and the half-life cannot reach on the drift streams (issue 14; docs/benchmarks.md, "Drift:
-what λ and the half-life cannot reach"). Everything runs through the product's protocol (``iolstream
+"""The section "Drift: what λ and the half-life cannot reach" of docs/benchmarks.md: what choosing λ and the
+half-life cannot reach on the drift streams. Everything runs through the product's protocol (``iolstream
 evaluate --order stream --mode forward --batch 256``: labels one batch late), fixed settings only.
 
 - ``hyperplane``: every fixed (λ, half-life) of a grid wider than ``auto``'s, against River's linear model;
@@ -9,7 +9,7 @@ evaluate --order stream --mode forward --batch 256``: labels one batch late), fi
   seed 1, as ``tools/drift.py`` joins them): accuracy per 5,000-row window, to show where the random
   features level off on each concept, and the drift stream's last 20 % next to function 2 alone.
 
-    PYTHONPATH=. .venv/bin/python scripts/drift_limits.py [hyperplane] [agrawal]   (about 5 minutes)
+    nice -n 5 .venv/bin/python benchmarks/drift_limits.py [hyperplane] [agrawal]   (about 5 minutes)
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""What forgetting costs: rows/s of full -F steps (observe batch t+1, learn batch t one batch late, with
-its stamp) with and without ``forgetting``, same run, one BLAS thread, serial kernels.
+"""The table "What forgetting costs" of docs/benchmarks.md: rows/s of full -F steps (``mode: forward``; observe
+batch t+1, learn batch t one batch late, with its stamp) with and without ``forgetting``, same run, one BLAS
+thread.
 
 Without forgetting a small batch (b·6 ≤ n) takes the Woodbury route (O(b·n² + b²·n + b³) per layer);
 with forgetting every batch scales A by 2^(−b/h) off the prior, a change of A by a multiple of I and
 not of rank b, so every batch is Gram + Cholesky (b·n² + n³/3 per layer), plus one pass over A and c
 for the scaling (n² per layer) and, for labels whose weight is not 1, a √w-scaled copy of D (n·b).
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_forgetting.py [--seconds 2]
+    nice -n 10 .venv/bin/python benchmarks/forgetting_cost.py [--seconds 2]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def rows_per_second(k, m, n_nodes, n_layers, b, forgetting, seconds) -> float:
             n_outputs=m,
             n_nodes=n_nodes,
             n_layers=n_layers,
+            mode="forward",
             scaler="none",
             track_regret=False,
             forgetting=forgetting,

@@ -1,6 +1,6 @@
-"""Recovery cost of the worker (issue #4, item 6): restart time and replay rate with a large state.
+"""The numbers of "Recovery" in docs/benchmarks.md: the worker's restart time and replay rate with a large state.
 
-    .venv/bin/python scripts/recovery_cost.py [--nodes 566 --layers 5] [--exactly-once] [--bootstrap HOST:PORT]
+    .venv/bin/python benchmarks/recovery.py [--nodes 566 --layers 5] [--exactly-once] [--bootstrap HOST:PORT]
 
 1. build the state: stream ``--rows`` rows (k=10, 10 classes, labels 500 rows late) through a
    worker that snapshots only at its clean shutdown;

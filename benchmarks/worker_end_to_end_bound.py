@@ -1,6 +1,7 @@
-"""How fast the worker would be with free JSON: an upper bound for a compiled codec (issue #5, item 3).
+"""The bound of "The worker end to end" (where the worker's time goes) in docs/benchmarks.md: how fast the worker
+would be with free JSON, an upper bound for a compiled codec.
 
-    .venv/bin/python scripts/worker_bound.py [--rows 240000] [--repeat 2] [--bootstrap HOST:PORT]
+    .venv/bin/python benchmarks/worker_end_to_end_bound.py [--rows 240000] [--repeat 2] [--bootstrap HOST:PORT]
 
 The kafka bench's worker run (small config, 256-row batch messages, a pre-produced stream on the
 local broker; ``iolstream run`` in its own process), three ways, alternating:
@@ -12,8 +13,8 @@ local broker; ``iolstream run`` in its own process), three ways, alternating:
   free; the produce calls, one per row, and the broker's work stay).
 
 The learner alone (``bench_core_step``, the kafka bench's baseline) is measured before and after;
-each worker rate is reported with its ratio to the learner's mean. If ``json_free`` stays below the
-issue's 0.6, no JSON codec can reach it: what is left is the join, the step's bookkeeping, the
+each worker rate is reported with its ratio to the learner's mean. If ``json_free`` stays below
+0.6 of the learner, no JSON codec can reach it: what is left is the join, the step's bookkeeping, the
 produce calls and the kernels. Needs a broker (``bash scripts/kafka.sh start``).
 """
 

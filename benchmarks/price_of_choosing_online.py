@@ -9,7 +9,7 @@ The same stream and random features for every setting; each row of the output is
 (every batch) and the given shares, with the share of batches the -F candidate was scored on and the rows after the
 change at which -F came into force (median, min and max over the seeds; "never" if not within the stream).
 
-    .venv/bin/python scripts/mode_switch.py [--seeds 0 1 2 3 4] [--shares 0.15 0.1]
+    .venv/bin/python benchmarks/price_of_choosing_online.py [--seeds 0 1 2 3 4] [--shares 0.15 0.1]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     args = p.parse_args()
-    print(f"`{' '.join(['python', 'scripts/mode_switch.py', *sys.argv[1:]])}`\n")
+    print(f"`{' '.join(['python', 'benchmarks/price_of_choosing_online.py', *sys.argv[1:]])}`\n")
     print(
         "| scoring_share | batches scored | mode before the change | rows to -F after it: median (min–max) |"
     )

@@ -1,10 +1,11 @@
-"""What a first start costs: the kernels compiled from an empty Numba cache, by a worker (what ``iolstream run``
-loads before its first message: ``stream.warm.preload`` of its config) and by the Python API's first ``fit`` (the
-README's wine example); then the same worker start with the cache filled. Each in a fresh process with its own
+"""The table "First start: compiling the kernels" of docs/benchmarks.md: what a first start costs. The kernels
+compiled from an empty Numba cache, by a worker (what ``iolstream run`` loads before its first message:
+``stream.warm.preload`` of its config) and by the Python API's first ``fit`` (the README's wine example); then the
+same worker start with the cache filled. Each in a fresh process with its own
 empty ``NUMBA_CACHE_DIR``; wall seconds and CPU seconds (user + system) of that process. CPU seconds are the
 comparable figure on a shared machine.
 
-    nice -n 10 python scripts/cold_start.py [--config config/minimal.yaml] [--tree PATH ...] [--rounds 2]
+    nice -n 10 python benchmarks/first_start.py [--config config/minimal.yaml] [--tree PATH ...] [--rounds 2]
 
 ``--tree DIR`` runs another copy of the package (DIR first on PYTHONPATH), e.g. the commit before a change:
 ``git archive COMMIT iolstream | tar -x -C DIR``; the trees are measured in turn, round by round.
