@@ -1,22 +1,26 @@
-"""The table "Real tables with categories and gaps" of docs/benchmarks.md: edRVFL reading a team's events by
-the schema inferred from them, against River's pipelines, on real tabular data sets (tools/tabular.py:
-categories, gaps, rare outcomes), in stream order with labels one batch late, prequential.
+"""The table "Real tables with categories and gaps" of docs/benchmarks.md: edRVFL reading a team's events by the
+schema inferred from them, against River's logistic pipeline, a Hoeffding tree and an adaptive random forest, on
+real binary tables (``tools.tabular``: categories, gaps, a rare outcome), every learner in the same run.
 
-Every learner sees the same events in the same order, in batches of ``--batch`` rows: each batch is
-predicted (the probabilities of its rows kept), then the labels of the batch before are learned.
+Each table's rows are shuffled once (``--seed``) and streamed in that order in batches of ``--batch`` rows. Every
+batch is predicted, then its labels arrive just before the next batch is predicted (labels one batch late), and
+every prediction is scored when its label comes (prequential, every row, the probabilities as they were emitted).
 
-- ``edRVFL``: the model the worker runs (``ModelConfig`` defaults: N = 512, L = 2, mode auto), with the
-  feature schema inferred from the table (``tabular.table_schema``, as ``iolstream schema infer`` does):
-  numbers z-scored by the first ``warmup_rows`` events (a gap: the mean and a 0/1 column), categories
-  one-hot (or hashed), booleans 0/1;
-- ``River LR``: River's pipeline for such events, OneHotEncoder on the text fields and StandardScaler on
-  the numbers (a gap is a feature left out, River's way), into LogisticRegression;
-- ``River HT``: River's HoeffdingTreeClassifier on the events as they are (text fields nominal).
+- ``edRVFL``: the model the worker runs, at its defaults (``ModelConfig``: N = 512, L = 2, ``mode: auto``,
+  ``calibration: online``), reading the events by the schema inferred from the table (``tabular.table_dataset``,
+  as ``iolstream schema infer`` does): numbers z-scored by the first ``warmup_rows`` events (a gap: the mean and
+  a 0/1 column), categories one-hot (or hashed), booleans 0/1. ``inputs`` is the width of its input row.
+- ``River logistic``: River's pipeline for such events, OneHotEncoder on the text fields and StandardScaler on
+  the numbers, into LogisticRegression; a gap is a key left out (River's convention), a boolean a number.
+- ``River Hoeffding tree`` and ``River ARF`` (``ARFClassifier``, seed ``--seed``): the events as they are.
 
-Accuracy, log loss and AUC are computed with scikit-learn from the probabilities emitted, over every row.
+Metrics (``stream.prequential.classification_report``, the worker's own): accuracy, log loss, ROC AUC of the
+positive class (the one a team scores: bad credit, churn, default, survival), Brier score, balanced accuracy,
+the recall of the positives; rows/s is predict + learn time, one learner at a time.
 
-    python benchmarks/real_tables.py                 # the five binary sets
-    python benchmarks/real_tables.py --sets titanic --json
+    nice -n 10 .venv/bin/python benchmarks/real_tables.py                  # the five binary tables
+    nice -n 10 .venv/bin/python benchmarks/real_tables.py --sets titanic --no-arf --json
+    nice -n 10 .venv/bin/python benchmarks/real_tables.py --no-river --variant '{"lam": 5}'
 """
 
 from __future__ import annotations
@@ -29,151 +33,165 @@ import time
 import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.tools.tabular import TABULAR, load_tabular, table_dataset
+from iolstream.stream.prequential import classification_report
+from iolstream.tools.learners import compile_kernels
+from iolstream.tools.tabular import load_tabular, table_dataset
 
-SETS = ("credit", "telco-churn", "titanic", "default", "phone-churn")  # binary: AUC of the positive class
+BINARY = ("credit", "telco-churn", "default", "titanic", "phone-churn")
 
 
-def batches(n: int, b: int):
+def batches(n: int, b: int) -> list[tuple[int, int]]:
     return [(start, min(start + b, n)) for start in range(0, n, b)]
 
 
-def run_edrvfl(ts, b: int, seed: int) -> np.ndarray:
-    """Probabilities (n, classes) emitted by the worker's model, labels one batch late."""
-    ds = table_dataset(ts)
-    model = EdRVFL(ModelConfig(classes=ts.classes, features=ds.schema.fields, seed=seed))
-    X, y = ds.X, model.encode_labels(ts.labels)
-    model.scaler.partial_fit(X[: model.config.warmup_rows])  # the warm-up rows fix the scaling
-    model.scaler.freeze()
-    proba = np.empty((len(X), len(ts.classes)))
+def river_models(seed: int, arf: bool) -> dict:
+    from river import compose, forest, linear_model, preprocessing, tree
+
+    numbers = compose.SelectType(int, float) | preprocessing.StandardScaler()
+    categories = compose.SelectType(str) | preprocessing.OneHotEncoder()
+    models = {
+        "River logistic": (numbers + categories) | linear_model.LogisticRegression(),
+        "River Hoeffding tree": tree.HoeffdingTreeClassifier(),
+    }
+    if arf:
+        models["River ARF"] = forest.ARFClassifier(seed=seed)
+    return models
+
+
+def river_event(event: dict) -> dict:
+    """A gap is an absent key (River's convention); booleans are numbers."""
+    return {k: (float(v) if isinstance(v, bool) else v) for k, v in event.items() if v is not None}
+
+
+def run_edrvfl(x: np.ndarray, y: np.ndarray, b: int, features, seed: int, **model):
+    """Prequential probabilities (n, 2) and classes (n,) of edRVFL, labels one batch late; rows per second. ``x``:
+    the rows encoded by the schema ``features`` (gaps NaN: the warm-up scaler maps them to the mean)."""
+    cfg = ModelConfig(classes=(0, 1), features=features, **{"seed": seed, **model})
+    m = EdRVFL(cfg)
+    m.scaler.partial_fit(x[: cfg.warmup_rows])  # the warm-up rows fix the scaling (streamed all the same)
+    m.scaler.freeze()
+    proba, index = np.empty((len(y), 2)), np.empty(len(y), dtype=np.int64)
     previous = None
-    for start, stop in batches(len(X), b):
-        pred = model.observe(
-            X[start:stop]
-        )  # -F: the batch's Gram in, then predicted (auto: the mode in force)
-        proba[start:stop] = pred.proba
-        if previous is not None:
-            p, (a, z) = previous
-            model.learn(p.features_t, y[a:z], predicted=p.predicted)
-        previous = (pred, (start, stop))
-    return proba
+    tic = time.perf_counter()
+    for start, stop in batches(len(y), b):
+        if previous is not None:  # the labels of the batch before, just before this one is predicted
+            p, lo, hi = previous
+            m.learn(p.features_t, m.one_hot(y[lo:hi]), predicted=p.predicted, observed_at=p.clock)
+        pred = m.observe(x[start:stop])  # -F: the batch's Gram in, then predicted (auto: the mode in force)
+        proba[start:stop], index[start:stop] = pred.proba, pred.index
+        previous = (pred, start, stop)
+    return proba, index, len(y) / (time.perf_counter() - tic)
 
 
-def river_events(ts) -> list[dict]:
-    """The events as River takes them: a gap is a key left out."""
-    return [{k: v for k, v in e.items() if v is not None} for e in ts.events]
-
-
-def river_pipeline(kind: str, ts):
-    from river import compose, linear_model, preprocessing, tree
-
-    if kind == "ht":
-        return tree.HoeffdingTreeClassifier()
-    texts = [f for f in ts.fields if any(isinstance(e.get(f), str) for e in ts.events)]
-    numbers = [f for f in ts.fields if f not in texts]
-
-    def pick(names):  # the fields present (River's Select wants every one of them)
-        return compose.FuncTransformer(lambda x: {k: x[k] for k in names if k in x})
-
-    parts = [pick(texts) | preprocessing.OneHotEncoder()] if texts else []
-    if numbers:
-        parts.append(pick(numbers) | preprocessing.StandardScaler())
-    union = parts[0] if len(parts) == 1 else compose.TransformerUnion(*parts)
-    return union | linear_model.LogisticRegression()
-
-
-def run_river(kind: str, ts, b: int) -> np.ndarray:
-    """Probabilities emitted by a River pipeline, one event at a time, labels one batch late. LogisticRegression
-    is binary: it learns "the positive class or not"."""
-    model = river_pipeline(kind, ts)
-    events = river_events(ts)
-    classes = list(ts.classes)
-    if kind == "lr":
-        labels = [v == ts.positive for v in ts.labels]
-        keys = [c == ts.positive for c in classes]
-    else:
-        labels, keys = list(ts.labels), classes
-    proba = np.empty((len(events), len(classes)))
+def run_river(model, events: list[dict], y: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The same protocol for a River classifier, one row at a time."""
+    proba = np.empty((len(y), 2))
     previous = None
-    for start, stop in batches(len(events), b):
-        for i in range(start, stop):
-            p = model.predict_proba_one(events[i])
-            total = sum(p.values())
-            proba[i] = [p.get(k, 0.0) / total if total > 0 else 1.0 / len(classes) for k in keys]
+    tic = time.perf_counter()
+    for start, stop in batches(len(y), b):
         if previous is not None:
             for i in range(*previous):
-                model.learn_one(events[i], labels[i])
+                model.learn_one(events[i], int(y[i]))
+        for i in range(start, stop):
+            p = model.predict_proba_one(events[i])
+            p1 = float(p.get(1, 0.0)) if p else 0.5
+            total = p1 + float(p.get(0, 0.0)) if p else 1.0
+            p1 = p1 / total if total > 0 else 0.5
+            proba[i] = (1.0 - p1, p1)
         previous = (start, stop)
-    return proba
+    return proba, proba.argmax(axis=1), len(y) / (time.perf_counter() - tic)
 
 
-def scores(ts, proba: np.ndarray) -> dict:
-    from sklearn.metrics import log_loss, roc_auc_score
+def variant_label(settings: dict) -> str:
+    """``edRVFL`` and the settings that differ from the defaults: ``edRVFL (lam: auto, scoring_share: all)``."""
+    return "edRVFL" + (f" ({', '.join(f'{k}: {v}' for k, v in settings.items())})" if settings else "")
 
-    classes = list(ts.classes)
-    y = np.array([classes.index(v) for v in ts.labels])
-    clipped = np.clip(proba, 1e-15, 1.0)
-    clipped /= clipped.sum(axis=1, keepdims=True)
-    out = {
-        "accuracy": float((proba.argmax(axis=1) == y).mean()),
-        "log_loss": float(log_loss(y, clipped, labels=list(range(len(classes))))),
-    }
-    if ts.positive is not None and len(classes) == 2:
-        positive = classes.index(ts.positive)
-        out["auc"] = float(roc_auc_score(y == positive, proba[:, positive]))
-    return out
+
+def measure(name: str, b: int, seed: int, *, arf: bool = True, river: bool = True, variants=({},)):
+    """One row per learner on table ``name``: its prequential metrics and rows/s. ``variants``: the edRVFL settings
+    measured (each a dict of ``ModelConfig`` fields; ``{}`` the defaults)."""
+    ts = load_tabular(name, seed=seed)
+    y = np.array([1 if label == ts.positive else 0 for label in ts.labels], dtype=np.int64)
+    ds = table_dataset(ts)
+    x, features = ds.X, ds.schema.fields
+    runs = {}
+    for settings in variants:
+        compile_kernels(ModelConfig(classes=(0, 1), features=features, **settings), parallel=False)
+        runs[variant_label(settings)] = lambda settings=settings: run_edrvfl(
+            x, y, b, features, seed, **settings
+        )
+    if river:
+        events = [river_event(e) for e in ts.events]
+        for label, river_model in river_models(seed, arf).items():
+            runs[label] = lambda river_model=river_model: run_river(river_model, events, y, b)
+    rows = []
+    for label, run in runs.items():
+        print(f"  {name}: {label}...", file=sys.stderr, flush=True)
+        proba, index, rate = run()
+        report = classification_report(y, index, proba, 2)
+        rows.append(
+            {
+                "set": name,
+                "learner": label,
+                "rows": len(y),
+                "inputs": ds.schema.width,
+                "positives": float(y.mean()),
+                "rows_per_second": rate,
+                **{k: v for k, v in report.items() if k not in ("precision", "recall")},
+                "recall_positive": report["recall"][1],
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = [
+        "| table (rows, inputs, positives) | learner | accuracy | log loss | ROC AUC | Brier | balanced accuracy "
+        "| recall of the positives | rows/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['set']} ({r['rows']:,}, {r['inputs']}, {r['positives']:.1%}) | {r['learner']} "
+            f"| {r['accuracy']:.4f} | {r['log_loss']:.4f} | {r['roc_auc']:.4f} | {r['brier']:.4f} "
+            f"| {r['balanced_accuracy']:.4f} | {r['recall_positive']:.4f} | {r['rows_per_second']:,.0f} |"
+        )
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sets", nargs="+", default=list(SETS), choices=sorted(TABULAR))
+    p.add_argument("--sets", nargs="+", default=list(BINARY), choices=list(BINARY))
+    p.add_argument("--batch", type=int, default=100, help="rows per batch (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the tables' shuffle, the random weights, ARF's seed")
+    p.add_argument("--no-arf", dest="arf", action="store_false", help="leave out River's ARF (the slowest)")
     p.add_argument(
-        "--batch", type=int, default=256, help="rows per batch; labels one batch late (default 256)"
+        "--no-river",
+        dest="river",
+        action="store_false",
+        help="edRVFL alone (River's rows do not depend on it)",
     )
-    p.add_argument("--seed", type=int, default=0, help="the tables' shuffle and the random weights")
-    p.add_argument("--json", action="store_true", help="one JSON object per set and learner")
+    p.add_argument(
+        "--variant",
+        type=json.loads,
+        action="append",
+        help="an edRVFL setting measured beside the defaults (JSON of model fields, repeatable): '{\"lam\": 5}'",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per table and learner, no table")
     args = p.parse_args(argv)
-    learners = {
-        "edRVFL": lambda ts: run_edrvfl(ts, args.batch, args.seed),
-        "River LR": lambda ts: run_river("lr", ts, args.batch),
-        "River HT": lambda ts: run_river("ht", ts, args.batch),
-    }
     rows = []
     for name in args.sets:
-        ts = load_tabular(name, seed=args.seed)
-        width = table_dataset(ts).schema.width
-        for learner, run in learners.items():
-            t0 = time.perf_counter()
-            proba = run(ts)
-            seconds = time.perf_counter() - t0
-            result = {
-                "set": name,
-                "rows": len(ts.events),
-                "inputs": width,
-                "learner": learner,
-                **scores(ts, proba),
-            }
-            result["rows_per_second"] = len(ts.events) / seconds
-            rows.append(result)
+        variants = ({}, *(args.variant or ()))
+        for row in measure(name, args.batch, args.seed, arf=args.arf, river=args.river, variants=variants):
+            rows.append(row)
             if args.json:
-                print(json.dumps(result), flush=True)
-            else:
-                print(
-                    f"{name:12s} {learner:9s} acc {result['accuracy']:.4f}  log loss {result['log_loss']:.4f}  "
-                    f"AUC {result.get('auc', float('nan')):.4f}  {result['rows_per_second']:,.0f} rows/s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(json.dumps(row), flush=True)
     if not args.json:
-        print("| set | rows | inputs | learner | accuracy | log loss | AUC |\n|---|---|---|---|---|---|---|")
-        for r in rows:
-            auc = f"{r['auc']:.3f}" if "auc" in r else "-"
-            print(
-                f"| {r['set']} | {r['rows']:,} | {r['inputs']} | {r['learner']} | {r['accuracy']:.4f} | "
-                f"{r['log_loss']:.4f} | {auc} |"
-            )
+        command = ["python benchmarks/real_tables.py", *(argv if argv is not None else sys.argv[1:])]
+        print(f"`{' '.join(command)}`\n")
+        print(markdown(rows))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

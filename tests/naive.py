@@ -132,7 +132,7 @@ def fold_labels(c, d, y):
 
 
 def encode_predictions(
-    ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mode, classes, scores=None
+    ids, y_hat, proba, *, model_version, ts_in, ts_out_ms, mode, classes, scores=None, interval=None
 ) -> list[bytes]:
     """codec.encode_predictions, one dict and one orjson.dumps per row: the plain reference."""
     b = len(ids)
@@ -144,9 +144,17 @@ def encode_predictions(
     probas = np.asarray(proba, dtype=np.float64).reshape(b, -1).tolist() if proba is not None else None
     raw = np.asarray(scores, dtype=np.float64).reshape(b, -1).tolist() if scores is not None else None
     event = np.asarray(ts_in).reshape(b).tolist() if ts_in is not None else [-1] * b
+    bounds = None
+    if interval is not None and classes is None:
+        bounds = []
+        for bound in interval:
+            bound = np.asarray(bound, dtype=np.float64).reshape(b, -1)
+            bounds.append(bound[:, 0].tolist() if bound.shape[1] == 1 else bound.tolist())
     out = []
     for i in range(b):
         msg = {"id": ids[i], "y_hat": labels[i]}
+        if bounds is not None:
+            msg["y_lo"], msg["y_hi"] = bounds[0][i], bounds[1][i]
         if probas is not None:
             msg["proba"] = probas[i]
         if raw is not None:

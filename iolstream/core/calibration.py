@@ -5,7 +5,12 @@ class's probability on a linear scale: near [0, 1], never summing to a distribut
 under-confident by a margin that depends on the stream. The map to probabilities is one member of a small
 family, chosen online by the log loss it would have had on every labelled row:
 
-    p = softmax(T · g_κ(c)),   c = clip(s̄, FLOOR, 1),   g_κ(c) = (c^κ − 1)/κ,  g_0(c) = log c
+    p = softmax(T · g_κ(c)),   c = (1/L) Σ_l clip(s_l, FLOOR, 1),   g_κ(c) = (c^κ − 1)/κ,  g_0(c) = log c
+
+c, the mean of the layers' clipped outputs (``ensemble_scores``), is the ensemble's score: a layer whose output
+overshoots (a small λ early in a stream: far above 1, far below 0) moves it by at most 1/L, as the layers' softmax
+bounds each layer's vote, where the plain mean s̄ follows the outlier. The class emitted is the highest c (ties to
+the higher s̄): the map keeps the order of the classes, so it is the most probable class.
 
 κ ∈ KAPPAS bends the scale (κ = 1: linear in the score, a temperature on s̄; κ = 0: the log of the clipped score,
 whose T = 1 is the clipped normalised mean); T ∈ TEMPERATURES sharpens or softens. Every (κ, T) of the grid keeps
@@ -51,8 +56,23 @@ PROBABILITY_FLOOR = 1e-15  # a log loss never takes the log of a smaller probabi
 _CAP = -float(np.log(PROBABILITY_FLOOR))
 
 
+def ensemble_scores(layer_outputs: np.ndarray) -> np.ndarray:
+    """c (b, m): the mean over the layers of their outputs (L, b, m), each clipped to [FLOOR, 1] first."""
+    outputs = np.asarray(layer_outputs, dtype=np.float64)
+    return np.clip(outputs, FLOOR, 1.0).mean(axis=0)
+
+
+def decision(layer_outputs: np.ndarray, scores: np.ndarray | None = None) -> np.ndarray:
+    """The class index (b,) of the highest ensemble score c (``ensemble_scores``; given as ``scores`` if already
+    computed), ties (every layer clipped alike) to the highest mean output s̄: a class of the highest probability."""
+    outputs = np.asarray(layer_outputs, dtype=np.float64)
+    c = ensemble_scores(outputs) if scores is None else scores
+    tied = c == c.max(axis=1, keepdims=True)
+    return np.where(tied, outputs.mean(axis=0), -np.inf).argmax(axis=1)
+
+
 def _transformed(mean_scores: np.ndarray) -> np.ndarray:
-    """(len(KAPPAS), b, m): g_κ(clip(s̄)) for every κ."""
+    """(len(KAPPAS), b, m): g_κ(clip(c)) for every κ."""
     c = np.clip(np.asarray(mean_scores, dtype=np.float64), FLOOR, 1.0)
     return np.stack([np.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa for kappa in KAPPAS])
 
@@ -69,7 +89,7 @@ def setting(index: int) -> tuple[float, float]:
 
 
 def probabilities(mean_scores: np.ndarray, sums: np.ndarray) -> np.ndarray:
-    """Class probabilities (b, m) of the ensemble's mean outputs s̄ (b, m), by the grid point the sums choose."""
+    """Class probabilities (b, m) of the ensemble's scores c (b, m), by the grid point the sums choose."""
     kappa, temperature = setting(choice(sums))
     z = temperature * _transformed(mean_scores)[KAPPAS.index(kappa)]
     z -= z.max(axis=1, keepdims=True)
@@ -78,7 +98,7 @@ def probabilities(mean_scores: np.ndarray, sums: np.ndarray) -> np.ndarray:
 
 
 def grid_losses(mean_scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """(GRID_SIZE,) Σᵢ wᵢ · (−log pᵢ(yᵢ)) of every grid point over b labelled rows: s̄ (b, m), labels (b,) class
+    """(GRID_SIZE,) Σᵢ wᵢ · (−log pᵢ(yᵢ)) of every grid point over b labelled rows: c (b, m), labels (b,) class
     indices, weights (b,) (default 1). What the calibration's sums add for these rows."""
     labels = np.ascontiguousarray(labels, dtype=np.int64)
     b = len(labels)

@@ -26,6 +26,10 @@ Classification adds the labelled rows per class (``class_weight: balanced`` weig
 
     cls.counts (m,)    cal.sums (K, G)   ``core.calibration``'s grid of log-loss sums, one row per candidate
 
+Regression adds the residual counts behind its intervals (``core.intervals``), valued at the learners' clock:
+
+    res.counts (m, B)  Σ w per output and bin of |residual|, decaying with ``model.residual_half_life``
+
 With forgetting (``model.forgetting``) every sum decays on the learner's clock of rows seen, the selector's
 on its clock of labelled rows; a set read at clocks (C₀, S₀) is worth ``decayed(model, sums, C − C₀, S − S₀)``
 at (C, S) (``stream.group`` keeps the clocks).
@@ -79,6 +83,8 @@ def sums(model) -> dict[str, np.ndarray]:
         out["cls.counts"] = model.class_counts.copy()
     if model.calibrated:
         out["cal.sums"] = np.stack([ln.calibration_sums for ln in model.learners])
+    if len(model.residual_counts):
+        out["res.counts"] = model.current_residual_counts().copy()
     return out
 
 
@@ -104,7 +110,7 @@ def advance(model, rows: int, label_rows: int = 0) -> None:
 def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0.0) -> dict[str, np.ndarray]:
     """``sums`` (keys as ``sums``) aged by ``age`` rows and ``label_age`` labelled rows: each primary's decaying
     parts (A, c, A_r, Σ loss, Σ‖Y‖²) times 2^(−age/half-life), the selector's by its own half-life (its pair sum
-    twice); counts and maxes as they are. Without forgetting and at label age 0, ``sums`` itself."""
+    twice), the residual counts by theirs; counts and maxes as they are. At ages 0, ``sums`` itself."""
     out = dict(sums)
     if "sel.loss" in sums and label_age:
         f = float(np.exp2(-label_age / model.selector.half_life))
@@ -115,6 +121,8 @@ def decayed(model, sums: dict[str, np.ndarray], age: float, label_age: float = 0
                 "sel.rows": sums["sel.rows"] * f,
             }
         )
+    if "res.counts" in sums and age:
+        out["res.counts"] = sums["res.counts"] * float(np.exp2(-age / model.residual_half_life))
     if "cal.sums" in sums and age:
         factors = [
             1.0 if ln.half_life is None else float(np.exp2(-age / ln.half_life)) for ln in model.learners
@@ -154,6 +162,8 @@ def layout(model) -> dict[str, tuple]:
         out["cls.counts"] = model.class_counts.shape
     if model.calibrated:
         out["cal.sums"] = (len(model.learners), len(model.learner.calibration_sums))
+    if len(model.residual_counts):
+        out["res.counts"] = model.residual_counts.shape
     return out
 
 
@@ -193,6 +203,9 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         st.labelled_version += 1
     if "cls.counts" in delta:
         model.class_counts += sign * delta["cls.counts"]
+    if "res.counts" in delta:
+        counts = model.current_residual_counts()  # in place, at the clock the delta is valued at
+        counts += sign * delta["res.counts"]
     if "cal.sums" in delta:
         for ln, part in zip(model.learners, delta["cal.sums"]):
             sums = ln.calibration_sums  # in place: the learner's state holds them

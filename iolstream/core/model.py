@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import calibration, fused, kernels, learner, linalg, regret
+from iolstream.core import calibration, intervals, kernels, learner, regret, row_erasure
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder
@@ -50,6 +50,8 @@ class Prediction:
     candidate_outputs : (K, L, b, m) — with ``auto``, every candidate's layer outputs, NaN for the candidates
                     that did not predict this batch (``ScoringBudget``; pass them to ``learn(predicted=...)``
                     so that each is judged on its own prediction), else None
+    interval      : (y_lo, y_hi), each (b, m) — regression with ``model.interval`` (``core.intervals``; NaN
+                    before any residual), else None
     """
 
     features_t: np.ndarray
@@ -60,10 +62,12 @@ class Prediction:
     version: int
     clock: int = 0
     candidate_outputs: np.ndarray | None = None
+    interval: tuple | None = None
 
     @property
     def scores(self) -> np.ndarray:
-        """(b, m) the ensemble's raw output: the mean of the layers' outputs (what ``proba`` calibrates)."""
+        """(b, m) the ensemble's raw output s̄: the mean of the layers' outputs (``proba`` calibrates the mean of
+        their clipped outputs, ``calibration.ensemble_scores``)."""
         return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
 
     @property
@@ -144,6 +148,10 @@ class EdRVFL:
         self.class_counts = np.zeros(config.m if config.classes is not None else 0)
         scale_targets = config.task == "regression" and config.target_scaler == "warmup"
         self.targets = TargetScaler(config.m, config.warmup_rows, scale_targets)
+        # regression: Σ w of the emitted predictions' residuals per output and bin (core.intervals), valued at the
+        # learners' clock ``residual_clock``
+        self.residual_counts = np.zeros((config.m if config.task == "regression" else 0, intervals.N_BINS))
+        self.residual_clock = 0
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
         self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
@@ -258,8 +266,8 @@ class EdRVFL:
 
     def combine(self, layer_outputs: np.ndarray, candidate: int | None = None):
         """Ensemble of the layer outputs (L, b, m) -> (proba, index, value). Classification: ``proba`` by the
-        calibration of ``candidate`` (default: the one in force), the class the highest mean output (the highest
-        probability: the calibration keeps their order), or with ``threshold`` the second class where its
+        calibration of ``candidate`` (default: the one in force), the class of the highest probability
+        (``decide``), or with ``threshold`` the second class where its
         probability reaches it."""
         rule = self.config.ensemble_rule
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
@@ -276,7 +284,10 @@ class EdRVFL:
         outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
         if self.calibrated:
             j = self.selector.chosen if candidate is None else candidate
-            proba = calibration.probabilities(kernels.layer_mean(outputs), self.learners[j].calibration_sums)
+            scores = calibration.ensemble_scores(outputs)
+            proba = calibration.probabilities(scores, self.learners[j].calibration_sums)
+            if self.config.threshold is None:
+                return proba, calibration.decision(outputs, scores), None
         elif rule == "softmax":
             proba = kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
@@ -288,21 +299,35 @@ class EdRVFL:
 
     def decide(self, proba: np.ndarray, layer_outputs: np.ndarray) -> np.ndarray:
         """The class index (b,) emitted for rows of these probabilities (b, m) and layer outputs (L, b, m): with
-        ``threshold``, the second class where its probability reaches it; calibrated, the highest mean output
-        (the calibration keeps the classes' order: the most probable class, ties to the higher score); else the
+        ``threshold``, the second class where its probability reaches it; calibrated, the highest ensemble score
+        (``calibration.decision``: the calibration keeps the classes' order, so the most probable class); else the
         highest probability."""
         if self.config.threshold is not None:
             return (np.asarray(proba)[:, 1] >= self.config.threshold).astype(np.int64)
         if self.calibrated:
-            return kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64)).argmax(axis=1)
+            return calibration.decision(layer_outputs)
         return np.asarray(proba).argmax(axis=1)
 
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
         features_t = self.features(x) if features_t is None else features_t
-        outputs = self.learner.layer_outputs(features_t)
+        return self._prediction(features_t, self.learner.layer_outputs(features_t))
+
+    def _prediction(self, features_t, outputs, candidate_outputs=None) -> Prediction:
+        """The batch's prediction from the layers' ``outputs`` of the candidate in force (``combine``), at this
+        version and clock; ``candidate_outputs``: every candidate's, for learning their labels later."""
         proba, index, value = self.combine(outputs)
-        return Prediction(features_t, outputs, proba, index, value, self.version, self.learner.clock)
+        return Prediction(
+            features_t,
+            outputs,
+            proba,
+            index,
+            value,
+            self.version,
+            self.learner.clock,
+            candidate_outputs,
+            self.interval(value),
+        )
 
     def predict(self, x) -> np.ndarray:
         """Predicted class labels (classification) or values (regression; (b,) when m = 1)."""
@@ -336,12 +361,10 @@ class EdRVFL:
                 self.learners, self.network, x_scaled, self.learner.parallel, predicting, self.batch_grams
             )
             outputs = candidate_outputs[self.selector.chosen]
-        proba, index, value = self.combine(outputs)
+        prediction = self._prediction(features_t, outputs, candidate_outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
-        return Prediction(
-            features_t, outputs, proba, index, value, self.version, self.learner.clock, candidate_outputs
-        )
+        return prediction
 
     def learn(self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None) -> np.ndarray:
         """Fold labelled rows in (see OnlineLearner.learn); returns the loss per layer (L,) of what was emitted.
@@ -380,8 +403,8 @@ class EdRVFL:
         if not self.targets.frozen:  # regression warm-up: labels wait until the target scaling is known
             held = self.targets.hold(features_t, targets, gram_in, predicted, observed_at)
             if self.targets.frozen:
-                for args in self.targets.release():
-                    self._learn_scaled(*args)
+                for args in self.targets.release():  # predicted before the scaling: no residual to count
+                    self._learn_scaled(*args, residuals=False)
             return held
         return self._learn_scaled(
             features_t, self.targets.transform(targets), gram_in, predicted, observed_at
@@ -407,12 +430,16 @@ class EdRVFL:
         """Labels held for a target scaling decided elsewhere (group learning) enter once it is known."""
         if self.targets.frozen and self.targets.held:
             for args in self.targets.release():
-                self._learn_scaled(*args)
+                self._learn_scaled(*args, residuals=False)
 
-    def _learn_scaled(self, features_t, targets, gram_in, predicted, observed_at) -> np.ndarray:
+    def _learn_scaled(
+        self, features_t, targets, gram_in, predicted, observed_at, residuals: bool = True
+    ) -> np.ndarray:
         weights = None
         if self._class_index is not None:
             weights = self.class_weights(targets.argmax(axis=1))
+        elif residuals:  # before the update: the residuals of what was predicted
+            self.record_residuals(features_t, targets, predicted, observed_at)
         self.entered_weights = weights
         if len(self.learners) == 1:
             if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
@@ -433,14 +460,15 @@ class EdRVFL:
         return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
 
     def calibration_scores(self, predicted) -> np.ndarray | None:
-        """(K, b, m) each candidate's mean output for rows, from ``predicted`` as ``learn`` takes it ((L, b, m),
-        or (K, L, b, m) with NaN where a candidate made none): what its calibration learns from when their labels
-        come, and loses again if they are erased (``erase(scores=...)``). None when ``proba`` is not calibrated."""
+        """(K, b, m) each candidate's ensemble score for rows (``calibration.ensemble_scores``), from ``predicted``
+        as ``learn`` takes it ((L, b, m), or (K, L, b, m) with NaN where a candidate made none): what its
+        calibration learns from when their labels come, and loses again if they are erased (``erase(scores=...)``).
+        None when ``proba`` is not calibrated."""
         if not self.calibrated:
             return None
         predicted = np.asarray(predicted, dtype=np.float64)
         per = predicted[None] if predicted.ndim == 3 else predicted
-        return np.stack([kernels.layer_mean(np.ascontiguousarray(p)) for p in per])
+        return np.stack([calibration.ensemble_scores(p) for p in per])
 
     def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
         """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
@@ -449,9 +477,53 @@ class EdRVFL:
         row_weights = ln.row_weights(observed_at, len(labels))
         if weights is not None:
             row_weights = row_weights * weights
-        scores = kernels.layer_mean(np.ascontiguousarray(outputs, dtype=np.float64))
+        scores = calibration.ensemble_scores(outputs)
         sums = ln.calibration_sums  # in place: the learner's state holds them
         sums += calibration.grid_losses(scores, labels, row_weights)
+
+    # ------------------------------------------------------------- regression intervals
+    @property
+    def residual_half_life(self) -> float:
+        """Rows seen over which a residual's weight halves: the forgetting half-life when it is fixed, else
+        ``intervals.HALF_LIFE``."""
+        h = self.config.forgetting
+        return float(h) if isinstance(h, (int, float)) and not isinstance(h, bool) else intervals.HALF_LIFE
+
+    def current_residual_counts(self) -> np.ndarray:
+        """``residual_counts`` (m, N_BINS) decayed to the learners' clock now (in place)."""
+        clock = self.learner.clock
+        if clock != self.residual_clock:
+            self.residual_counts *= float(np.exp2(-(clock - self.residual_clock) / self.residual_half_life))
+            self.residual_clock = clock
+        return self.residual_counts
+
+    def record_residuals(self, features_t, targets, predicted, observed_at) -> None:
+        """The residuals (scaled units) of what was emitted for these labelled rows enter the interval's counts, each
+        at its row's weight 2^(−age/h); with ``auto`` those of the candidate in force, on the rows it predicted."""
+        if predicted is None:
+            outputs = self.learner.layer_outputs(features_t)
+        else:
+            predicted = np.asarray(predicted, dtype=np.float64)
+            outputs = predicted if predicted.ndim == 3 else predicted[self.selector.chosen]
+        emitted = (
+            np.median(outputs, axis=0) if self.config.ensemble_rule == "median" else outputs.mean(axis=0)
+        )
+        rows = np.isfinite(emitted).all(axis=1)  # auto: NaN where the candidate in force did not predict
+        b = len(targets)
+        weights = np.ones(b)
+        if observed_at is not None:
+            ages = self.learner.clock - np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
+            weights = np.exp2(-np.maximum(ages, 0.0) / self.residual_half_life)
+        counts = self.current_residual_counts()
+        intervals.record(counts, (targets - emitted)[rows], weights[rows])
+
+    def interval(self, value) -> tuple | None:
+        """(y_lo, y_hi) (b, m) of regression predictions ``value`` (original units) at ``model.interval``'s
+        coverage, from the recent residuals (NaN before any); None without ``model.interval``."""
+        if self.config.interval is None or value is None:
+            return None
+        width = intervals.half_width(self.current_residual_counts(), self.config.interval) * self.targets.std
+        return value - width, value + width
 
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
@@ -471,81 +543,9 @@ class EdRVFL:
         return np.stack([self.selection_loss(outputs, targets, j) for j, outputs in enumerate(predicted)])
 
     def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
-        """Take rows out of the model as if it had never seen them (docs/design.md §13): out of every candidate's
-        sums (``OnlineLearner.erase``: their Gram, and their label's terms where ``labelled``), each at the weight
-        it has now. ``targets`` (b, m) as ``learn`` takes them (``encode_labels``: one-hot, or the values in their
-        own units); ``observed_at``: the rows' ``Prediction.clock``; ``weights`` (b,): the class weight each
-        labelled row entered with (``entered_weights``; None: 1); ``scores`` (K, b, m): each candidate's mean
-        output for the row when its label came (``entered_scores``, NaN where it made none; None: the calibration
-        keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
-        sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
-        (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
-        candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
-        b = features_t.shape[2]
-        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.config.m)
-        labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
-        stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
-        if weights is not None:
-            weights = np.ascontiguousarray(np.broadcast_to(np.asarray(weights, dtype=np.float64), (b,)))
-            if not (np.isfinite(weights).all() and (weights > 0).all()):
-                raise ValueError("erase: weights: every row's weight must be finite and > 0")
-            if (weights[labelled] == 1.0).all():
-                weights = None
-        keep = np.ones(b, dtype=bool)
-        if not self.targets.frozen:  # labels still held for the target scaling: out of the hold
-            for i in np.flatnonzero(labelled).tolist():
-                in_a = self.targets.drop(
-                    features_t[:, :, i], targets[i], None if stamps is None else stamps[i]
-                )
-                if in_a is None:
-                    raise ValueError(
-                        f"erase: row {i} is labelled, but its label is neither in the sums nor held"
-                    )
-                labelled[i] = False  # never in c
-                keep[i] = in_a and self.learner.mode == "forward"  # its Gram: in A under -F
-        if not keep.all():
-            features_t, targets, labelled = features_t[:, :, keep], targets[keep], labelled[keep]
-            stamps = None if stamps is None else stamps[keep]
-            weights = None if weights is None else weights[keep]
-            scores = None if scores is None else np.asarray(scores)[:, keep]
-        scaled = self.targets.transform(targets) if self.targets.frozen else targets
-        primaries = [ln for ln in self.learners if not isinstance(ln, SharedGramLearner)]
-        undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
-        grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
-        if len(primaries) > 1 and weights is None and features_t.shape[2] and features_t.flags.c_contiguous:
-            grams = _grams_by_stamp(primaries[0], features_t, stamps)
-        try:
-            for ln in primaries:
-                ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
-        except linalg.NotPositiveDefinite:
-            for put_back in undo:  # the ones already done put back too: all or nothing
-                put_back()
-            raise
-        for ln in self.learners:
-            if isinstance(ln, SharedGramLearner):
-                ln.erase(features_t, scaled, labelled, stamps)
-        self.batch_grams.clear()  # a kept batch Gram may hold these rows
-        if self._class_index is not None and labelled.any():
-            classes = targets[labelled].argmax(axis=1)
-            self.class_counts -= np.bincount(classes, minlength=self.config.m)
-            if scores is not None and self.calibrated:
-                self._erase_calibration(np.asarray(scores)[:, labelled], classes, stamps, weights, labelled)
-
-    def _erase_calibration(self, scores, classes, stamps, weights, labelled) -> None:
-        """Labelled rows out of each candidate's calibration sums: the log loss they added (``grid_losses`` of the
-        scores it had for them), at the weight they have now there (decay times class weight)."""
-        stamps = None if stamps is None else stamps[labelled]
-        weights = None if weights is None else weights[labelled]
-        for j, ln in enumerate(self.learners):
-            own = np.flatnonzero(~np.isnan(scores[j, :, 0]))
-            if not own.size:
-                continue
-            row_weights = ln.row_weights(None if stamps is None else stamps[own], own.size)
-            if weights is not None:
-                row_weights = row_weights * weights[own]
-            sums = ln.calibration_sums
-            sums -= calibration.grid_losses(scores[j, own], classes[own], row_weights)
-            np.maximum(sums, 0.0, out=sums)  # round-off: a sum of losses is never below 0
+        """Take rows out of the model as if it had never seen them (docs/design.md §13): ``core.row_erasure.erase``,
+        whose docstring says what each argument is and what leaves where. All or nothing."""
+        row_erasure.erase(self, features_t, targets, labelled, observed_at, weights=weights, scores=scores)
 
     def selection_loss(
         self, layer_outputs: np.ndarray, targets: np.ndarray, candidate: int = 0
@@ -588,26 +588,6 @@ class EdRVFL:
             h.update(np.ascontiguousarray(w).tobytes())
             h.update(np.ascontiguousarray(b).tobytes())
         return h.hexdigest()
-
-
-SHARED_GRAM_STAMPS = 4  # up to this many stamps, erase forms one Gram per stamp for every half-life
-
-
-def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
-    """(G (K, L, n, n), stamps (K,)): Σ DᵀD of the rows of each stamp, when the rows have at most SHARED_GRAM_STAMPS
-    stamps (each half-life then takes Σ w·G out instead of forming its own weighted Gram), else None."""
-    if stamps is None:
-        return first.rows_gram(features_t)[None], [None]
-    values = np.unique(stamps)
-    if len(values) > SHARED_GRAM_STAMPS:
-        return None
-    if len(values) == 1:
-        return first.rows_gram(features_t)[None], values
-    given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
-    add = fused.add_grams_parallel if first.parallel else fused.add_grams
-    for k, v in enumerate(values.tolist()):
-        add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
-    return given, values
 
 
 __all__ = [

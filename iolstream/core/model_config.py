@@ -76,6 +76,9 @@ class ModelConfig:
     # list in the order of ``classes``, stored as that tuple of m floats
     class_weight: str | tuple | None = None
     threshold: float | None = None  # binary: y_hat is the second class when its probability ≥ threshold
+    # regression: the coverage of the interval (y_lo, y_hi) each prediction carries, from the recent residuals
+    # (core.intervals); None: none
+    interval: float | None = None
     # the feature schema (docs/design.md §11): the named fields of an event and how each is encoded; None: rows
     # arrive as arrays of n_inputs numbers. Kept as a tuple of core.schema.FieldSpec
     features: tuple | None = None
@@ -185,6 +188,7 @@ class ModelConfig:
         if self.calibration not in CALIBRATIONS:
             bad("calibration", f"one of {CALIBRATIONS}", self.calibration)
         self._check_class_weight(bad)
+        self._check_interval(bad)
         if self.threshold is not None:
             if self.classes is None or len(self.classes) != 2:
                 bad("threshold", "null unless the model has exactly 2 classes", self.threshold)
@@ -193,6 +197,18 @@ class ModelConfig:
             ):
                 bad("threshold", "a number between 0 and 1 (exclusive), or null", self.threshold)
             object.__setattr__(self, "threshold", float(self.threshold))
+
+    def _check_interval(self, bad) -> None:
+        """``interval``: null, or a coverage strictly between 0 and 1 for a regression model."""
+        if self.interval is None:
+            return
+        if self.classes is not None:
+            bad("interval", "null for a classification model (its proba is the uncertainty)", self.interval)
+        if isinstance(self.interval, bool) or not (
+            isinstance(self.interval, (int, float)) and 0.0 < self.interval < 1.0
+        ):
+            bad("interval", "a coverage between 0 and 1 (exclusive, e.g. 0.9), or null", self.interval)
+        object.__setattr__(self, "interval", float(self.interval))
 
     def _check_class_weight(self, bad) -> None:
         """``class_weight``: None / "none", "balanced", {class: weight} or m weights; stored as None, "balanced"

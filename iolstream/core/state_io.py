@@ -69,6 +69,9 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     arrays = {f"{prefix}scaler/{k}": v for k, v in model.scaler.to_state().items()}
     if len(model.class_counts):  # saved since class weights: labelled rows per class
         arrays[f"{prefix}class_counts"] = model.class_counts.copy()
+    if len(model.residual_counts):  # saved since regression intervals: the residual counts and their clock
+        arrays[f"{prefix}residual_counts"] = model.residual_counts.copy()
+        arrays[f"{prefix}residual_clock"] = np.array([model.residual_clock], dtype=np.int64)
     tgt = model.targets
     if model.config.task == "regression" and model.config.target_scaler != "none":
         arrays[f"{prefix}targets/mean"], arrays[f"{prefix}targets/std"] = tgt.mean, tgt.std
@@ -233,6 +236,11 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
         model.class_counts = np.array(arrays[f"{prefix}class_counts"], dtype=np.float64).reshape(
             model.class_counts.shape
         )
+    if f"{prefix}residual_counts" in arrays:  # saved before intervals: none, the interval starts empty
+        model.residual_counts = np.array(arrays[f"{prefix}residual_counts"], dtype=np.float64).reshape(
+            model.residual_counts.shape
+        )
+        model.residual_clock = int(np.asarray(arrays[f"{prefix}residual_clock"]).reshape(-1)[0])
     try:
         saved = manifest.get("targets")
         if saved is None:  # saved before targets were scaled, or not scaled: raw targets

@@ -26,7 +26,7 @@ from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import OffsetBook, fmt, parse_metadata
+from iolstream.kafka.offsets import OffsetBook, commit_partitions, fmt, parse_metadata
 from iolstream.ops.faults import crash_point, fault_point
 from iolstream.stream.align import Aligner
 
@@ -69,7 +69,10 @@ class Assignment:
         self.in_rebalance = False  # inside on_assign / on_revoke / on_lost (see consumer_call)
         # group learning: commits carry this member's id as metadata, so that an assignment tells another
         # member's committed offset (its sums hold the input below it) from this member's own
-        self.member = cfg.member_id if cfg.group.enabled else None
+        self.member = member = cfg.member_id if cfg.group.enabled else None
+        # (topic, partition) -> the metadata of this member's commit of it (``offsets.commit_metadata``); None
+        # without group learning
+        self.commit_metadata = None if member is None else (lambda key: book.metadata(member, key))
         self.committed_by: dict[tuple[str, int], str] = {}
         self.revokes = 0  # partitions revoked or lost so far (the loop drops what it released of them)
 
@@ -155,15 +158,7 @@ class Assignment:
                     end,
                     extra={"event": "other_topic"},
                 )
-            self.book.assign(
-                key,
-                committed.get(key),
-                end,
-                by_other=self.by_other(key),
-                base=self.base(key),
-            )
-            start = self.book.start(key)
-            tp.offset = OFFSET_BEGINNING if start is None else start
+            tp.offset = self._place(key, committed.get(key), end)
             self.aligner.assign(
                 key, priority=0 if tp.topic == self.cfg.topics.features else 1
             )  # ties: features first
@@ -176,6 +171,14 @@ class Assignment:
             extra={"event": "assigned"},
         )
         self.after_assign()
+
+    def _place(self, key: tuple[str, int], committed: int | None, end: int | None) -> int:
+        """``key`` booked as assigned (the group having committed ``committed``; ``end``: its end when assigned),
+        at an assignment and again after a roll-back; the offset to read it from: the state's position, else
+        its beginning."""
+        self.book.assign(key, committed, end, by_other=self.by_other(key), base=self.base(key))
+        start = self.book.start(key)
+        return OFFSET_BEGINNING if start is None else start
 
     def by_other(self, key: tuple[str, int]) -> bool:
         """Group learning: the group's offset of ``key`` was committed by another member (read by ``committed``)."""
@@ -257,18 +260,9 @@ class Assignment:
         assigned = sorted(self.book.assigned)
         committed = self.committed(assigned)
         for key in assigned:
-            self.book.assign(
-                key,
-                committed.get(key),
-                self.book.ends.get(key),
-                by_other=self.by_other(key),
-                base=self.base(key),
-            )
-            start = self.book.start(key)
+            offset = self._place(key, committed.get(key), self.book.ends.get(key))
             try:
-                self.consumer.seek(
-                    TopicPartition(key[0], key[1], OFFSET_BEGINNING if start is None else start)
-                )
+                self.consumer.seek(TopicPartition(key[0], key[1], offset))
             except KafkaException as exc:  # e.g. lost in a rebalance meanwhile: its next assignment seeks it
                 log.warning("%s[%d]: cannot seek it back: %s", key[0], key[1], exc)
 
@@ -278,15 +272,7 @@ class Assignment:
         if not (offsets := self.book.to_commit()):
             return
         crash_point("before_commit")
-        tps = [
-            TopicPartition(
-                t,
-                p,
-                o,
-                **({} if self.member is None else {"metadata": self.book.metadata(self.member, (t, p))}),
-            )
-            for t, p, o in offsets
-        ]
+        tps = commit_partitions(offsets, self.commit_metadata)
         try:
             if self.calls.faults and fault_point("fail_commit"):  # test-only: a failing commit
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "test: simulated commit failure"))

@@ -206,22 +206,17 @@ class Checkpointer:
                 extra={"event": "snapshots_deleted", "snapshot": name},
             )
 
-    def due(self, processor: StreamProcessor, positions: dict, replaying: bool, exactly_once: bool) -> bool:
+    def due(self, processor: StreamProcessor, positions: dict, *, soon: Callable[[float], bool]) -> bool:
         """Whether a checkpoint is due: every ``snapshot.every_batches`` or ``every_seconds``, or soon after a
-        start."""
+        start, when ``soon(first_due)`` says it may be written (the delivery mode's rule, ``kafka.commit``;
+        ``first_due``: ``snapshot.first_after_seconds`` after the start, monotonic)."""
         cp, snap = self.last, self.cfg.snapshot
         batches = processor.counters["batches"] - cp.batches_at
         if positions == cp.offsets and batches == 0:
             return False
         if batches >= snap.every_batches or time.monotonic() - cp.time >= snap.every_seconds:
             return True
-        # after a (re)start, soon: exactly-once as soon as the replay is over, at-least-once a moment after
-        # input is processed, so that a crash loop makes progress instead of replaying from further back
-        return (
-            self.first_due is not None
-            and not replaying
-            and (exactly_once or time.monotonic() >= self.first_due)
-        )
+        return self.first_due is not None and soon(self.first_due)
 
     def write(
         self,
@@ -231,11 +226,11 @@ class Checkpointer:
         delivery_errors: Callable[[], int],
         *,
         wait: float | None = None,
-        group=None,
+        group_state: Callable[[], tuple[dict, dict] | None] = lambda: None,
     ) -> bool:
         """Steps 1 and 2 (module docstring); ``wait``: how long to wait for deliveries (None: FLUSH_SECONDS,
-        postponing if they are not done); ``group``: group learning (``kafka.group.GroupSync``), whose state
-        goes into the snapshot. Returns whether the snapshot was written."""
+        postponing if they are not done); ``group_state()``: group learning's state (manifest, arrays) that goes
+        into the snapshot (None: none). Returns whether the snapshot was written."""
         final = wait is not None
         wait = FLUSH_SECONDS if wait is None else wait
         try:
@@ -271,8 +266,8 @@ class Checkpointer:
                 t: i for t, i in sorted(self.topic_ids.items()) if any(t == k[0] for k in positions)
             },
         }
-        if group is not None:
-            manifest["group"], group_arrays = group.to_state()
+        if (group := group_state()) is not None:
+            manifest["group"], group_arrays = group
             arrays.update(group_arrays)
         try:
             snap = self.store.write(manifest, arrays)

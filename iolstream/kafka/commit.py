@@ -18,10 +18,14 @@ snapshot and the roll-back (as Quix Streams' ``Checkpoint``). The worker calls i
   ``partitions_go`` for every partition; group learning: once its last record is committed, the member
   reads the others' records published before the stop, up to the call timeout, before the final snapshot.
 
-At-least-once and exactly-once are the two strategies (``AtLeastOnce``, ``ExactlyOnce``): what closes a
-cycle, what happens around a snapshot, what a lost producer means. ``roll_back`` (exactly-once) reloads
-the newest snapshot into the same processor (``StreamProcessor.restore``: whoever holds it keeps it) and
-seeks every assigned partition back; what the group committed since is replayed without emitting.
+At-least-once and exactly-once are the two strategies (``AtLeastOnce``, ``ExactlyOnce``), chosen once
+(``delivery_mode``); the others ask the strategy rather than the config: how to produce (``make_output``:
+``output.Output``, or ``transactions.TransactionalOutput``), whether input the group committed is replayed
+without emitting (``replays_committed``: the offset book), when the first checkpoint after a start is due,
+what closes a cycle, what happens around a snapshot, what a failed producer means. ``roll_back``
+(exactly-once) loads the newest snapshot into the session (``kafka.session``: a new processor, its positions,
+no replay) and seeks every assigned partition back; what the group committed since is replayed without
+emitting. Group learning takes part through its hooks (``kafka.participant``; a single worker's do nothing).
 """
 
 from __future__ import annotations
@@ -30,16 +34,20 @@ import logging
 import time
 from collections.abc import Callable
 
+from confluent_kafka import KafkaError
+
 from iolstream.kafka.assignment import Assignment
+from iolstream.kafka.calls import ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
 from iolstream.kafka.config import WorkerConfig
-from iolstream.kafka.emit import Emitter
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.offsets import OffsetBook, fmt
+from iolstream.kafka.offsets import fmt
 from iolstream.kafka.output import Output
+from iolstream.kafka.participant import Solo
 from iolstream.kafka.receipts import Receipts
+from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
-from iolstream.kafka.transactions import Transactions
+from iolstream.kafka.transactions import FENCED, TransactionalOutput, Transactions, fatal_message
 from iolstream.ops.faults import crash_point
 from iolstream.stream.align import Aligner
 
@@ -58,59 +66,67 @@ class CommitUnit:
         self,
         cfg: WorkerConfig,
         *,
-        book: OffsetBook,
-        emitter: Emitter,
+        session: Session,
         output: Output,
         checkpoints: Checkpointer,
         assignment: Assignment,
         aligner: Aligner,
         stopper: Stopping,
-        group=None,
+        group: Solo,
         waiting: Callable[[str, float], None] = lambda call, seconds: None,
         metrics=None,
+        calls: ClientCalls | None = None,
+        new_producer: Callable | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
+        """``calls`` (blocking client calls), ``new_producer()`` and ``sleep(seconds)`` (a wait, the loop
+        ticking): what the exactly-once strategy's transactions need (``kafka.transactions``)."""
         self.cfg = cfg
-        self.book, self.emitter, self.output = book, emitter, output
-        self.processor = emitter.processor
+        self.session, self.book, self.output = session, session.book, output
         self.checkpoints, self.assignment, self.aligner = checkpoints, assignment, aligner
         self.stopper, self.group, self.waiting, self.metrics = stopper, group, waiting, metrics
+        self.calls, self.new_producer, self.sleep = calls, new_producer, sleep
         self.receipts = Receipts(cfg, output)
+
+    # ------------------------------------------------------------ what the others ask
+    replays_committed = False  # input the group committed is replayed without emitting (offsets.OffsetBook)
+
+    @classmethod
+    def make_output(cls, cfg: WorkerConfig, **kw) -> Output:
+        """The output this mode produces through."""
+        return Output(cfg, **kw)
 
     # ------------------------------------------------------------ the worker's four calls
     def end_cycle(self, now: int, *, processed: bool) -> None:
         """After a poll cycle (``processed``: it fed input): steps 1–5 of the module docstring."""
         self._step_cycle(now, processed)
-        if self.emitter.replaying and not self.book.replay_until:  # replay over: what it holds is new input
-            self.emitter.replaying = False
-        if self.group is not None:
-            self.group.poll()
-            if not self.book.replay_until:  # mid-replay the sums are behind what this member published before
-                self.group.publish(self.book.positions)
+        self.session.cycle_ended()
+        self.group.on_cycle(self.book.positions, replaying=bool(self.book.replay_until))
         self._commit_cycle()
         self.output.producer.poll(0)
-        replaying = bool(self.book.replay_until)
-        if self.checkpoints.due(self.processor, self.book.positions, replaying, self.exactly_once):
+        if self.checkpoints.due(self.session.processor, self.book.positions, soon=self._soon_after_start):
             self.checkpoint()
 
     def checkpoint(self, *, wait: float | None = None, final: bool = False) -> bool:
         """Publish, commit what is open, write the snapshot, commit its offsets; ``wait``: how long to wait
         for deliveries (None: a periodic checkpoint, postponed if they are not done); ``final``: the stop's
         (group learning: the others' records published before it are read first). Whether it was written."""
-        if self.group is not None and not self.book.replay_until:  # the sums go with the offsets they cover
-            self.group.publish(self.book.positions, force=True)
+        self.group.before_checkpoint(self.book.positions, replaying=bool(self.book.replay_until))
         self._before_snapshot()
-        if final and self.group is not None:  # its own last record committed: the others' before the stop
-            self.group.complete(
+        if (
+            final
+        ):  # its last records committed; group learning: the others' published before the stop are read
+            self.group.at_stop(
                 self.stopper.timeout(self.cfg.kafka.call_timeout_seconds),
                 tick=lambda: self.waiting("the model-deltas topic", 0.0),
             )
         written = self.checkpoints.write(
-            self.processor,
+            self.session.processor,
             self.book.positions,
             self.output.producer,
             lambda: self.output.delivery_errors,
             wait=wait,
-            group=self.group,
+            group_state=self.group.to_state,
         )
         if written:
             self._after_snapshot()
@@ -123,14 +139,16 @@ class CommitUnit:
         receipts = self.checkpoints.take_receipts()
         if receipts:
             unsent = self.receipts.unsent(receipts, self.checkpoints.last_written_ms)
-            self.processor.erasure.sent([r for r in receipts if r not in unsent])  # out before the restart
+            self.session.processor.erasure.sent(
+                [r for r in receipts if r not in unsent]
+            )  # out before the restart
             self._send_receipts(unsent)
 
     def _send_receipts(self, receipts: list[dict]) -> None:
         if receipts:
             crash_point("before_receipts")  # test-only: the snapshot durable, its receipts not out
             self.receipts.send(receipts)
-            self.processor.erasure.sent(receipts)
+            self.session.processor.erasure.sent(receipts)
             self._receipts_out()
 
     def partitions_go(self, partitions=None, *, final: bool = False) -> bool:
@@ -138,16 +156,14 @@ class CommitUnit:
         learn every row consumed, hand over the rows waiting for labels and the labels waiting for rows of the
         partitions that go, checkpoint waiting up to the call timeout for deliveries. Whether the snapshot was
         written."""
-        if self.group is not None:
-            self.emitter.step(now_ms(), force=True)  # the batcher's rows: predicted, or held for the scaling
-            self.group.settle(
-                self.stopper.timeout(self.cfg.kafka.call_timeout_seconds),
-                tick=lambda: self.waiting("the group's scaling", 0.0),
-            )
-            self.emitter.step(now_ms(), force=True)  # the held ones, once the scaling is agreed
-            if not self.book.replay_until:  # partitions go: so do the rows waiting for their labels
-                self.group.publish(self.book.positions, force=True)
-                self.group.hand_over(partitions)
+        self.group.on_revoke(
+            partitions,
+            self.book.positions,
+            replaying=bool(self.book.replay_until),
+            step=lambda: self.session.step(now_ms(), force=True),
+            timeout=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds),
+            tick=lambda: self.waiting("the group's scaling", 0.0),
+        )
         return self.checkpoint(wait=self.stopper.timeout(self.cfg.kafka.call_timeout_seconds), final=final)
 
     def finish(self) -> bool:
@@ -155,22 +171,18 @@ class CommitUnit:
         made true are delivered before the worker stops. False if the final snapshot failed."""
         self._flush_partial()
         ok = self.partitions_go(final=True)
-        if self.receipts.sent and not self.exactly_once:  # (exactly-once: their transaction committed them)
-            self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
+        self._receipts_at_stop()
         return ok
 
     def roll_back(self, why: str) -> None:
-        """Reload the newest snapshot into the processor and seek every assigned partition to its positions;
-        what the group committed is replayed without emitting."""
+        """Load the newest snapshot into the session and seek every assigned partition to its positions; what
+        the group committed is replayed without emitting."""
         self.output.delivery_errors = 0  # those of the aborted transaction
         if self.metrics is not None:
             self.metrics.transactions_aborted.inc()
         loaded = self.checkpoints.load()
-        self.processor.restore(loaded.processor)
-        if self.group is not None:
-            self.group.reload(loaded.group)
-        self.book.reset(loaded.positions)
-        self.emitter.replaying = False
+        self.session.roll_back(loaded.processor, loaded.positions)
+        self.group.attach(loaded.processor, loaded.group)
         self.assignment.resume(self.aligner.clear())  # queued messages are read again from the positions
         self.assignment.seek_back()
         self.receipts_after_load()
@@ -182,11 +194,15 @@ class CommitUnit:
         )
 
     # ------------------------------------------------------------ the strategy's hooks
-    exactly_once = False
+    def _soon_after_start(self, first_due: float) -> bool:
+        """Whether the first checkpoint after a (re)start, due soon so that a crash loop makes progress instead
+        of replaying from further back, may be written now (``first_due``: monotonic time, after
+        ``snapshot.first_after_seconds``)."""
+        return not self.book.replay_until and time.monotonic() >= first_due
 
     def _step_cycle(self, now: int, processed: bool) -> None:
         """Step what is due by the clock."""
-        self.emitter.step(now)
+        self.session.step(now)
 
     def _commit_cycle(self) -> None:
         """Close the cycle."""
@@ -199,12 +215,20 @@ class CommitUnit:
 
     def _flush_partial(self) -> None:
         """Shutdown: the partial batch."""
+        self.session.step(now_ms(), force=True)
 
     def _receipts_out(self) -> None:
         """Forget receipts were just produced."""
 
+    def _receipts_at_stop(self) -> None:
+        """After the final snapshot: its forget receipts out before the worker stops."""
+
     def check_deliveries(self) -> None:
         """Between cycles: what failed deliveries mean."""
+
+    def producer_failed(self, err: KafkaError) -> None:
+        """The producer reported a fatal error (librdkafka's error callback)."""
+        raise WorkerError(fatal_message(err, self.cfg.transactional_id))
 
     def lost(self, why: str) -> None:
         """The producer or the consumer failed fatally and was replaced."""
@@ -220,9 +244,11 @@ class AtLeastOnce(CommitUnit):
     def _after_snapshot(self) -> None:
         self.assignment.commit()
 
-    def _flush_partial(self) -> None:
-        if self.group is None:  # group learning steps in partitions_go
-            self.emitter.step(now_ms(), force=True)
+    def _receipts_at_stop(self) -> None:
+        if (
+            self.receipts.sent
+        ):  # delivered before the worker stops (exactly-once: their transaction committed)
+            self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
 
     def check_deliveries(self) -> None:
         """A failed delivery stops the worker: nothing is committed past it."""
@@ -236,21 +262,37 @@ class ExactlyOnce(CommitUnit):
     """Each poll cycle ends with a forced step and one transaction holding its predictions, dead letters and
     input offsets; a lost transaction rolls the model back to the snapshot (failed deliveries abort it)."""
 
-    exactly_once = True
+    replays_committed = True  # commits run ahead of the snapshots: on restart, the input between is replayed
 
-    def __init__(self, cfg: WorkerConfig, *, transactions: Transactions, **collaborators):
+    def __init__(self, cfg: WorkerConfig, **collaborators):
         super().__init__(cfg, **collaborators)
-        self.txn = transactions
+        self.txn = Transactions(
+            cfg,
+            self.output,
+            self.calls,
+            self.new_producer,
+            metrics=self.metrics,
+            sleep=self.sleep,
+            deadline=lambda: self.stopper.deadline,
+        )
+
+    @classmethod
+    def make_output(cls, cfg: WorkerConfig, **kw) -> Output:
+        return TransactionalOutput(cfg, **kw)
+
+    def _soon_after_start(self, first_due: float) -> bool:
+        return not self.book.replay_until  # as soon as the replay is over
 
     def _step_cycle(self, now: int, processed: bool) -> None:
-        self.emitter.step(now, force=processed)
+        self.session.step(now, force=processed)
 
     def _commit_cycle(self) -> None:
         """Commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
-        member = self.cfg.member_id
-        metadata = (lambda key: self.book.metadata(member, key)) if self.group is not None else None
-        why = self.txn.commit(offsets, self.assignment.consumer.consumer_group_metadata, metadata)
+        assignment = self.assignment
+        why = self.txn.commit(
+            offsets, assignment.consumer.consumer_group_metadata, assignment.commit_metadata
+        )
         if why is None:
             self.book.committed(offsets)
         else:
@@ -261,8 +303,19 @@ class ExactlyOnce(CommitUnit):
             self._commit_cycle()
 
     def _flush_partial(self) -> None:
-        self.emitter.step(now_ms(), force=True)
+        super()._flush_partial()
         self._commit_cycle()
+
+    def producer_failed(self, err: KafkaError) -> None:
+        """Fenced by another worker with our transactional.id: fatal; otherwise the transactional producer is
+        replaced and the model rolled back (``lost``)."""
+        if err.code() in FENCED:
+            super().producer_failed(err)
+        log.warning(
+            "the transactional producer failed fatally (%s): replacing it and rolling the model back",
+            err.str(),
+        )
+        self.lost(err.str())
 
     def _receipts_out(self) -> None:
         """The receipts' transaction commits now, with their requests' offsets: out as soon as the snapshot is
@@ -277,3 +330,8 @@ class ExactlyOnce(CommitUnit):
     def close(self, timeout: float) -> None:
         """Abort an open transaction and close the producer within ``timeout``."""
         self.txn.close(timeout)
+
+
+def delivery_mode(cfg: WorkerConfig) -> type[CommitUnit]:
+    """The commit strategy of ``durability.exactly_once``: where the worker reads the delivery mode, once."""
+    return ExactlyOnce if cfg.durability.exactly_once else AtLeastOnce

@@ -68,9 +68,9 @@ def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
 
 class GroupSync:
     """The group side of one worker: its records in and out, and the scaling agreement its processor proposes
-    to. ``attach`` gives it the processor and the group state of the snapshot loaded (``reload`` after a
-    roll-back, the processor restored in place); ``open`` makes the consumer; then ``catch_up`` once, ``poll``
-    every cycle, ``publish`` when due."""
+    to. ``attach`` gives it the processor and the group state of the snapshot loaded (at start, and after a
+    roll-back the processor of the snapshot it went back to); ``open`` makes the consumer; then ``catch_up``
+    once, ``poll`` every cycle, ``publish`` when due (``kafka.participant`` calls them at the worker's moments)."""
 
     def __init__(self, cfg, output, *, assigned=frozenset):
         self.cfg = cfg
@@ -133,11 +133,6 @@ class GroupSync:
         self.chunks.clear()
         if self.consumer is not None:
             self._seek()
-
-    def reload(self, saved: tuple[dict, dict] | None) -> None:
-        """After a roll-back (the processor restored in place): the group state of the snapshot it went back
-        to."""
-        self.attach(self.processor, saved)
 
     def to_state(self) -> tuple[dict, dict]:
         """The group state and the deltas positions to resume from: before the first chunk of any record read
@@ -552,6 +547,9 @@ def model_digest(config, candidates: list[tuple] | None = None, modes: list[str]
     # alike (each on its clock of scored rows), so members may differ in it, and a release that adds it changes
     # no digest
     described.pop("scoring_share", None)
+    described.pop(
+        "interval", None
+    )  # the coverage emitted: the residual counts behind it add alike whatever it is
     if candidates is not None and len(candidates) > 1:
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
         if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too

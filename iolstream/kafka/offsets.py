@@ -1,13 +1,16 @@
-"""The offset book: where each partition stands, in plain ``(topic, partition)`` keys and int offsets.
+"""The offset book: where each partition stands, in plain ``(topic, partition)`` keys and int offsets; the
+partitions of a commit, at-least-once's or a transaction's, are made from them in one place
+(``commit_partitions``).
 
 - ``positions``: the next offset to read of every partition the state has consumed (in snapshots);
 - ``committed_floor``: the group's committed offset per assigned partition; commits never go below it;
-- ``replay_until``: exactly-once, input a committed transaction already covered: processed into the
-  model again without emitting;
+- ``replay_until``: input the group committed that the state does not hold (exactly-once, where commits run
+  ahead of the snapshots: the commit strategy says so, ``replay_committed``), processed into the model again
+  without emitting;
 - ``ends`` / ``eof``: each assigned partition's end when it was assigned, and where its last
   end-of-partition event came (``iolstream run --stop-at-end``).
 
-    >>> book = OffsetBook(exactly_once=True)
+    >>> book = OffsetBook(replay_committed=True)
     >>> book.assign(("f", 0), committed=9)  # never consumed by this state: from its beginning, replaying to 9
     >>> book.replay_until, book.start(("f", 0))
     ({('f', 0): 9}, None)
@@ -20,6 +23,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+
+from confluent_kafka import TopicPartition
 
 log = logging.getLogger("iolstream.worker")
 
@@ -29,8 +35,10 @@ Key = tuple[str, int]
 class OffsetBook:
     """Where each input partition stands: processed positions, committed floors, replay bounds, ends."""
 
-    def __init__(self, *, exactly_once: bool, positions: dict[Key, int] | None = None, group: bool = False):
-        self.exactly_once = exactly_once
+    def __init__(
+        self, *, replay_committed: bool, positions: dict[Key, int] | None = None, group: bool = False
+    ):
+        self.replay_committed = replay_committed  # the commit strategy's ``replays_committed``
         self.group = (
             group  # group learning: what another member committed is in the group's sums (``assign``)
         )
@@ -77,8 +85,8 @@ class OffsetBook:
         base: int | None = None,
     ) -> None:
         """``key`` assigned, the group having committed ``committed`` for it (None: nothing). Below that, a
-        commit never goes, and (exactly-once) input is replayed without emitting: a committed transaction
-        emitted its outputs already. Group learning, ``by_other`` (another member committed it): that member's
+        commit never goes, and (``replay_committed``, exactly-once) input is replayed without emitting: a
+        committed transaction emitted its outputs already. Group learning, ``by_other`` (another member committed it): that member's
         sums hold the input up to ``committed``, so this state goes on from there, never re-learning it.
         ``base``: this member's own commit names where it took the partition over; a state without the
         partition (older than the take-over) resumes there, not at the partition's beginning."""
@@ -111,7 +119,7 @@ class OffsetBook:
                     key[1],
                     committed,
                 )
-        if self.exactly_once and committed is not None and committed > (start or 0):
+        if self.replay_committed and committed is not None and committed > (start or 0):
             self.replay_until[key] = committed
         else:
             self.replay_until.pop(key, None)
@@ -176,6 +184,21 @@ def drop_other_topics(positions: dict[Key, int], saved: dict[str, str], now: dic
     for key in [k for k in positions if k[0] in other]:
         del positions[key]
     return other
+
+
+def commit_partitions(
+    offsets: list[tuple[str, int, int]], metadata: Callable[[tuple[str, int]], str] | None
+) -> list[TopicPartition]:
+    """The partitions of a commit, the consumer's (at-least-once) or the transaction's (exactly-once):
+    ``(topic, partition, offset)`` each, with group learning the metadata naming the member that committed
+    it (``Assignment.by_other`` reads it back) and where it took the partition over (``OffsetBook.assign``).
+
+    >>> [(tp.topic, tp.offset, tp.metadata) for tp in commit_partitions([("f", 0, 7)], lambda key: "w1")]
+    [('f', 7, 'w1')]
+    """
+    if metadata is None:
+        return [TopicPartition(t, p, o) for t, p, o in offsets]
+    return [TopicPartition(t, p, o, metadata=metadata((t, p))) for t, p, o in offsets]
 
 
 def commit_metadata(member: str, base: int | None) -> str:

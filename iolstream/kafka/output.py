@@ -41,12 +41,8 @@ def key_bytes(text: str) -> bytes:
 
 
 class Output:
-    """Produces through ``producer`` (replaced by ``Transactions`` when it must be).
-
-    ``begin()``: exactly-once, called before each produce: opens the cycle's transaction, and says False
-    when the open transaction is lost already (nothing more is produced into it); ``refused(err)``:
-    exactly-once, a produce the client refused (the transaction is lost). ``waiting(what, seconds)``
-    ticks the loop while the local queue is full."""
+    """Produces through ``producer`` (at-least-once; ``transactions.TransactionalOutput``, exactly-once).
+    ``waiting(what, seconds)`` ticks the loop while the local queue is full."""
 
     def __init__(
         self,
@@ -54,14 +50,10 @@ class Output:
         *,
         metrics=None,
         waiting: Callable[[str, float], None] = lambda *_: None,
-        begin: Callable[[], bool] | None = None,
-        refused: Callable[[KafkaError], None] | None = None,
     ):
         self.cfg = cfg
         self.metrics = metrics
         self.waiting = waiting
-        self.begin = begin
-        self.refused = refused
         self.producer = None
         self.delivery_errors = 0
         self.refusals = None  # refusals.Refusals: a refused write is fatal, named once
@@ -100,10 +92,9 @@ class Output:
     def produce(
         self, topic: str, value: bytes, key=None, headers=None, on_delivery=None, partition: int | None = None
     ) -> None:
-        """Produce one record; a full local queue is waited out (the loop ticking); exactly-once: in the open
-        transaction."""
-        if self.begin is not None and not self.begin():
-            return  # the transaction is lost: the cycle's commit aborts it and rolls the model back
+        """Produce one record; a full local queue is waited out (the loop ticking)."""
+        if not self._ready():
+            return  # exactly-once, the transaction is lost: the cycle's commit aborts it and rolls back
         extra = (
             {} if on_delivery is None else {"on_delivery": on_delivery}
         )  # default: the config's (on_delivery)
@@ -121,19 +112,15 @@ class Output:
             except KafkaException as exc:
                 if self.refusals is not None and self.refusals.note(exc.args[0], topics=(topic,)):
                     raise AccessDenied(self.refusals.first) from None  # no Write on the topic: exit 6
-                # exactly-once: an earlier output of this transaction failed (e.g. too large), which
-                # left it in an error state; at-least-once: a refused produce is fatal as ever
-                if self.refused is None or exc.args[0].code() != KafkaError._STATE:
+                if not self._refused(exc.args[0]):  # at-least-once: a refused produce is fatal
                     raise
-                log.warning("produce refused, the transaction has failed: %s", exc.args[0])
-                self.refused(exc.args[0])
                 return
 
     def emit(self, out: StepOutput) -> None:
         """Produce a step's predictions (encoded here, on first access) and dead letters."""
         topic, predictions = self.cfg.topics.predictions, out.predictions
         done = 0
-        if self.begin is None:  # the common path: one C call per row, no per-row Python frame
+        if self.fast_path:  # one C call per row, no per-row Python frame
             produce = self.producer.produce
             try:
                 for key, value in predictions:
@@ -201,12 +188,24 @@ class Output:
                 self.on_delivery(err, msg)
                 return
             self.dead_letter_limit.refused()
-            if self.begin is not None:
-                self.on_delivery(err, msg)
-            else:
-                self._dropped(reason, f"refused by the broker: {err.str()}")
+            self._too_large(err, msg, reason)
 
         return delivered
+
+    # ------------------------------------------------------------ what exactly-once produces otherwise
+    fast_path = True  # predictions straight to the client (a transaction begins in ``produce``)
+
+    def _ready(self) -> bool:
+        """Before each produce: whether it may go (at-least-once: always)."""
+        return True
+
+    def _refused(self, err: KafkaError) -> bool:
+        """A produce the client refused: whether that is taken care of (at-least-once: no, it is fatal)."""
+        return False
+
+    def _too_large(self, err: KafkaError, msg, reason: str) -> None:
+        """A dead letter the broker refused as too large: counted as dropped and skipped."""
+        self._dropped(reason, f"refused by the broker: {err.str()}")
 
     def _truncated(self, d: DeadLetter, kept: int) -> None:
         if self.dead_letter_limit.note("truncated", d.bad.reason):

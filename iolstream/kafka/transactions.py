@@ -15,11 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.kafka.offsets import commit_partitions
 from iolstream.kafka.output import Output
 from iolstream.ops.faults import crash_point, fault_point
 
@@ -33,15 +34,56 @@ MAX_PRODUCER_ATTEMPTS = (
 PRODUCER_RETRY_SECONDS = 3.0  # ... this far apart, before the process gives up
 
 
+class TransactionalOutput(Output):
+    """Exactly-once output: every record goes into the cycle's transaction, begun by the first produce of the
+    cycle (``begin``). A produce the client refuses (an earlier output of the transaction failed, e.g. too
+    large, leaving it in an error state) marks the transaction lost (``failed``): nothing more is produced into
+    it, and the cycle's commit aborts it; a dead letter the broker refuses as too large fails its transaction
+    too, and the replay cuts it to the new limit."""
+
+    fast_path = False
+
+    def __init__(self, cfg, **kw):
+        super().__init__(cfg, **kw)
+        self.open = False  # a transaction is open
+        self.failed: KafkaError | None = None  # a produce refused: the open transaction is lost, abort it
+        self.started = 0.0  # when the open transaction began (monotonic)
+
+    def begin(self) -> bool:
+        """Open the cycle's transaction if none is; False if the open one is lost already."""
+        if not self.open:
+            self.producer.begin_transaction()
+            self.open = True
+            self.started = time.monotonic()
+        return self.failed is None
+
+    def ended(self) -> None:
+        """The open transaction was committed, aborted, or left with its producer."""
+        self.open, self.failed = False, None
+
+    def _ready(self) -> bool:
+        return self.begin()
+
+    def _refused(self, err: KafkaError) -> bool:
+        if err.code() != KafkaError._STATE:
+            return False
+        log.warning("produce refused, the transaction has failed: %s", err)
+        self.failed = err
+        return True
+
+    def _too_large(self, err: KafkaError, msg, reason: str) -> None:
+        self.on_delivery(err, msg)
+
+
 class Transactions:
-    """``output.producer`` is the transactional producer; ``new_producer()`` makes one (its transactions
-    initialised, WorkerError if that fails). ``sleep(seconds)`` waits with the loop ticking; ``deadline()``
-    is the monotonic time a shutdown must end by (None: not stopping)."""
+    """The transactions of ``output`` (its ``producer`` the transactional producer); ``new_producer()`` makes
+    one (its transactions initialised, WorkerError if that fails). ``sleep(seconds)`` waits with the loop
+    ticking; ``deadline()`` is the monotonic time a shutdown must end by (None: not stopping)."""
 
     def __init__(
         self,
         cfg,
-        output: Output,
+        output: TransactionalOutput,
         calls: ClientCalls,
         new_producer: Callable,
         *,
@@ -57,24 +99,14 @@ class Transactions:
         self.sleep = sleep
         self.deadline = deadline
         self.call_timeout = cfg.kafka.call_timeout_seconds
-        self.open = False
-        self.failed: KafkaError | None = None  # a produce refused: the open transaction is lost, abort it
-        self.started = 0.0
         self.aborts_in_a_row = 0
         self.replaced_in_a_row = 0  # producers replaced since the last committed transaction
         self.replaced = 0
-        output.begin, output.refused = self.begin, self.refuse
 
-    def begin(self) -> bool:
-        """Open the cycle's transaction if none is; False if the open one is lost already."""
-        if not self.open:
-            self.output.producer.begin_transaction()
-            self.open = True
-            self.started = time.monotonic()
-        return self.failed is None
-
-    def refuse(self, err: KafkaError) -> None:
-        self.failed = err
+    open = property(lambda self: self.output.open, doc="A transaction is open.")
+    failed = property(
+        lambda self: self.output.failed, doc="Why the open transaction is lost (None: it is not)."
+    )
 
     def commit(
         self, offsets: list[tuple[str, int, int]], group_metadata: Callable, metadata: Callable | None = None
@@ -84,7 +116,7 @@ class Transactions:
         (topic, partition) -> the commit's metadata (``offsets.OffsetBook.metadata``)."""
         if not self.open and not offsets:
             return None  # nothing emitted and nothing new consumed (a replay-only cycle, an idle poll)
-        self.begin()
+        self.output.begin()
         producer = self.output.producer
         try:
             if self.failed is not None:  # never commit a transaction that misses an output
@@ -94,13 +126,8 @@ class Transactions:
                     )
                 )
             if offsets:
-                # group learning: the offsets name the member that committed them (assignment.Assignment.by_other)
-                # and where it took the partition over (offsets.OffsetBook.assign)
                 group = group_metadata()
-                tps = [
-                    TopicPartition(t, p, o, **({} if metadata is None else {"metadata": metadata((t, p))}))
-                    for t, p, o in offsets
-                ]
+                tps = commit_partitions(offsets, metadata)
                 self._call(
                     "send_offsets_to_transaction",
                     lambda t: producer.send_offsets_to_transaction(tps, group, t),
@@ -134,9 +161,9 @@ class Transactions:
                 "transaction failed (%s): aborting it and rolling the model back to the last snapshot", err
             )
             return self.abort(err)
-        self.open = False
+        self.output.ended()
         self.aborts_in_a_row = self.replaced_in_a_row = 0
-        seconds = time.monotonic() - self.started
+        seconds = time.monotonic() - self.output.started
         if seconds * 1000 > self._timeout_ms() / 2:
             log.warning("a transaction took %.1f s, over half of transaction.timeout.ms", seconds)
         if self.metrics is not None:
@@ -153,7 +180,7 @@ class Transactions:
                 raise WorkerError(fatal_message(exc.args[0], self.cfg.transactional_id)) from None
             log.warning("aborting a failed transaction failed too (%s): replacing the producer", exc)
             self.replace(f"abort failed: {exc}")
-        self.open, self.failed = False, None
+        self.output.ended()
         self.aborts_in_a_row += 1
         if self.aborts_in_a_row >= MAX_ABORTS_IN_A_ROW:
             raise WorkerError(
@@ -167,7 +194,7 @@ class Transactions:
         the broker does not answer, tried again every few seconds, the loop ticking; a stop or
         MAX_PRODUCER_ATTEMPTS failures end the process."""
         old, self.output.producer = [self.output.producer], None
-        self.open, self.failed = False, None
+        self.output.ended()
         try:
             self.calls.call("producer.close", old.clear, 1.0, grace=1.0)
         except CallTimedOut:
@@ -210,7 +237,7 @@ class Transactions:
                 )
             except (KafkaException, CallTimedOut):
                 pass
-        self.open = False
+        self.output.ended()
 
     def _timeout_ms(self) -> int:
         return int(self.cfg.kafka.producer.get("transaction.timeout.ms", 60_000))
@@ -220,7 +247,9 @@ class Transactions:
         ``kafka.call_timeout_seconds``), called again while it fails retriably, until the transaction's own
         timeout (``transaction.timeout.ms`` since it began: the coordinator aborts it then anyway) or the
         shutdown deadline."""
-        deadline = max(self.started + self._timeout_ms() / 1000.0, time.monotonic() + self.call_timeout)
+        deadline = max(
+            self.output.started + self._timeout_ms() / 1000.0, time.monotonic() + self.call_timeout
+        )
         if (stop := self.deadline()) is not None:
             deadline = min(deadline, stop - 1.0)
         while True:

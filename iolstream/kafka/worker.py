@@ -2,14 +2,15 @@
 
     consume (``intake``: the consumer's messages, queued per partition) → align (released in timestamp
     order across partitions, ``stream.align``) → feed (``StreamProcessor.feed``: one message in, what to
-    emit out) → emit (``emit.Emitter``: predictions and dead letters, ``output``) → commit (``commit``:
+    emit out) → emit (``session.Session``: predictions and dead letters, ``output``) → commit (``commit``:
     step, group publish, the transaction or the offsets, the snapshot when due) → status line
 
-The collaborators hold the clients and their own state: ``offsets.OffsetBook`` (positions, committed
-floor, replay bounds, ends), ``output.Output`` (the producer), ``commit.CommitUnit`` (the end of a cycle,
-``AtLeastOnce`` or ``ExactlyOnce``), ``transactions.Transactions`` (exactly-once),
-``checkpoints.Checkpointer`` (the snapshot store), ``calls.ClientCalls`` (blocking client calls with a
-deadline, the loop ticking while they wait), ``health.BrokerHealth``, ``group.GroupSync`` (group learning).
+The collaborators hold the clients and their own state: ``session.Session`` (the processor, the offset
+book ``offsets.OffsetBook`` of positions, committed floors, replay bounds and ends, whether it replays),
+``output.Output`` (the producer), ``commit.CommitUnit`` (the end of a cycle: the delivery mode's strategy,
+``AtLeastOnce`` or ``ExactlyOnce``, chosen once), ``checkpoints.Checkpointer`` (the snapshot store),
+``calls.ClientCalls`` (blocking client calls with a deadline, the loop ticking while they wait),
+``health.BrokerHealth``, ``participant.Solo`` or ``participant.GroupMember`` (group learning's part).
 
 Catch-up ordering: consumed messages are queued per partition and released in timestamp order across
 the features and labels partitions; a partition whose queue is full is paused. Only processed messages
@@ -36,23 +37,21 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from iolstream.core import kernel_cache
-from iolstream.kafka import access, clients, diagnose, output, relearn
+from iolstream.kafka import access, clients, diagnose, output
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
 from iolstream.kafka.clients import check_timing, ensure_topics
-from iolstream.kafka.commit import AtLeastOnce, CommitUnit, ExactlyOnce, now_ms
+from iolstream.kafka.commit import delivery_mode, now_ms
 from iolstream.kafka.config import WorkerConfig
-from iolstream.kafka.emit import Emitter
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.group import GroupSync
 from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.intake import Intake
 from iolstream.kafka.offsets import OffsetBook
-from iolstream.kafka.output import Output
+from iolstream.kafka.participant import participant
 from iolstream.kafka.refusals import Refusals
+from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
-from iolstream.kafka.transactions import FENCED, Transactions, fatal_message
 from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
@@ -75,7 +74,7 @@ class Worker:
     def __init__(self, cfg: WorkerConfig, *, metrics=None):
         self.cfg = cfg
         self.metrics = metrics
-        self.exactly_once = cfg.durability.exactly_once
+        mode = delivery_mode(cfg)  # AtLeastOnce or ExactlyOnce: asked, never the config again
         self.stopper = Stopping(cfg)
         self.stop_event = self.stopper.event
         # test-only hooks; the per-message one costs ~5 % on one-row messages
@@ -91,24 +90,21 @@ class Worker:
         self.health = BrokerHealth(self.calls)
         for warning in check_timing(cfg):
             log.warning("%s", warning)
-        self.output = Output(cfg, metrics=metrics, waiting=self._waiting)
+        self.output = mode.make_output(cfg, metrics=metrics, waiting=self._waiting)
         # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
         self.refusals = self.output.refusals = Refusals(cfg)
-        # group learning (kafka.group): the processor proposes its warm-up scaling to it
-        self.group = (
-            GroupSync(cfg, self.output, assigned=lambda: self.book.assigned) if cfg.group.enabled else None
-        )
-        self.checkpoints = Checkpointer(cfg, self.calls, metrics=metrics, agreement=self.group)
+        # group learning's part (kafka.participant; a single worker's does nothing): the processor proposes its
+        # warm-up scaling to the group
+        self.group = participant(cfg, self.output, assigned=lambda: self.book.assigned)
+        self.checkpoints = Checkpointer(cfg, self.calls, metrics=metrics, agreement=self.group.agreement)
         loaded = self.checkpoints.load()
-        self.processor = loaded.processor
-        self.restarted_in_group = loaded.group is not None  # a snapshot with group state: a restart
         self.book = OffsetBook(
-            exactly_once=self.exactly_once, positions=loaded.positions, group=cfg.group.enabled
+            replay_committed=mode.replays_committed, positions=loaded.positions, group=cfg.group.enabled
         )
+        self.session = Session(loaded.processor, self.book, self.output, metrics=metrics, view=self)
         self.loaded_topic_ids = loaded.topic_ids
         self._dead_seen = dict(self.processor.dead_letters)  # dead letters per reason at the last status line
-        if self.group is not None:
-            self.group.attach(self.processor, loaded.group, start=True)
+        self.group.attach(self.processor, loaded.group, start=True)
         sc = cfg.stream
         # consumed, not yet processed messages, released in timestamp order across partitions (catch-up)
         self.aligner = Aligner(sc.align_max_wait_ms, sc.align_max_queued_messages, sc.align_max_queued_bytes)
@@ -119,13 +115,12 @@ class Worker:
             self.calls,
             before_revoke=lambda keys: self.commit.partitions_go(keys),
             stopping=self.stop_event.is_set,
-            after_assign=lambda: self.group.assignment_changed() if self.group is not None else None,
+            after_assign=self.group.assignment_changed,
         )
         self.intake = Intake(cfg, self.book, self.aligner, self.assignment, self.health, self._on_error)
-        self.emitter = Emitter(self.processor, self.output, metrics=metrics, view=self)
-        collaborators = dict(
-            book=self.book,
-            emitter=self.emitter,
+        self.commit = mode(
+            cfg,
+            session=self.session,
             output=self.output,
             checkpoints=self.checkpoints,
             assignment=self.assignment,
@@ -134,20 +129,10 @@ class Worker:
             group=self.group,
             waiting=self._waiting,
             metrics=metrics,
+            calls=self.calls,
+            new_producer=self._new_producer,
+            sleep=self._sleep_ticking,
         )
-        if self.exactly_once:
-            txn = Transactions(
-                cfg,
-                self.output,
-                self.calls,
-                self._new_producer,
-                metrics=metrics,
-                sleep=self._sleep_ticking,
-                deadline=lambda: self.stopper.deadline,
-            )
-            self.commit: CommitUnit = ExactlyOnce(cfg, transactions=txn, **collaborators)
-        else:
-            self.commit = AtLeastOnce(cfg, **collaborators)
 
     @property
     def consumer(self) -> Consumer | None:
@@ -159,13 +144,14 @@ class Worker:
         self.assignment.consumer = consumer
 
     # ------------------------------------------------------------ the view (ops.status.WorkerView)
+    processor = property(lambda self: self.session.processor)
     checkpoint = property(lambda self: self.checkpoints.last)
     stopping = property(lambda self: self.stop_event.is_set())
     connected = property(lambda self: self.consumer is not None)
     partitions = property(lambda self: len(self.book.assigned))
     replay_pending = property(lambda self: bool(self.book.replay_until))
     broker_unreachable_seconds = property(lambda self: self.health.unreachable_seconds())
-    group_status = property(lambda self: None if self.group is None else self.group.status())
+    group_status = property(lambda self: self.group.status())
 
     # ------------------------------------------------------------ clients
     def _open(self) -> None:
@@ -186,25 +172,21 @@ class Worker:
         self._load_kernels()
         self.starting = "connecting"
         self.output.read_limits()
-        if self.group is not None:  # the group's sums (and, with no snapshot, this member's own) before input
-            self.group.open()
-            self.group.catch_up(self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0))
-            if self.group.adopted_positions is not None:
-                self.book.reset(self.group.adopted_positions)
+        # group learning: the group's sums (and, with no snapshot, this member's own) before input
+        self.group.open(
+            self.book, self.call_timeout, tick=lambda: self._waiting("the model-deltas topic", 0.0)
+        )
         # the producer first: exactly-once, init_transactions fences a previous incarnation and aborts its
         # open transaction, whose pending offsets would keep the group's committed offsets unstable (a
         # committed() waits for them) until the transaction timed out
         self.output.producer = self._new_producer()
-        ahead = {}
-        if self.group and self.exactly_once:  # also partitions taken over after the snapshot (their commits
-            ahead = relearn.own_commits_ahead(self.cfg, self.book.positions, self.book.bases)  # say where)
-        if ahead:  # before this member joins the group: nobody has taken its partitions yet (kafka.relearn)
-            relearn.relearn(
-                self.cfg, self.processor, self.book.positions, self.book.bases, ahead, self.call_timeout
-            )
+        # before this member joins the group, nobody has taken its partitions yet: what it committed past its
+        # snapshot is re-learned now (group learning, exactly-once: kafka.relearn)
+        self.group.before_joining(
+            self.processor, self.book, replays=self.commit.replays_committed, timeout=self.call_timeout
+        )
         self.consumer = self._new_consumer()
-        if self.group is not None and self.restarted_in_group:  # a restart: its partitions may have moved
-            self.group.hand_over()  # while it was away; the rows waiting for labels go where their labels go
+        self.group.joined()  # a restart: its partitions may have moved while it was away (kafka.handover)
         self.commit.receipts_after_load()  # forget receipts of the snapshot loaded, not out before a restart
 
     def _load_kernels(self) -> None:
@@ -368,16 +350,11 @@ class Worker:
     def _feed(self, ready: list, now: int) -> None:
         """Feed the released messages to the processor and emit what each gives; only now may a snapshot or a
         commit cover them. One-row messages make this loop hot, so it is kept lean."""
-        feed, emitter, book, metrics = self.processor.feed, self.emitter, self.book, self.metrics
+        session, book, metrics = self.session, self.book, self.metrics
         features, forget = self.cfg.topics.features, self.cfg.topics.forget
-        positions, replay_until = book.positions, book.replay_until
         for key, msg in ready:
             topic, offset = key[0], msg.offset()
-            replay = key in replay_until and offset < replay_until[key]
-            if replay != emitter.replaying:
-                # never mix replayed (already emitted) and new input in one step
-                emitter.step(now, force=True)
-                emitter.replaying = replay
+            session.take(key, offset, now)  # replayed input (not emitted) or new: never both in one step
             accepted = None
             if metrics is not None and topic == features:  # produce time, for the latency histogram
                 accepted = lambda msg=msg: metrics.on_features(self, msg.timestamp())  # noqa: E731
@@ -387,20 +364,17 @@ class Worker:
                 (topic, key[1], offset) if mkey is None else (topic, key[1], offset, output.key_text(mkey))
             )
             if topic == forget:  # a forget request (docs/design.md §13): its refusals are its only output
-                dead = self.processor.on_forget(msg.value(), source, now, mkey)
+                dead = session.processor.on_forget(msg.value(), source, now, mkey)
                 out = StepOutput(dead_letters=dead) if dead else None
                 if self.crash_points:
                     crash_point("after_forget")
             else:
                 # positional: (value, source, now, labels, accepted, key), the hot path; the key is also data:
                 # an event's id may be its message key
-                out = feed(msg.value(), source, now, topic != features, accepted, mkey)
+                out = session.processor.feed(msg.value(), source, now, topic != features, accepted, mkey)
             if out is not None:
-                emitter.emit(out)
-            if replay:
-                book.processed(key, offset)
-            else:
-                positions[key] = offset + 1
+                session.emit(out)
+            book.processed(key, offset)
             if self.crash_points:
                 crash_point("mid_batch")
 
@@ -414,13 +388,7 @@ class Worker:
             self._replace_consumer(err)
         if self.fatal_error is not None:
             err, self.fatal_error = self.fatal_error, None
-            if not self.exactly_once or err.code() in FENCED:
-                raise WorkerError(fatal_message(err, self.cfg.transactional_id))
-            log.warning(
-                "the transactional producer failed fatally (%s): replacing it and rolling the model back",
-                err.str(),
-            )
-            self.commit.lost(err.str())
+            self.commit.producer_failed(err)  # at-least-once: fatal; exactly-once: replaced, unless fenced
         self.commit.check_deliveries()  # at-least-once: never past a failed one (exactly-once: it aborted)
         self.health.probe(self.consumer, self.cfg.topics.features)
         if time.monotonic() - self.last_status >= self.cfg.logging.status_every_seconds:
@@ -479,8 +447,7 @@ class Worker:
         return ok
 
     def _close(self) -> None:
-        if self.group is not None:
-            self.group.close()
+        self.group.close()
         self.commit.close(self.stopper.timeout(5.0))
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
@@ -497,7 +464,7 @@ class Worker:
         self.last_status = time.monotonic()
         if self.metrics is not None:
             self.metrics.refresh(self)
-        group = None if self.group is None else self.group.status()
+        group = self.group.status()
         dead = self.processor.dead_letters  # per reason, the state's (a roll-back may lower it)
         new = {r: n - self._dead_seen.get(r, 0) for r, n in dead.items() if n > self._dead_seen.get(r, 0)}
         self._dead_seen = dict(dead)

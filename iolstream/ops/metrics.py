@@ -195,7 +195,7 @@ class Metrics:
         self._regret_at = -math.inf
         self._regret_version = -1
         self._regret = (float("nan"), float("nan"), float("nan"))  # (cumulative loss, regret, bound)
-        self._proc = None  # (processor, its roll-backs) the arrival queue follows
+        self._proc = None  # the processor the arrival queue follows
         self._arrivals = _Arrivals()
         self._rows_in_seen = 0
         self.broker_up: bool | None = None  # None: no statistics yet
@@ -211,11 +211,11 @@ class Metrics:
         self.refresh(worker)
 
     def _follow(self, worker):
-        """The processor to read; a new one, or one restored in place after an aborted transaction, resets the
+        """The processor to read; a new one (a roll-back loads another after an aborted transaction) resets the
         arrival queue."""
         proc = worker.processor
-        if (proc, proc.restored) != self._proc:
-            self._proc = (proc, proc.restored)
+        if proc is not self._proc:
+            self._proc = proc
             self._rows_in_seen = proc.counters["rows_in"]
             self._arrivals = _Arrivals(proc.queued_rows)
         return proc

@@ -25,9 +25,7 @@ class CheckpointInfo(Protocol):
 class WorkerView(Protocol):
     """A running worker as the metrics and health endpoints see it."""
 
-    processor: (
-        StreamProcessor  # the stream state and its model (replaced or restored in place on a roll-back)
-    )
+    processor: StreamProcessor  # the stream state and its model (a roll-back replaces it)
     checkpoint: CheckpointInfo
     starting: str | None  # what the start is doing (compiling the kernels, ...); None once the loop runs
     last_tick: float  # monotonic time of the loop's last tick

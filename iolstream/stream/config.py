@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 # the fields of a prediction itself: a passthrough field may not take their names
-PREDICTION_FIELDS = ("y_hat", "proba", "model_version", "ts", "event_ts", "mode")
+PREDICTION_FIELDS = ("y_hat", "y_lo", "y_hi", "proba", "model_version", "ts", "event_ts", "mode")
 
 _POSITIVE = (lambda v: v >= 1, "an integer ≥ 1")
 _NON_NEGATIVE = (lambda v: v >= 0, "an integer ≥ 0")

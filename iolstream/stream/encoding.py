@@ -73,6 +73,7 @@ def encode_predictions(
     scores: np.ndarray | None = None,
     id_key: str = "id",
     extra: list[bytes] | None = None,
+    interval: tuple | None = None,
 ) -> list[bytes]:
     """One JSON prediction per row (docs/design.md §5).
 
@@ -84,7 +85,9 @@ def encode_predictions(
     id_key  : the name of the id field (named-field events: the team's own, ``events.id_field``)
     extra   : per row, more fields as a JSON fragment without braces (``"country":"FR"``: the
               passthrough fields of named-field events), or None
-    Fields: <id_key>, y_hat, [proba], [scores], model_version, ts (= ts_out_ms), [event_ts], mode, [extra...].
+    interval: regression: (y_lo, y_hi), each shaped as y_hat (``model.interval``), or None
+    Fields: <id_key>, y_hat, [y_lo, y_hi], [proba], [scores], model_version, ts (= ts_out_ms), [event_ts], mode,
+    [extra...].
     Non-finite floats are written as null (orjson's rule).
 
     The whole batch is serialised by a few orjson calls and split, then each row's message is
@@ -111,6 +114,11 @@ def encode_predictions(
             head = b"{" + key + b':%b,"y_hat":[%b]'
         y_json = _rows_json(values[:, 0] if values.shape[1] == 1 else values)
     parts = [id_json, y_json]
+    if interval is not None and classes is None:  # each bound as y_hat is written: a number, or a list
+        for name, bound in zip((b"y_lo", b"y_hi"), interval):
+            bound = np.asarray(bound, dtype=np.float64).reshape(b, -1)
+            head += b',"' + name + (b'":%b' if bound.shape[1] == 1 else b'":[%b]')
+            parts.append(_rows_json(bound[:, 0] if bound.shape[1] == 1 else bound))
     for name, values in ((b"proba", proba), (b"scores", scores)):
         if values is not None:
             head += b',"' + name + b'":[%b]'
@@ -164,6 +172,11 @@ def _rows_json(values: np.ndarray) -> list[bytes]:
     return raw[2:-2].split(b"],[")
 
 
-@lru_cache(maxsize=32)
 def _class_json(classes: tuple) -> list[bytes]:
+    # cached by the classes' type too: (False, True) == (0, 1), with the same hash, but not the same JSON
+    return _class_json_of(type(classes[0]), classes)
+
+
+@lru_cache(maxsize=32)
+def _class_json_of(kind: type, classes: tuple) -> list[bytes]:
     return [orjson.dumps(c) for c in classes]

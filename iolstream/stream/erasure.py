@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iolstream.core import linalg
-from iolstream.stream import joinbuffer
+from iolstream.stream import encoding, joinbuffer
 from iolstream.stream import retention as store
 from iolstream.stream.encoding import forget_message
 from iolstream.stream.retention import RetentionStore
-from iolstream.stream.rows import BadInput
+from iolstream.stream.rows import BadInput, FeatureRows
 
 # where a forgotten row was: not predicted yet; only its label had come; predicted, waiting for its label; joined
 # with its label, not folded in yet; labelled (folded in); expired unlabelled, its Gram kept; expired, its Gram gone
@@ -111,6 +111,32 @@ class Erasure:
         return self.retention.find(ids)[0]
 
     # ------------------------------------------------------------ a request
+    def screen(self, rows: FeatureRows, counters: dict):
+        """(rows kept or None, refused) of arriving ``rows``: those whose id the retention store holds are
+        refused, as learned already (``duplicate_id``, past the id memory) or forgotten on request
+        (``forgotten_id``), each counted in ``counters`` (the join buffer's)."""
+        if not self.retention.index.remembers_any(rows.ids):
+            return rows, []
+        held = self.held(rows.ids)
+        rejected = []
+        for i in np.flatnonzero(held).tolist():
+            row_id = rows.ids[i]
+            if held[i] == store.ERASED:
+                bad = BadInput(
+                    "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
+                )
+                counters["rows_forgotten_id"] += 1
+            else:
+                bad = BadInput(
+                    "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
+                )
+                counters["rows_duplicate"] += 1
+            rejected.append((bad, encoding.row_dead_letter(rows, i)))
+        keep = np.flatnonzero(held == 0)
+        if not keep.size:
+            return None, rejected
+        return rows.keep(keep.tolist()), rejected
+
     def forget(self, ids: list[str], located: Located, remembered: np.ndarray, source, now_ms: int):
         """Take the rows of ``ids`` out (module docstring). ``located``: what the processor took out of its
         stores; ``remembered``: the id memory's kinds of ``ids`` (``JoinBuffer.remembered``). Returns

@@ -146,13 +146,16 @@ class _Ring:
             self.data[name][at] = columns[name]
         self.count += b
 
-    def rows(self, name: str) -> np.ndarray:
-        """The rows held, oldest first."""
-        n = min(self.count, self.size)
-        if self.count <= self.size:
-            return self.data[name][:n]
-        start = self.count % self.size
-        return np.concatenate([self.data[name][start:], self.data[name][:start]])
+    def rows(self, *names: str) -> tuple[np.ndarray, ...]:
+        """The rows held of each of ``names``, oldest first, copies of one moment: ``count`` is read once, so
+        a reader on another thread (a status or /metrics scrape) gets arrays of one length while the loop
+        adds rows."""
+        count = self.count
+        n = min(count, self.size)
+        if count <= self.size:
+            return tuple(self.data[name][:n].copy() for name in names)
+        start = count % self.size
+        return tuple(np.concatenate([self.data[name][start:], self.data[name][:start]]) for name in names)
 
     def __len__(self) -> int:
         return min(self.count, self.size)
@@ -233,31 +236,33 @@ class PrequentialMetric:
     def window_value(self) -> float:
         """The same over the last ``window`` of them (NaN before the first)."""
         if self.task == "classification":
-            labels, predicted = self.ring.rows("label"), self.ring.rows("predicted")
+            labels, predicted = self.ring.rows("label", "predicted")
             return self._primary(float((labels == predicted).sum()), len(labels))
-        return self._primary(float(self.ring.rows("sq").sum()), len(self.ring))
+        (sq,) = self.ring.rows("sq")
+        return self._primary(float(sq.sum()), len(sq))
 
     def values(self, sliding: bool = False) -> dict:
         """Every metric of the task, overall or over the window: {name: value} (NaN where unknown), with
         "precision" and "recall" lists per class (classification)."""
         if self.task != "classification":
             if sliding:
-                sq, ab = self.ring.rows("sq"), self.ring.rows("abs")
+                sq, ab = self.ring.rows("sq", "abs")
                 n = len(sq)
                 return {"rmse": self._primary(float(sq.sum()), n), "mae": float(ab.mean()) if n else math.nan}
             n = self.n
             return {"rmse": self.value, "mae": self.sums["abs_error"] / n if n else math.nan}
         if sliding:
-            labels = self.ring.rows("label").astype(np.int64)
-            predicted = self.ring.rows("predicted").astype(np.int64)
-            loss, brier = self.ring.rows("log_loss"), self.ring.rows("brier")
+            labels, predicted, loss, brier, score = self.ring.rows(
+                "label", "predicted", "log_loss", "brier", "score"
+            )
+            labels, predicted = labels.astype(np.int64), predicted.astype(np.int64)
             known = np.isfinite(loss)
             confusion = confusion_of(labels, predicted, self.m)
             auc = math.nan
             if self.m == 2 and known.any():
-                auc = roc_auc(self.ring.rows("score")[known], labels[known] == 1)
+                auc = roc_auc(score[known], labels[known] == 1)
             out = {
-                "accuracy": self.window_value,
+                "accuracy": self._primary(float((labels == predicted).sum()), len(labels)),
                 "log_loss": float(loss[known].mean()) if known.any() else math.nan,
                 "brier": float(brier[known].mean()) if known.any() else math.nan,
                 "roc_auc": auc,

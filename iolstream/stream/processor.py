@@ -59,7 +59,7 @@ import numpy as np
 
 from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
-from iolstream.stream import codec, encoding, payload
+from iolstream.stream import codec, encoding, processor_state
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.erasure import Erasure, Located
@@ -70,7 +70,7 @@ from iolstream.stream.label_queue import LabelQueue
 from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
-from iolstream.stream.retention import ERASED, RetentionStore
+from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
@@ -141,7 +141,6 @@ class StreamProcessor:
         self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
         self.last_losses = np.zeros(mc.n_layers)
         self.last_label_rows = 0
-        self.restored = 0  # roll-backs to a snapshot (``restore``)
         self.feature_cache = FeatureCache()  # recent batches' features, for labels folded batch by batch
         self.erasure = Erasure(model, self.layout, retention)  # forget requests, the rows kept for them
         # dead letters of adopted labels (group learning), emitted with the next step's
@@ -190,7 +189,7 @@ class StreamProcessor:
             rows, queued = self._screen_queued(rows)
             duplicates += queued
         if rows is not None and self.erasure.retention is not None:  # learned before, or forgotten
-            rows, kept = self._screen_retained(rows)
+            rows, kept = self.erasure.screen(rows, self.join.counters)
             duplicates += kept
         if (
             duplicates and self.events is not None
@@ -218,31 +217,6 @@ class StreamProcessor:
         if not keep:
             return None, rejected
         return rows.keep(keep), rejected
-
-    def _screen_retained(self, rows: FeatureRows):
-        """Split off rows whose id the retention store holds: learned already (duplicate_id, past the id
-        memory), or forgotten on request (forgotten_id)."""
-        if not self.erasure.retention.index.remembers_any(rows.ids):
-            return rows, []
-        held = self.erasure.held(rows.ids)
-        rejected = []
-        for i in np.flatnonzero(held).tolist():
-            row_id = rows.ids[i]
-            if held[i] == ERASED:
-                bad = BadInput(
-                    "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
-                )
-                self.join.counters["rows_forgotten_id"] += 1
-            else:
-                bad = BadInput(
-                    "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
-                )
-                self.join.counters["rows_duplicate"] += 1
-            rejected.append((bad, encoding.row_dead_letter(rows, i)))
-        keep = np.flatnonzero(held == 0)
-        if not keep.size:
-            return None, rejected
-        return rows.keep(keep.tolist()), rejected
 
     def on_forget(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """A forget request (docs/design.md §13): each id's row taken out of wherever it is and out of the model
@@ -376,6 +350,7 @@ class StreamProcessor:
             mode=self.model.modes[self.model.selector.chosen],  # -F or -R (auto: the one in force)
             classes=self.model.config.classes,
             scores=pred.scores if self.cfg.emit_scores and pred.proba is not None else None,
+            interval=pred.interval,
             id_key=self.event_shape.id_field,
             extra=None if self.events is None else self.events.passthrough(rows.events),
         )
@@ -585,39 +560,8 @@ class StreamProcessor:
 
     # ------------------------------------------------------------- state
     def to_state(self) -> tuple[dict, dict[str, np.ndarray]]:
-        """(manifest, arrays) of everything consumed so far; the feature cache is not kept (recomputable)."""
-        manifest, arrays = state_io.model_to_arrays(self.model)
-        arrays.update(self.held.to_arrays())
-        arrays.update({f"batcher/{k}": v for k, v in self.batcher.to_state().items()})
-        arrays.update({f"join/{k}": v for k, v in self.join.to_state().items()})
-        arrays.update(self.label_queue.to_arrays())
-        metric_manifest, metric_arrays = self.metric.to_state()
-        arrays.update(metric_arrays)
-        arrays["last_losses"] = self.last_losses
-        manifest["stream"] = {
-            "batch_seq": self.batch_seq,
-            "counters": self.counters,
-            "dead_letters": self.dead_letters,
-            "metric": metric_manifest,
-            "label_queue_since_ms": self.label_queue.since_ms,
-            "last_label_rows": self.last_label_rows,
-            "early_sources": [
-                [row_id, source] for row_id, _, _, source in self.join.early_labels() if source is not None
-            ],
-            "payload": list(PAYLOAD),
-            "erasure": self.erasure.to_state(),
-        }
-        if self.events is not None:
-            manifest["stream"]["fields"] = self.events.counts()
-        return manifest, arrays
-
-    def restore(self, other: StreamProcessor) -> None:
-        """Take ``other``'s whole state in place (a roll-back to a snapshot): whoever holds this processor
-        keeps holding the current one. ``restored`` counts the roll-backs."""
-        restored = self.restored + 1
-        vars(self).clear()
-        vars(self).update(vars(other))
-        self.restored = restored
+        """(manifest, arrays) of everything consumed so far (``stream.processor_state``)."""
+        return processor_state.to_state(self)
 
     @classmethod
     def from_state(
@@ -633,41 +577,13 @@ class StreamProcessor:
     ) -> StreamProcessor:
         """A processor resuming from ``to_state``'s (manifest, arrays); ``retention``: its retention store, read
         back to the state's tail (``RetentionStore.load``)."""
-        model = state_io.model_from_arrays(manifest, arrays)
         proc = cls(
-            model, cfg, window_rows=window_rows, agreement=agreement, events=events, retention=retention
+            state_io.model_from_arrays(manifest, arrays),
+            cfg,
+            window_rows=window_rows,
+            agreement=agreement,
+            events=events,
+            retention=retention,
         )
-        st = manifest["stream"]
-        if proc.events is not None:
-            proc.events.load_counts(st.get("fields"))
-        proc.batch_seq = int(st["batch_seq"])
-        proc.counters.update(st["counters"])
-        proc.dead_letters.update(st["dead_letters"])
-        proc.metric.load_state(st["metric"], arrays)
-        proc.last_losses = np.array(arrays["last_losses"], dtype=float)
-        proc.last_label_rows = int(st.get("last_label_rows", 0))
-        arrays = payload.upgrade(arrays, manifest["format_version"], st.get("payload"), model)
-        proc.held.load_arrays(arrays)
-        proc.batcher = MicroBatcher.from_state(
-            {k[len("batcher/") :]: v for k, v in arrays.items() if k.startswith("batcher/")},
-            max_rows=cfg.batch_rows,
-            max_latency_ms=cfg.max_batch_latency_ms,
-        )
-        proc._queued_ids = proc.held.ids()
-        if "batcher/ids" in arrays:
-            proc._queued_ids.update(str(i) for i in arrays["batcher/ids"].tolist())
-        proc.join = JoinBuffer.from_state(
-            {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")},
-            **cfg.join_settings(proc.target, proc.layout.width),
-        )
-        proc.join.set_early_sources(
-            (row_id, _tuples(source)) for row_id, source in st.get("early_sources", [])
-        )
-        proc.label_queue.load_arrays(arrays, st.get("label_queue_since_ms"))
-        proc.erasure.load_state(st.get("erasure", {}))
+        processor_state.load_state(proc, manifest, arrays)
         return proc
-
-
-def _tuples(value):
-    """JSON lists back to the tuples they were written from (sources are tuples or scalars)."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -82,11 +82,16 @@ def fast_ids(ids: list) -> bool:
     return max(map(len, ids)) <= MAX_ID_CHARS and "\x00" not in "".join(ids)
 
 
-@lru_cache(maxsize=32)
 def class_lookup(classes: tuple) -> dict:
     """Class value -> index; int classes also answer to their decimal string (and, by hashing,
     to integral floats: 3.0 == 3), false/true classes to the texts "false"/"true". Bools must be screened
     out before a lookup of int classes (True == 1), and ints before one of bool classes."""
+    # cached by the classes' type too: (False, True) == (0, 1), with the same hash, but not the same lookup
+    return _class_lookup(type(classes[0]), classes)
+
+
+@lru_cache(maxsize=32)
+def _class_lookup(kind: type, classes: tuple) -> dict:
     lookup = {c: i for i, c in enumerate(classes)}
     if isinstance(classes[0], bool):
         lookup.update({("true" if c else "false"): i for i, c in enumerate(classes)})

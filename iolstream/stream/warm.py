@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from typing import NamedTuple
 
@@ -26,16 +27,33 @@ from iolstream.stream.config import StreamConfig
 from iolstream.stream.processor import StreamProcessor
 
 
+class _QuietThreads(logging.Filter):
+    """Drops the records of the threads running a tiny model's warm-up, and only theirs: a worker's thread may
+    preload while another thread's processor logs (two workers in one process, a test's). Toggling the
+    logger's ``disabled`` instead raced: two preloads overlapping could leave it disabled for good."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread not in self.threads
+
+
+_QUIET = _QuietThreads()
+logging.getLogger("iolstream.processor").addFilter(_QUIET)
+
+
 @contextlib.contextmanager
 def _processor_quiet():
     """The tiny model's warm-up is not the stream's: what the processor would log of it (its hidden units
-    on 8 random rows) is not said."""
-    logger = logging.getLogger("iolstream.processor")
-    disabled, logger.disabled = logger.disabled, True
+    on 8 random rows) is not said, from this thread."""
+    me = threading.get_ident()
+    _QUIET.threads.add(me)
     try:
         yield
     finally:
-        logger.disabled = disabled
+        _QUIET.threads.discard(me)
 
 
 def exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) -> None:

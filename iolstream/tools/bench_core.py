@@ -97,21 +97,7 @@ def bench_core_step(
     """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run; ``mode``:
     the setting's ``model.mode`` replaced (``bench --suite kafka --modes``)."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
-    cfg = ModelConfig(
-        n_inputs=k,
-        n_outputs=m,
-        n_nodes=n_nodes,
-        n_layers=n_layers,
-        scaler="none",
-        dtype=dtype,
-        solver=solver,
-        track_regret=False,
-        **{**SETTINGS[setting], **({} if mode is None else {"mode": mode})},
-    )
-    model = EdRVFL(cfg)
-    from iolstream.core import runtime
-
-    runtime.configure_for_model(model)
+    model = _bench_model(name, dtype, setting, solver=solver, mode=mode)
     rows_s, elapsed = _time_steps(model, k, m, b, seconds)
     flops = minimal_flops_per_row(k, m, n_nodes, n_layers, b)
     if gemm is None:
@@ -197,20 +183,7 @@ def bench_forget_step(
     if stamps not in (1, 2):
         raise ValueError(f"stamps must be 1 or 2, got {stamps}")
     k, m, n_nodes, n_layers, b = CONFIGS[name]
-    cfg = ModelConfig(
-        n_inputs=k,
-        n_outputs=m,
-        n_nodes=n_nodes,
-        n_layers=n_layers,
-        scaler="none",
-        dtype=dtype,
-        track_regret=False,
-        **SETTINGS[setting],
-    )
-    model = EdRVFL(cfg)
-    from iolstream.core import runtime
-
-    runtime.configure_for_model(model)
+    model = _bench_model(name, dtype, setting)
     rng = np.random.default_rng(0)
     learned: list[tuple] = []  # (x, targets, stamps) of the rows learned and not erased, oldest first
     prev = None
@@ -267,3 +240,26 @@ def bench_forget_step(
 
 
 KEPT_BATCHES = 2  # the rows erased were learned this many steps before (or one more)
+
+
+def _bench_model(name: str, dtype: str, setting: str, solver: str = "auto", mode: str | None = None) -> EdRVFL:
+    """A model of ``CONFIGS[name]`` in ``setting`` (SETTINGS), unscaled, no regret tracking, its thread pools set as
+    the worker sets them; ``mode``: the setting's ``model.mode`` replaced."""
+    from iolstream.core import runtime
+
+    k, m, n_nodes, n_layers, _ = CONFIGS[name]
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=k,
+            n_outputs=m,
+            n_nodes=n_nodes,
+            n_layers=n_layers,
+            scaler="none",
+            dtype=dtype,
+            solver=solver,
+            track_regret=False,
+            **{**SETTINGS[setting], **({} if mode is None else {"mode": mode})},
+        )
+    )
+    runtime.configure_for_model(model)
+    return model

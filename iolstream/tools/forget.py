@@ -26,7 +26,7 @@ EXIT_OK, EXIT_NOT_DONE = 0, 1
 
 
 def add_parser(subparsers):
-    from iolstream.tools.common import non_negative_float
+    from iolstream.tools.arguments import non_negative_float
 
     p = subparsers.add_parser(
         "forget",

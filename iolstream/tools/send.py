@@ -218,8 +218,14 @@ SEEN_SCAN_MESSAGES = 20_000  # at most this many of the features topic's newest 
 SEEN_SCAN_SECONDS = 5.0
 
 
-def ids_sent_before(conf: dict, topic: str, ids: list[str], *, messages: int = SEEN_SCAN_MESSAGES,
-                    seconds: float = SEEN_SCAN_SECONDS) -> tuple[int, int]:  # fmt: skip
+def ids_sent_before(
+    conf: dict,
+    topic: str,
+    ids: list[str],
+    *,
+    messages: int = SEEN_SCAN_MESSAGES,
+    seconds: float = SEEN_SCAN_SECONDS,
+) -> tuple[int, int]:
     """(how many of ``ids`` are in the features ``topic`` already, how many messages were read): its newest
     ``messages`` messages (spread over its partitions), for at most ``seconds``. A worker refuses a row whose id
     it has seen (``duplicate_id``); a replay of the same data set sends the same ids unless ``--id-prefix``

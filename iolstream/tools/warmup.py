@@ -56,11 +56,12 @@ def main(args) -> int:
         what = f"{args.config} (mode {model.mode}, {model.dtype}, {target})"
     where = kernel_cache.cache_dir()
     cached = kernel_cache.cached_kernels()
-    say(
-        f"compiling the kernels of {what} into {where} "
-        + (f"({cached} kernels cached there already)" if cached else f"(nothing cached there yet: {warm.COLD_COMPILE_SECONDS} "
-           "for one model)")
-    )  # fmt: skip
+    there = (
+        f"{cached} kernels cached there already"
+        if cached
+        else f"nothing cached there yet: {warm.COLD_COMPILE_SECONDS} for one model"
+    )
+    say(f"compiling the kernels of {what} into {where} ({there})")
 
     def progress(done: int, total: int, seconds: float, compiled: int) -> None:
         say(f"  {done}/{total} kernel sets ready ({seconds:.0f} s, {compiled} compilations)")

@@ -83,6 +83,34 @@ def test_an_overconfident_ensemble_is_softened_and_a_timid_one_sharpened():
     assert calibration.probabilities(timid[:1], sharp)[0, 0] > 0.95
 
 
+def test_the_ensemble_score_is_the_mean_of_the_clipped_layer_outputs_and_bounds_an_outlier_layer():
+    rng = np.random.default_rng(SEED)
+    outputs = rng.normal(0.4, 0.8, (4, 30, 3))
+    c = calibration.ensemble_scores(outputs)
+    np.testing.assert_allclose(c, np.clip(outputs, calibration.FLOOR, 1.0).mean(axis=0), rtol=1e-15)
+    wild = outputs.copy()
+    wild[2] *= 1e6  # one layer overshoots: it moves each score by at most 1/L
+    assert np.abs(calibration.ensemble_scores(wild) - c).max() <= 1.0 / 4 + 1e-12, f"seed={SEED}"
+
+
+def test_the_class_decided_is_a_most_probable_class_under_every_map():
+    rng = np.random.default_rng(SEED + 5)
+    outputs = rng.normal(0.4, 0.8, (3, 200, 4))
+    outputs[:, :20, 1:3] = 1.5  # every layer clipped alike on classes 1 and 2: a tie, broken by s̄
+    outputs[0, :10, 2] = 2.0  # ... whose mean is higher for class 2 on the first 10 rows
+    decided = calibration.decision(outputs)
+    np.testing.assert_array_equal(decided[:10], 2)
+    np.testing.assert_array_equal(decided[10:20], 1)
+    scores = calibration.ensemble_scores(outputs)
+    for index in rng.choice(calibration.GRID_SIZE, 12, replace=False):
+        sums = np.full(calibration.GRID_SIZE, 1e3)
+        sums[index] = 0.0
+        proba = calibration.probabilities(scores, sums)
+        np.testing.assert_array_equal(
+            proba[np.arange(200), decided], proba.max(axis=1), err_msg=f"seed={SEED + 5} grid point {index}"
+        )
+
+
 @pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
 def test_proba_is_calibrated_on_the_emitted_predictions_and_restored_exactly(mode):
     x, y = stream(SEED + 1)

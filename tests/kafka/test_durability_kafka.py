@@ -28,7 +28,8 @@ import numpy as np
 import orjson
 import pytest
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+from kafka_fakes import FakeConsumer, FakeProducer
 from kafka_util import (
     MODEL_ARRAYS,
     STARTUP_SECONDS,
@@ -46,8 +47,7 @@ from iolstream.kafka import snapshots as snapshot
 from iolstream.kafka.calls import ClientCalls
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.offsets import OffsetBook
-from iolstream.kafka.output import Output
-from iolstream.kafka.transactions import Transactions
+from iolstream.kafka.transactions import TransactionalOutput, Transactions
 from iolstream.kafka.worker import EXIT_FATAL, Worker, WorkerError, check_timing
 from iolstream.ops import faults
 from iolstream.ops.lifecycle import EXIT_SHUTDOWN_OVERRUN
@@ -643,53 +643,11 @@ def test_kafka_timeouts_are_checked_at_start(tmp_path, section, key, value, exac
 
 
 # ------------------------------------------------- transaction error handling (no broker)
-class FakeProducer:
-    """Records the transactional calls; ``commit_errors`` are raised by successive commits."""
-
-    def __init__(self, commit_errors=()):
-        self.calls = []
-        self.commit_errors = list(commit_errors)
-
-    def begin_transaction(self):
-        self.calls.append("begin")
-
-    def send_offsets_to_transaction(self, offsets, group, timeout):
-        self.calls.append(("offsets", [(tp.topic, tp.partition, tp.offset) for tp in offsets]))
-
-    def commit_transaction(self, timeout):
-        self.calls.append("commit")
-        if self.commit_errors:
-            raise KafkaException(self.commit_errors.pop(0))
-
-    def abort_transaction(self, timeout):
-        self.calls.append("abort")
-
-
-class FakeConsumer:
-    def __init__(self, committed: dict):
-        self.committed_offsets = committed
-        self.seeks = []
-
-    def consumer_group_metadata(self):
-        return "group-metadata"
-
-    def committed(self, tps, timeout):
-        return [
-            TopicPartition(
-                tp.topic, tp.partition, self.committed_offsets.get((tp.topic, tp.partition), -1001)
-            )
-            for tp in tps
-        ]
-
-    def seek(self, tp):
-        self.seeks.append((tp.topic, tp.partition, tp.offset))
-
-
 def eos_transactions(tmp_path, commit_errors=()) -> Transactions:
-    """The exactly-once collaborators without a broker: Output over a FakeProducer, Transactions."""
+    """The exactly-once collaborators without a broker: TransactionalOutput over a FakeProducer, Transactions."""
     raw = base_config("127.0.0.1:1", {"features": "f", "labels": "l"}, tmp_path, "g", exactly_once=True)
     cfg = config_from_dict(raw, environ={})
-    output = Output(cfg)
+    output = TransactionalOutput(cfg)
     output.producer = FakeProducer(commit_errors)
     return Transactions(cfg, output, ClientCalls(), new_producer=lambda: FakeProducer(), sleep=lambda s: None)
 
@@ -736,7 +694,7 @@ def test_fenced_producer_is_fatal(tmp_path, code):
 
 
 def test_start_offsets_come_from_the_state_and_replay_stops_at_the_committed_offset():
-    book = OffsetBook(exactly_once=True, positions={("f", 0): 5})
+    book = OffsetBook(replay_committed=True, positions={("f", 0): 5})
     book.assign(("f", 0), 9)
     book.assign(("l", 0), 4)
     assert (
@@ -750,6 +708,6 @@ def test_start_offsets_come_from_the_state_and_replay_stops_at_the_committed_off
     assert not book.processed(("f", 0), 7) and book.processed(("f", 0), 8) and book.to_commit() == []
     book.processed(("f", 0), 9)
     assert book.to_commit() == [("f", 0, 10)]
-    at_least_once = OffsetBook(exactly_once=False, positions={("f", 0): 5})
+    at_least_once = OffsetBook(replay_committed=False, positions={("f", 0): 5})
     at_least_once.assign(("f", 0), 9)  # at-least-once re-emits: no replay without emitting
     assert at_least_once.replay_until == {}

@@ -48,7 +48,7 @@ def test_what_group_learning_cannot_take_is_named(sections, key):
 
 
 def test_a_partition_another_member_learned_starts_at_its_committed_offset():
-    book = OffsetBook(exactly_once=True, positions={("f", 0): 5}, group=True)
+    book = OffsetBook(replay_committed=True, positions={("f", 0): 5}, group=True)
     book.assign(("f", 0), committed=40, by_other=True)  # another member learned 5..40: not again here
     assert book.start(("f", 0)) == 40 and not book.replay_until
     book.assign(("f", 1), committed=30, by_other=True)  # never consumed here
@@ -57,7 +57,7 @@ def test_a_partition_another_member_learned_starts_at_its_committed_offset():
         ("f", 2), committed=30, by_other=False
     )  # this member's own commit: replayed from the beginning
     assert book.start(("f", 2)) is None and book.replay_until[("f", 2)] == 30
-    single = OffsetBook(exactly_once=True, positions={("f", 0): 5})
+    single = OffsetBook(replay_committed=True, positions={("f", 0): 5})
     single.assign(("f", 0), committed=40, by_other=True)  # without group learning nothing changes
     assert single.start(("f", 0)) == 5 and single.replay_until[("f", 0)] == 40
 
@@ -70,7 +70,7 @@ def test_a_partition_taken_over_resumes_at_the_take_over_after_a_roll_back_or_re
     from iolstream.kafka.offsets import parse_metadata
 
     snapshot = {("f", 0): 5}
-    book = OffsetBook(exactly_once=exactly_once, positions=snapshot, group=True)
+    book = OffsetBook(replay_committed=exactly_once, positions=snapshot, group=True)
     book.assign(("f", 1), committed=200, by_other=True)
     assert book.start(("f", 1)) == 200 and book.bases == {("f", 1): 200}
     book.processed(("f", 1), 249)
@@ -80,12 +80,12 @@ def test_a_partition_taken_over_resumes_at_the_take_over_after_a_roll_back_or_re
     assert book.start(("f", 1)) == 200
     assert book.replay_until.get(("f", 1)) == (250 if exactly_once else None)  # re-learned without emitting
     restarted = OffsetBook(
-        exactly_once=exactly_once, positions=snapshot, group=True
+        replay_committed=exactly_once, positions=snapshot, group=True
     )  # a new process: from the commit
     member, base = parse_metadata(book.metadata("w1", ("f", 1)))
     restarted.assign(("f", 1), committed=250, by_other=member != "w1", base=base)
     assert restarted.start(("f", 1)) == 200 and restarted.bases == {("f", 1): 200}
-    covered = OffsetBook(exactly_once=exactly_once, positions={**snapshot, ("f", 1): 240}, group=True)
+    covered = OffsetBook(replay_committed=exactly_once, positions={**snapshot, ("f", 1): 240}, group=True)
     covered.assign(("f", 1), committed=250, by_other=False, base=200)  # a state that has it: its own position
     assert covered.start(("f", 1)) == 240
 

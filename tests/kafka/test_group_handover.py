@@ -10,6 +10,7 @@ it: the labels stayed stranded where they were, and the group's c never had them
 import numpy as np
 import orjson
 import pytest
+from kafka_fakes import FakeRecord
 
 from iolstream.core import contribution
 from iolstream.core.model import EdRVFL
@@ -35,24 +36,7 @@ class _Log:
         self.records.append((value, headers))
 
     def messages(self):
-        return [_Msg(value, headers, offset) for offset, (value, headers) in enumerate(self.records)]
-
-
-class _Msg:
-    def __init__(self, value, headers, offset):
-        self._value, self._headers, self._offset = value, headers, offset
-
-    def value(self):
-        return self._value
-
-    def headers(self):
-        return self._headers
-
-    def partition(self):
-        return 0
-
-    def offset(self):
-        return self._offset
+        return [FakeRecord(value, headers, offset) for offset, (value, headers) in enumerate(self.records)]
 
 
 class Member:

@@ -7,6 +7,7 @@ be skipped (logged, counted as refused) and change nothing: raised, it would sto
 import numpy as np
 import pytest
 from confluent_kafka import TopicPartition
+from kafka_fakes import FakeRecord
 
 from iolstream.core import contribution
 from iolstream.core.candidates import FIRST_GRID, candidate_grid
@@ -25,25 +26,6 @@ def _cfg(member="w1", chunk_bytes=None, **model):
     return config_from_dict({"model": {**MODEL, **model}, "group": group}, environ={})
 
 
-class _Msg:
-    """What GroupSync reads of a consumed record."""
-
-    def __init__(self, value: bytes, headers, offset: int = 7):
-        self._value, self._headers, self._offset = value, headers, offset
-
-    def value(self):
-        return self._value
-
-    def headers(self):
-        return self._headers
-
-    def partition(self):
-        return 0
-
-    def offset(self):
-        return self._offset
-
-
 def _headers(kind: str, member: str, seq: int, chunk: str, size: int) -> list:
     return [
         ("iolstream.kind", kind.encode()),
@@ -56,7 +38,7 @@ def _headers(kind: str, member: str, seq: int, chunk: str, size: int) -> list:
 
 def _record(
     sync, member: str, seq: int, arrays: dict, digest: str | None = None, kind: str = "sums", **manifest
-) -> _Msg:
+) -> FakeRecord:
     fields = {"published_ms": 1, "positions": [], **CLOCKS} if kind == "sums" else {"published_ms": 1}
     fields.update(manifest)
     blob = snapshots.encode(
@@ -69,7 +51,7 @@ def _record(
         },
         arrays,
     )
-    return _Msg(blob, _headers(kind, member, seq, "0/1", len(blob)))
+    return FakeRecord(blob, _headers(kind, member, seq, "0/1", len(blob)))
 
 
 def _attached(cfg, candidates=None, saved=None):
@@ -93,8 +75,8 @@ class _Log:
     def produce(self, topic, value, key=None, headers=None, partition=None):
         self.records.append((key, value, headers))
 
-    def messages(self, start: int = 0) -> list[_Msg]:
-        return [_Msg(v, h, offset) for offset, (_, v, h) in enumerate(self.records) if offset >= start]
+    def messages(self, start: int = 0) -> list[FakeRecord]:
+        return [FakeRecord(v, h, offset) for offset, (_, v, h) in enumerate(self.records) if offset >= start]
 
 
 def test_sums_of_another_model_config_are_skipped_not_fatal():
@@ -190,13 +172,15 @@ def test_a_record_that_does_not_load_changes_nothing_and_stops_nothing(kind, mem
 
 def test_unreadable_headers_are_skipped():
     sync, proc = _attached(_cfg())
-    assert sync._take(_Msg(b"x", [("iolstream.kind", b"\xff"), ("iolstream.member", b"w2")])) == 0
-    assert sync._take(_Msg(b"x", _headers("sums", "w2", 1, "5/2", 1))) == 0  # a chunk index past the count
-    assert sync._take(_Msg(b"x", _headers("sums", "w2", 1, "0/0", 1))) == 0
+    assert sync._take(FakeRecord(b"x", [("iolstream.kind", b"\xff"), ("iolstream.member", b"w2")])) == 0
+    assert (
+        sync._take(FakeRecord(b"x", _headers("sums", "w2", 1, "5/2", 1))) == 0
+    )  # a chunk index past the count
+    assert sync._take(FakeRecord(b"x", _headers("sums", "w2", 1, "0/0", 1))) == 0
     assert not sync.chunks and not sync.records
 
 
-def _chunked(sync, proc, member: str, seq: int, chunk_bytes: int) -> list[_Msg]:
+def _chunked(sync, proc, member: str, seq: int, chunk_bytes: int) -> list[FakeRecord]:
     blob = snapshots.encode(
         {
             "published_ms": 1,
@@ -211,7 +195,7 @@ def _chunked(sync, proc, member: str, seq: int, chunk_bytes: int) -> list[_Msg]:
     )
     count = -(-len(blob) // chunk_bytes)
     return [
-        _Msg(
+        FakeRecord(
             blob[i * chunk_bytes : (i + 1) * chunk_bytes],
             _headers("sums", member, seq, f"{i}/{count}", len(blob)),
         )

@@ -36,7 +36,7 @@ from iolstream.core.model import EdRVFL
 from iolstream.kafka.calls import ClientCalls
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.output import Output
-from iolstream.kafka.transactions import Transactions
+from iolstream.kafka.transactions import TransactionalOutput, Transactions
 from iolstream.kafka.worker import EXIT_OK, Worker
 from iolstream.tools import cli, produce
 from iolstream.tools.datasets import load
@@ -389,7 +389,7 @@ def test_exactly_once_a_refused_produce_aborts_the_transaction_never_commits_it(
     cfg = config_from_dict(
         worker_raw("127.0.0.1:1", topics, tmp_path, durability={"exactly_once": True}), environ={}
     )
-    output = Output(cfg)
+    output = TransactionalOutput(cfg)
     output.producer = RefusingProducer()
     txn = Transactions(cfg, output, ClientCalls(), new_producer=RefusingProducer, sleep=lambda s: None)
     output.produce("p", b"1", key="r1")
@@ -743,7 +743,7 @@ def test_catching_up_by_the_age_of_the_input_or_by_the_rows_still_in_the_broker(
         worker_raw("127.0.0.1:1", ["f", "l", "p", "d"], Path("/nonexistent"), stream={"batch_rows": 256}),
         environ={},
     )
-    book = OffsetBook(exactly_once=False)
+    book = OffsetBook(replay_committed=False)
     book.assign(("f", 0), None)
     book.assign(("l", 0), None)
     a = Assignment(

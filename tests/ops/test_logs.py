@@ -114,7 +114,7 @@ def test_worker_status_and_batch_events(capture, tmp_path):
     X = np.random.default_rng(0).normal(size=(3, 4))
     proc.on_features(orjson.dumps({"ids": ["a", "b", "c"], "x": X.tolist()}), ("f", 0, 0), now_ms=0)
     lines = capture("DEBUG", "json")
-    worker.emitter.step(0, force=True)  # produces through the stand-in producer above
+    worker.session.step(0, force=True)  # produces through the stand-in producer above
     worker.log_status()
     events = {rec["event"]: rec for rec in map(orjson.loads, lines())}
     batch = events["batch"]

@@ -42,7 +42,10 @@ def exported() -> set[str]:
         "records": {},
         "bytes_out": 0,
         "bytes_in": 0,
-    }
+        "sequences": {"w1": 3, "w2": 2},
+        "log_positions": {0: 17},
+        "unpublished": False,
+    }  # every key kafka.group's status gives
     worker = types.SimpleNamespace(
         processor=proc,
         checkpoint=Checkpoint(),

@@ -500,7 +500,7 @@ def test_row_types_are_slotted_and_frozen():
 )
 def test_fast_encoder_equals_the_reference(ids, classes, m, data):
     """Bytes equal to one orjson.dumps of a dict per row, for any ids (commas, quotes, unicode),
-    class values, regression widths, non-finite floats and event times present, absent or mixed."""
+    class values, regression widths and intervals, non-finite floats and event times present, absent or mixed."""
     b = len(ids)
     floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e300, 1e300))
     if classes is not None:
@@ -527,6 +527,8 @@ def test_fast_encoder_equals_the_reference(ids, classes, m, data):
     )
     if classes is not None and data.draw(st.booleans()):  # stream.emit_scores: the raw outputs too
         kwargs["scores"] = proba[::-1].copy()
+    if classes is None and data.draw(st.booleans()):  # model.interval: y_lo and y_hi, shaped as y_hat
+        kwargs["interval"] = (y_hat - 1.5, y_hat[::-1].copy())
     assert encode_predictions(ids, y_hat, proba, **kwargs) == naive.encode_predictions(
         ids, y_hat, proba, **kwargs
     )

@@ -239,3 +239,20 @@ def test_a_real_table_as_events_is_encoded_as_the_tools_encode_it():
     np.testing.assert_array_equal(np.concatenate([b.X for b in batches]), ds.X)
     missing = {f.name: sum(e.get(f.name) is None for e in ts.events) for f in ds.schema.fields}
     assert proc.status()["fields"]["missing"] == {k: v for k, v in missing.items() if v}
+
+
+def test_false_true_classes_after_a_zero_one_model_in_the_same_process():
+    """(False, True) == (0, 1) with the same hash: a cache of the class labels' JSON or lookup keyed by the tuple
+    alone gave a false/true model the 0/1 model's (y_hat 0, the label text "true" refused)."""
+    from iolstream.stream.encoding import _class_json
+    from iolstream.stream.values import class_lookup
+
+    assert _class_json((0, 1)) == [b"0", b"1"] and class_lookup((0, 1))["1"] == 1
+    assert _class_json((False, True)) == [b"false", b"true"]
+    assert class_lookup((False, True))["true"] == 1 and "1" not in class_lookup((False, True))
+    proc = processor(warmup_rows=4)
+    out = proc.feed(orjson.dumps([event(i) for i in range(8)]), ("f", 0, 0), 0)
+    predictions = [orjson.loads(v) for _, v in out.predictions] if out is not None else []
+    predictions += [orjson.loads(v) for _, v in proc.step(0, force=True).predictions]
+    assert predictions and all(isinstance(p["y_hat"], bool) for p in predictions)
+    assert proc.on_labels(orjson.dumps({"order_id": "o-1", "is_fraud": "true"}), ("l", 0, 0), 0) == []

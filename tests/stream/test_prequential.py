@@ -74,3 +74,33 @@ def test_state_round_trip_and_an_old_state_keeps_its_accuracy():
     old = PrequentialMetric("classification", window=300, m=2)
     old.load_state({"n": 10, "total": 7.0}, {})  # a snapshot from before these metrics
     assert old.value == 0.7 and np.isnan(old.values()["log_loss"]) and len(old.ring) == 0
+
+
+def test_the_window_is_read_at_one_moment_while_the_loop_adds_rows():
+    """A status or /metrics scrape reads the window on another thread while the loop adds rows: every array it
+    gets has the same length, and they are copies (rows added afterwards do not change them)."""
+    import threading
+
+    metric = PrequentialMetric("classification", window=64, m=3)
+    rng = np.random.default_rng(0)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            labels = rng.integers(0, 3, 7)
+            metric.update_classes(labels, labels, np.full((7, 3), 1 / 3))
+
+    adder = threading.Thread(target=loop)
+    adder.start()
+    try:
+        for _ in range(2000):
+            out = metric.values(sliding=True)  # raised on arrays of two lengths before
+            assert 0.0 <= out["accuracy"] <= 1.0 or np.isnan(out["accuracy"])
+    finally:
+        stop.set()
+        adder.join()
+    metric.update_classes(np.full(70, 2), np.full(70, 2), None)  # the window full, whatever the loop added
+    labels, predicted = metric.ring.rows("label", "predicted")
+    assert len(labels) == len(predicted) == 64
+    metric.update_classes(np.zeros(64, dtype=np.int64), np.ones(64, dtype=np.int64), None)
+    assert (labels == predicted).all()  # a copy of that moment

@@ -63,3 +63,40 @@ def test_sigmoid_with_xavier_is_said_once_with_its_share_and_the_setting(caplog)
 def test_nothing_is_said_at_init_auto(caplog):
     for activation in ("sigmoid", "tanh", "relu"):
         assert run(caplog, activation=activation) == [], f"{activation} seed={SEED}"
+
+
+def test_overlapping_kernel_warmups_leave_the_processor_log_on(caplog):
+    """Two threads preloading kernels at once (two workers in one process) while the main thread's processor
+    logs: each warm-up quiets only its own thread, and the log is on again once both end. (Toggling the
+    logger's ``disabled`` left it off for good when the two overlapped: enter A, enter B, leave A, leave B.)"""
+    import threading
+
+    from iolstream.stream import warm
+
+    log = logging.getLogger("iolstream.processor")
+    entered, leave_a, a_left = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with warm._processor_quiet():
+            entered.set()
+            leave_a.wait(10)
+        a_left.set()
+
+    def b():
+        entered.wait(10)
+        with warm._processor_quiet():
+            leave_a.set()
+            a_left.wait(10)
+            log.warning("from a warm-up")  # quiet: this thread is warming up
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    with caplog.at_level(logging.WARNING, logger="iolstream.processor"):
+        for t in threads:
+            t.start()
+        entered.wait(10)
+        log.warning("the stream's own, during a warm-up")
+        for t in threads:
+            t.join(10)
+        log.warning("the stream's own, after")
+    said = [r.getMessage() for r in caplog.records if r.name == "iolstream.processor"]
+    assert said == ["the stream's own, during a warm-up", "the stream's own, after"], said
