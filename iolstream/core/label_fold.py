@@ -318,7 +318,7 @@ class LabelFold:
         info = np.zeros(self.n_layers, dtype=np.int32)
         kernel = fused.erase_parallel if self.parallel else fused.erase_serial
         check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
-        sums = (a.gram, a.factor, a.rhs, a.gram_labelled, self.scratch())
+        sums = (a.gram, a.factors(), a.rhs, a.gram_labelled, self.scratch())
         stack = (*sums, given, given_w, check_labelled, info)
         if kernel(grams_t, labelled_t, y_w, *stack):
             a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
