@@ -173,7 +173,10 @@ class LayerState:
     def refactor(self) -> None:
         """The Cholesky factor of A into ``factor`` (``factor_kind`` becomes "cholesky")."""
         arrays, index = self._arrays, self._index
-        info = fused.refactor_layer(index, arrays.gram, arrays.factors())
+        factors = arrays.factors()
+        if arrays.gram.shape[1:] != factors.shape[1:]:  # the kernel does not check its bounds
+            raise ValueError("refactor: this state keeps no A of its own (a shared candidate's: shared_gram)")
+        info = fused.refactor_layer(index, arrays.gram, factors)
         if info != 0:
             raise linalg.NotPositiveDefinite(
                 f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
@@ -245,11 +248,15 @@ class LearnerState:
     arrays: LayerArrays | None = field(default=None, repr=False)  # the stacks ``layers`` view
 
     def __getstate__(self) -> dict:
-        """Pickle with every factor and β up to date, so that a read-only copy (a memory map) works."""
+        """Pickle with every β up to date, and every factor this state has made, so that a read-only copy (a
+        memory map) predicts without writing. A factor never made stays unmade (a -F step factors in scratch
+        memory), and a state without sums of its own (a ``shared_gram`` candidate's) has none to factor."""
         solve_stale(self)
-        for ls in self.layers:
-            if ls._arrays.factor_stale[ls._index]:
-                ls.refactor()
+        a = self.arrays
+        if a.gram.shape[1] and a.factor.shape[1]:
+            for ls in self.layers:
+                if a.factor_stale[ls._index]:
+                    ls.refactor()
         return self.__dict__.copy()
 
     # The two operations forgetting and group learning are built on (docs/design.md §8). Write every sum as

@@ -242,7 +242,9 @@ def bench_forget_step(
 KEPT_BATCHES = 2  # the rows erased were learned this many steps before (or one more)
 
 
-def _bench_model(name: str, dtype: str, setting: str, solver: str = "auto", mode: str | None = None) -> EdRVFL:
+def _bench_model(
+    name: str, dtype: str, setting: str, solver: str = "auto", mode: str | None = None
+) -> EdRVFL:
     """A model of ``CONFIGS[name]`` in ``setting`` (SETTINGS), unscaled, no regret tracking, its thread pools set as
     the worker sets them; ``mode``: the setting's ``model.mode`` replaced."""
     from iolstream.core import runtime

@@ -363,3 +363,28 @@ def test_candidates_allocate_no_copy_of_the_sums_and_the_gram_buffers_are_reused
         np.tril(ridge.state.layers[1].gram), np.tril(model.learners[0].state.layers[1].gram_labelled)
     )
     assert ridge._state.arrays.gram.shape == (2, n, n)  # allocated by that read
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward"])
+def test_a_model_whose_factor_stack_was_never_made_pickles_erases_and_predicts_the_same(mode):
+    """The -F route factors in scratch memory, and a shared candidate keeps no A of its own: pickling solves every
+    stale β (a shared candidate's from its primary's sums, nothing factored in its empty A), erasing rows (which
+    factors A) makes the stack first; the copy predicts the same bits, and after the erasure the primary's β is
+    the copy's again."""
+    import pickle
+
+    x, y = _classes(49, 600)
+    cfg = ModelConfig(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", mode=mode)
+    model = stream_one_batch_late(EdRVFL(cfg), x, y, 60)
+    assert model.learners[0].state.arrays.factor.size == 0
+    copy = pickle.loads(pickle.dumps(model))
+    assert all(ln._state.arrays.gram.size == 0 for ln in copy.learners[1:])
+    probe = np.random.default_rng(1).standard_normal((30, 4))
+    np.testing.assert_array_equal(copy.predict(probe), model.predict(probe))
+    fresh = stream_one_batch_late(EdRVFL(cfg), x, y, 60)  # never pickled: no factor stack yet
+    pred = fresh.observe(x[:20])
+    fresh.learn(pred.features_t, np.eye(3)[y[:20]], predicted=pred.predicted, observed_at=pred.clock)
+    assert fresh.learners[0].state.arrays.factor.size == 0
+    fresh.erase(pred.features_t, np.eye(3)[y[:20]], True, pred.clock)
+    for layer, (ls, before) in enumerate(zip(fresh.learners[0].state.layers, copy.learners[0].state.layers)):
+        np.testing.assert_allclose(ls.beta, before.beta, rtol=1e-6, atol=1e-9, err_msg=f"layer {layer}")
