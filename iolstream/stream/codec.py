@@ -344,7 +344,7 @@ def forget_ids(
         if reason is None and row_id in first:
             reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first[row_id]})"
         if reason is not None:
-            dead.append((BadInput(reason, f"row {i}: {why}"), orjson.dumps({id_field: v})))
+            dead.append((BadInput(reason, f"row {i}: {why} (field {name!r})"), orjson.dumps({id_field: v})))
             continue
         first[row_id] = i
         good.append(row_id)

@@ -14,6 +14,11 @@ batches of 256 rows (``append``, as the stream writes a predicted batch) and lab
   (``posix_fadvise`` DONTNEED after a flush; a disk read), where the platform allows it;
 - ``flush_seconds``: writing the dirty pages of the whole window to disk (what a snapshot's ``flush`` costs
   at most, after a snapshot interval that rewrote the window);
+- ``calibrated``: the record of a calibrated classifier (3 classes, one candidate: k + 1 + K·m = 14 numbers),
+  as the worker writes it: a ``StreamProcessor`` with the store its model asks for (``record_shape``), fed
+  ``--retention-rows`` / 8 rows (at least 2 segments) with their labels; ``bytes_per_row``, ``disk_bytes_per_row``
+  (allocated bytes of the segment files over the rows held), and ``scored``: the share of labelled records
+  whose scores were written (not NaN);
 - ``processor``: the worker's stream logic (``StreamProcessor``, messages from memory, labels one batch late)
   with and without a retention store, in turn (best of 3 each), on batch messages of 256 rows and on one-row
   messages: rows/s, and ``cost`` = rows/s without ÷ rows/s with.
@@ -30,7 +35,7 @@ import time
 import numpy as np
 import orjson
 
-from iolstream.stream.retention import RetentionStore
+from iolstream.stream.retention import LABELLED, RetentionStore
 
 K, BATCH = 10, 256
 
@@ -80,6 +85,7 @@ def run_retention(args) -> dict:
             "cold_read_us": cold,
             "flush_seconds": flush_s,
         }
+    out["calibrated"] = _calibrated_record(max(2 * 65_536, rows // 8))
     out["processor"] = {
         "batch_messages": _processor_pair(60_000, 256),
         "one_row_messages": _processor_pair(20_000, 1),
@@ -101,6 +107,43 @@ def _processor_pair(rows: int, per_message: int, rounds: int = 3) -> dict:
         "rows_per_second_with": best["with"],
         "cost": best["without"] / best["with"],
     }
+
+
+def _calibrated_record(rows: int) -> dict:
+    """The retention record of a calibrated 3-class model, measured on the files the stream logic wrote."""
+    from iolstream.core.model import EdRVFL, ModelConfig
+    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.processor import StreamProcessor
+    from iolstream.stream.retention import record_shape
+
+    cfg = ModelConfig(n_inputs=K, classes=(0, 1, 2), n_nodes=32, n_layers=2, warmup_rows=BATCH)
+    model = EdRVFL(cfg)
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory(prefix="iolstream-retention-") as tmp:
+        store = RetentionStore(tmp, **record_shape(cfg), rows=1_000_000)
+        proc = StreamProcessor(model, StreamConfig(batch_rows=BATCH, label_batch_rows=BATCH), retention=store)
+        for start in range(0, rows, BATCH):
+            ids = [f"r{i}" for i in range(start, start + BATCH)]
+            x = rng.standard_normal((BATCH, K))
+            proc.on_features(orjson.dumps({"ids": ids, "x": x.tolist()}), ("f", 0, start), 0)
+            proc.step(0)
+            y = (x[:, 0] > 0).astype(int) + (x[:, 1] > 1).astype(int)
+            proc.on_labels(orjson.dumps({"ids": ids, "y": y.tolist()}), ("l", 0, start), 0)
+            proc.step(0)
+        proc.step(0, force=True)
+        store.flush()
+        _, seqs = store.find([f"r{i}" for i in range(BATCH, rows, 97)])  # past the warm-up's hold
+        records = store.read(seqs)
+        labelled = records["status"] == LABELLED
+        return {
+            "rows": rows,
+            "n_scores": store.n_scores,
+            "bytes_per_row": store.bytes_per_row,
+            "disk_bytes_per_row": store.disk_bytes() / rows,
+            "scored": float(np.mean(~np.isnan(records["scores"][labelled]).any(axis=1)))
+            if labelled.any()
+            else 0.0,
+        }
 
 
 def _processor_rate(rows: int, per_message: int, directory: str | None) -> float:

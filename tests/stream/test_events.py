@@ -256,3 +256,73 @@ def test_false_true_classes_after_a_zero_one_model_in_the_same_process():
     predictions += [orjson.loads(v) for _, v in proc.step(0, force=True).predictions]
     assert predictions and all(isinstance(p["y_hat"], bool) for p in predictions)
     assert proc.on_labels(orjson.dumps({"order_id": "o-1", "is_fraud": "true"}), ("l", 0, 0), 0) == []
+
+
+def _forget_codec(**shape) -> EventCodec:
+    fields = [{"name": "amount", "type": "number"}]
+    return EventCodec(
+        ModelConfig(classes=(0, 1), features=fields).schema,
+        EventsConfig(**shape),
+        TargetSpec.classification((0, 1)),
+        max_bytes=200,
+    )
+
+
+def test_a_forget_request_names_its_ids_by_the_configured_id_field():
+    """docs/design.md §13: a request finds a row's id where the features do; numbers are ids as text."""
+    codec = _forget_codec(id_field="order_id")
+    assert codec.forget(b'{"order_id": "o-1"}') == (["o-1"], [])
+    assert codec.forget(b'{"order_id": 42, "amount": 3}') == (["42"], [])  # the other fields are not read
+    assert codec.forget(b'[{"order_id": "o-1"}, {"order_id": 7}]') == (["o-1", "7"], [])
+    assert codec.forget(b'{"ids": ["o-1", 8, "o-3"]}') == (["o-1", "8", "o-3"], [])
+    nested = _forget_codec(id_field="order.ref")
+    assert nested.forget(b'{"order": {"ref": "n-9"}}') == (["n-9"], [])
+
+
+def test_a_bad_forget_request_is_refused_naming_what_was_wrong():
+    codec = _forget_codec(id_field="order_id")
+
+    def refused(raw: bytes):
+        ids, dead = codec.forget(raw)
+        # each refusal's dead letter: the request for that id alone, or the message as it came
+        return ids, [(b.reason, b.detail, v) for b, v in dead]
+
+    assert refused(b'{"id": "a1"}') == (  # the default field name, not the configured one
+        None,
+        [("missing_id", "row 0: id is missing or null (field 'order_id')", b'{"order_id":null}')],
+    )
+    assert refused(b'[{"order_id": "a"}, {"order_id": 1.5}, {"order_id": "a"}]') == (
+        ["a"],
+        [
+            ("bad_schema", "row 1: id is a number, not a string (field 'order_id')", b'{"order_id":1.5}'),
+            (
+                "duplicate_id",
+                "row 2: duplicate id 'a' (first at row 0) (field 'order_id')",
+                b'{"order_id":"a"}',
+            ),
+        ],
+    )
+    assert refused(b'{"ids": []}')[1] == [("bad_schema", "empty batch", b'{"ids": []}')]
+    assert refused(b'{"ids": "a"}')[1] == [("bad_schema", "'ids' is a string, not an array", b'{"ids": "a"}')]
+    assert refused(b'{"order_id": "a", "ids": ["b"]}')[1][0][:2] == (
+        "bad_schema",
+        "both 'order_id' and 'ids' given",
+    )
+    assert (
+        refused(b"{nope")[1][0][0::2] == ("malformed_json", b"{nope")
+        and refused(b"{nope")[1][0][2] == b"{nope"
+    )
+    assert refused(b"")[1][0][:2] == ("malformed_json", "empty value (null or zero bytes)")
+    assert refused(b'{"ids": ["' + b"x" * 300 + b'"]}')[1][0][0] == "oversize"
+
+
+def test_a_forget_request_keyed_by_id_takes_the_id_from_the_message_key():
+    codec = _forget_codec(id_from_key=True)
+    assert codec.forget(b"", key=b"o-5") == (["o-5"], [])  # the value may be anything, even empty
+    assert codec.forget(b'{"whatever": 1}', key="o-6") == (["o-6"], [])
+    ids, dead = codec.forget(b'{"id": "o-7"}', key=None)
+    assert ids is None and [(b.reason, b.detail) for b, _ in dead] == [
+        ("missing_id", "the message has no key, and the id is the key (events.id_from_key)")
+    ]
+    ids, dead = codec.forget(b"{}", key=b"\xff\xfe")
+    assert ids is None and dead[0][0].reason == "bad_schema" and "not UTF-8" in dead[0][0].detail
