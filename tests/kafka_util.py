@@ -357,7 +357,7 @@ def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
 
 # ------------------------------------------------------------------ the uninterrupted reference
 # every learned array of a snapshot: per layer, of the one learner or of each candidate (auto)
-MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?layer\d+/(gram|rhs|beta|gram_labelled)$")
+MODEL_ARRAYS = re.compile(r"model/(cand\d+/)?(gram|rhs|gram_labelled)$")
 
 
 def reference_state(raw_cfg: dict, messages) -> tuple[dict, dict]:

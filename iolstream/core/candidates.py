@@ -42,11 +42,13 @@ SELECTION_Z = (
 # by 0.9σ at the end: kept to the end, it cost 0.008 test accuracy. 1σ was too much: on segment (-R, seed 0)
 # λ = 0.05 (0.013 better on the test set) fell to 0.8σ once and never came back.
 SELECTION_KEEP_Z = 0.5
-# The candidates not in force are scored on as many batches as 15 % of the step's own work pays for (ScoringBudget).
-# Counted in FLOPs: on the small config (n = 139) a scored candidate's Cholesky and solve run at a third to a half of
-# the rate of the step's Gram and products, so in time this is about 40 % of the step; with 0.25 the 18 candidates
-# of mode, lam and forgetting all auto cost 3.1x fixed there, with 0.15 2.6x (bench --suite core, docs/benchmarks.md).
-SCORING_SHARE = 0.15
+# The candidates not in force are scored on as many batches as 10 % of the step's own work pays for (ScoringBudget),
+# a Cholesky counted at the rate it runs (work.CHOLESKY_WEIGHT). 0.15, counted in operations alone, scored the
+# default -F and -R pair on every batch of the bench configs: the worker paid its Cholesky on every batch (bench
+# --suite kafka: 1.3-1.6x the rows/s of mode: forward). Now the pair is scored on a third of the small config's
+# batches and half of poker's, and the 18 candidates of mode, lam and forgetting all auto on 3 % and 4 % of them
+# (docs/benchmarks.md, "The price of choosing online").
+SCORING_SHARE = 0.1
 PAIR_CHUNK = 4096  # rows of a labelled batch whose paired differences the selector forms at once
 
 

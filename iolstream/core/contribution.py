@@ -177,7 +177,7 @@ def difference(new: dict, old: dict | None) -> dict[str, np.ndarray]:
 def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
     """Add ``sign`` × ``delta`` (keys as ``sums``) into every primary learner's sums (and the selector's, which then
     decides again); maxes become the larger ones. Factors and β become stale (solved when next read), the
-    learners' versions move on."""
+    learners' versions move on (the λ and -R candidates solve again from the new sums when next read)."""
     for p, ln in enumerate(primaries(model)):
         st, a = ln.state, ln.state.arrays
         n = a.gram.shape[1]
@@ -200,11 +200,7 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
         a.woodbury_steps[:] = 0
         st.version += 1
-    for ln in (
-        model.learners
-    ):  # the λ candidates copy their primary's new sums now (a snapshot saves them as they are)
-        if isinstance(ln, SharedGramLearner):
-            ln.sync()
+        st.labelled_version += 1
     if "cls.counts" in delta:
         model.class_counts += sign * delta["cls.counts"]
     if "res.counts" in delta:

@@ -123,7 +123,7 @@ def features_parallel(x, weights_t, biases, code, bias_column, out):
 
 
 @nb.njit(**JIT)
-def _add_gram(d, gram_l):
+def add_gram(d, gram_l):
     """Lower triangle of A ← A + DᵀD (d: (b, n) column-major D; gram_l: (n, n) column-major).
 
     float64 features: one dsyrk in place. float32: ssyrk (twice the rate) into a float32
@@ -254,7 +254,7 @@ def woodbury_update(inverse, d_t):
 
 
 @nb.njit(**JIT)
-def _fold_labels(d, targets, rhs_l):
+def fold_labels(d, targets, rhs_l):
     """c_l ← c_l + D_lᵀ Y: the product (Yᵀ D)ᵀ in the dtype of D, then the sum in float64.
 
     targets : (b, m) C-ordered float64 (so ``targets.T`` is a column-major Yᵀ)
@@ -307,7 +307,7 @@ def forward_layer(features_t, layer, gram, scratch, rhs, beta, out, info):
     The factor is not kept: until A changes again only β is used, and the scratch block stays in
     cache where a per-layer factor would cost a round trip to memory for each layer (~5 %).
     """
-    _add_gram(features_t[layer].T, gram[layer].T)
+    add_gram(features_t[layer].T, gram[layer].T)
     solve_predict_layer(features_t, layer, gram, 0.0, scratch, rhs, beta, out, info)
 
 
@@ -349,13 +349,13 @@ def add_grams(features_t, gram):
     """A_l += D_lᵀD_l for every layer, and nothing else (the sums of a learner that does not predict this batch,
     or one batch Gram that several learners then add, ``candidate_step``)."""
     for layer in range(features_t.shape[0]):
-        _add_gram(features_t[layer].T, gram[layer].T)
+        add_gram(features_t[layer].T, gram[layer].T)
 
 
 @nb.njit(**JIT_PARALLEL)
 def add_grams_parallel(features_t, gram):
     for layer in nb.prange(features_t.shape[0]):
-        _add_gram(features_t[layer].T, gram[layer].T)
+        add_gram(features_t[layer].T, gram[layer].T)
 
 
 @nb.njit(**JIT)
@@ -385,14 +385,14 @@ def learn_layer(
 
     targets : (b, m) C-ordered float64; predicted : (L, b, m) float64
     """
-    losses[layer] = _half_squared_error(predicted[layer], targets)
+    losses[layer] = half_squared_error(predicted[layer], targets)
     d = features_t[layer].T
     if enter_gram:
-        _add_gram(d, gram[layer].T)
+        add_gram(d, gram[layer].T)
         info[layer] = refactor_layer(layer, gram, factor)
     if gram_labelled.shape[0] > 0:
-        _add_gram(d, gram_labelled[layer].T)
-    _fold_labels(d, targets, rhs[layer].T)
+        add_gram(d, gram_labelled[layer].T)
+    fold_labels(d, targets, rhs[layer].T)
 
 
 @nb.njit(**JIT)
@@ -402,7 +402,7 @@ def learn_serial(features_t, targets, predicted, rhs, gram, factor, gram_labelle
         learn_layer(
             features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
         )
-    return _squared_norm(targets)
+    return squared_norm(targets)
 
 
 @nb.njit(**JIT_PARALLEL)
@@ -414,11 +414,11 @@ def learn_parallel(
         learn_layer(
             features_t, layer, targets, predicted, rhs, gram, factor, gram_labelled, enter_gram, info, losses
         )
-    return _squared_norm(targets)
+    return squared_norm(targets)
 
 
 @nb.njit(**JIT)
-def _half_squared_error(predicted_l, targets):
+def half_squared_error(predicted_l, targets):
     total = 0.0
     for i in range(targets.shape[0]):
         for j in range(targets.shape[1]):
@@ -428,7 +428,7 @@ def _half_squared_error(predicted_l, targets):
 
 
 @nb.njit(**JIT)
-def _squared_norm(targets):
+def squared_norm(targets):
     total = 0.0
     for i in range(targets.shape[0]):
         for j in range(targets.shape[1]):
@@ -443,8 +443,8 @@ def label_losses(predicted, targets, losses):
     predicted : (L, b, m) float64; targets : (b, m) float64; summed row by row in float64.
     """
     for layer in range(predicted.shape[0]):
-        losses[layer] = _half_squared_error(predicted[layer], targets)
-    return _squared_norm(targets)
+        losses[layer] = half_squared_error(predicted[layer], targets)
+    return squared_norm(targets)
 
 
 @nb.njit(**JIT)

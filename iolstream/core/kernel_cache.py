@@ -22,7 +22,12 @@ from pathlib import Path
 
 from numba.core import caching, config
 
-KERNEL_FILES = ("kernels.py", "blaslib.py", "fused.py")  # recent_ids.py calls nothing outside itself
+KERNEL_FILES = (
+    "kernels.py",
+    "blaslib.py",
+    "fused.py",
+    "fused_shared.py",
+)  # recent_ids.py calls nothing outside itself
 HERE = Path(__file__).resolve().parent
 
 

@@ -94,6 +94,21 @@ def softmax_mean(outputs):
 
 
 @nb.njit(**JIT)
+def softmax_errors(predicted, truth, out):
+    """out[k, i] = 1.0 where candidate k's softmax ensemble (``softmax_mean`` of predicted[k], (L, b, m)) puts row
+    i in another class than truth[i], else 0.0; its class is the first of the largest probabilities (NumPy's
+    argmax). The selector's 0/1 losses of K candidates (``predicted`` (K, L, b, m)) in one call."""
+    for k in range(predicted.shape[0]):
+        proba = softmax_mean(predicted[k])
+        for i in range(proba.shape[0]):
+            best, top = 0, proba[i, 0]
+            for j in range(1, proba.shape[1]):
+                if proba[i, j] > top:
+                    best, top = j, proba[i, j]
+            out[k, i] = 0.0 if best == truth[i] else 1.0
+
+
+@nb.njit(**JIT)
 def calibration_losses(scores, labels, weights, kappas, temperatures, floor, cap, out):
     """out[κ·T + t] += Σᵢ wᵢ · min(−log softmax(T_t · g_κ(clip(sᵢ, floor, 1)))[yᵢ], cap): every map of the
     calibration grid (``calibration.grid_losses``) on b rows, scores (b, m), labels (b,), weights (b,).

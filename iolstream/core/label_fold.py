@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, linalg
+from iolstream.core import fused, fused_shared, linalg
 
 
 class LabelFold:
@@ -164,12 +164,14 @@ class LabelFold:
         if not own_labelled:
             if n_new:
                 raise ValueError("labelled_gram: only for rows whose Gram is in A already")
-            a.gram_labelled += labelled_gram
+            fused_shared.add_lower(
+                labelled_gram, a.gram_labelled
+            )  # its lower triangles (the upper ones are not kept)
         if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
             info = np.zeros(self.n_layers, dtype=np.int32)
             kernel = fused.learn_parallel if self.parallel else fused.learn_serial
             labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
-            state = (a.rhs, a.gram, a.factor, labelled)
+            state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
             sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
             if info.any():
                 raise_for(info)
@@ -184,6 +186,15 @@ class LabelFold:
         if scale != 1.0:
             losses *= scale
             sum_y2 *= scale
+        self.folded(features_t, targets, predicted, n_new, losses, sum_y2)
+        return losses
+
+    def folded(self, features_t, targets, predicted, n_new: int, losses: np.ndarray, sum_y2: float) -> None:
+        """The bookkeeping of b labelled rows whose sums a kernel has just added (``n_new`` of them entering A):
+        their losses (L,) and Σ‖Y‖² into the sums, the counters, D_m and Y_m, β stale, the versions."""
+        b = features_t.shape[2]
+        st = self.state
+        a = st.arrays
         a.loss_sum += losses
         a.beta_stale[:] = True
         st.rows_observed += n_new
@@ -195,7 +206,7 @@ class LabelFold:
             st.d_max = max(st.d_max, fused.abs_max(features_t))
             st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
         st.version += 1
-        return losses
+        st.labelled_version += 1
 
     def _learn_layers(self, features_t, targets, n_new, new, own_labelled=True) -> None:
         """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""
@@ -307,7 +318,7 @@ class LabelFold:
         info = np.zeros(self.n_layers, dtype=np.int32)
         kernel = fused.erase_parallel if self.parallel else fused.erase_serial
         check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
-        sums = (a.gram, a.factor, a.rhs, a.gram_labelled, self.scratch())
+        sums = (a.gram, a.factors(), a.rhs, a.gram_labelled, self.scratch())
         stack = (*sums, given, given_w, check_labelled, info)
         if kernel(grams_t, labelled_t, y_w, *stack):
             a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
@@ -328,6 +339,8 @@ class LabelFold:
         st.rows_observed -= int(gram_rows.sum())
         st.rows_labelled -= int(labelled.sum())
         st.version += 1
+        if labelled.any():  # A_r and c moved: a -R candidate solving on them solves again
+            st.labelled_version += 1
 
     def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
         """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""
@@ -344,6 +357,7 @@ def _putting_back(st, saved: tuple):
         a = st.arrays
         a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
         st.rows_observed, st.rows_labelled, st.sum_y2, st.version = counters
+        st.labelled_version += 1  # a β solved on the sums taken out is not theirs
         a.factor_stale[:] = a.beta_stale[:] = True
         a.factor_inverse[:] = False
 

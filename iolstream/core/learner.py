@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, linalg, work
+from iolstream.core import fused, fused_shared, linalg, work
 from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
@@ -189,6 +189,16 @@ class OnlineLearner(LabelFold):
         cholesky = self.mode == "ridge" or self._uses_cholesky(b)
         return work.scoring_flops(self.n_columns, self.n_outputs, self.n_layers, b, cholesky)
 
+    def own_state(self) -> LearnerState:
+        """The state this learner keeps itself: all of it (a candidate sharing another's sums: its counters, loss
+        sums and β, without a copy of the sums; ``shared_gram``)."""
+        return self.state
+
+    def labelled_sums(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Per layer (c_l (n, m), A_r,l (n, n), lower triangle authoritative): the labelled rows' sums, what the
+        offline expert of the regret solves on (docs/design.md §3); A_r is None for -F when not kept. Views."""
+        return [(ls.rhs, ls.gram_labelled if self.mode == "forward" else ls.gram) for ls in self.state.layers]
+
     @property
     def calibration_sums(self) -> np.ndarray:
         """(GRID_SIZE,) the calibration's sums of this learner's predictions (``core.calibration``), in place."""
@@ -238,6 +248,60 @@ class OnlineLearner(LabelFold):
         out = self._forward_kernel(features_t, b, args)
         return features_t, out
 
+    def observe_keeping(
+        self,
+        network,
+        x_scaled: np.ndarray,
+        batch_gram: np.ndarray,
+        solve: bool,
+        ridge=None,
+        ridge_predicts=False,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The -F step of ``mode: auto`` in one kernel call (-F on the Cholesky route, b > 0): the features, the
+        batch's Gram into ``batch_gram`` (L, n, n; kept until its labels come, when A_r adds it:
+        ``candidate_step``), A += that Gram and, if ``solve``, the β that predicts the batch and its prediction
+        (without: β is left stale). ``ridge``: the -R candidate that reads this learner's A_r (a
+        ``SharedGramLearner``), in the same call: its β solved again if its sums moved, and if ``ridge_predicts``
+        its prediction. Returns (features_t, layer outputs (L, b, m) or None, the -R candidate's or None)."""
+        b = x_scaled.shape[0]
+        self._tick(b)
+        features_t = network.empty_features(b)
+        st, a = self.state, self.state.arrays
+        out = np.empty((self.n_layers, b if solve else 0, self.n_outputs))
+        info = np.zeros(self.n_layers, dtype=np.int32)
+        inputs = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights)
+        out_r = None
+        if ridge is None:
+            kernel = fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
+            failed = kernel(
+                *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
+            )
+        else:
+            solve_r = bool(ridge_predicts and ridge.needs_solve())
+            out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
+            sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
+            kernel = fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
+            failed = kernel(
+                *inputs,
+                features_t,
+                sums,
+                (a.beta, out, solve),
+                ridge.solve_target(out_r, solve_r),
+                self.scratch(),
+                info,
+            )
+            if solve_r and not failed:
+                ridge.mark_solved()
+        if failed:
+            raise_for(info)
+        a.factor_inverse[:] = False
+        a.woodbury_steps[:] = 0
+        a.factor_stale[:] = True  # factored in scratch, as the -F step does
+        a.beta_stale[:] = not solve
+        st.rows_observed += b
+        st.version += 1
+        return features_t, (out if solve else None), (out_r if ridge_predicts else None)
+
     def _forward_kernel(self, features_t: np.ndarray, b: int, inputs: tuple | None) -> np.ndarray:
         """The fused -F forward step (``inputs``: also compute the features first); layer outputs."""
         st = self.state
@@ -278,7 +342,7 @@ class OnlineLearner(LabelFold):
             return
         st, a = self.state, self.state.arrays
         if batch_gram is not None:
-            a.gram += batch_gram
+            fused_shared.add_lower(batch_gram, a.gram)
         elif self._fusable(features_t):
             (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
         else:

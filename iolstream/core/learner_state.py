@@ -23,7 +23,9 @@ class LayerArrays:
 
     gram           : (L, n, n) — gram[l].T = A_l, lower triangle authoritative
     factor         : (L, n, n) — factor[l].T = lower Cholesky factor of A_l, or P_l = A_l⁻¹
-                     (not up to date where ``factor_stale``)
+                     (not up to date where ``factor_stale``). Allocated when first needed (``factors``): the -F
+                     step factors A in scratch memory, so a -F learner on the Cholesky route never needs it;
+                     (L, 0, 0) until then, every layer stale
     rhs            : (L, m, n) — rhs[l].T = c_l
     beta           : (L, m, n) — beta[l].T = β_l (not up to date where ``beta_stale``)
     gram_labelled  : (L, n, n) — A_r of docs/design.md §3 (-F with regret tracking), else (0, n, n)
@@ -46,28 +48,38 @@ class LayerArrays:
     woodbury_steps: np.ndarray
 
     @classmethod
-    def initial(cls, lams: list[float], n: int, m: int, track_labelled: bool) -> LayerArrays:
-        """A_0 = λ_l I (its Cholesky factor √λ_l I), c = 0, β = 0 for every layer."""
+    def initial(
+        cls, lams: list[float], n: int, m: int, track_labelled: bool, sums: bool = True
+    ) -> LayerArrays:
+        """A_0 = λ_l I, c = 0, β = 0 for every layer (the factor is made when first needed). ``sums`` False: A, A_r
+        and c are empty too, for a learner that reads another's (``shared_gram``, which allocates them if its own
+        copy is ever asked for)."""
         n_layers = len(lams)
-        lams_ = np.asarray(lams)[:, None, None]
-        gram = np.eye(n)[None] * lams_
-        factor = np.eye(n)[None] * np.sqrt(lams_)
-        labelled = gram.copy() if track_labelled else np.empty((0, n, n))
-        zeros = np.zeros((n_layers, m, n))
+        none = np.empty((n_layers, 0, 0))
+        gram = np.eye(n)[None] * np.asarray(lams)[:, None, None] if sums else none
+        labelled = gram.copy() if track_labelled and sums else np.empty((0, n, n))
         flags = np.zeros(n_layers, dtype=bool)
         steps = np.zeros(n_layers, dtype=np.int64)
         return cls(
             gram,
-            factor,
-            zeros,
-            zeros.copy(),
+            none.copy(),
+            np.zeros((n_layers, m, n if sums else 0)),  # c
+            np.zeros((n_layers, m, n)),  # β
             labelled,
             np.zeros(n_layers),
             flags,
-            flags.copy(),
+            np.ones(n_layers, dtype=bool),  # no factor yet
             flags.copy(),
             steps,
         )
+
+    def factors(self) -> np.ndarray:
+        """The factor stack (L, n, n), allocated now if it was not yet (every layer stays stale until factored)."""
+        n = self.beta.shape[2]
+        if self.factor.shape[1] != n:
+            self.factor = np.zeros((len(self.factor_stale), n, n))
+            self.factor_stale[:] = True
+        return self.factor
 
 
 def _stacked(name: str, doc: str):
@@ -155,13 +167,16 @@ class LayerState:
 
     @factor.setter
     def factor(self, value) -> None:
-        self._arrays.factor[self._index].T[...] = value
+        self._arrays.factors()[self._index].T[...] = value
         self._arrays.factor_stale[self._index] = False
 
     def refactor(self) -> None:
         """The Cholesky factor of A into ``factor`` (``factor_kind`` becomes "cholesky")."""
         arrays, index = self._arrays, self._index
-        info = fused.refactor_layer(index, arrays.gram, arrays.factor)
+        factors = arrays.factors()
+        if arrays.gram.shape[1:] != factors.shape[1:]:  # the kernel does not check its bounds
+            raise ValueError("refactor: this state keeps no A of its own (a shared candidate's: shared_gram)")
+        info = fused.refactor_layer(index, arrays.gram, factors)
         if info != 0:
             raise linalg.NotPositiveDefinite(
                 f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
@@ -188,7 +203,7 @@ class LayerState:
         else:
             if arrays.factor_stale[index]:
                 self.refactor()
-            info = fused.solve_layer(index, arrays.factor, arrays.rhs, arrays.beta)
+            info = fused.solve_layer(index, arrays.factors(), arrays.rhs, arrays.beta)
             if info != 0:
                 raise ValueError(f"dpotrs: illegal argument {-info}")
         arrays.beta_stale[index] = False
@@ -221,7 +236,10 @@ class LearnerState:
     sum_y2: float = 0.0  # Σ‖Y‖²
     d_max: float = 0.0  # D_m = max |D| over labelled rows
     y_max: float = 0.0  # Y_m = max(|Y|, |D β|)
-    version: int = 0  # bumped at every change of β
+    version: int = 0  # bumped at every change of the sums (so of β)
+    # bumped at every change of c or A_r (labels, decay, added sums), not of A alone: the -R candidates of an -F
+    # learner solve on these (shared_gram); not saved (a restored candidate solves again)
+    labelled_version: int = 0
     clock: int = 0  # rows seen (observed, or labelled without being observed): the time forgetting runs on
     extra: dict = field(default_factory=dict)
     # Σ wᵢ·(−log pᵢ(yᵢ)) of every map of the calibration grid over this learner's predictions of labelled rows
@@ -230,11 +248,15 @@ class LearnerState:
     arrays: LayerArrays | None = field(default=None, repr=False)  # the stacks ``layers`` view
 
     def __getstate__(self) -> dict:
-        """Pickle with every factor and β up to date, so that a read-only copy (a memory map) works."""
+        """Pickle with every β up to date, and every factor this state has made, so that a read-only copy (a
+        memory map) predicts without writing. A factor never made stays unmade (a -F step factors in scratch
+        memory), and a state without sums of its own (a ``shared_gram`` candidate's) has none to factor."""
         solve_stale(self)
-        for ls in self.layers:
-            if ls._arrays.factor_stale[ls._index]:
-                ls.refactor()
+        a = self.arrays
+        if a.gram.shape[1] and a.factor.shape[1]:
+            for ls in self.layers:
+                if a.factor_stale[ls._index]:
+                    ls.refactor()
         return self.__dict__.copy()
 
     # The two operations forgetting and group learning are built on (docs/design.md §8). Write every sum as
@@ -300,6 +322,7 @@ class LearnerState:
         a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
         a.woodbury_steps[:] = 0
         self.version += 1
+        self.labelled_version += 1
 
 
 def _scale_data(stack: np.ndarray, lams: np.ndarray, factor: float) -> None:

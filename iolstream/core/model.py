@@ -135,6 +135,7 @@ class EdRVFL:
         self.selector = CandidateSelector(len(self.learners), start)
         dims = (config.n_inputs, config.m, config.n_nodes, config.n_layers, config.bias_column)
         self.scoring = ScoringBudget(dims, config.scoring)
+        self._scoring_costs: dict[tuple[int, int], float] = {}
         self.batch_grams = BatchGrams()  # mode auto: the last batches' Gram, for A_r when their labels come
         self.emitted_loss = np.zeros(config.n_layers)  # auto: Σ_t L_{l,t} of the candidate in force (regret)
         self.predicted_rows = np.zeros(
@@ -348,7 +349,12 @@ class EdRVFL:
         else:  # the same features for every candidate; the others predict the batches the budget pays for
             x_scaled = self._scaled(x)
             b, chosen = len(x_scaled), self.selector.chosen
-            cost = sum(ln.scoring_flops(b) for j, ln in enumerate(self.learners) if j != chosen)
+            cost = self._scoring_costs.get((b, chosen))
+            if cost is None:  # what the others cost to score, per batch size and candidate in force
+                cost = sum(ln.scoring_flops(b) for j, ln in enumerate(self.learners) if j != chosen)
+                if len(self._scoring_costs) > 4096:  # batches of many sizes: start again
+                    self._scoring_costs.clear()
+                self._scoring_costs[(b, chosen)] = cost
             predicting = np.full(len(self.learners), self.scoring.take(b, cost))
             predicting[chosen] = True
             features_t, candidate_outputs = observe_candidates(
@@ -524,6 +530,17 @@ class EdRVFL:
         the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
         for ln in self.learners:
             ln.forget(features_t, observed_at)
+
+    def selection_losses(self, predicted: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``selection_loss`` of K candidates' layer outputs ``predicted`` (K, L, b, m), each with its own
+        calibration: (K, b); the uncalibrated softmax classification ensemble in one kernel call."""
+        if self._class_index is not None and self.config.ensemble_rule == "softmax" and not self.calibrated:
+            out = np.empty((predicted.shape[0], predicted.shape[2]))
+            kernels.softmax_errors(
+                np.ascontiguousarray(predicted, dtype=np.float64), targets.argmax(axis=1), out
+            )
+            return out
+        return np.stack([self.selection_loss(outputs, targets, j) for j, outputs in enumerate(predicted)])
 
     def erase(self, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
         """Take rows out of the model as if it had never seen them (docs/design.md §13): ``core.row_erasure.erase``,

@@ -81,7 +81,7 @@ def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
 class RandomNetwork:
     """Random weights of an edRVFL network.
 
-    weights_t : list of L arrays, (N, k) for layer 1 and (N, N + k) after — W_lᵀ
+    weights_t : list of L arrays, (N, k) for layer 1 and (N, N + k) after — W_lᵀ (views of packed_weights_t)
     biases    : list of L arrays of shape (N,)
     packed_weights_t : (L, N, N + k) — the same W_lᵀ in one block (layer 1 in the first k
                        columns, zeros after), as the features kernel takes them
@@ -135,6 +135,7 @@ class RandomNetwork:
         packed = np.zeros((n_layers, n_nodes, n_nodes + n_inputs), dtype=dtype)
         for layer, w in enumerate(weights_t):
             packed[layer, :, : w.shape[1]] = w
+        weights_t = [packed[layer, :, : w.shape[1]] for layer, w in enumerate(weights_t)]  # views: one copy
         return cls(
             n_inputs,
             n_nodes,

@@ -42,15 +42,13 @@ def model_report(model, candidate: int | None = None) -> RegretReport:
 
     j = model.selector.chosen if candidate is None else candidate
     ln, config = model.learners[j], model.config
-    model.sync_candidates()  # a λ or -R candidate's own copy of the sums it reads
-    st = ln.state
+    st = (
+        ln.own_state()
+    )  # counters and loss sums; a λ or -R candidate reads its primary's sums (labelled_sums)
     losses, experts = [], []
-    for ls in st.layers:
-        labelled = ls.gram if ls.gram_labelled is None else ls.gram_labelled
-        if ln.mode == "forward" and ls.gram_labelled is None:
-            labelled = None  # not tracked: A_r unknown
-        losses.append(ls.loss_sum)
-        experts.append(expert_loss(ls.rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
+    for ls, (rhs, labelled) in zip(st.layers, ln.labelled_sums()):
+        losses.append(ls.loss_sum)  # A_r None: -F that does not track it, unknown
+        experts.append(expert_loss(rhs, labelled, st.sum_y2) if labelled is not None else np.nan)
     losses, experts = np.array(losses), np.array(experts)
     lam, half_life = model.candidates[j]
     if candidate is None and config.mode == "auto" and half_life is None:

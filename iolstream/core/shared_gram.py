@@ -23,8 +23,11 @@ class SharedGramLearner(OnlineLearner):
     solve per layer, no second Gram, no copy). Its own are: λ, β, the loss sum of its own predictions
     (weighted like the primary's with forgetting) and the counters.
 
-    Its ``state`` holds a copy of the sums, made when read (``sync``: the same bits as the primary's, shifted);
-    its own steps use the state as it is (``_state``) and read the primary's sums.
+    Its ``state`` holds a copy of the sums, made when read (``sync``: the same bits as the primary's, shifted, in
+    arrays allocated at the first read); its own steps use the state as it is (``_state``: β, the loss sums and
+    the counters) and read the primary's sums. Its β is solved again only when the sums it reads changed: an -R
+    candidate of an -F learner reads A_r and c, which move with labels, not with features
+    (``LearnerState.labelled_version``).
     """
 
     def __init__(self, primary: OnlineLearner, lam, mode: str | None = None):
@@ -50,8 +53,22 @@ class SharedGramLearner(OnlineLearner):
         self._shift = np.array(
             [ls.lam - pls.lam for ls, pls in zip(self._state.layers, primary.state.layers)]
         )
-        self._synced = primary.state.version  # the primary's version the copied sums are (λI, c = 0: level)
-        self._solved = None  # the primary's version this β was solved for (None: not since a restore)
+        self._synced = None  # the primary's version the copied sums are (None: not copied yet)
+        self._solved = None  # the version of the sums this β was solved from (None: not since a restore)
+
+    def initial_state(self):
+        """β = 0, the counters and loss sums; no sums of its own (A and A_r are allocated if ``state`` is read)."""
+        from iolstream.core.learner import as_lams
+        from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState
+
+        lams = as_lams(self.lam, self.n_layers)
+        arrays = LayerArrays.initial(lams, self.n_columns, self.n_outputs, False, sums=False)
+        return LearnerState([LayerState(arrays, i, lam) for i, lam in enumerate(lams)], arrays=arrays)
+
+    def _sums_version(self) -> int:
+        """The version of the sums this candidate solves on: the primary's A_r and c (-R of -F), or all of them."""
+        p = self.primary.state
+        return p.labelled_version if self._labelled_only else p.version
 
     @property
     def state(self):
@@ -81,6 +98,21 @@ class SharedGramLearner(OnlineLearner):
     def calibration_sums(self) -> np.ndarray:
         return self._state.calibration  # its own (reading it syncs none of the primary's sums)
 
+    def own_state(self):
+        """Its counters (level with the primary's), loss sums and β; no copy of the sums."""
+        self._sync_counters()
+        return self._state
+
+    def labelled_sums(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """The primary's labelled sums with this λ on A_r's diagonal (a fresh A_r per layer, c a view)."""
+        out = []
+        for (rhs, labelled), shift in zip(self.primary.labelled_sums(), self._shift):
+            if labelled is not None:
+                labelled = np.array(labelled, order="F")
+                labelled[np.diag_indices(self.n_columns)] += shift
+            out.append((rhs, labelled))
+        return out
+
     def _sync_counters(self) -> None:
         p, st = self.primary.state, self._state
         for key in COUNTERS:
@@ -93,6 +125,12 @@ class SharedGramLearner(OnlineLearner):
         if self._synced == p.version:
             return
         a, pa = st.arrays, p.arrays
+        if a.gram.shape[1] != self.n_columns:  # the first read: the copy's arrays
+            shape = (self.n_layers, self.n_columns, self.n_columns)
+            a.gram = np.empty(shape)
+            a.rhs = np.empty_like(pa.rhs)
+            if self.mode == "forward" and len(pa.gram_labelled):  # an -F candidate's A_r (its regret)
+                a.gram_labelled = np.empty(shape)
         diag = np.arange(self.n_columns)
         np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
         a.gram[:, diag, diag] += self._shift[:, None]
@@ -101,15 +139,36 @@ class SharedGramLearner(OnlineLearner):
             a.gram_labelled[:, diag, diag] += self._shift[:, None]
         np.copyto(a.rhs, pa.rhs)
         a.factor_stale[:] = True
-        a.beta_stale[:] = self._solved != p.version  # a β solved from the primary's sums is theirs
+        a.beta_stale[:] = self._solved != self._sums_version()  # a β solved from the primary's sums is theirs
         a.factor_inverse[:] = False
         a.woodbury_steps[:] = 0  # (the version stays: reading the state changes nothing it predicts)
         self._synced = p.version
 
     def mark_synced(self) -> None:
-        """These sums are the primary's as they are now (after a restore of both)."""
-        self._synced = self.primary.state.version
+        """These sums are the primary's as they are now (after a restore of both): a copy restored with them, if
+        any; β is solved again when next read."""
+        self._synced = self.primary.state.version if self._state.arrays.gram.shape[1] else None
         self._solved = None
+        self._state.arrays.beta_stale[:] = True
+
+    @property
+    def reads_labelled(self) -> bool:
+        """Whether it solves on its primary's A_r (an -R candidate of an -F learner), not on its A."""
+        return self._labelled_only
+
+    def needs_solve(self) -> bool:
+        """Whether its β must be solved again before it predicts: the sums it reads changed since it was."""
+        return self._solved != self._sums_version() or bool(self._state.arrays.beta_stale.any())
+
+    def mark_solved(self) -> None:
+        """Its β was just solved from the primary's sums as they are (``fused_shared.pair_layer``)."""
+        self._state.arrays.beta_stale[:] = False
+        self._solved = self._sums_version()
+
+    def solve_target(self, out: np.ndarray, solve: bool) -> tuple:
+        """What a fused kernel needs to solve (if ``solve``) and predict into ``out`` for it: (β stack, outputs,
+        λ − λ_primary per layer, solve) — ``fused_shared``'s ``ridge`` argument."""
+        return self._state.arrays.beta, out, self._shift, solve
 
     def __getstate__(self) -> dict:
         """Pickle with β solved from the primary's sums, as ``LearnerState`` pickles its own: a read-only copy
@@ -123,13 +182,12 @@ class SharedGramLearner(OnlineLearner):
         features_t = self._kernel_features(features_t)
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
-        if self._solved == p.version and not a.beta_stale.any():
+        if not self.needs_solve():
             fused.predict_all(features_t, a.beta, out)
             return out
         gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
         self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
-        a.beta_stale[:] = False
-        self._solved = p.version
+        self.mark_solved()
         return out
 
     def observe(self, features_t: np.ndarray) -> None:
@@ -151,24 +209,33 @@ class SharedGramLearner(OnlineLearner):
             self._own_tick(b)
 
     def _own_tick(self, b: int) -> None:
-        """The primary has seen these b rows: its sums decayed; this loss sum decays the same."""
+        """The primary has seen these b rows: its sums decayed; this loss sum decays the same. (Its counters are
+        the primary's: copied when read, ``own_state``.)"""
         if self.half_life is not None and b:
             decay = float(np.exp2(-b / self.half_life))
             self._state.arrays.loss_sum *= decay
             self._state.calibration *= decay
-        self._sync_counters()
 
     def learn(
-        self, features_t, targets, *, gram_in=None, predicted=None, observed_at=None, sample_weight=None
+        self,
+        features_t,
+        targets,
+        *,
+        gram_in=None,
+        predicted=None,
+        observed_at=None,
+        sample_weight=None,
+        complete=False,
     ) -> np.ndarray:
         """The primary has folded these labels in; this one scores its own prediction of them (rows it did not
-        predict, NaN, add no loss), each at its weight in the sums (forgetting's decay times ``sample_weight``)."""
+        predict, NaN, add no loss; ``complete``: it predicted every row, nothing to look for), each at its weight
+        in the sums (forgetting's decay times ``sample_weight``)."""
         b = features_t.shape[2]
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
         if predicted is None:
             predicted = self.layer_outputs(features_t)
-        predicted = unpredicted_as_targets(predicted, targets)
-        self._sync_counters()
+        elif not complete:
+            predicted = unpredicted_as_targets(predicted, targets)
         plain = np.empty(self.n_layers)
         fused.label_losses(predicted, targets, plain)
         if sample_weight is None and (self.half_life is None or observed_at is None):
@@ -182,8 +249,12 @@ class SharedGramLearner(OnlineLearner):
             ).sum(axis=1)
         return plain
 
+    def scored(self, losses: np.ndarray) -> None:
+        """Its immediate losses (L,) on labelled rows it predicted, computed by the pair's kernel (weight 1)."""
+        self._state.arrays.loss_sum += losses
+
     def forget(self, features_t: np.ndarray, observed_at=None) -> None:
-        self._sync_counters()
+        """The primary has taken these rows' Gram out: nothing of its own changes."""
 
     def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None) -> None:
         self._sync_counters()  # the primary has taken the rows out of the sums this one reads

@@ -32,9 +32,11 @@ MAGIC = b"IOLSNAP\n"
 # Format versions: 1, the first; 2, forgetting and auto (model clock, candidates and their selector, target
 # scaling; pending rows carry their clock stamp and every candidate's outputs). A build writes
 # FORMAT_VERSION and reads READS: a reader of version 1 refuses a version-2 file (SnapshotVersionError,
-# naming both versions), while version-1 files still load here and continue as they would have.
-FORMAT_VERSION = 2
-READS = (1, 2)
+# naming both versions), while version-1 files still load here and continue as they would have. 3: the model
+# holds only what cannot be derived (``state_io``: A and A_r packed, c, a Woodbury P; no β, no Cholesky factor,
+# no candidate's copy of its primary's sums); versions 1 and 2 load as written.
+FORMAT_VERSION = 3
+READS = (1, 2, 3)
 HEADER = struct.Struct("<8sI32s")
 PATTERN = "snap-*.iolsnap"
 log = logging.getLogger("iolstream.snapshot")

@@ -1,9 +1,13 @@
 """Model state <-> plain arrays and a small JSON manifest (no pickle, no code loaded).
 
-The state is everything a run needs to continue bit for bit: config, the seed of
-the random weights (regenerated, and checked against a stored digest), the
-scaler, and per layer A, c, β, the cached factor and A_r. ``save_model`` /
-``load_model`` store it as one ``.npz`` read with ``allow_pickle=False``.
+The state is everything a run needs to continue bit for bit, and nothing that can be derived from it: the
+config, the seed of the random weights (regenerated, and checked against a stored digest), the scaler, and
+per learner that makes its own updates (one, or one per half-life of ``auto``) and per layer A and A_r (the
+lower triangle, packed: ``pack_lower``), c, and P = A⁻¹ where Woodbury updates have moved it (it drifts from
+A⁻¹ by round-off, so it is not derived). β and the Cholesky factors are solved again from these when first
+read, with the very kernels that made them, so a restored model predicts the same bits; a λ or -R candidate
+of ``auto`` saves only its counters and loss sums (its sums are its primary's). ``save_model`` /
+``load_model`` store it as one ``.npz`` read with ``allow_pickle=False``; ``state_bytes`` is its size.
 
     >>> import io, numpy as np
     >>> from iolstream.core.model import EdRVFL, ModelConfig
@@ -22,6 +26,7 @@ import json
 
 import numpy as np
 
+from iolstream.core import linalg
 from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
 from iolstream.core.learner_state import COUNTERS, LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
@@ -33,9 +38,12 @@ FORMAT = "iolstream.model"  # the saved format's name (the module moved to core/
 # Version-2 states name their auto grid in selection["grid"]; those written before it did load with
 # candidates.FIRST_GRID (an optional key, read both ways: the version stays 2). With ``mode: auto`` the
 # selection also names each candidate's mode (selection["modes"]); without it, every one has the config's.
-FORMAT_VERSION = 2
-READS = (1, 2)
-_COUNTERS = (*COUNTERS, "version")
+# 3: only what cannot be derived (module docstring): A and A_r packed, no β, no Cholesky factor, no candidate's
+# copy of its primary's sums. Versions 1 and 2 load as written (their β and Woodbury P; a Cholesky factor is
+# made again from A, the same bits).
+FORMAT_VERSION = 3
+READS = (1, 2, 3)
+_COUNTERS = (*COUNTERS, "version", "labelled_version")  # labelled_version: saved since -R solves on A_r alone
 
 
 class StateFormatError(ValueError):
@@ -83,11 +91,10 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
                 {f"{prefix}targets/held{i}/{k}": np.asarray(v) for k, v in parts.items() if v is not None}
             )
     if len(model.learners) == 1:
-        manifest.update(_learner_to_arrays(model.learner.state, arrays, prefix))
-    else:  # lam / forgetting "auto": every candidate, and the selector's recent losses
-        model.sync_candidates()
+        manifest.update(_learner_to_arrays(model.learner, arrays, prefix))
+    else:  # auto: every candidate (a shared one: its counters and losses), and the selector's recent losses
         manifest["candidates"] = [
-            _learner_to_arrays(ln.state, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)
+            _learner_to_arrays(ln, arrays, f"{prefix}cand{j}/") for j, ln in enumerate(model.learners)
         ]
         sel = model.selector
         manifest["selection"] = {
@@ -107,18 +114,42 @@ def model_to_arrays(model: EdRVFL, prefix: str = "model/") -> tuple[dict, dict[s
     return manifest, arrays
 
 
-def _learner_to_arrays(st, arrays: dict, base: str) -> dict:
-    """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``)."""
-    arrays[f"{base}calibration"] = (
-        st.calibration.copy()
-    )  # saved since calibration: its sums (core.calibration)
-    for i, ls in enumerate(st.layers):  # reading β and the factor makes any that are stale (lazy)
-        arrays[f"{base}layer{i}/gram"] = np.tril(ls.gram)
-        arrays[f"{base}layer{i}/rhs"] = ls.rhs
-        arrays[f"{base}layer{i}/beta"] = ls.beta
-        arrays[f"{base}layer{i}/factor"] = ls.factor
-        if ls.gram_labelled is not None:
-            arrays[f"{base}layer{i}/gram_labelled"] = np.tril(ls.gram_labelled)
+def pack_lower(stack: np.ndarray) -> np.ndarray:
+    """The lower triangles of an (L, n, n) stack (A_l = stack[l].T: the upper ones of its C blocks), column by column:
+    (L, n(n+1)/2)."""
+    rows, cols = np.triu_indices(stack.shape[1])
+    return stack[:, rows, cols]
+
+
+def unpack_lower(packed: np.ndarray, stack: np.ndarray) -> None:
+    """``pack_lower`` undone into ``stack`` (L, n, n): the lower triangles, the rest 0."""
+    n = stack.shape[1]
+    if packed.shape != (stack.shape[0], n * (n + 1) // 2):
+        raise ValueError(
+            f"packed triangles of shape {packed.shape}, expected ({stack.shape[0]}, {n * (n + 1) // 2})"
+        )
+    rows, cols = np.triu_indices(n)
+    stack[...] = 0.0
+    stack[:, rows, cols] = packed
+
+
+def _learner_to_arrays(ln, arrays: dict, base: str) -> dict:
+    """One learner's counters and per-layer metadata (returned) and arrays (into ``arrays``): a learner that makes
+    its own updates writes A and A_r (packed), c and a Woodbury P; a shared candidate its calibration sums alone."""
+    shared = isinstance(ln, SharedGramLearner)
+    st = ln.own_state()  # a candidate's counters and losses: no copy of its primary's sums is made
+    arrays[f"{base}calibration"] = st.calibration.copy()  # its own calibration sums (core.calibration)
+    if not shared:
+        a = st.arrays
+        arrays[f"{base}gram"] = pack_lower(a.gram)
+        arrays[f"{base}rhs"] = a.rhs.copy()
+        if len(a.gram_labelled):
+            arrays[f"{base}gram_labelled"] = pack_lower(a.gram_labelled)
+        for i, ls in enumerate(st.layers):
+            # Woodbury's P = A⁻¹, once updated (it drifts from A⁻¹ by round-off): not derivable; P as rebuilt from
+            # A (no update since) is made again on loading, the same bits
+            if ls.factor_kind == "inverse" and ls.woodbury_steps:
+                arrays[f"{base}layer{i}/inverse"] = a.factor[i].copy()
     return {
         "counters": {k: getattr(st, k) for k in _COUNTERS},
         "layers": [
@@ -229,15 +260,16 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     except (KeyError, ValueError) as exc:
         raise StateFormatError(f"inconsistent saved target scaling: {exc}") from None
     try:
+        version = manifest["format_version"]
         if len(model.learners) == 1:
-            _learner_from_arrays(model.learner.state, manifest, arrays, prefix)
+            _learner_from_arrays(model.learner, manifest, arrays, prefix, version)
         else:
             saved = manifest["candidates"]
             if len(saved) != len(model.learners):
                 raise ValueError(f"{len(saved)} candidates saved, the config makes {len(model.learners)}")
             for j, (ln, part) in enumerate(zip(model.learners, saved)):
-                _learner_from_arrays(ln.state, part, arrays, f"{prefix}cand{j}/")
-            for ln in model.learners:  # λ candidates: their saved sums are their primary's, as restored
+                _learner_from_arrays(ln, part, arrays, f"{prefix}cand{j}/", version)
+            for ln in model.learners:  # λ and -R candidates: their sums are their primary's, as restored
                 if isinstance(ln, SharedGramLearner):
                     ln.mark_synced()
             sel = manifest["selection"]
@@ -261,7 +293,9 @@ def model_from_arrays(manifest: dict, arrays, prefix: str = "model/") -> EdRVFL:
     return model
 
 
-def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
+def _learner_from_arrays(ln, part: dict, arrays, base: str, version: int) -> None:
+    shared = isinstance(ln, SharedGramLearner)
+    st = ln.own_state()
     if (
         f"{base}calibration" in arrays
     ):  # saved before calibration: no sums, the clipped mean until labels come
@@ -269,28 +303,65 @@ def _learner_from_arrays(st, part: dict, arrays, base: str) -> None:
             st.calibration.shape
         )
     for key, value in part["counters"].items():
-        setattr(st, key, type(getattr(st, key))(value))
+        if key in _COUNTERS:
+            setattr(st, key, type(getattr(st, key))(value))
     if "clock" not in part["counters"]:  # saved before forgetting existed: every row seen was observed
         st.clock = st.rows_observed
-    for i, (ls, meta) in enumerate(zip(st.layers, part["layers"], strict=True)):
-        _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
+    metas = list(part["layers"])
+    if len(metas) != len(st.layers):
+        raise ValueError(f"{base}: {len(metas)} layers saved, the config makes {len(st.layers)}")
+    for ls, meta in zip(st.layers, metas):
+        ls.lam, ls.loss_sum = float(meta["lam"]), float(meta["loss_sum"])
+    a = st.arrays
+    a.beta_stale[:] = a.factor_stale[:] = True  # solved from the sums when first read: the bits they had
+    a.factor_inverse[:] = False
+    a.woodbury_steps[:] = 0
+    if shared:  # its β and sums are solved from its primary's
+        return
+    if version < 3:  # one array per layer, as written (β and a Woodbury P kept; a Cholesky factor made again)
+        for i, (ls, meta) in enumerate(zip(st.layers, metas)):
+            _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
+        return
+    unpack_lower(_array(arrays, f"{base}gram"), a.gram)
+    a.rhs[...] = _shaped(arrays, f"{base}rhs", a.rhs.shape)
+    if len(a.gram_labelled):
+        unpack_lower(_array(arrays, f"{base}gram_labelled"), a.gram_labelled)
+    for i, (ls, meta) in enumerate(zip(st.layers, metas)):
+        if meta["factor_kind"] == "inverse":
+            steps = int(meta["woodbury_steps"])
+            if steps:
+                ls.factor = _shaped(arrays, f"{base}layer{i}/inverse", (ls.gram.shape[0],) * 2)
+            else:  # rebuilt from A when it was last (learner._enter_gram)
+                ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
+            ls.factor_kind, ls.woodbury_steps = "inverse", steps
+
+
+def _array(arrays, name: str) -> np.ndarray:
+    return np.asarray(arrays[name], dtype=np.float64)
+
+
+def _shaped(arrays, name: str, shape: tuple) -> np.ndarray:
+    value = _array(arrays, name)
+    if value.shape != tuple(shape):
+        raise ValueError(f"{name}: shape {value.shape}, expected {tuple(shape)}")
+    return value
 
 
 def _restore_layer(ls: LayerState, meta: dict, arrays, base: str) -> None:
+    """A layer of a version-1 or -2 state (full arrays per layer)."""
+
     def load(name, like):
-        value = np.asarray(arrays[base + name], dtype=np.float64)
-        if value.shape != like.shape:
-            raise ValueError(f"{base}{name}: shape {value.shape}, expected {like.shape}")
+        value = _shaped(arrays, base + name, like.shape)
         return np.asfortranarray(value) if like.flags.f_contiguous else np.ascontiguousarray(value)
 
     ls.gram = load("gram", ls.gram)
     ls.rhs = load("rhs", ls.rhs)
-    ls.beta = load("beta", ls.beta)
-    ls.factor = load("factor", ls.factor)
+    ls.beta = load("beta", ls.beta)  # as written
+    if meta["factor_kind"] == "inverse":  # Woodbury's P: as written; a Cholesky factor is made from A again
+        ls.factor = load("factor", np.empty((ls.gram.shape[0],) * 2))
+        ls.factor_kind, ls.woodbury_steps = "inverse", int(meta["woodbury_steps"])
     if ls.gram_labelled is not None:
         ls.gram_labelled = load("gram_labelled", ls.gram_labelled)
-    ls.lam, ls.factor_kind = float(meta["lam"]), meta["factor_kind"]
-    ls.loss_sum, ls.woodbury_steps = float(meta["loss_sum"]), int(meta["woodbury_steps"])
 
 
 def save_model(file, model: EdRVFL) -> None:

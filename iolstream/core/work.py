@@ -1,9 +1,12 @@
 """Work counted in floating-point operations: the least one -F step needs, and what scoring one more candidate
-adds. ``bench --suite core`` divides its measured rate by the first; the scoring budget of ``auto``
-(``candidates.ScoringBudget``) weighs the second against the first (docs/design.md §10).
+adds. ``bench --suite core`` divides its measured rate by the first (``minimal_flops_per_row``); the scoring
+budget of ``auto`` (``candidates.ScoringBudget``) weighs the second against the first in FLOP-equivalents, a
+Cholesky counted at the rate it runs (``CHOLESKY_WEIGHT``; docs/design.md §10).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 # FLOP-equivalents of the fixed costs besides the arithmetic, at the ~30 GFLOP/s a step reaches on the small config
 # of ``bench --suite core``. Measured on a tiny model (N = 24, b = 10, where calls are all there is): a step of a
@@ -11,6 +14,11 @@ from __future__ import annotations
 # one more ~12 µs (the calls that solve and predict, its share of the selector's sums).
 STEP_CALL_FLOPS = 3.0e6
 CALL_FLOPS = 3.6e5
+# What the scoring budget counts a Cholesky factorisation as, in operations of the step's products: LAPACK's dpotrf
+# on these sizes (n = 139 to 1000) runs at 1/2.3 to 1/2.9 of the rate of the step's features (GEMM) and Gram (SYRK)
+# measured beside it (one thread, bench configs). Counted at its operations alone, scoring a candidate was
+# a third of what it took in time, and the default -F and -R pair was scored on every batch.
+CHOLESKY_WEIGHT = 2.5
 
 
 def minimal_flops_per_row(
@@ -36,17 +44,20 @@ def minimal_flops_per_row(
     return parts
 
 
+@lru_cache(maxsize=1024)  # every batch asks (candidates.ScoringBudget), with a few batch sizes
 def step_flops(k: int, m: int, n_nodes: int, n_layers: int, b: int, bias_column: bool = True) -> float:
-    """FLOPs of one -F step of a b-row batch (``minimal_flops_per_row`` × b, plus ``STEP_CALL_FLOPS``)."""
-    return (
-        minimal_flops_per_row(k, m, n_nodes, n_layers, max(b, 1), bias_column)["total"] * b + STEP_CALL_FLOPS
-    )
+    """The work of one -F step of a b-row batch, in FLOP-equivalents: ``minimal_flops_per_row`` × b with its
+    Cholesky counted ``CHOLESKY_WEIGHT`` times, plus ``STEP_CALL_FLOPS``."""
+    parts = minimal_flops_per_row(k, m, n_nodes, n_layers, max(b, 1), bias_column)
+    per_row = parts["total"] + (CHOLESKY_WEIGHT - 1.0) * parts["cholesky"]
+    return per_row * b + STEP_CALL_FLOPS
 
 
+@lru_cache(maxsize=1024)
 def scoring_flops(n_columns: int, m: int, n_layers: int, b: int, cholesky: bool = True) -> float:
-    """FLOPs of scoring one candidate not in force on a b-row batch: per layer a Cholesky of its A (n³/3; not
-    when it keeps A⁻¹ current by Woodbury, ``cholesky`` False), its β (2n²m), its prediction and loss
-    (2nm·b + m·b), plus ``CALL_FLOPS``."""
+    """The work of scoring one candidate not in force on a b-row batch, in FLOP-equivalents (as ``step_flops``):
+    per layer a Cholesky of its A (n³/3, counted ``CHOLESKY_WEIGHT`` times; none when it keeps A⁻¹ current by
+    Woodbury, ``cholesky`` False), its β (2n²m), its prediction and loss (2nm·b + m·b), plus ``CALL_FLOPS``."""
     n = n_columns
-    per_layer = (n**3 / 3.0 if cholesky else 0.0) + 2.0 * n * n * m + (2.0 * n * m + m) * b
+    per_layer = (CHOLESKY_WEIGHT * n**3 / 3.0 if cholesky else 0.0) + 2.0 * n * n * m + (2.0 * n * m + m) * b
     return n_layers * per_layer + CALL_FLOPS

@@ -16,6 +16,7 @@ from iolstream.kafka import diagnose, topics
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.ops import footprint
 
 CALL_GRACE = (
     5.0  # a client call still running this long after its own timeout is abandoned (calls.ClientCalls)
@@ -168,11 +169,8 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:
-    """Upper estimate of a snapshot: per layer A, its factor and A_r (n×n), c and β; a full join buffer."""
-    mc = cfg.model
-    n = mc.n_nodes + mc.n_inputs + int(mc.bias_column)
-    pending = cfg.stream.max_pending_rows * (mc.n_inputs + 1 + mc.n_layers * mc.m)
-    return 8 * (mc.n_layers * (3 * n * n + 2 * n * mc.m) + pending)
+    """Upper estimate of a snapshot: the model's sums and a full join buffer (``ops.footprint.snapshot_bytes``)."""
+    return footprint.snapshot_bytes(cfg)
 
 
 def check_timing(cfg: WorkerConfig) -> list[str]:

@@ -139,10 +139,15 @@ class EventCodec:
                 return [key.decode("utf-8") if isinstance(key, bytes) else str(key)]
             except UnicodeDecodeError:
                 return [_BAD_KEY]
-        if len(self._id_path) == 1:
-            name = self._id_path[0]
+        return self._column(events, self._id_path)
+
+    def _column(self, events: list, path: tuple) -> list:
+        """The value at ``path`` of each event, None where it has none (``_get``): a top-level field read with
+        one dict lookup per event, not a path walk (a per-row call costs ~0.5 µs a field)."""
+        if len(path) == 1:
+            name = path[0]
             return [e.get(name) if type(e) is dict else None for e in events]
-        return [self._get(e, self._id_path) for e in events]
+        return [self._get(e, path) for e in events]
 
     @staticmethod
     def _get(event, path):
@@ -172,7 +177,7 @@ class EventCodec:
         b = len(events)
         if self._time_path is None:
             return np.full(b, -1, dtype=np.int64), None
-        values = [self._get(e, self._time_path) for e in events]
+        values = self._column(events, self._time_path)
         if set(map(type, values)) == {int}:
             arr = np.array(values, dtype=np.int64) if max(values) <= MAX_TS_MS else None
             if arr is not None and arr.min() >= 0:
@@ -374,11 +379,9 @@ class EventCodec:
         absent); None when none is configured."""
         if not self._passthrough:
             return None
-        out = []
-        for e in events:
-            fields = {name: self._get(e, path) for name, path in self._passthrough}
-            out.append(orjson.dumps(fields)[1:-1])
-        return out
+        names = [name for name, _ in self._passthrough]
+        columns = [self._column(events, path) for _, path in self._passthrough]
+        return [orjson.dumps(dict(zip(names, values)))[1:-1] for values in zip(*columns)]
 
     def uncount(self, letters: list[bytes]) -> None:
         """Take back the counts of events refused after decoding (duplicates the join buffer screened out),

@@ -6,7 +6,8 @@ Suites:
   algorithm's minimal FLOPs per row, the GEMM rate NumPy reaches on the same shapes
   and dtype in this run, and ``efficiency`` = achieved minimal-FLOP rate ÷ GEMM rate.
 - ``poker``: the paper's largest run (Table 13 configuration) on generated poker hands.
-- ``kafka``: end to end through the local broker (see ``bench_kafka``).
+- ``kafka``: end to end through the local broker (see ``bench_kafka``), at one ``model.mode`` or several side by
+  side (``--modes auto forward``).
   The core suite also runs each config with ``lam: auto`` (3 λ candidates sharing one Gram: one
   Cholesky and solve per λ), ``forgetting: auto`` (3 half-lives, their own sums) and both (9
   candidates, 3 sets of sums), ``mode: auto`` alone (-F and -R: 2 candidates, one set of sums and A_r), with
@@ -32,6 +33,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from iolstream.core.candidates import MODES
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.tools.bench_core import CONFIGS, SETTINGS, bench_core_step, bench_forget_step
 
@@ -177,7 +179,16 @@ def add_parser(subparsers):
         "--rounds",
         type=int,
         default=1,
-        help="core suite: measure every setting this many times in turn, keep each one's best (default: 1)",
+        help="core suite: measure every setting this many times in turn, keep each one's best; kafka suite: run "
+        "the worker of every mode (--modes) this many times in turn, keep each one's best (default: 1)",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["auto"],
+        choices=list(MODES),
+        help="kafka suite: the model.mode of the learner, processor and worker runs, each in the same run, with "
+        "their rates side by side (e.g. auto forward; default: auto, the default mode)",
     )
     p.add_argument(
         "--settings",

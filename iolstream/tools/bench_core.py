@@ -92,10 +92,12 @@ def bench_core_step(
     solver: str = "auto",
     setting: str = "fixed",
     gemm: float | None = None,
+    mode: str | None = None,
 ) -> CoreResult:
-    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run."""
+    """One config, dtype and setting (SETTINGS); ``gemm``: the GEMM rate if already measured in this run; ``mode``:
+    the setting's ``model.mode`` replaced (``bench --suite kafka --modes``)."""
     k, m, n_nodes, n_layers, b = CONFIGS[name]
-    model = _bench_model(name, dtype, setting, solver=solver)
+    model = _bench_model(name, dtype, setting, solver=solver, mode=mode)
     rows_s, elapsed = _time_steps(model, k, m, b, seconds)
     flops = minimal_flops_per_row(k, m, n_nodes, n_layers, b)
     if gemm is None:
@@ -240,9 +242,11 @@ def bench_forget_step(
 KEPT_BATCHES = 2  # the rows erased were learned this many steps before (or one more)
 
 
-def _bench_model(name: str, dtype: str, setting: str, solver: str = "auto") -> EdRVFL:
+def _bench_model(
+    name: str, dtype: str, setting: str, solver: str = "auto", mode: str | None = None
+) -> EdRVFL:
     """A model of ``CONFIGS[name]`` in ``setting`` (SETTINGS), unscaled, no regret tracking, its thread pools set as
-    the worker sets them."""
+    the worker sets them; ``mode``: the setting's ``model.mode`` replaced."""
     from iolstream.core import runtime
 
     k, m, n_nodes, n_layers, _ = CONFIGS[name]
@@ -256,7 +260,7 @@ def _bench_model(name: str, dtype: str, setting: str, solver: str = "auto") -> E
             dtype=dtype,
             solver=solver,
             track_regret=False,
-            **SETTINGS[setting],
+            **{**SETTINGS[setting], **({} if mode is None else {"mode": mode})},
         )
     )
     runtime.configure_for_model(model)

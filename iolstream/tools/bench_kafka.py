@@ -1,8 +1,10 @@
 """``iolstream bench --suite kafka``: the worker end to end on a real broker.
 
-For each model config, on fresh topics of the local broker (or ``--bootstrap``), all in one run:
+For each model config, on fresh topics of the local broker (or ``--bootstrap``), all in one run, at each
+``model.mode`` of ``--modes`` (default: ``auto``, the default mode):
 
-1. ``learner``: full -F steps in this process, no I/O (the ceiling; ``bench --suite core``);
+1. ``learner``: full steps (observe a batch, fold the labels of the one before) in this process, no I/O (the
+   ceiling; ``bench --suite core``);
 2. ``processor``: the worker's pure stream logic (decode, micro-batch, join, encode) fed the
    same messages from memory, no broker: what the stream logic costs on top of the learner;
 3. ``worker``: the stream pre-produced (batch messages, then row messages, then the same rows as
@@ -20,8 +22,12 @@ For each model config, on fresh topics of the local broker (or ``--bootstrap``),
    broker's append time of the prediction minus that event time (p50 / p99), read after the run;
 6. ``memory`` (small config): the worker's peak RSS after 100,000 and after 1,000,000 rows.
 
-Ratios are same-run; machines here are shared and noisy, so absolute rates are not comparable
-between runs.
+Latency, memory and the named-field events are measured at the first mode. With several modes (``--modes auto forward``), the top-level
+figures are the first mode's and ``by_mode`` holds every mode's learner, processor and worker rates with
+``worker_cost_vs_<mode>``: that mode's worker rows/s ÷ this one's (batch and one-row messages). ``--rounds R``
+runs the worker of every mode in turn R times and keeps each one's best: a slow spell of a shared machine then
+hits one run of a mode, not all of its runs. Ratios are same-run; machines here are shared and noisy, so
+absolute rates are not comparable between runs.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ FIELDS = [f"c{j}" for j in range(K)]  # the named-field events' numbers
 EVENTS_SCHEMA = [
     {"name": name, "type": "number", "required": True} for name in FIELDS
 ]  # width K: the same model
+EVENTS_SECTION = {"time_field": "ts"}  # the events section of the named-field events' worker
 
 
 def _messages(X, y, batch_rows: int, ids_from: int = 0, events: bool = False):
@@ -143,8 +150,9 @@ def _send(p: Producer, topic: str, value: bytes) -> None:
 
 
 def _worker_cfg(
-    bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256, events=False
+    bootstrap, topics, n_nodes, n_layers, snap_dir, classes, batch_rows=256, mode=None, events=False
 ) -> dict:
+    """The worker's config (``mode``: model.mode, None: the default; ``events``: named-field events)."""
     inputs = {"features": EVENTS_SCHEMA} if events else {"n_inputs": K}
     return {
         "model": {
@@ -154,8 +162,9 @@ def _worker_cfg(
             "n_layers": n_layers,
             "warmup_rows": 256,
             "track_regret": False,
+            **({} if mode is None else {"mode": mode}),
         },
-        **({"events": {"time_field": "ts"}} if events else {}),
+        **({"events": dict(EVENTS_SECTION)} if events else {}),
         "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
         "topics": {
             "features": topics[0],
@@ -321,21 +330,15 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
 
 
 def _worker_run(
-    bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str, events: bool = False
+    bootstrap, name, X, y, workdir: Path, *, batch_rows: int, tag: str, mode=None, events: bool = False
 ) -> dict:
-    """Pre-produce X, y (``events``: as named-field events), run a worker process over them; rows/s and peak
-    RSS."""
+    """Pre-produce X, y (``events``: as named-field events), run a worker process (at ``mode``; None: the default)
+    over them; rows/s and peak RSS."""
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-{tag}")
+    snap_dir = workdir / f"snap-{name}-{tag}-{uuid.uuid4().hex[:6]}"
     cfg = _worker_cfg(
-        bootstrap,
-        topics,
-        n_nodes,
-        n_layers,
-        workdir / f"snap-{name}-{tag}",
-        tuple(range(M)),
-        BATCH[name],
-        events,
+        bootstrap, topics, n_nodes, n_layers, snap_dir, tuple(range(M)), BATCH[name], mode, events
     )
     _ensure(cfg)
     _produce_stream(_producer(bootstrap), topics[0], topics[1], X, y, batch_rows=batch_rows, events=events)
@@ -356,12 +359,13 @@ def _worker_run(
     }
 
 
-def _processor_rate(name: str, X, y, events: bool = False) -> float:
-    """The worker's stream logic alone (StreamProcessor), messages from memory, after 8 warm-up batches;
-    ``events``: the same rows as named-field events."""
+def _processor_rate(name: str, X, y, mode=None, events: bool = False) -> float:
+    """The worker's stream logic alone (StreamProcessor) at ``mode`` (None: the default), messages from memory,
+    after 8 warm-up batches, fed as the worker feeds them: the messages the worker reads (each row with its event
+    time), its events section, the predictions encoded; ``events``: the same rows as named-field events."""
     from iolstream.core import runtime
     from iolstream.core.model import EdRVFL, ModelConfig
-    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.config import EventsConfig, StreamConfig
     from iolstream.stream.processor import StreamProcessor
 
     n_nodes, n_layers = CONFIGS[name]
@@ -375,20 +379,26 @@ def _processor_rate(name: str, X, y, events: bool = False) -> float:
             n_layers=n_layers,
             warmup_rows=256,
             track_regret=False,
+            **({} if mode is None else {"mode": mode}),
         )
     )
     runtime.configure_for_model(model)
-    proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b))
-    pairs = [(orjson.dumps(f), orjson.dumps(lab)) for f, lab in _messages(X, y, b, events=events)]
-    warm = 8
+    shape = EventsConfig(**EVENTS_SECTION) if events else None
+    proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b), events=shape)
+    pairs = []
+    for feat, lab in _messages(X, y, b, events=events):
+        for row in feat if events else [feat]:
+            row["ts"] = 1_764_000_000_000  # as _produce_stream stamps them
+        pairs.append((orjson.dumps(feat), orjson.dumps(lab)))
+    warm = min(8, len(pairs) // 2)  # a short stream (--kafka-scale) keeps half its batches timed
     t0, prev = None, None
     for i, (feat, lab) in enumerate(pairs):
         if i == warm:
             t0 = time.perf_counter()
-        proc.on_features(feat, ("f", 0, i), 0)
-        proc.step(0)
-        if prev is not None:
-            proc.on_labels(prev, ("l", 0, i), 0)
+        for value, labels in ((feat, False), (prev, True)):
+            out = None if value is None else proc.feed(value, ("l" if labels else "f", 0, i), 0, labels)
+            if out is not None:
+                _ = out.predictions  # encoded, as the worker's output does
         prev = lab
     seconds = time.perf_counter() - t0
     return (len(X) - warm * b) / seconds
@@ -408,7 +418,7 @@ def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
         c.close()
 
 
-def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
+def _latency(bootstrap, name, X, y, rate: float, workdir: Path, mode=None) -> dict:
     """p50/p99 produce-to-prediction latency with the producer paced at ``rate`` rows/s.
 
     Latency = when the broker appended the prediction (the predictions topic of this run is
@@ -420,7 +430,14 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path) -> dict:
     n_nodes, n_layers = CONFIGS[name]
     topics = _topics(f"{name}-latency")
     cfg = _worker_cfg(
-        bootstrap, topics, n_nodes, n_layers, workdir / f"snap-{name}-latency", tuple(range(M)), BATCH[name]
+        bootstrap,
+        topics,
+        n_nodes,
+        n_layers,
+        workdir / f"snap-{name}-latency",
+        tuple(range(M)),
+        BATCH[name],
+        mode,
     )
     admin = clients.admin({"bootstrap.servers": bootstrap})
     created = admin.create_topics(
@@ -495,50 +512,82 @@ def run_kafka(args) -> dict:
     return {"suite": "kafka", "bootstrap": bootstrap, "results": results}
 
 
+def _best_runs(bootstrap, name, X, y, workdir: Path, modes: list, rounds: int, *, batch_rows: int, tag: str):
+    """{mode: its fastest worker run of ``rounds``}, the modes run in turn in every round."""
+    best: dict = {}
+    for _ in range(rounds):
+        for mode in modes:
+            run = _worker_run(bootstrap, name, X, y, workdir, batch_rows=batch_rows, tag=tag, mode=mode)
+            if mode not in best or run["rows_per_second"] > best[mode]["rows_per_second"]:
+                best[mode] = run
+    return best
+
+
 def _run_kafka(args, bootstrap: str, scale: float, workdir: Path) -> dict:
+    modes = list(dict.fromkeys(getattr(args, "modes", None) or ["auto"]))
+    rounds = max(int(getattr(args, "rounds", 1)), 1)
+    first = modes[0]
     results = {}
     for name in args.configs:
         rows = max(int(ROWS[name] * scale), 4 * BATCH[name])
         X, y = _data(rows)
-        learner = bench_core_step(name, "float64", seconds=4.0)
-        entry = {
-            "learner_rows_per_second": learner.rows_per_second,
-            "processor_rows_per_second": _processor_rate(name, X, y),
+        by_mode = {
+            mode: {
+                "learner_rows_per_second": bench_core_step(
+                    name, "float64", seconds=4.0, mode=mode
+                ).rows_per_second,
+                "processor_rows_per_second": _processor_rate(name, X, y, mode),
+            }
+            for mode in modes
         }
-        batch = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="batch")
-        entry["worker_batch_messages"] = {k: v for k, v in batch.items() if k != "topics"}
-        entry["river_softmax_rows_per_second"] = river_loop(
-            bootstrap, *batch["topics"][:2], min(rows, 40_000), 120
-        )
+        batch = _best_runs(bootstrap, name, X, y, workdir, modes, rounds, batch_rows=256, tag="batch")
+        river = river_loop(bootstrap, *batch[first]["topics"][:2], min(rows, 40_000), 120)
         # the same rows as named-field events, side by side with the arrays (and River reading the events)
-        entry["processor_events_rows_per_second"] = _processor_rate(name, X, y, events=True)
-        named = _worker_run(bootstrap, name, X, y, workdir, batch_rows=256, tag="events", events=True)
-        entry["worker_events"] = {k: v for k, v in named.items() if k != "topics"}
-        entry["river_softmax_events_rows_per_second"] = river_loop(
-            bootstrap, *named["topics"][:2], min(rows, 40_000), 120
+        processor_events = _processor_rate(name, X, y, first, events=True)
+        named = _worker_run(
+            bootstrap, name, X, y, workdir, batch_rows=256, tag="events", mode=first, events=True
         )
-        entry["events_vs_arrays"] = named["rows_per_second"] / batch["rows_per_second"]
-        entry["events_vs_river_events"] = (
-            named["rows_per_second"] / entry["river_softmax_events_rows_per_second"]
-        )
+        river_events = river_loop(bootstrap, *named["topics"][:2], min(rows, 40_000), 120)
         n_rows = max(rows // 4, 4 * BATCH[name])
-        row = _worker_run(bootstrap, name, X[:n_rows], y[:n_rows], workdir, batch_rows=1, tag="rows")
-        entry["worker_row_messages"] = {k: v for k, v in row.items() if k != "topics"}
-        worker_rate = batch["rows_per_second"]
-        entry["worker_vs_learner"] = worker_rate / entry["learner_rows_per_second"]
-        entry["worker_vs_river"] = worker_rate / entry["river_softmax_rows_per_second"]
-        entry["batch_vs_row_messages"] = worker_rate / row["rows_per_second"]
-        rate = worker_rate / 2
+        row = _best_runs(
+            bootstrap, name, X[:n_rows], y[:n_rows], workdir, modes, rounds, batch_rows=1, tag="rows"
+        )
+        for mode, entry in by_mode.items():
+            worker_rate = batch[mode]["rows_per_second"]
+            entry["worker_batch_messages"] = {k: v for k, v in batch[mode].items() if k != "topics"}
+            entry["worker_row_messages"] = {k: v for k, v in row[mode].items() if k != "topics"}
+            entry["worker_vs_learner"] = worker_rate / entry["learner_rows_per_second"]
+            entry["worker_vs_river"] = worker_rate / river
+            entry["batch_vs_row_messages"] = worker_rate / row[mode]["rows_per_second"]
+            for other in modes:
+                if other != mode:  # > 1: this mode's worker is that much slower than ``other``'s
+                    entry[f"worker_cost_vs_{other}"] = {
+                        "batch_messages": batch[other]["rows_per_second"] / worker_rate,
+                        "row_messages": row[other]["rows_per_second"] / row[mode]["rows_per_second"],
+                    }
+        entry = {
+            **{k: v for k, v in by_mode[first].items() if not k.startswith("worker_cost_vs_")},
+            "mode": first,
+            "river_softmax_rows_per_second": river,
+            "processor_events_rows_per_second": processor_events,
+            "worker_events": {k: v for k, v in named.items() if k != "topics"},
+            "river_softmax_events_rows_per_second": river_events,
+            "events_vs_arrays": named["rows_per_second"] / batch[first]["rows_per_second"],
+            "events_vs_river_events": named["rows_per_second"] / river_events,
+        }
+        if len(modes) > 1:
+            entry["by_mode"] = by_mode
+        rate = batch[first]["rows_per_second"] / 2
         n_lat = max(int(rate * LATENCY_SECONDS * scale), 4 * BATCH[name])  # its own rows: 20 s of stream
         X_lat, y_lat = _data(n_lat, seed=2)
-        entry["latency_at_half_max"] = _latency(bootstrap, name, X_lat, y_lat, rate, workdir)
+        entry["latency_at_half_max"] = _latency(bootstrap, name, X_lat, y_lat, rate, workdir, first)
         if name == "small" and getattr(args, "memory", True):
             memory = {}
             for n in (int(r * scale) for r in MEMORY_ROWS):
                 Xm, ym = _data(n, seed=1)
-                memory[str(n)] = _worker_run(bootstrap, name, Xm, ym, workdir, batch_rows=256, tag=f"mem{n}")[
-                    "peak_rss_mb"
-                ]
+                memory[str(n)] = _worker_run(
+                    bootstrap, name, Xm, ym, workdir, batch_rows=256, tag=f"mem{n}", mode=first
+                )["peak_rss_mb"]
             entry["peak_rss_mb_by_rows"] = memory
         results[name] = entry
         if not args.json:

@@ -133,6 +133,36 @@ def check_config(cfg, path: str, report: Report) -> None:
         report.say(True, "config", f"from the environment: {keys}", cluster=False)
     for warning in warnings:
         report.say(True, "config", warning, warning=True, cluster=False)
+    memory, snapshot = footprint_lines(cfg)
+    report.say(True, "memory", memory, cluster=False)
+    report.say(True, "snapshot size", snapshot, cluster=False)
+
+
+def footprint_lines(cfg) -> tuple[str, str]:
+    """The memory formula's value for ``cfg`` and a snapshot's size (``ops.footprint``), as two findings."""
+    import os
+
+    from iolstream.ops import footprint
+
+    est = footprint.memory(cfg, threads=os.cpu_count() or 1)
+    mb = lambda v: f"{v / 2**20:,.{1 if v < 10 * 2**20 else 0}f} MB"  # noqa: E731
+    parts = est.parts
+    model = sum(v for k, v in parts.items() if k.startswith("model."))
+    memory = (
+        f"at most {mb(est.total)}: set the pod's memory limit above it (process {mb(parts['process'])}, model "
+        f"{mb(model)}, remembered ids {mb(parts['remembered_ids'])}, snapshot writing {mb(parts['snapshot_write'])}, "
+        f"stores at their bounds {mb(est.total - est.fixed)}); about {mb(est.fixed)} while it keeps up with its "
+        "input (docs/operations.md#memory-bounds)"
+    )
+    if cfg.group.enabled:
+        each = footprint.snapshot_model_bytes(cfg.model, cfg.stream.batch_rows)
+        memory += f"; with group learning {mb(each)} more for each other member"
+    model_snapshot = footprint.snapshot_model_bytes(cfg.model, cfg.stream.batch_rows)
+    snapshot = (
+        f"{mb(model_snapshot)} of model sums, up to {mb(footprint.snapshot_bytes(cfg))} with every store full; "
+        f"{cfg.snapshot.keep} kept in {cfg.snapshot.dir}"
+    )
+    return memory, snapshot
 
 
 def check_snapshot(cfg, report: Report) -> None:

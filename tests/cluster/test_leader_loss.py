@@ -75,7 +75,7 @@ def assert_same_model(snap, reference) -> None:
             compared += 1
         elif name.startswith("model/scaler/"):
             np.testing.assert_array_equal(snap.arrays[name], ref, err_msg=name)
-    assert compared >= 4, "no model arrays compared"
+    assert compared >= 3, "no model arrays compared"  # A, c, A_r of the -F learner the -R candidate reads
     ours, theirs = snap.manifest["stream"]["counters"], ref_manifest["stream"]["counters"]
     assert {k: ours[k] for k in COUNTERS} == {k: theirs[k] for k in COUNTERS}
 

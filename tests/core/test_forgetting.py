@@ -600,7 +600,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     """lam auto: one learner per half-life makes the updates (labels, decay; the batch's Gram is formed once and
     added to every half-life's A); the other λ hold its sums with their own λ on the diagonal
     (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
-    from iolstream.core import fused
+    from iolstream.core import fused, fused_shared
     from iolstream.core.shared_gram import SharedGramLearner
 
     seed_ = 34
@@ -632,13 +632,19 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
         "learn_parallel",
         "add_grams",
         "add_grams_parallel",
+        "grams_into",
+        "grams_into_parallel",
+        "observe_keep_serial",
+        "observe_keep_parallel",
     ):
-        kernel = getattr(fused, name)
-        monkeypatch.setattr(fused, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+        module = fused_shared if hasattr(fused_shared, name) else fused
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     stream_one_batch_late(model, x, y, 100)
     batches = len(range(0, 1200, 100))
-    grams = [c for c in calls if c.startswith("add_grams")]
-    assert len(grams) == (batches if mode == "forward" else 0), f"{calls}, seed={seed_}"  # one Gram per batch
+    # one Gram per batch: formed alone, or (-F keeping A_r for its regret) by the first half-life's step
+    grams = [c for c in calls if c.startswith(("add_grams", "grams_into", "observe_keep"))]
+    assert len(grams) == (batches if mode == "forward" else 0), f"{calls}, seed={seed_}"
     assert len(calls) - len(grams) == 3 * (batches - 1), f"{calls}, seed={seed_}"  # labels: each half-life's
     for ln in shared:
         for a, p in zip(ln.state.layers, ln.primary.state.layers):

@@ -133,7 +133,9 @@ def _scratch(n):
 
 
 def _arrays(n_layers, n, m, track=True):
-    return LayerArrays.initial([0.5 + layer for layer in range(n_layers)], n, m, track)
+    arrays = LayerArrays.initial([0.5 + layer for layer in range(n_layers)], n, m, track)
+    arrays.factors()  # the kernels write a factor stack of the full size (a learner allocates it when needed)
+    return arrays
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -275,3 +277,96 @@ def test_parallel_kernels_are_compiled_parallel():
     """The parallel entry points really run prange loops (else the tuner would time a no-op)."""
     for kernel in (fused.features_parallel, fused.forward_parallel, fused.learn_parallel):
         assert kernel.targetoptions.get("parallel"), kernel
+
+
+# --------------------------------------------------------------------------- shared sums (mode: auto)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
+    """``fused_shared``: the -F step keeping the batch's Gram (A += G, G kept) and the pair step (the same, then the
+    -R candidate solved on A_r with its λ shift and predicted) equal ``fused``'s separate kernels bit for bit,
+    serial and parallel; a -R candidate whose sums did not move predicts with the β it has."""
+    from iolstream.core import fused_shared
+
+    seed = 13
+    n_layers, m, b = 3, 4, 70
+    net = RandomNetwork.create(6, 21, n_layers, activation="relu", seed=seed, dtype=dtype)
+    n = net.n_columns
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((b, 6)).astype(dtype)
+    rhs = rng.standard_normal((n_layers, m, n))
+    labelled = _arrays(n_layers, n, m).gram  # A_r: λI plus an earlier batch's Gram
+    fused.add_grams(np.ascontiguousarray(rng.standard_normal((n_layers, n, 30))), labelled)
+    shift = np.array([0.25, 1.0, 2.5])
+
+    # the separate kernels: features, A += DᵀD, -F solve and predict; -R solve and predict from A_r + shift
+    f, gram = np.empty((n_layers, n, b), dtype=dtype), _arrays(n_layers, n, m).gram
+    beta, out, beta_r, out_r = (
+        np.zeros((n_layers, m, n)),
+        np.empty((n_layers, b, m)),
+        np.zeros((n_layers, m, n)),
+        np.empty((n_layers, b, m)),
+    )
+    info = np.zeros(n_layers, np.int32)
+    fused.features_serial(x, *net.kernel_weights, f)
+    fused.add_grams(f, gram)
+    assert fused.solve_predict_serial(f, gram, np.zeros(n_layers), _scratch(n), rhs, beta, out, info) == 0
+    assert fused.solve_predict_serial(f, labelled, shift, _scratch(n), rhs, beta_r, out_r, info) == 0
+    gram_alone = np.zeros_like(gram)
+    fused.add_grams(f, gram_alone)
+
+    for variant in ("serial", "parallel"):
+        tag = f"{variant} {np.dtype(dtype).name} seed={seed}"
+        for pair in (False, True):
+            g, kept = _arrays(n_layers, n, m).gram, np.zeros((n_layers, n, n))
+            f2, info = np.empty((n_layers, n, b), dtype=dtype), np.zeros(n_layers, np.int32)
+            b2, o2, br2, or2 = (
+                np.zeros_like(beta),
+                np.empty_like(out),
+                np.zeros_like(beta_r),
+                np.empty_like(out_r),
+            )
+            if pair:
+                kernel = getattr(fused_shared, f"observe_pair_{variant}")
+                sums, forward, ridge = (g, labelled, kept, rhs), (b2, o2, True), (br2, or2, shift, True)
+                assert kernel(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info) == 0, tag
+                assert np.array_equal(br2, beta_r) and np.array_equal(or2, out_r), f"-R: {tag}"
+            else:
+                kernel = getattr(fused_shared, f"observe_keep_{variant}")
+                assert (
+                    kernel(x, *net.kernel_weights, f2, g, kept, _scratch(n), rhs, b2, o2, info, True) == 0
+                ), tag
+            for name, got, want in (("D", f2, f), ("A", g, gram), ("β", b2, beta), ("D β", o2, out)):
+                assert np.array_equal(got, want), f"{name}, pair={pair}: {tag}"
+            assert np.array_equal(np.tril(kept[0].T), np.tril(gram_alone[0].T)), (
+                f"kept Gram, pair={pair}: {tag}"
+            )
+    # the -R candidate's sums did not move: no solve, the β it has predicts (and the -F side still solves)
+    g, kept, info = _arrays(n_layers, n, m).gram, np.zeros((n_layers, n, n)), np.zeros(n_layers, np.int32)
+    stale_r, or3 = np.full_like(beta_r, 0.5), np.empty_like(out_r)
+    sums, forward, ridge = (
+        (g, labelled, kept, rhs),
+        (np.zeros_like(beta), np.empty_like(out), True),
+        (stale_r, or3, shift, False),
+    )
+    assert (
+        fused_shared.observe_pair_serial(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info)
+        == 0
+    )
+    assert np.array_equal(stale_r, np.full_like(beta_r, 0.5))
+    want = np.empty_like(out_r)
+    fused.predict_all(f, stale_r, want)
+    assert np.array_equal(or3, want), f"seed={seed}"
+
+
+def test_add_lower_adds_the_lower_triangles_only():
+    from iolstream.core import fused_shared
+
+    rng = np.random.default_rng(14)
+    src, dst = rng.standard_normal((2, 5, 5)), rng.standard_normal((2, 5, 5))
+    before = dst.copy()
+    fused_shared.add_lower(src, dst)
+    for layer in range(2):  # the C block's upper triangle is the matrix's lower one
+        np.testing.assert_array_equal(np.triu(dst[layer]), np.triu(before[layer] + src[layer]))
+        np.testing.assert_array_equal(np.tril(dst[layer], -1), np.tril(before[layer], -1))

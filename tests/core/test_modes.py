@@ -141,14 +141,19 @@ def _regression(**kw) -> ModelConfig:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("start", ["forward", "ridge"])
 def test_auto_follows_ridge_where_ridge_predicts_better(seed, start):
+    """From either start, with every batch scored (each candidate's regret is then known) and with the default
+    budget (the -F candidate scored on some batches)."""
     x, y = _supplement_f(seed)
-    model = EdRVFL(_regression(n_inputs=20, n_nodes=16, seed=seed))
-    model.selector = CandidateSelector(2, model.modes.index(start))
-    stream_one_batch_late(model, x, y, 10)
-    assert model.effective["mode"] == "ridge", f"seed={seed} start={start}: {model.effective}"
+    model = _every_batch(EdRVFL(_regression(n_inputs=20, n_nodes=16, seed=seed)))
+    budget = EdRVFL(_regression(n_inputs=20, n_nodes=16, seed=seed))
+    for m in (model, budget):
+        m.selector = CandidateSelector(2, m.modes.index(start))
+        stream_one_batch_late(m, x, y, 10)
+        assert m.effective["mode"] == "ridge", f"seed={seed} start={start}: {m.effective}"
+        assert m.selector.switches == (start == "forward"), f"seed={seed} start={start}"
     forward, ridge = model.regret(0), model.regret(1)
     assert ridge.mean_regret < 0.6 * forward.mean_regret, f"seed={seed}"  # else the stream tests nothing
-    assert model.selector.switches == (start == "forward"), f"seed={seed} start={start}"
+    assert budget.scoring.scored_share < 1.0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -235,13 +240,14 @@ def test_the_scoring_budget_scores_the_first_batch_then_what_its_credit_pays_for
     assert fresh.take(10, cost=1e30)
 
 
-def test_with_few_candidates_and_large_batches_every_batch_is_scored():
-    """The default -F and -R pair on batches of the small bench config: every batch; 18 candidates: some."""
+def test_the_budget_scores_the_pair_on_some_batches_and_many_candidates_on_fewer():
+    """The default -F and -R pair on batches of the small bench config: one in three (a Cholesky counted at the rate
+    it runs, work.CHOLESKY_WEIGHT; counted at its operations alone, every batch was); 18 candidates: fewer."""
     base = dict(n_inputs=10, n_outputs=10, n_nodes=128, n_layers=4, scaler="none")
     rng = np.random.default_rng(0)
-    for extra, low, high in (({}, 1.0, 1.0), ({"lam": "auto", "forgetting": "auto"}, 0.05, 0.5)):
+    for extra, low, high in (({}, 0.3, 0.4), ({"lam": "auto", "forgetting": "auto"}, 0.02, 0.08)):
         model = EdRVFL(ModelConfig(**base, mode="auto", **extra))
-        x = rng.standard_normal((256 * 12, 10))
+        x = rng.standard_normal((256 * 36, 10))  # the first batch is always scored
         stream_one_batch_late(model, x, rng.standard_normal((len(x), 10)), 256)
         assert low <= model.scoring.scored_share <= high, (extra, model.scoring.scored_share)
 
@@ -261,3 +267,124 @@ def test_scoring_share_is_a_positive_number_or_all():
     assert some.scoring.scored_share < 1.0
     more = stream_one_batch_late(EdRVFL(ModelConfig(**base, scoring_share=1.0)), x, y, 60)
     assert some.scoring.scored_share < more.scoring.scored_share
+
+
+def _auto_state(model: EdRVFL) -> dict:
+    """Every array of the -F learner and the -R candidate's β (lower triangles of the sums)."""
+    forward, ridge = model.learners
+    a = forward.state.arrays
+    out = {
+        "A": np.tril(a.gram[:, :, :].transpose(0, 2, 1)),
+        "A_r": np.tril(a.gram_labelled.transpose(0, 2, 1)),
+    }
+    out.update(c=a.rhs.copy(), beta_r=np.stack([ls.beta for ls in ridge.state.layers]))
+    out["beta_f"] = np.stack([ls.beta for ls in forward.state.layers])
+    return out
+
+
+def test_the_fused_pair_step_is_the_step_of_its_parts_bitwise(monkeypatch):
+    """The default -F and -R pair goes through one kernel call per batch (``fused_shared.observe_pair_*``); with
+    that path switched off each candidate steps apart (the kept-Gram step, then the -R candidate's own solve):
+    the same predictions, sums and β, bit for bit, including the batches the -F learner is not scored on."""
+    from iolstream.core.shared_gram import SharedGramLearner
+
+    x, y = _classes(46, 1200)
+    base = dict(
+        n_inputs=4, classes=(0, 1, 2), n_nodes=40, n_layers=2, scaler="none", seed=46, scoring_share=0.05
+    )
+    runs = []
+    for pair in (True, False):
+        if not pair:
+            monkeypatch.setattr(SharedGramLearner, "reads_labelled", property(lambda self: False))
+        model, preds, prev = EdRVFL(ModelConfig(**base)), [], None
+        for start in range(0, len(x), 80):
+            pred = model.observe(x[start : start + 80])
+            preds.append(pred.candidate_outputs)
+            if prev is not None:
+                model.learn(
+                    prev.features_t, model.encode_labels(y[start - 80 : start]), predicted=prev.predicted
+                )
+            prev = pred
+        runs.append((model, preds))
+    (fast, fast_preds), (apart, apart_preds) = runs
+    assert 0.1 < fast.scoring.scored_share < 1.0, fast.scoring.scored_share  # both kinds of batch
+    for t, (p, q) in enumerate(zip(fast_preds, apart_preds)):
+        np.testing.assert_array_equal(p, q, err_msg=f"batch {t}")
+    for name, value in _auto_state(fast).items():
+        np.testing.assert_array_equal(value, _auto_state(apart)[name], err_msg=name)
+    assert fast.selector.chosen == apart.selector.chosen and fast.selector.switches == apart.selector.switches
+
+
+def test_features_alone_do_not_make_the_ridge_candidate_solve_again():
+    """-R solves on A_r and c, which move with labels, not with features: batches that bring no labels leave its β
+    as it was (no Cholesky); labels make it solve again."""
+    x, y = _classes(47, 600)
+    model = _every_batch(
+        EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none"))
+    )
+    forward, ridge = model.learners
+    first = model.observe(x[:50])
+    model.learn(first.features_t, model.encode_labels(y[:50]), predicted=first.predicted)
+    assert ridge.needs_solve()  # labels moved A_r and c
+    model.observe(x[50:100])
+    assert not ridge.needs_solve()  # solved for that batch
+    beta = np.stack([ls.beta for ls in ridge.state.layers])
+    for start in (100, 150, 200):  # features only: A moves, A_r and c do not
+        before = forward.state.version
+        model.observe(x[start : start + 50])
+        assert forward.state.version > before and not ridge.needs_solve()
+        np.testing.assert_array_equal(np.stack([ls.beta for ls in ridge.state.layers]), beta)
+
+
+def test_candidates_allocate_no_copy_of_the_sums_and_the_gram_buffers_are_reused():
+    """A λ or -R candidate reads its primary's sums: no n×n array of its own until its ``state`` is read (then a
+    copy of the primary's, shifted); the kept batch Grams live in at most two buffers, reused batch after batch;
+    no factor stack is made on the -F route."""
+    x, y = _classes(48, 900)
+    model = stream_one_batch_late(
+        EdRVFL(ModelConfig(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", lam="auto")),
+        x,
+        y,
+        60,
+    )
+    n = model.network.n_columns
+    shared = [ln for ln in model.learners if ln is not model.learners[0]]
+    assert len(shared) == 5
+    for ln in shared:
+        a = ln._state.arrays
+        assert a.gram.size == a.factor.size == a.gram_labelled.size == 0
+    model.regret(model.selector.chosen)  # the regret reads the primary's labelled sums: still no copy
+    assert all(ln._state.arrays.gram.size == 0 for ln in shared)
+    assert model.learners[0].state.arrays.factor.size == 0
+    assert model.batch_grams.nbytes <= 2 * model.config.n_layers * n * n * 8
+    ridge = shared[2]  # -R, λ = 0.05 (the primary's λ): A_r as it is
+    assert ridge.reads_labelled and ridge.lam == model.learners[0].lam
+    np.testing.assert_array_equal(
+        np.tril(ridge.state.layers[1].gram), np.tril(model.learners[0].state.layers[1].gram_labelled)
+    )
+    assert ridge._state.arrays.gram.shape == (2, n, n)  # allocated by that read
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward"])
+def test_a_model_whose_factor_stack_was_never_made_pickles_erases_and_predicts_the_same(mode):
+    """The -F route factors in scratch memory, and a shared candidate keeps no A of its own: pickling solves every
+    stale β (a shared candidate's from its primary's sums, nothing factored in its empty A), erasing rows (which
+    factors A) makes the stack first; the copy predicts the same bits, and after the erasure the primary's β is
+    the copy's again."""
+    import pickle
+
+    x, y = _classes(49, 600)
+    cfg = ModelConfig(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", mode=mode)
+    model = stream_one_batch_late(EdRVFL(cfg), x, y, 60)
+    assert model.learners[0].state.arrays.factor.size == 0
+    copy = pickle.loads(pickle.dumps(model))
+    assert all(ln._state.arrays.gram.size == 0 for ln in copy.learners[1:])
+    probe = np.random.default_rng(1).standard_normal((30, 4))
+    np.testing.assert_array_equal(copy.predict(probe), model.predict(probe))
+    fresh = stream_one_batch_late(EdRVFL(cfg), x, y, 60)  # never pickled: no factor stack yet
+    pred = fresh.observe(x[:20])
+    fresh.learn(pred.features_t, np.eye(3)[y[:20]], predicted=pred.predicted, observed_at=pred.clock)
+    assert fresh.learners[0].state.arrays.factor.size == 0
+    fresh.erase(pred.features_t, np.eye(3)[y[:20]], True, pred.clock)
+    for layer, (ls, before) in enumerate(zip(fresh.learners[0].state.layers, copy.learners[0].state.layers)):
+        np.testing.assert_allclose(ls.beta, before.beta, rtol=1e-6, atol=1e-9, err_msg=f"layer {layer}")

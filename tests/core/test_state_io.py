@@ -190,7 +190,7 @@ def test_an_object_array_is_refused(tmp_path):
     path = _saved(tmp_path)
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
-    arrays["model/layer0/beta"] = np.array([object()], dtype=object)
+    arrays["model/rhs"] = np.array([object()], dtype=object)
     np.savez(path, **arrays)  # written with pickle inside
     with pytest.raises(ValueError, match="allow_pickle"):
         load_model(path)
@@ -203,8 +203,9 @@ def test_an_object_array_is_refused(tmp_path):
         ("wrong format", lambda m, a: m.update(format="something.else")),
         ("tampered digest", lambda m, a: m.update(weights_sha256="0" * 64)),
         ("other seed", lambda m, a: m["config"].update(seed=4)),  # weights regenerate differently
-        ("wrong shape", lambda m, a: a.update({"model/layer1/beta": np.zeros((3, 3))})),
-        ("missing array", lambda m, a: a.pop("model/layer2/rhs")),
+        ("wrong shape", lambda m, a: a.update({"model/gram": np.zeros((3, 3))})),
+        ("wrong shape of c", lambda m, a: a.update({"model/rhs": np.zeros((3, 3))})),
+        ("missing array", lambda m, a: a.pop("model/rhs")),
         ("layer count", lambda m, a: m["layers"].pop()),
         ("unknown config key", lambda m, a: m["config"].update(colour="blue")),
         ("invalid config", lambda m, a: m["config"].update(n_nodes=0)),

@@ -127,7 +127,7 @@ def assert_same_model(snap: snapshot.Snapshot, reference, context: str) -> None:
             np.testing.assert_array_equal(got[name], ref, err_msg=f"{name}: {why}")
     ours, theirs = snap.manifest["stream"]["counters"], ref_manifest["stream"]["counters"]
     assert {k: ours[k] for k in STREAM_COUNTERS} == {k: theirs[k] for k in STREAM_COUNTERS}, why
-    assert sum(bool(MODEL_ARRAYS.match(name)) for name in ref_arrays) >= 4, f"no model arrays compared: {why}"
+    assert sum(bool(MODEL_ARRAYS.match(name)) for name in ref_arrays) >= 2, f"no model sums compared: {why}"
     learners = (
         [(snap.manifest, ref_manifest)]
         if "counters" in ref_manifest

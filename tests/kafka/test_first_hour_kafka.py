@@ -137,6 +137,9 @@ def test_check_a_ready_setup_exit_0(tmp_path, kafka_bootstrap, kafka_topics):
     assert all(line.startswith(("ok", "warn")) for line in lines), out
     for needle in (
         "config:",
+        "memory: at most",  # the pod limit of ops.footprint
+        "snapshot size:",  # ops.footprint's snapshot formula
+        "snapshot:",
         "csv:",
         "broker:",
         "partition counts",

@@ -6,8 +6,8 @@ still waiting for their labels), one id never seen and one asked twice. Worker p
 run`` path, tests/crash_worker.py) die at chosen points — right after a request, after the snapshot that holds
 the removal and before its receipts, in the middle of a snapshot — and restart. At the end:
 
-- the model (every candidate of ``mode: auto``: A, c, β, A_r) is the one an uninterrupted pass over the stream
-  without those rows gives, and so are its row counters;
+- the model (``mode: auto``: the -F learner's A, c and A_r, which the -R candidate reads) is the one an
+  uninterrupted pass over the stream without those rows gives, and so are its row counters;
 - a receipt names every forgotten id, the model version and a snapshot; exactly-once, a read_committed reader
   sees each once; at-least-once, at least once, the same each time;
 - the unknown id and the repeat are dead letters with their reasons (read_committed: once, exactly-once), and
@@ -71,7 +71,7 @@ def assert_model_without(snap, reference, context: str) -> None:
             )
         elif name.startswith("model/scaler/"):
             np.testing.assert_array_equal(snap.arrays[name], ref, err_msg=f"{name}: {context}")
-    assert compared >= 4, context
+    assert compared >= 3, context  # A, c and A_r of the -F learner (the -R candidate's are these: none saved)
     pairs = zip(
         snap.manifest.get("candidates", [snap.manifest]), ref_manifest.get("candidates", [ref_manifest])
     )

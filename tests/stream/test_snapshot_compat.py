@@ -218,36 +218,49 @@ def test_the_old_file_is_version_1_and_its_config_is_the_fresh_one():
     assert state_io.saved_config(snap.manifest) == fresh().model.config
 
 
-def test_new_snapshots_are_version_2_and_a_version_1_reader_refuses_them(tmp_path):
-    """The reader of version 1 (snapshot.py as of 52cdf64, run from git) stops on a file written now with
-    SnapshotVersionError naming both versions, instead of misreading the pending rows' payload."""
-    proc = fresh()
-    feed(proc, phase1())
-    blob = snapshot.encode(*proc.to_state())
-    assert snapshot.read_header(blob)["version"] == snapshot.FORMAT_VERSION == 2
-    assert proc.to_state()[0]["format_version"] == state_io.FORMAT_VERSION == 2
+def _old_reader(commit: str, path_in_repo: str, tmp_path: Path):
+    """The snapshot reader of an older build, from git (skips when the history is not there)."""
     try:
-        old_source = subprocess.run(
-            ["git", "show", "52cdf64:iolstream/snapshot.py"],
+        source = subprocess.run(
+            ["git", "show", f"{commit}:{path_in_repo}"],
             cwd=Path(__file__).parent,
             capture_output=True,
             check=True,
             text=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip("git history with 52cdf64 not available")
-    path = tmp_path / "old_snapshot.py"
-    path.write_text(old_source)
-    spec = importlib.util.spec_from_file_location("old_snapshot", path)
+        pytest.skip(f"git history with {commit} not available")
+    path = tmp_path / f"reader_{commit}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"reader_{commit}", path)
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old  # its dataclasses look their module up
     try:
         spec.loader.exec_module(old)
     finally:
         del sys.modules[spec.name]
-    assert old.FORMAT_VERSION == 1
-    with pytest.raises(old.SnapshotVersionError, match="format version 2; this build reads version 1"):
-        old.decode(blob)
+    return old
+
+
+def test_new_snapshots_are_version_3_and_older_readers_refuse_them(tmp_path):
+    """The readers of versions 1 (snapshot.py as of 52cdf64) and 2 (core/snapshot_file.py as of 7f30f43, before
+    the model kept only what cannot be derived), run from git, stop on a file written now with
+    SnapshotVersionError naming both versions, instead of misreading it."""
+    proc = fresh()
+    feed(proc, phase1())
+    blob = snapshot.encode(*proc.to_state())
+    assert snapshot.read_header(blob)["version"] == snapshot.FORMAT_VERSION == 3
+    assert proc.to_state()[0]["format_version"] == state_io.FORMAT_VERSION == 3
+    first = _old_reader("52cdf64", "iolstream/snapshot.py", tmp_path)
+    assert first.FORMAT_VERSION == 1
+    with pytest.raises(first.SnapshotVersionError, match="format version 3; this build reads version 1"):
+        first.decode(blob)
+    second = _old_reader("7f30f43", "iolstream/core/snapshot_file.py", tmp_path)
+    assert second.FORMAT_VERSION == 2
+    with pytest.raises(
+        second.SnapshotVersionError, match="format version 3; this build reads versions 1 to 2"
+    ):
+        second.decode(blob)
 
 
 def test_a_version_1_state_never_forgets():
@@ -257,3 +270,80 @@ def test_a_version_1_state_never_forgets():
     manifest["config"]["forgetting"] = 1000.0
     with pytest.raises(ValueError, match="version-1 state has no row stamps"):
         StreamProcessor.from_state(manifest, snap.arrays, CFG)
+
+
+V2_AUTO_SNAPSHOT = Path(__file__).parents[1] / "data" / "snapshot-v2-auto.iolsnap"
+# sha256 of the predictions ("id=message" lines) the code that wrote it emitted: phase 1 from a fresh start,
+# phase 2 after loading the file (and the same without stopping)
+OLD_CODE_PHASE1 = "3600669ea052330a296d811df6b3c698dbcab38eacc2cbd2e41b97726d5836b8"
+OLD_CODE_PHASE2 = "c6be1dc2f97cdc686b6d23e55a821884b1b93f97b402e42c31155d5c30c32071"
+
+
+def fresh_auto(calibration: str = "none") -> StreamProcessor:
+    """The model of the version-2 file: ``mode: auto``, -F and -R on one set of sums; ``calibration: none`` is
+    the code that wrote it (the softmax of the layers, the selector judging by 0/1 loss)."""
+    model = EdRVFL(
+        ModelConfig(
+            n_inputs=3,
+            classes=("a", "b", "c"),
+            n_nodes=8,
+            n_layers=2,
+            scaler="none",
+            seed=3,
+            calibration=calibration,
+        )
+    )
+    return StreamProcessor(model, CFG)
+
+
+def predictions_digest(proc: StreamProcessor, msgs) -> str:
+    import hashlib
+
+    lines = []
+    for n, (kind, value, t) in enumerate(msgs):
+        (proc.on_features if kind == "f" else proc.on_labels)(value, (kind, 0, n), t)
+        lines += [key.encode() + b"=" + bytes(message) for key, message in proc.step(t).predictions]
+    return hashlib.sha256(b"\n".join(lines)).hexdigest()
+
+
+def test_a_version_2_auto_snapshot_loads_and_continues_as_the_code_that_wrote_it():
+    """A snapshot of ``mode: auto`` in format version 2 (every candidate's A, factor, β and c, written before the
+    model kept only what cannot be derived) loads; the restored worker emits, byte for byte, what the code that
+    wrote it emitted after loading it, which is also what a run of this code that never stopped emits; and this
+    code predicts phase 1 with the very bytes the old code did (its fused kernels compute the same bits). The file
+    predates calibrated probabilities: its config read with ``calibration: none`` is the code that wrote it; read
+    as it is (``online``, the default), the sums and β are the same and the calibration starts at the load."""
+    snap = snapshot.read(V2_AUTO_SNAPSHOT)
+    assert snapshot.read_header(V2_AUTO_SNAPSHOT.read_bytes())["version"] == 2
+    assert {"model/cand1/layer0/gram", "model/cand1/layer0/beta", "model/cand0/layer0/factor"} <= set(
+        snap.arrays
+    )
+    assert "calibration" not in snap.manifest["config"]
+    as_saved = StreamProcessor.from_state(snap.manifest, snap.arrays, CFG)
+    assert as_saved.model.calibrated
+    manifest = json.loads(json.dumps(snap.manifest))
+    manifest["config"]["calibration"] = "none"
+    restored = StreamProcessor.from_state(manifest, snap.arrays, CFG)
+    never_stopped = fresh_auto()
+    assert predictions_digest(never_stopped, phase1()) == OLD_CODE_PHASE1
+    for loaded in (restored, as_saved):
+        for a, b in zip(loaded.model.learners, never_stopped.model.learners):
+            for la, lb in zip(a.state.layers, b.state.layers):
+                np.testing.assert_array_equal(np.tril(la.gram), np.tril(lb.gram))
+                np.testing.assert_array_equal(la.beta, lb.beta)
+    predictions_digest(as_saved, phase2())  # read as it is: calibrated from the load on
+    assert as_saved.model.learners[0].calibration_sums.any()
+    assert (
+        predictions_digest(restored, phase2())
+        == predictions_digest(never_stopped, phase2())
+        == OLD_CODE_PHASE2
+    )
+    # written again, it is version 3: the -F learner's A, A_r and c, and its P where a batch of 1 or 2 rows
+    # (b·6 ≤ n) left it on the Woodbury route; the -R candidate's counters and calibration sums alone
+    manifest, arrays = restored.to_state()
+    assert manifest["format_version"] == 3
+    model_arrays = {k for k in arrays if k.startswith("model/") and "/scaler/" not in k}
+    assert {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} <= model_arrays
+    assert model_arrays <= {"model/cand0/gram", "model/cand0/gram_labelled", "model/cand0/rhs"} | {
+        f"model/cand0/layer{i}/inverse" for i in range(2)
+    } | {"model/cand0/calibration", "model/cand1/calibration", "model/class_counts"}  # each candidate's own

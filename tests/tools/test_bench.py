@@ -1,5 +1,5 @@
-"""``iolstream bench --suite kafka`` end to end on the real broker, at a tiny scale: every number is
-there, consistent with the others, and the worker processed every row. Nothing here is timed
+"""``iolstream bench --suite kafka`` end to end on the real broker, at a tiny scale and at two modes side by
+side: every number is there, consistent with the others, and the worker processed every row. Nothing here is timed
 (benchmarks report ratios; they are never asserted against a clock)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from iolstream.tools import cli
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)  # two modes, eight worker processes: a busy 2-core machine took over 300 s
 def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
 
@@ -31,6 +31,9 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
             "small",
             "--kafka-scale",
             "0.02",
+            "--modes",
+            "auto",
+            "forward",
             "--json",
             "--bootstrap",
             kafka_bootstrap,
@@ -71,6 +74,21 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     memory = small["peak_rss_mb_by_rows"]
     assert list(memory) == ["2000", "20000"] and all(50 < mb < 4096 for mb in memory.values())
+    # the worker at each mode, side by side: the top level is the first mode's
+    assert small["mode"] == "auto" and list(small["by_mode"]) == ["auto", "forward"]
+    auto, forward = small["by_mode"]["auto"], small["by_mode"]["forward"]
+    assert auto["worker_batch_messages"] == batch
+    assert forward["worker_batch_messages"]["rows"] == 2400 and forward["worker_row_messages"]["rows"] == 1024
+    for messages, key in (
+        ("batch_messages", "worker_batch_messages"),
+        ("row_messages", "worker_row_messages"),
+    ):
+        assert auto["worker_cost_vs_forward"][messages] == pytest.approx(
+            forward[key]["rows_per_second"] / auto[key]["rows_per_second"]
+        )
+    assert forward["worker_vs_river"] == pytest.approx(
+        forward["worker_batch_messages"]["rows_per_second"] / small["river_softmax_rows_per_second"]
+    )
 
 
 def test_worker_cpu_is_read_over_the_timed_window_only():

@@ -336,12 +336,13 @@ def test_a_linear_model_is_said_once_and_the_json_holds_the_share(capsys):
 )  # regression: rows past the warm-up
 def test_mode_auto_reports_its_candidates_as_the_single_mode_runs(data, capsys):
     """``--mode auto``: one run, the model's metrics and each candidate's own, which are those of -F and -R
-    run alone on the same split (the same sums); the mode in force in the JSON."""
+    run alone on the same split (the same sums) when every batch is scored (``scoring_share: all``; the
+    default budget scores the candidate not in force on some batches only); the mode in force in the JSON."""
     from iolstream.tools import cli
 
     ds = data()
     single = evaluate(ds, model=SMALL, modes=("forward", "ridge"))
-    (auto,) = evaluate(ds, model=SMALL, modes=("auto",))
+    (auto,) = evaluate(ds, model={**SMALL, "scoring_share": "all"}, modes=("auto",))
     got = {c["mode"]: c for c in auto.config["candidate_results"]}
     for r, mode in zip(single, ("forward", "ridge")):
         assert got[mode]["prequential_metric"] == pytest.approx(r.prequential_metric, rel=1e-12), mode
