@@ -97,7 +97,9 @@ class Erasure:
         }
 
     def status(self) -> dict:
-        """The counters, with those of the forget requests passed on in a group (``stream.forwarding``)."""
+        """The counters, and in a group those of the forget requests passed on (``stream.forwarding``)."""
+        if self.forwarding.member is None:
+            return dict(self.counters)
         return {**self.counters, **self.forwarding.counters}
 
     # ------------------------------------------------------------ the stream's hooks
