@@ -14,7 +14,7 @@ batches of 256 rows (``append``, as the stream writes a predicted batch) and lab
   (``posix_fadvise`` DONTNEED after a flush; a disk read), where the platform allows it;
 - ``flush_seconds``: writing the dirty pages of the whole window to disk (what a snapshot's ``flush`` costs
   at most, after a snapshot interval that rewrote the window);
-- ``calibrated``: the record of a calibrated classifier (3 classes, one candidate: k + 1 + K·m = 14 numbers),
+- ``calibrated``: the record of a calibrated classifier (3 classes, the default mode: auto, two candidates: k + 1 + K·m = 17 numbers),
   as the worker writes it: a ``StreamProcessor`` with the store its model asks for (``record_shape``), fed
   ``--retention-rows`` / 8 rows (at least 2 segments) with their labels; ``bytes_per_row``, ``disk_bytes_per_row``
   (allocated bytes of the segment files over the rows held), and ``scored``: the share of labelled records
