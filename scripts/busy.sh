@@ -7,6 +7,11 @@
 # job; 0 competes with the command as an equal), runs COMMAND, and stops the loops however it ends: its exit or
 # failure, Ctrl-C, a TERM (passed on to COMMAND); a loop also ends by itself once this script is gone. Exits with
 # COMMAND's status and says how long it took.
+#
+# The loops run in COMMAND's own session. Where the kernel groups processes by session for scheduling (Linux
+# autogroup: /proc/sys/kernel/sched_autogroup_enabled is 1 on most desktops and many servers), a nice value
+# counts only inside its session: a job started from another terminal competes with the suite as an equal
+# whatever its nice, which is BUSY_NICE=0 here.
 set -u
 
 count=${BUSY_PROCESSES:-2}
