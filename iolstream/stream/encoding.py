@@ -60,6 +60,11 @@ def row_dead_letter(rows: FeatureRows, i: int) -> bytes:
     return feature_message(rows.ids[i], rows.X[i], int(rows.ts[i]))
 
 
+def row_dead_letters(rows: FeatureRows, index: list[int]) -> list[bytes]:
+    """``row_dead_letter`` of each row at ``index``, in that order."""
+    return [row_dead_letter(rows, i) for i in index]
+
+
 def encode_predictions(
     ids: list[str],
     y_hat: np.ndarray,
