@@ -412,13 +412,23 @@ class JoinBuffer:
             self.counters["labels_joined"] += len(ids)
             y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
-        held_at_once = (
-            len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
-        )
-        if self.fast_paths and held_at_once:  # one label of a row waiting for its batch: held, nothing else
-            early.add(ids[0], Y.tolist()[0], now_ms, source)
-            self.counters["labels_received"] += 1
-            self.counters["labels_early_held"] += 1
+        if len(ids) == 1:
+            held_at_once = ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
+        else:  # every row waits for its batch (so none is pending nor remembered), no label held yet, room for all
+            held_at_once = (
+                len(early) + len(ids) <= self.max_early_labels
+                and waiting.issuperset(ids)
+                and early.index.keys().isdisjoint(ids)
+                and pending.keys().isdisjoint(ids)
+                and len(set(ids)) == len(ids)
+            )
+        if self.fast_paths and held_at_once:  # labels of rows waiting for their batch: held, nothing else
+            if len(ids) == 1:
+                early.add(ids[0], Y.tolist()[0], now_ms, source)
+            else:
+                early.add_many(ids, Y, now_ms, source)
+            self.counters["labels_received"] += len(ids)
+            self.counters["labels_early_held"] += len(ids)
             return JoinResult([], self._no_X, self._no_y, self._no_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected, orphan_sources = [], [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = n_forgotten = 0
