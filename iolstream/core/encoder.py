@@ -220,7 +220,7 @@ class RecordEncoder:
         self._block = [
             (j, f) for j, f in enumerate(self.fields) if f.spec.type == "number" and f.key is not None
         ]
-        self._block_getter = itemgetter(*(f.key for _, f in self._block)) if len(self._block) > 1 else None
+        self._block_getters = [itemgetter(f.key) for _, f in self._block]
 
     # ------------------------------------------------------------ one record (the reference)
     def encode_one(self, record) -> tuple[np.ndarray, list[int], list[int]]:
@@ -360,40 +360,44 @@ class RecordEncoder:
         self, records: list[dict], X: np.ndarray, missing: np.ndarray, problems: dict, no_bools: bool
     ) -> set[int]:
         """The number fields at the top level of the records, all at once when every record has each of them as a
-        number or null (one extraction, one type check, one conversion): the indices of the fields done, or
-        none (then each goes its own way)."""
+        number or null: one column list per field (a C loop each), one conversion of them all and one type
+        check (NumPy's, when the message holds no boolean): the indices of the fields done, or none (then each
+        goes its own way, by the reference rule where a value is not a number)."""
         block = self._block
         if len(block) < 2:
             return set()
         try:
-            values = list(map(self._block_getter, records))
+            columns = [list(map(getter, records)) for getter in self._block_getters]
         except KeyError:  # a field absent from some record: field by field
             return set()
-        arr = (
-            np.array(values) if no_bools else None
-        )  # numbers only: an int or float block (a text: 'U', a null: 'O')
+        arr = None
+        if no_bools:  # numbers only: an int or float block (a text: 'U', a null or a huge int: 'O')
+            try:
+                arr = np.array(columns)
+            except ValueError:  # an array or object among the values (no block shape): field by field
+                return set()
         if arr is not None and arr.dtype.kind in "fiu" and arr.ndim == 2:
             arr = arr.astype(np.float64, copy=False)
         else:
-            if not set(map(type, chain.from_iterable(values))) <= _NUMBER_TYPES:
+            if not set(map(type, chain.from_iterable(columns))) <= _NUMBER_TYPES:
                 return set()
             try:
-                arr = np.array(values, dtype=np.float64)
+                arr = np.array(columns, dtype=np.float64)
             except OverflowError:
                 return set()
         if np.isinf(arr).any():
             return set()
         miss = np.isnan(arr)
         for c, (j, fld) in enumerate(block):
-            X[:, fld.at] = arr[:, c]
-            missing[j] = miss[:, c]
-            if fld.required and miss[:, c].any():
-                for i in np.flatnonzero(miss[:, c]).tolist():
+            X[:, fld.at] = arr[c]
+            missing[j] = miss[c]
+            if fld.required and miss[c].any():
+                for i in np.flatnonzero(miss[c]).tolist():
                     problems.setdefault(
                         i, (MISSING_FIELD, f"field {fld.spec.name!r} is required, but missing or null")
                     )
             elif fld.indicator:
-                X[:, fld.at + 1] = miss[:, c]
+                X[:, fld.at + 1] = miss[c]
         return {j for j, _ in block}
 
     def _column(self, records: list[dict], fld: _Field) -> list:
