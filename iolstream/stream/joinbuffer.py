@@ -413,7 +413,9 @@ class JoinBuffer:
             y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
         if len(ids) == 1:
-            held_at_once = ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
+            held_at_once = (
+                ids[0] in waiting and ids[0] not in early.index and len(early.index) < self.max_early_labels
+            )
         else:  # every row waits for its batch (so none is pending nor remembered), no label held yet, room for all
             held_at_once = (
                 len(early) + len(ids) <= self.max_early_labels
