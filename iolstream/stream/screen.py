@@ -39,7 +39,7 @@ from iolstream.stream.encoding import row_dead_letters
 from iolstream.stream.rows import BadInput, FeatureRows
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Screened:
     """What the screen makes of a message's rows.
 
