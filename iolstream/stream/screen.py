@@ -26,7 +26,7 @@ fingerprints, and no Python per row.
     ...                   remember_done=10)
     >>> _ = join.add_rows(["a"], np.zeros((1, 1)), batch_seq=1, now_ms=0)
     >>> rows = FeatureRows(["a", "b", "c"], np.ones((3, 1)), np.array([-1, -1, 5]))
-    >>> out = screen(rows, join, waiting={"c"}, erasure=Erasure(None, None))
+    >>> out = screen(rows, join, waiting={"c"}, erasure=Erasure(None, None, None))
     >>> out.rows.ids, out.index, [(bad.reason, letter) for bad, letter in out.refused]
     (['b'], [0, 2], [('duplicate_id', b'{"id":"a","x":[1.0]}'), ('duplicate_id', b'{"id":"c","x":[1.0],"ts":5}')])
 """
@@ -66,11 +66,12 @@ def screen(rows: FeatureRows, join, waiting: set[str], erasure, raw: bytes | Non
         refused += [
             (i, BadInput("duplicate_id", f"id {ids[i]!r} is already waiting to be predicted")) for i in queued
         ]
-    if erasure.retention is not None:
+    if erasure.retention is not None and not refused:
+        refused = erasure.refusals(ids, join.counters)
+    elif erasure.retention is not None:
         known = {i for i, _ in refused}
         rest = [i for i in range(len(ids)) if i not in known]
-        later = erasure.refusals([ids[i] for i in rest], join.counters)
-        refused += [(rest[j], bad) for j, bad in later]
+        refused += [(rest[j], bad) for j, bad in erasure.refusals([ids[i] for i in rest], join.counters)]
     if not refused:
         return Screened(rows, [], [])
     index = [i for i, _ in refused]
