@@ -244,12 +244,16 @@ def test_the_batch_path_equals_the_one_record_path_and_refuses_the_same_records(
     ids=["array", "object", "one-element array", "text", "null", "huge int", "2**63", "inf", "int", "float"],
 )
 @pytest.mark.parametrize("no_bools", [True, False])
-def test_the_number_block_equals_the_one_record_path_whatever_one_value_is(odd, no_bools):
-    """Records that all hold the top-level number fields (read as one block): one value of another kind in one
-    record is refused, or taken, as the one-record path does it, the others' rows unchanged; an array among the
-    numbers was a crash (a block of no shape)."""
-    enc = RecordEncoder(FeatureSchema.parse(FIELDS))
+@pytest.mark.parametrize("more", [0, 10], ids=["a list per field", "one flat list"])
+def test_the_number_block_equals_the_one_record_path_whatever_one_value_is(odd, no_bools, more):
+    """Records that all hold the top-level number fields (read as one block, ``BLOCK_COLUMNS_BELOW``): one value
+    of another kind in one record is refused, or taken, as the one-record path does it, the others' rows
+    unchanged; an array among the numbers was a crash (a block of no shape)."""
+    fields = FIELDS + [{"name": f"extra{j}", "type": "number"} for j in range(more)]
+    enc = RecordEncoder(FeatureSchema.parse(fields))
     records = [{"amount": float(i), "age": 20 + i, "country": "FR"} for i in range(6)]
+    for j, r in enumerate(records):
+        r.update({f"extra{k}": k * j - 0.5 for k in range(more)})
     records[3]["amount"] = odd
     batch = enc.encode(records, no_bools=no_bools)
     rows, refused = [], []
