@@ -132,8 +132,12 @@ def send(bootstrap, cfg, X, y, options: produce.PlanOptions) -> dict:
 
 
 def predictions_by_id(bootstrap, topic, expected=None) -> dict[str, list[dict]]:
+    """The predictions read so far by id; with ``expected``, waits until that many came. The wait for the
+    next one is a start's bound: a worker process started just before loads its kernels first (on a busy
+    machine that alone passed 15 s)."""
     out: dict[str, list[dict]] = {}
-    for _, value, _, _, _ in consume_all(bootstrap, topic, expected=expected, timeout=15):
+    wait = STARTUP_SECONDS if expected is not None else 15
+    for _, value, _, _, _ in consume_all(bootstrap, topic, expected=expected, timeout=wait):
         obj = orjson.loads(value)
         out.setdefault(obj["id"], []).append(obj)
     return out
