@@ -41,6 +41,9 @@ from iolstream.core.schema import FeatureSchema, FieldSpec, bucket_of, category_
 BAD_FIELD = "bad_field"
 MISSING_FIELD = "missing_field"
 BUCKET_CACHE = 1 << 16  # remembered buckets per hashed field (cleared when full)
+# below this many top-level number fields the block is read as one list per field, from this many as one flat
+# list of every record's values (per field, a pass over the records costs more than it saves once they are many)
+BLOCK_COLUMNS_BELOW = 8
 MISSING = object()  # what ``resolve`` returns for a value absent or null on the way
 _NO_OBJECT = object()  # a path through something that is not an object (fast columns)
 _NUMBER_TYPES = frozenset((int, float, type(None)))
@@ -220,6 +223,7 @@ class RecordEncoder:
         self._block = [
             (j, f) for j, f in enumerate(self.fields) if f.spec.type == "number" and f.key is not None
         ]
+        self._block_getters = [itemgetter(f.key) for _, f in self._block]
         self._block_getter = itemgetter(*(f.key for _, f in self._block)) if len(self._block) > 1 else None
 
     # ------------------------------------------------------------ one record (the reference)
@@ -360,40 +364,52 @@ class RecordEncoder:
         self, records: list[dict], X: np.ndarray, missing: np.ndarray, problems: dict, no_bools: bool
     ) -> set[int]:
         """The number fields at the top level of the records, all at once when every record has each of them as a
-        number or null (one extraction, one type check, one conversion): the indices of the fields done, or
-        none (then each goes its own way)."""
+        number or null: the values read in C loops (one list per field, or with many fields one flat list, no
+        tuple per record: ``BLOCK_COLUMNS_BELOW``), one conversion of them all and one type check (NumPy's, when
+        the message holds no boolean): the indices of the fields done, or none (then each goes its own way, by
+        the reference rule where a value is not a number)."""
         block = self._block
         if len(block) < 2:
             return set()
+        flat = len(block) >= BLOCK_COLUMNS_BELOW
         try:
-            values = list(map(self._block_getter, records))
+            if flat:
+                values = list(chain.from_iterable(map(self._block_getter, records)))
+            else:
+                values = [list(map(getter, records)) for getter in self._block_getters]
         except KeyError:  # a field absent from some record: field by field
             return set()
-        arr = (
-            np.array(values) if no_bools else None
-        )  # numbers only: an int or float block (a text: 'U', a null: 'O')
-        if arr is not None and arr.dtype.kind in "fiu" and arr.ndim == 2:
-            arr = arr.astype(np.float64, copy=False)
-        else:
-            if not set(map(type, chain.from_iterable(values))) <= _NUMBER_TYPES:
+        arr = None
+        if no_bools:  # numbers only: an int or float block (a text: 'U', a null or a huge int: 'O')
+            try:
+                arr = np.array(values)
+            except ValueError:  # an array or object among the values (no block shape): field by field
+                return set()
+            if arr.dtype.kind not in "fiu" or arr.ndim != (1 if flat else 2):
+                arr = None
+        if arr is None:
+            if not set(map(type, values if flat else chain.from_iterable(values))) <= _NUMBER_TYPES:
                 return set()
             try:
                 arr = np.array(values, dtype=np.float64)
             except OverflowError:
                 return set()
+        arr = arr.astype(np.float64, copy=False)
+        if flat:
+            arr = arr.reshape(len(records), len(block)).T  # (fields, records), as the lists per field
         if np.isinf(arr).any():
             return set()
         miss = np.isnan(arr)
         for c, (j, fld) in enumerate(block):
-            X[:, fld.at] = arr[:, c]
-            missing[j] = miss[:, c]
-            if fld.required and miss[:, c].any():
-                for i in np.flatnonzero(miss[:, c]).tolist():
+            X[:, fld.at] = arr[c]
+            missing[j] = miss[c]
+            if fld.required and miss[c].any():
+                for i in np.flatnonzero(miss[c]).tolist():
                     problems.setdefault(
                         i, (MISSING_FIELD, f"field {fld.spec.name!r} is required, but missing or null")
                     )
             elif fld.indicator:
-                X[:, fld.at + 1] = miss[:, c]
+                X[:, fld.at + 1] = miss[c]
         return {j for j, _ in block}
 
     def _column(self, records: list[dict], fld: _Field) -> list:

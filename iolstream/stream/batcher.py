@@ -36,10 +36,11 @@ class MicroBatcher:
         return self._n
 
     def add(self, rows: FeatureRows | None, now_ms: int) -> None:
-        if rows is None or len(rows) == 0:
+        n = 0 if rows is None else len(rows.ids)
+        if not n:
             return
         self._chunks.append((rows, int(now_ms)))
-        self._n += len(rows)
+        self._n += n
         self._n_features = rows.X.shape[1]
 
     def due(self, now_ms: int) -> bool:

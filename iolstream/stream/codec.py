@@ -69,7 +69,7 @@ import math
 import numpy as np
 import orjson
 
-from iolstream.stream.encoding import row_message
+from iolstream.stream.encoding import row_messages
 from iolstream.stream.rows import REASONS, BadInput, FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.values import (
     MAX_ID_CHARS,
@@ -122,6 +122,15 @@ def _parse(value: bytes | None, max_bytes: int):
     if "ids" in obj and "id" in obj:
         return None, raw, _whole("bad_schema", "both 'id' and 'ids' given", raw)
     return obj, raw, None
+
+
+def _row_dead_letters(bad: list, ids: list, key: str, values: list, ts: list | None = None):
+    """(BadInput, bytes) of each refused row of a batch, (index, BadInput) in ``bad``: the row as a one-row
+    message (``encoding.row_messages``)."""
+    if not bad:
+        return []
+    letters = row_messages([i for i, _ in bad], ids, key, values, ts)
+    return [(why, letter) for (_, why), letter in zip(bad, letters)]
 
 
 def _batch_columns(obj: dict, raw: bytes, key: str):
@@ -234,8 +243,8 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
             if np.isfinite(X).all():
                 return FeatureRows(ids, X, ts_values), []
 
-    # reference path, row by row
-    good_ids, good_x, good_ts, dead, first_row = [], [], [], [], {}
+    # reference path, row by row; the refused rows' dead letters made at the end, in one call
+    good_ids, good_x, good_ts, bad, first_row = [], [], [], [], {}
     for i in range(b):
         row_ts = None if ts_raw is None else ts_raw[i]
         row_id, reason, why = check_id(ids[i])
@@ -247,12 +256,13 @@ def _decode_feature_batch(obj: dict, raw: bytes, k: int):
         if reason is None and row_id in first_row:
             reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
-            dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "x", x[i], row_ts)))
+            bad.append((i, BadInput(reason, f"row {i}: {why}")))
             continue
         first_row[row_id] = i
         good_ids.append(row_id)
         good_x.append(x[i])
         good_ts.append(ts)
+    dead = _row_dead_letters(bad, ids, "x", x, ts_raw)
     if not good_ids:
         return None, dead
     X = np.array(good_x, dtype=np.float64).reshape(len(good_ids), k)
@@ -293,7 +303,7 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
         if Y is not None:
             return LabelRows(ids, Y), []
 
-    good_ids, good_y, dead, first_row = [], [], [], {}
+    good_ids, good_y, bad, first_row = [], [], [], {}
     for i in range(b):
         row_id, reason, why = check_id(ids[i])
         if reason is None:
@@ -301,11 +311,12 @@ def _decode_label_batch(obj: dict, raw: bytes, target: TargetSpec):
         if reason is None and row_id in first_row:
             reason, why = "duplicate_id", f"duplicate id {short(row_id)} (first at row {first_row[row_id]})"
         if reason is not None:
-            dead.append((BadInput(reason, f"row {i}: {why}"), row_message(ids[i], "y", y[i])))
+            bad.append((i, BadInput(reason, f"row {i}: {why}")))
             continue
         first_row[row_id] = i
         good_ids.append(row_id)
         good_y.append(value)
+    dead = _row_dead_letters(bad, ids, "y", y)
     if not good_ids:
         return None, dead
     return LabelRows(good_ids, labels_array(good_y, target)), dead

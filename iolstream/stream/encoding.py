@@ -25,6 +25,12 @@ def row_message(id_value, key: str, value, ts=None) -> bytes:
     return bytes(memoryview(orjson.dumps(msg)))
 
 
+def row_messages(index: list[int], ids: list, key: str, values: list, ts: list | None = None) -> list[bytes]:
+    """``row_message`` of each row at ``index`` of a batch's columns (``ids``, ``values``, ``ts``: as they came;
+    ``ts`` None: no row has one), in that order: the refused rows of a batch message as messages of their own."""
+    return [row_message(ids[i], key, values[i], None if ts is None else ts[i]) for i in index]
+
+
 def encode_label(label, target: TargetSpec):
     """The JSON-able y of one stored label: the class itself, a float (m = 1) or a list of floats."""
     if target.task == "classification":
@@ -58,6 +64,11 @@ def row_dead_letter(rows: FeatureRows, i: int) -> bytes:
     if rows.events is not None:
         return bytes(memoryview(orjson.dumps(rows.events[i])))
     return feature_message(rows.ids[i], rows.X[i], int(rows.ts[i]))
+
+
+def row_dead_letters(rows: FeatureRows, index: list[int]) -> list[bytes]:
+    """``row_dead_letter`` of each row at ``index``, in that order."""
+    return [row_dead_letter(rows, i) for i in index]
 
 
 def encode_predictions(

@@ -37,12 +37,12 @@ import numpy as np
 import orjson
 
 from iolstream.core import linalg
-from iolstream.stream import encoding, joinbuffer
+from iolstream.stream import joinbuffer
 from iolstream.stream import retention as store
 from iolstream.stream.encoding import forget_message
 from iolstream.stream.forwarding import Forwarding
 from iolstream.stream.retention import RetentionStore
-from iolstream.stream.rows import BadInput, FeatureRows
+from iolstream.stream.rows import BadInput
 
 # where a forgotten row was: not predicted yet; only its label had come; predicted, waiting for its label; joined
 # with its label, not folded in yet; labelled (folded in); expired unlabelled, its Gram kept; expired, its Gram gone
@@ -179,16 +179,16 @@ class Erasure:
             self.retention.erase([i for i, h in zip(ids, held.tolist()) if h], seqs[held])
 
     # ------------------------------------------------------------ a request
-    def screen(self, rows: FeatureRows, counters: dict):
-        """(rows kept or None, refused) of arriving ``rows``: those whose id the retention store holds are
-        refused, as learned already (``duplicate_id``, past the id memory) or forgotten on request
-        (``forgotten_id``), each counted in ``counters`` (the join buffer's)."""
-        if not self.retention.index.remembers_any(rows.ids):
-            return rows, []
-        held = self.held(rows.ids)
-        rejected = []
+    def refusals(self, ids: list[str], counters: dict) -> list[tuple[int, BadInput]]:
+        """(index, why) of each of arriving ``ids`` whose id the retention store holds, in order: refused as
+        learned already (``duplicate_id``, past the id memory) or forgotten on request (``forgotten_id``), each
+        counted in ``counters`` (the join buffer's). None without a retention store, or when it holds no id."""
+        if self.retention is None or not self.retention.index.remembers_any(ids):
+            return []
+        held = self.held(ids)
+        out = []
         for i in np.flatnonzero(held).tolist():
-            row_id = rows.ids[i]
+            row_id = ids[i]
             if held[i] == store.ERASED:
                 bad = BadInput(
                     "forgotten_id", f"id {row_id!r} was forgotten on request: its rows are not learned"
@@ -199,11 +199,8 @@ class Erasure:
                     "duplicate_id", f"id {row_id!r} was already learned (the retention store holds it)"
                 )
                 counters["rows_duplicate"] += 1
-            rejected.append((bad, encoding.row_dead_letter(rows, i)))
-        keep = np.flatnonzero(held == 0)
-        if not keep.size:
-            return None, rejected
-        return rows.keep(keep.tolist()), rejected
+            out.append((i, bad))
+        return out
 
     def forget(
         self,

@@ -383,10 +383,9 @@ class EventCodec:
         columns = [self._column(events, path) for _, path in self._passthrough]
         return [orjson.dumps(dict(zip(names, values)))[1:-1] for values in zip(*columns)]
 
-    def uncount(self, letters: list[bytes]) -> None:
-        """Take back the counts of events refused after decoding (duplicates the join buffer screened out),
-        given as their dead letters (each an event's JSON)."""
-        events = [orjson.loads(v) for v in letters]
+    def uncount(self, events: list) -> None:
+        """Take back the counts of events refused after decoding (duplicates the arrival screen refused,
+        ``stream.screen``), given as the events ``features`` decoded them from (``FeatureRows.events``)."""
         out = self.encoder.encode([e for e in events if type(e) is dict])
         self.missing -= out.missing
         self.undeclared -= out.undeclared

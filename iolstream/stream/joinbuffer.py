@@ -28,8 +28,10 @@ stream length), not the ids: a new id is taken for a remembered one with probabi
 most ``remember_done`` · 2⁻¹²⁸ (see there).
 
 A feature row whose id is pending, or remembered (labelled or expired), is a
-``duplicate_id``. Call ``screen_rows`` on a batch *before* the forward step so
-a duplicate never enters A; ``add_rows`` applies the same rule as a safety net.
+``duplicate_id``. Screen a batch *before* the forward step so a duplicate never
+enters A (``refusals``, which the processor's arrival screen asks, ``stream.screen``;
+or ``screen_rows``); ``add_rows`` applies the same rule again unless told the
+rows were screened.
 
 Ages: a row observed in batch s at time t is expired by ``expire(now, seq)`` once
 ``seq - s > row_ttl_batches`` or ``now - t > row_ttl_ms`` (so with
@@ -66,7 +68,7 @@ LABELLED, EXPIRED, FORGOTTEN = 1, 2, 3  # kinds of remembered ids (FORGOTTEN: on
 
 COUNTERS = (
     "rows_added",  # rows accepted by add_rows (joined on arrival, held, or evicted at once)
-    "rows_duplicate",  # rows rejected as duplicate_id (screen_rows or add_rows)
+    "rows_duplicate",  # rows rejected as duplicate_id (on arrival, or by add_rows)
     "rows_expired",  # pending rows past their ttl
     "rows_evicted",  # pending rows dropped because the buffer was full
     "labels_received",
@@ -241,42 +243,57 @@ class JoinBuffer:
         return out
 
     # ------------------------------------------------------------- rows
-    def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
-        """Split off the rows ``add_rows`` would reject as duplicate_id; call it before the forward step."""
+    def refusals(self, ids: list[str]) -> list[tuple[int, BadInput]]:
+        """(index, why) of each of ``ids`` (unique) ``add_rows`` would refuse, in order: pending, or remembered
+        (``duplicate_id``; ``forgotten_id`` when forgotten on request), each counted. The common case, no id known
+        here, is answered by two C loops (the pending dict, the id memory's fingerprints) and no per-row Python."""
         pending = self._pending
-        if (
-            self.fast_paths
-            and len(set(rows.ids)) == len(rows.ids)
-            and pending.keys().isdisjoint(rows.ids)
-            and not self._done.remembers_any(rows.ids)
-        ):
-            return rows, []
-        kinds = self._done.kinds(self._done.fingerprints_of(rows.ids)).tolist()
-        seen: set[str] = set()
-        keep, rejected = [], []
-        for i, row_id in enumerate(rows.ids):
-            if row_id in pending or kinds[i] or row_id in seen:
-                bad = self._row_refusal(row_id, kinds[i] if row_id not in seen else 0)
-                rejected.append((bad, row_dead_letter(rows, i)))
-            else:
-                seen.add(row_id)
-                keep.append(i)
-        if not rejected:
-            return rows, []
-        if not keep:
-            return None, rejected
-        return rows.keep(keep), rejected
+        if pending.keys().isdisjoint(ids) and not self._done.remembers_any(ids):
+            return []
+        kinds = self._done.kinds(self._done.fingerprints_of(ids)).tolist()
+        return [
+            (i, self._row_refusal(row_id, kinds[i]))
+            for i, row_id in enumerate(ids)
+            if row_id in pending or kinds[i]
+        ]
 
-    def add_rows(self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int) -> JoinResult:
+    def screen_rows(self, rows: FeatureRows) -> tuple[FeatureRows | None, list[tuple[BadInput, bytes]]]:
+        """Split off the rows ``add_rows`` would reject as duplicate_id (also an id repeated in ``rows``); call it
+        before the forward step. (The processor screens arriving rows once against everything that holds an id,
+        ``stream.screen``, over ``refusals``.)"""
+        if len(set(rows.ids)) == len(rows.ids):
+            refused = self.refusals(rows.ids)
+        else:
+            pending, seen, refused = self._pending, set(), []
+            kinds = self._done.kinds(self._done.fingerprints_of(rows.ids)).tolist()
+            for i, row_id in enumerate(rows.ids):
+                if row_id in pending or kinds[i] or row_id in seen:
+                    refused.append((i, self._row_refusal(row_id, kinds[i] if row_id not in seen else 0)))
+                else:
+                    seen.add(row_id)
+        if not refused:
+            return rows, []
+        out = {i for i, _ in refused}
+        keep = [i for i in range(len(rows.ids)) if i not in out]
+        rejected = [(bad, row_dead_letter(rows, i)) for i, bad in refused]
+        return (rows.keep(keep) if keep else None), rejected
+
+    def add_rows(
+        self, ids: list[str], X: np.ndarray, batch_seq: int, now_ms: int, *, screened: bool = False
+    ) -> JoinResult:
         """Rows just observed (already forward-updated). Early labels waiting for them join now.
 
         Rows beyond ``max_pending_rows`` push the oldest pending rows out (possibly some of
         these very rows, if the batch alone is larger); they are returned in ``.evicted``.
+        ``screened``: the caller vouches that no id is pending, remembered or repeated (it screened them on
+        arrival with ``refusals`` and nothing has made them known since), so they are not looked up again;
+        otherwise an id seen before is refused here (``duplicate_id``), as ``screen_rows`` would have.
         """
         X = np.asarray(X, dtype=np.float64)
         if X.shape != (len(ids), self.n_features):
             raise ValueError(f"X must have shape ({len(ids)}, {self.n_features}), got {X.shape}")
-        if self.fast_paths and len(self._pending) + len(ids) <= self.max_pending_rows and self._unseen(ids):
+        room = len(self._pending) + len(ids) <= self.max_pending_rows
+        if self.fast_paths and room and (screened or self._unseen(ids)):
             if not self._early or self._early.index.keys().isdisjoint(ids):
                 return self._add_new_rows(ids, X, batch_seq, now_ms)
             return self._add_rows_joining_early(ids, X, batch_seq, now_ms)
@@ -395,13 +412,25 @@ class JoinBuffer:
             self.counters["labels_joined"] += len(ids)
             y = np.array(Y, dtype=np.int64 if self.target.task == "classification" else np.float64)
             return JoinResult(joined.ids, joined.X, y, joined.batch_seq, [], self._empty_rows())
-        held_at_once = (
-            len(ids) == 1 and ids[0] in waiting and ids[0] not in early and len(early) < self.max_early_labels
-        )
-        if self.fast_paths and held_at_once:  # one label of a row waiting for its batch: held, nothing else
-            early.add(ids[0], Y.tolist()[0], now_ms, source)
-            self.counters["labels_received"] += 1
-            self.counters["labels_early_held"] += 1
+        if len(ids) == 1:
+            held_at_once = (
+                ids[0] in waiting and ids[0] not in early.index and len(early.index) < self.max_early_labels
+            )
+        else:  # every row waits for its batch (so none is pending nor remembered), no label held yet, room for all
+            held_at_once = (
+                len(early) + len(ids) <= self.max_early_labels
+                and waiting.issuperset(ids)
+                and early.index.keys().isdisjoint(ids)
+                and pending.keys().isdisjoint(ids)
+                and len(set(ids)) == len(ids)
+            )
+        if self.fast_paths and held_at_once:  # labels of rows waiting for their batch: held, nothing else
+            if len(ids) == 1:
+                early.add(ids[0], Y.tolist()[0], now_ms, source)
+            else:
+                early.add_many(ids, Y, now_ms, source)
+            self.counters["labels_received"] += len(ids)
+            self.counters["labels_early_held"] += len(ids)
             return JoinResult([], self._no_X, self._no_y, self._no_seq, [], self._empty_rows())
         join_ids, join_slots, join_y, rejected, orphan_sources = [], [], [], [], []
         n_duplicate = n_held = n_orphan = n_expired = n_forgotten = 0

@@ -59,7 +59,7 @@ import numpy as np
 
 from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
-from iolstream.stream import codec, encoding, processor_state
+from iolstream.stream import codec, processor_state
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.erasure import Erasure, Located
@@ -71,7 +71,8 @@ from iolstream.stream.outputs import DeadLetter, StepOutput
 from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.retention import RetentionStore
-from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.rows import FeatureRows, LabelRows, TargetSpec
+from iolstream.stream.screen import screen
 from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
 # the step's outputs and the payload's fields, re-exported for the adapter
@@ -123,6 +124,9 @@ class StreamProcessor:
         if agreement is not None:
             model.targets.propose = agreement.propose_targets
         self._queued_ids: set[str] = set()  # ids in the batcher or held: not yet in the join buffer
+        # queued ids the join buffer may know since they were screened (adopted rows, group learning): looked up
+        # again as their batch enters it; every other queued id is taken as screened (``JoinBuffer.add_rows``)
+        self._rescreen: set[str] = set()
         self.label_queue = LabelQueue(cfg.label_batch_rows, cfg.max_label_latency_ms)  # joined, to fold in
         self.batch_seq = 0
         self.counters: dict[str, int] = {
@@ -177,46 +181,26 @@ class StreamProcessor:
         return out
 
     def on_features(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
-        """Decode a features message into the batcher; bad rows come back as dead letters."""
+        """A features message in one pass: decoded (the codec), screened once (``stream.screen``: an id
+        already pending, done, waiting in the batcher or kept by the retention store never enters A), then into
+        the batcher; what either refuses comes back as dead letters, the decoder's first."""
         self.counters["messages_features"] += 1
         rows, rejected = self.decoder.features(value, key)
         dead = self._dead(rejected, source)
         if rows is None or not len(rows.ids):
             return dead
         single = len(rows.ids) == 1 and not rejected
-        rows, duplicates = self.join.screen_rows(rows)  # an id already pending or done never enters A
-        if rows is not None and self._queued_ids.intersection(rows.ids):
-            rows, queued = self._screen_queued(rows)
-            duplicates += queued
-        if rows is not None and self.erasure.retention is not None:  # learned before, or forgotten
-            rows, kept = self.erasure.screen(rows, self.join.counters)
-            duplicates += kept
-        if (
-            duplicates and self.events is not None
-        ):  # counted when decoded: a duplicate is no event of the stream
-            self.events.uncount([letter for _, letter in duplicates])
-        dead += self._dead(duplicates, source, raw=value if single else None)
-        if rows is not None and len(rows.ids):
+        screened = screen(rows, self.join, self._queued_ids, self.erasure, raw=value if single else None)
+        if screened.index:
+            if self.events is not None:  # counted when decoded: a duplicate is no event of the stream
+                self.events.uncount([rows.events[i] for i in screened.index])
+            dead += self._dead(screened.refused, source)
+        rows = screened.rows
+        if rows is not None:
             self.counters["rows_in"] += len(rows.ids)
             self._queued_ids.update(rows.ids)
             self.batcher.add(rows, now_ms)
         return dead
-
-    def _screen_queued(self, rows: FeatureRows):
-        """Split off rows whose id already waits in the batcher or the warm-up hold."""
-        keep = [i for i, row_id in enumerate(rows.ids) if row_id not in self._queued_ids]
-        rejected = [
-            (
-                BadInput("duplicate_id", f"id {row_id!r} is already waiting to be predicted"),
-                encoding.row_dead_letter(rows, i),
-            )
-            for i, row_id in enumerate(rows.ids)
-            if row_id in self._queued_ids
-        ]
-        self.join.counters["rows_duplicate"] += len(rejected)
-        if not keep:
-            return None, rejected
-        return rows.keep(keep), rejected
 
     def on_forget(self, value: bytes | None, source, now_ms: int, key=None) -> list[DeadLetter]:
         """A forget request (docs/design.md §13): each id's row taken out of wherever it is and out of the model
@@ -255,6 +239,7 @@ class StreamProcessor:
         early labels, waiting for their label (join buffer) or for their fold-in (label queue)."""
         queued = self.batcher.drop(ids) + self.held.drop(ids)
         self._queued_ids.difference_update(queued)
+        self._rescreen.difference_update(queued)
         early = self.join.drop_early(ids)
         pending = self.join.take_rows(ids)
         joined_ids, joined, _, joined_seqs = self.label_queue.take_ids(ids)
@@ -382,7 +367,10 @@ class StreamProcessor:
             self.batch_seq, pred.features_t, pred.index if pred.index is not None else pred.value
         )
         self.erasure.observed(list(rows.ids), rows.X, pred.clock, now_ms)
-        result = self.join.add_rows(list(rows.ids), rows_payload, self.batch_seq, now_ms)
+        screened = not self._rescreen or self._rescreen.isdisjoint(rows.ids)
+        if not screened:
+            self._rescreen.difference_update(rows.ids)
+        result = self.join.add_rows(list(rows.ids), rows_payload, self.batch_seq, now_ms, screened=screened)
         self._queue_joined(result, now_ms)
         out.dead_letters += self._dead(result.rejected, None)
         self._settle_unlabelled(result.evicted)
@@ -413,6 +401,7 @@ class StreamProcessor:
             return 0
         keep = np.array(screened, dtype=np.int64)
         adopted = [ids[i] for i in screened]
+        self._rescreen.update(self._queued_ids.intersection(adopted))  # now pending: their batch looks again
         result = self.join.add_rows(
             adopted, np.ascontiguousarray(rows_payload[keep]), HANDED_OVER_BATCH, now_ms
         )

@@ -65,6 +65,9 @@ def load_state(proc, manifest: dict, arrays: dict) -> None:
     proc._queued_ids = proc.held.ids()
     if "batcher/ids" in arrays:
         proc._queued_ids.update(str(i) for i in arrays["batcher/ids"].tolist())
+    proc._rescreen = set(
+        proc._queued_ids
+    )  # screened before the state was written: looked up again, to be safe
     proc.join = JoinBuffer.from_state(
         {k[len("join/") :]: v for k, v in arrays.items() if k.startswith("join/")},
         **cfg.join_settings(proc.target, proc.layout.width),

@@ -238,6 +238,34 @@ def test_the_batch_path_equals_the_one_record_path_and_refuses_the_same_records(
     assert undeclared[2] > 0 and undeclared[3] > 0  # IT, linux: counted per field
 
 
+@pytest.mark.parametrize(
+    "odd",
+    [[1, 2], {"a": 1}, [3], "12.5", None, 2**70, 2**63, float("inf"), 7, 7.5],
+    ids=["array", "object", "one-element array", "text", "null", "huge int", "2**63", "inf", "int", "float"],
+)
+@pytest.mark.parametrize("no_bools", [True, False])
+@pytest.mark.parametrize("more", [0, 10], ids=["a list per field", "one flat list"])
+def test_the_number_block_equals_the_one_record_path_whatever_one_value_is(odd, no_bools, more):
+    """Records that all hold the top-level number fields (read as one block, ``BLOCK_COLUMNS_BELOW``): one value
+    of another kind in one record is refused, or taken, as the one-record path does it, the others' rows
+    unchanged; an array among the numbers was a crash (a block of no shape)."""
+    fields = FIELDS + [{"name": f"extra{j}", "type": "number"} for j in range(more)]
+    enc = RecordEncoder(FeatureSchema.parse(fields))
+    records = [{"amount": float(i), "age": 20 + i, "country": "FR"} for i in range(6)]
+    for j, r in enumerate(records):
+        r.update({f"extra{k}": k * j - 0.5 for k in range(more)})
+    records[3]["amount"] = odd
+    batch = enc.encode(records, no_bools=no_bools)
+    rows, refused = [], []
+    for i, r in enumerate(records):
+        try:
+            rows.append(enc.encode_one(r)[0])
+        except Refused as exc:
+            refused.append((i, exc.reason, exc.detail))
+    assert batch.refused == refused
+    np.testing.assert_array_equal(batch.X, np.array(rows))
+
+
 def test_the_warmup_scaler_skips_gaps_and_leaves_one_hot_columns_alone():
     scaled = np.array([True, False, True])
     s = Scaler("warmup", 3, warmup_rows=4, scaled=scaled)

@@ -68,6 +68,34 @@ def check_identities(buf: JoinBuffer) -> None:
 # ------------------------------------------------------------ joins
 
 
+@pytest.mark.parametrize("target", [CLASSES, REG2], ids=["classes", "regression"])
+@pytest.mark.parametrize("n", [3, 40])
+def test_a_message_of_labels_whose_rows_all_wait_is_held_at_once_as_one_by_one(n, target):
+    """Labels whose rows all wait for their batch (``waiting``) are held in one call: the labels, their order,
+    times, sources, slots and counters are those the label-by-label path gives (with free slots to reuse first,
+    and, for 40, the store grown on the way); the rows then join them as before."""
+
+    def scenario(hint: bool):
+        buf = make(target=target)
+        y0 = np.zeros((1, 2)) if target is REG2 else np.array([0])
+        buf.add_labels(LabelRows(["d"], y0), 0)
+        buf.add_labels(LabelRows(["e"], y0), 0)
+        buf.add_rows(["d"], rows_x(["d"]), 0, 0)  # "d" joins its row: a free slot, reused first
+        ids = [f"w{i}" for i in range(n)]
+        y = np.arange(2 * n, dtype=float).reshape(n, 2) if target is REG2 else np.arange(n) % 3
+        res = buf.add_labels(LabelRows(ids, y), 5, waiting=set(ids) if hint else frozenset(), source=("l", n))
+        return buf, res, ids
+
+    (plain, r1, ids), (hinted, r2, _) = scenario(False), scenario(True)
+    assert r1.ids == r2.ids == [] and r1.rejected == r2.rejected == []
+    assert plain.counters == hinted.counters and hinted.n_early == n + 1
+    assert plain.early_labels() == hinted.early_labels()
+    assert plain._early.index == hinted._early.index
+    joined = [buf.add_rows(ids, rows_x(ids), 1, 9) for buf in (plain, hinted)]
+    assert joined[0].ids == joined[1].ids == ids and np.array_equal(joined[0].Y, joined[1].Y)
+    check_identities(hinted)
+
+
 @pytest.mark.parametrize("fast_paths", [True, False])
 def test_labels_of_waiting_rows_are_held_early_as_without_the_hint(fast_paths):
     """``waiting`` (ids whose rows the caller still batches: neither pending nor remembered) only
