@@ -183,22 +183,22 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         n = a.gram.shape[1]
         rows, cols = _upper(n)
         off = rows != cols
-        for name, stack in (("gram", a.gram), ("labelled", a.gram_labelled)):
-            tri = delta.get(f"p{p}.{name}")
-            if tri is None or not len(stack):
-                continue
-            stack[:, rows, cols] += sign * tri
-            stack[:, cols[off], rows[off]] += sign * tri[:, off]  # both triangles: whichever a kernel reads
-        a.rhs += sign * delta[f"p{p}.rhs"]
+        with st.changing_gram():  # factors and β made from the new sums when next read
+            for name, stack in (("gram", a.gram), ("labelled", a.gram_labelled)):
+                tri = delta.get(f"p{p}.{name}")
+                if tri is None or not len(stack):
+                    continue
+                stack[:, rows, cols] += sign * tri
+                stack[:, cols[off], rows[off]] += (
+                    sign * tri[:, off]
+                )  # both triangles: whichever a kernel reads
+            a.rhs += sign * delta[f"p{p}.rhs"]
         a.loss_sum += sign * delta[f"p{p}.loss"]
         for key, value in zip(COUNTS, delta[f"p{p}.counts"].tolist()):
             total = getattr(st, key) + sign * value
             setattr(st, key, int(round(total)) if key in _INTEGER else total)
         for key, value in zip(MAXES, delta[f"p{p}.maxes"].tolist()):
             setattr(st, key, max(getattr(st, key), int(value) if key in _INTEGER else value))
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
-        a.woodbury_steps[:] = 0
         st.version += 1
         st.labelled_version += 1
     if "cls.counts" in delta:

@@ -128,20 +128,15 @@ class LabelFold:
         decayed since): a labelled row of weight wᵢ ends at wᵢ. extra < 0 (w < 1) is a downdate of a part of what
         the row put in, so A stays positive definite. The factors are rebuilt from A when next read."""
         entered = np.ones(len(extra), dtype=bool) if gram_in is None else np.asarray(gram_in, dtype=bool)
-        changed = False
-        for sign in (1.0, -1.0):
-            rows = np.flatnonzero(entered & (sign * extra > 0))
-            if not rows.size:
-                continue
-            scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
-            for layer, ls in enumerate(self.state.layers):
-                linalg.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
-            changed = True
-        if changed:
-            a = self.state.arrays
-            a.factor_stale[:] = a.beta_stale[:] = True
-            a.factor_inverse[:] = False  # a Woodbury P of the old A is rebuilt from A when next needed
-            a.woodbury_steps[:] = 0
+        parts = [(sign, np.flatnonzero(entered & (sign * extra > 0))) for sign in (1.0, -1.0)]
+        parts = [(sign, rows) for sign, rows in parts if rows.size]
+        if not parts:
+            return
+        with self.state.changing_gram():
+            for sign, rows in parts:
+                scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
+                for layer, ls in enumerate(self.state.layers):
+                    linalg.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
 
     def _learn(self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0) -> np.ndarray:
         """``learn`` of rows at weight 1 (or scaled by the caller); ``scale`` multiplies the losses and ‖Y‖² added
@@ -172,17 +167,16 @@ class LabelFold:
             kernel = fused.learn_parallel if self.parallel else fused.learn_serial
             labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
             state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
-            sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
-            if info.any():
-                raise_for(info)
-            if n_new:  # the kernel factored A into ``factor``
-                a.factor_inverse[:] = a.factor_stale[:] = False
-                a.woodbury_steps[:] = 0
+            with st.changing_gram(factor="made" if n_new else "kept"):  # n_new: the kernel factored A
+                sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
+                if info.any():
+                    raise_for(info)
         else:
             sum_y2 = fused.label_losses(predicted, targets, losses)
             if b == 0:
                 return losses
-            self._learn_layers(features_t, targets, n_new, new, own_labelled)
+            with st.changing_gram(factor="kept"):  # a Gram entering brings each layer's factor up to date
+                self._learn_layers(features_t, targets, n_new, new, own_labelled)
         if scale != 1.0:
             losses *= scale
             sum_y2 *= scale
@@ -234,10 +228,10 @@ class LabelFold:
         weights = self.row_weights(observed_at, features_t.shape[2])
         if not (weights == 1.0).all():
             features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
-        for layer, ls in enumerate(self.state.layers):
-            linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
-            self._refactor(ls)
-        self.state.arrays.beta_stale[:] = True
+        with self.state.changing_gram(factor="kept"):
+            for layer, ls in enumerate(self.state.layers):
+                linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
+                self._refactor(ls)
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
@@ -320,19 +314,15 @@ class LabelFold:
         check_labelled = self.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
         sums = (a.gram, a.factors(), a.rhs, a.gram_labelled, self.scratch())
         stack = (*sums, given, given_w, check_labelled, info)
-        if kernel(grams_t, labelled_t, y_w, *stack):
-            a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
-            a.factor_stale[:] = a.beta_stale[:] = True
-            a.factor_inverse[:] = False
-            layer = int(np.flatnonzero(info)[0])
-            which = "A_r" if info[layer] > self.n_columns else "A"
-            raise linalg.NotPositiveDefinite(
-                f"layer {layer}: erasing these rows would leave {which} not positive definite (round-off); "
-                "nothing was changed"
-            )
-        a.factor_stale[:] = a.factor_inverse[:] = False  # factored from the sums just now
-        a.woodbury_steps[:] = 0
-        a.beta_stale[:] = True
+        with st.changing_gram(factor="made"):  # factored from the sums just now (or put back, all stale)
+            if kernel(grams_t, labelled_t, y_w, *stack):
+                a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+                layer = int(np.flatnonzero(info)[0])
+                which = "A_r" if info[layer] > self.n_columns else "A"
+                raise linalg.NotPositiveDefinite(
+                    f"layer {layer}: erasing these rows would leave {which} not positive definite (round-off); "
+                    "nothing was changed"
+                )
         if undo is not None:
             undo.append(_putting_back(st, saved))
         st.sum_y2 = max(st.sum_y2 - removed_y2, 0.0)
@@ -355,11 +345,10 @@ def _putting_back(st, saved: tuple):
 
     def put_back() -> None:
         a = st.arrays
-        a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
+        with st.changing_gram():
+            a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
         st.rows_observed, st.rows_labelled, st.sum_y2, st.version = counters
         st.labelled_version += 1  # a β solved on the sums taken out is not theirs
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False
 
     return put_back
 

@@ -271,33 +271,34 @@ class OnlineLearner(LabelFold):
         info = np.zeros(self.n_layers, dtype=np.int32)
         inputs = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights)
         out_r = None
-        if ridge is None:
-            kernel = fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
-            failed = kernel(
-                *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
-            )
-        else:
-            solve_r = bool(ridge_predicts and ridge.needs_solve())
-            out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
-            sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
-            kernel = fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
-            failed = kernel(
-                *inputs,
-                features_t,
-                sums,
-                (a.beta, out, solve),
-                ridge.solve_target(out_r, solve_r),
-                self.scratch(),
-                info,
-            )
-            if solve_r and not failed:
-                ridge.mark_solved()
-        if failed:
-            raise_for(info)
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0
-        a.factor_stale[:] = True  # factored in scratch, as the -F step does
-        a.beta_stale[:] = not solve
+        with st.changing_gram(solved=solve):  # A factored in scratch, as the -F step does
+            if ridge is None:
+                kernel = (
+                    fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
+                )
+                failed = kernel(
+                    *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
+                )
+            else:
+                solve_r = bool(ridge_predicts and ridge.needs_solve())
+                out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
+                sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
+                kernel = (
+                    fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
+                )
+                failed = kernel(
+                    *inputs,
+                    features_t,
+                    sums,
+                    (a.beta, out, solve),
+                    ridge.solve_target(out_r, solve_r),
+                    self.scratch(),
+                    info,
+                )
+                if solve_r and not failed:
+                    ridge.mark_solved()
+            if failed:
+                raise_for(info)
         st.rows_observed += b
         st.version += 1
         return features_t, (out if solve else None), (out_r if ridge_predicts else None)
@@ -309,19 +310,16 @@ class OnlineLearner(LabelFold):
         out = np.empty((self.n_layers, b, self.n_outputs))
         info = np.zeros(self.n_layers, dtype=np.int32)
         arrays = (a.gram, self.scratch(), a.rhs, a.beta, out, info)
-        if inputs is None:
-            kernel = fused.forward_parallel if self.parallel else fused.forward_serial
-            failed = kernel(features_t, *arrays)
-        elif self.parallel:
-            failed = fused.observe_parallel(*inputs, *arrays)
-        else:
-            failed = fused.observe_serial(*inputs, *arrays)
-        if failed:
-            raise_for(info)
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0
-        a.factor_stale[:] = True  # factored in scratch: A's own factor is made when read
-        a.beta_stale[:] = False
+        with st.changing_gram(solved=True):  # factored in scratch: A's own factor is made when read
+            if inputs is None:
+                kernel = fused.forward_parallel if self.parallel else fused.forward_serial
+                failed = kernel(features_t, *arrays)
+            elif self.parallel:
+                failed = fused.observe_parallel(*inputs, *arrays)
+            else:
+                failed = fused.observe_serial(*inputs, *arrays)
+            if failed:
+                raise_for(info)
         st.rows_observed += b
         st.version += 1
         return out
@@ -341,16 +339,14 @@ class OnlineLearner(LabelFold):
         if self.mode == "ridge":
             return
         st, a = self.state, self.state.arrays
-        if batch_gram is not None:
-            fused_shared.add_lower(batch_gram, a.gram)
-        elif self._fusable(features_t):
-            (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
-        else:
-            for layer, ls in enumerate(st.layers):
-                linalg.gram_update(ls.gram, features_t[layer])
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False  # a Woodbury P is rebuilt from A when next needed
-        a.woodbury_steps[:] = 0
+        with st.changing_gram():  # factors and β made when next read
+            if batch_gram is not None:
+                fused_shared.add_lower(batch_gram, a.gram)
+            elif self._fusable(features_t):
+                (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
+            else:
+                for layer, ls in enumerate(st.layers):
+                    linalg.gram_update(ls.gram, features_t[layer])
         st.rows_observed += b
         st.version += 1
 
@@ -365,9 +361,9 @@ class OnlineLearner(LabelFold):
             out = self._forward_kernel(features_t, b, None)
             return out if predict else None
         st = self.state
-        for layer, ls in enumerate(st.layers):
-            self._enter_gram(ls, features_t[layer])
-        st.arrays.beta_stale[:] = True
+        with st.changing_gram(factor="kept"):
+            for layer, ls in enumerate(st.layers):
+                self._enter_gram(ls, features_t[layer])
         st.rows_observed += b
         st.version += 1
         return None

@@ -132,16 +132,14 @@ class SharedGramLearner(OnlineLearner):
             if self.mode == "forward" and len(pa.gram_labelled):  # an -F candidate's A_r (its regret)
                 a.gram_labelled = np.empty(shape)
         diag = np.arange(self.n_columns)
-        np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
-        a.gram[:, diag, diag] += self._shift[:, None]
-        if len(a.gram_labelled):
-            np.copyto(a.gram_labelled, pa.gram_labelled)
-            a.gram_labelled[:, diag, diag] += self._shift[:, None]
-        np.copyto(a.rhs, pa.rhs)
-        a.factor_stale[:] = True
-        a.beta_stale[:] = self._solved != self._sums_version()  # a β solved from the primary's sums is theirs
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0  # (the version stays: reading the state changes nothing it predicts)
+        # a β solved from the primary's sums is theirs; the version stays: reading the state changes nothing it predicts
+        with st.changing_gram(solved=self._solved == self._sums_version()):
+            np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
+            a.gram[:, diag, diag] += self._shift[:, None]
+            if len(a.gram_labelled):
+                np.copyto(a.gram_labelled, pa.gram_labelled)
+                a.gram_labelled[:, diag, diag] += self._shift[:, None]
+            np.copyto(a.rhs, pa.rhs)
         self._synced = p.version
 
     def mark_synced(self) -> None:
