@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from iolstream.core import fused, work
-from iolstream.core.label_fold import unpredicted_as_targets
-from iolstream.core.learner import OnlineLearner
+from iolstream.core.learner import OnlineLearner, unpredicted_as_targets
 from iolstream.core.learner_state import COUNTERS
 
 
@@ -177,7 +176,7 @@ class SharedGramLearner(OnlineLearner):
 
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
         """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
-        features_t = self._kernel_features(features_t)
+        features_t = self.kernel_features(features_t)
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
         if not self.needs_solve():
