@@ -205,7 +205,7 @@ class OneCandidate(CandidateSet):
         return features_t, outputs, None
 
     def check_predicted(self, predicted) -> None:
-        """Its layer outputs (L, b, m), as ``observe_rows`` gave them: the learner checks them."""
+        """Nothing to refuse: its layer outputs (L, b, m), as ``observe_rows`` gave them, or None (predicted now)."""
 
     def learn(
         self,

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core.shared_gram import SharedGramLearner
-
 COUNTS = ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "sum_y2")
 MAXES = ("max_label_batch", "d_max", "y_max")
 _INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch"}
@@ -48,7 +46,7 @@ _INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches",
 
 def primaries(model) -> list:
     """The learners that make their own updates (the others copy a primary's sums)."""
-    return [ln for ln in model.learners if not isinstance(ln, SharedGramLearner)]
+    return model.candidate_set.primaries()
 
 
 def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,8 +99,7 @@ def label_clock(model) -> int:
 def advance(model, rows: int, label_rows: int = 0) -> None:
     """``rows`` more rows seen elsewhere, ``label_rows`` more labelled: every learner's clock moves on and, with
     forgetting, its sums decay; the selector's sums decay likewise."""
-    for ln in model.learners:
-        ln.advance(rows)
+    model.candidate_set.advance(rows)
     if len(model.learners) > 1:
         model.selector.advance(label_rows)
 

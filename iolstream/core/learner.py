@@ -590,29 +590,11 @@ class OnlineLearner:
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
 
-    def erase(
-        self,
-        features_t: np.ndarray,
-        targets: np.ndarray,
-        labelled,
-        observed_at=None,
-        *,
-        grams=None,
-        undo=None,
-        sample_weight=None,
-    ) -> None:
+    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None, **given) -> None:
         """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
-        put in, at the weight it has now (``row_erasure.erase_rows``, whose docstring says what each argument is)."""
-        row_erasure.erase_rows(
-            self,
-            features_t,
-            targets,
-            labelled,
-            observed_at,
-            grams=grams,
-            undo=undo,
-            sample_weight=sample_weight,
-        )
+        put in, at the weight it has now (``row_erasure.erase_rows``, whose docstring says what each argument
+        is; ``given``: its keyword arguments ``grams``, ``undo``, ``sample_weight``)."""
+        row_erasure.erase_rows(self, features_t, targets, labelled, observed_at, **given)
 
     def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
         """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""

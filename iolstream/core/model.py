@@ -34,6 +34,15 @@ from iolstream.core.regret import RegretReport
 from iolstream.core.scaling import Scaler, ScalerNotReady, TargetScaler
 
 
+def _of_candidate_set(name: str, doc: str, settable: bool = False) -> property:
+    """A property reading (and, if ``settable``, writing) ``candidate_set.<name>``."""
+
+    def put(self, value) -> None:
+        setattr(self.candidate_set, name, value)
+
+    return property(lambda self: getattr(self.candidate_set, name), put if settable else None, doc=doc)
+
+
 def make_scaler(config: ModelConfig) -> Scaler:
     """The input scaler of ``config`` (docs/design.md §4); with a feature schema (§11) it z-scores the number
     columns only, and a fixed scaling comes from each number field's mean and std."""
@@ -66,6 +75,28 @@ class EdRVFL:
     encoded targets and the outputs it kept for the rows, ``Prediction.predicted``).
     """
 
+    # what the learners hold (``candidate_set.CandidateSet``), read where the model is
+    candidates = _of_candidate_set(
+        "pairs", "each candidate's (lam, half_life); one of fixed settings: [its own]"
+    )
+    modes = _of_candidate_set("modes", "each candidate's mode, -F 'forward' or -R 'ridge'")
+    learners = _of_candidate_set(
+        "learners", "every candidate's learner (one of fixed settings: a list of one)"
+    )
+    selector = _of_candidate_set(
+        "selector", "``candidates.CandidateSelector``: which is in force", settable=True
+    )
+    scoring = _of_candidate_set("scoring", "``candidates.ScoringBudget``: which batches the others predict")
+    batch_grams = _of_candidate_set(
+        "batch_grams", "``candidate_step.BatchGrams``: Grams kept for A_r (mode auto)"
+    )
+    emitted_loss = _of_candidate_set(
+        "emitted_loss", "(L,) auto: Σ_t L_{l,t} of what was emitted", settable=True
+    )
+    predicted_rows = _of_candidate_set(
+        "predicted_rows", "(K,) auto: labelled rows each predicted", settable=True
+    )
+
     def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None, modes: list | None = None):
         """``candidates``: the (lam, half_life) grid of ``auto`` and ``modes`` each one's mode (default
         ``config.candidates`` and ``config.candidate_modes``; a restored snapshot passes the grid it was saved
@@ -83,10 +114,10 @@ class EdRVFL:
         )
         self.scaler = make_scaler(config)
         self.encoder = None if config.schema is None else RecordEncoder(config.schema)
-        self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
-        self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
+        pairs = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
+        modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
         # the learners, as one: the one of fixed settings, or the candidates of auto (core.candidate_set)
-        self.candidate_set = make_candidate_set(config, self.network.n_columns, self.candidates, self.modes)
+        self.candidate_set = make_candidate_set(config, self.network.n_columns, pairs, modes)
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
@@ -119,48 +150,6 @@ class EdRVFL:
     def learner(self) -> learner.OnlineLearner:
         """The learner in force (the only one, or the candidate ``auto`` has chosen)."""
         return self.candidate_set.learner
-
-    @property
-    def learners(self) -> list:
-        """Every candidate's learner (one of fixed settings: a list of one)."""
-        return self.candidate_set.learners
-
-    @property
-    def selector(self):
-        """``candidates.CandidateSelector``: which candidate is in force (the only one: always it)."""
-        return self.candidate_set.selector
-
-    @selector.setter
-    def selector(self, value) -> None:
-        self.candidate_set.selector = value
-
-    @property
-    def scoring(self):
-        """``candidates.ScoringBudget``: which batches the candidates not in force predict (auto)."""
-        return self.candidate_set.scoring
-
-    @property
-    def batch_grams(self):
-        """``candidate_step.BatchGrams``: the last batches' Gram, for A_r when their labels come (mode auto)."""
-        return self.candidate_set.batch_grams
-
-    @property
-    def emitted_loss(self) -> np.ndarray:
-        """(L,) auto: Σ_t L_{l,t} of what was emitted, by the candidate in force at each batch (regret)."""
-        return self.candidate_set.emitted_loss
-
-    @emitted_loss.setter
-    def emitted_loss(self, value) -> None:
-        self.candidate_set.emitted_loss = value
-
-    @property
-    def predicted_rows(self) -> np.ndarray:
-        """(K,) auto: labelled rows each candidate predicted."""
-        return self.candidate_set.predicted_rows
-
-    @predicted_rows.setter
-    def predicted_rows(self, value) -> None:
-        self.candidate_set.predicted_rows = value
 
     @property
     def version(self) -> int:
@@ -290,7 +279,7 @@ class EdRVFL:
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
         features_t = self.features(x) if features_t is None else features_t
-        return self._prediction(features_t, self.learner.layer_outputs(features_t))
+        return self._prediction(features_t, self.candidate_set.layer_outputs(features_t))
 
     def _prediction(self, features_t, outputs, candidate_outputs=None) -> Prediction:
         """The batch's prediction from the layers' ``outputs`` of the candidate in force (``combine``), at this
