@@ -34,6 +34,7 @@ class CandidateSet:
     """The candidates of ``auto`` as one learner: every candidate sees every row, the one in force predicts every
     batch, and what the model emits is its prediction.
 
+    pairs, modes   : each candidate's (lam, half_life) and its mode, -F "forward" or -R "ridge"
     learners       : one ``OnlineLearner`` per candidate (``candidate_step.make_learners``: the first of each
                      half-life makes the updates, the others share its sums)
     selector       : ``candidates.CandidateSelector`` — which candidate is in force
