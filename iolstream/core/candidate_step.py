@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, fused_shared
+from iolstream.core import calibration, fused, fused_shared
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -164,21 +164,24 @@ def observe_candidates(
     return features_t, outputs
 
 
-def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at, weights=None) -> np.ndarray:
-    """Labels (scaled targets (b, m)) into every candidate of ``model``; returns the loss per layer (L,) of what
+def learn_candidates(
+    cands, features_t, targets, gram_in, predicted, observed_at, weights, judge
+) -> np.ndarray:
+    """Labels (scaled targets (b, m)) into every candidate of ``cands`` (a ``candidate_set.CandidateSet``); returns the loss per layer (L,) of what
     was emitted for these rows: each row's prediction by the one candidate that made it, or, on rows every
     candidate predicted, by the one in force now. ``predicted`` (K, L, b, m) as ``observe_candidates`` gave it
     (NaN: not predicted); None: every candidate's present β predicts them (these labels are not in it yet
     either). ``weights``: the rows' class weights (None: 1). The selector judges the rows every candidate
     predicted by each one's calibrated probabilities as they were; then each candidate's calibration learns
-    from the rows it predicted."""
-    learners, b = model.learners, features_t.shape[2]
+    from the rows it predicted. ``judge(predicted, targets)``: each candidate's loss per row (K, b), the selector's
+    measure (``EdRVFL.selection_losses``)."""
+    learners, b = cands.learners, features_t.shape[2]
     if predicted is None or np.ndim(predicted) != 4:
         predicted = np.stack([ln.layer_outputs(features_t) for ln in learners])
     predicted = np.ascontiguousarray(predicted, dtype=np.float64)
     # (K, b): which candidate predicted which row (a candidate predicts all of a row's outputs, or none)
     made = ~np.isnan(predicted[:, 0, :, 0])
-    chosen = model.selector.chosen
+    chosen = cands.selector.chosen
     made_all, made_any = made.all(axis=1), made.any(axis=1)
     every = bool(made_all.all())  # the common case: a batch every candidate predicted
     if b and not made.any(axis=0).all():
@@ -196,7 +199,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
         scored = np.flatnonzero(made.all(axis=0))
         emitter = np.where(made.all(axis=0) | made[chosen], chosen, made.argmax(axis=0))
     labelled_gram, kept = (
-        (None, False) if weights is not None else _labelled_gram(model, features_t, gram_in, observed_at)
+        (None, False) if weights is not None else _labelled_gram(cands, features_t, gram_in, observed_at)
     )
     pair_losses = None
     if weights is None and not isinstance(
@@ -226,7 +229,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
                 sample_weight=weights,
             )
     if kept:
-        model.batch_grams.release(labelled_gram)
+        cands.batch_grams.release(labelled_gram)
     if pair_losses is not None:  # every row emitted by one candidate: its losses
         losses = pair_losses[emitter].copy()
     else:
@@ -236,33 +239,45 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
             )  # (L, b, m)
         else:
             emitted = predicted[emitter]
-        losses = np.empty(model.config.n_layers)
+        losses = np.empty(learners[0].n_layers)
         fused.label_losses(emitted, targets, losses)
     if scored is None:
-        row_losses = model.selection_losses(predicted, targets) if b else np.empty((len(learners), 0))
+        row_losses = judge(predicted, targets) if b else np.empty((len(learners), 0))
     elif scored.size:
-        row_losses = model.selection_losses(predicted[:, :, scored], targets[scored])
+        row_losses = judge(predicted[:, :, scored], targets[scored])
     else:
         row_losses = np.empty((len(learners), 0))
-    if model.calibrated:  # after the selector's losses: they judge the probabilities as they were emitted
+    if cands.calibrated:  # after the selector's losses: they judge the probabilities as they were emitted
         labels = targets.argmax(axis=1)
         stamps = None if observed_at is None else np.broadcast_to(np.asarray(observed_at), (b,))
         for j in range(len(learners)):
             if made_all[j]:  # every row (no copy)
-                model.record_calibration(j, predicted[j], labels, stamps, weights)
+                record_calibration(learners[j], predicted[j], labels, stamps, weights)
             elif made_any[j]:
                 own = np.flatnonzero(made[j])
-                model.record_calibration(
-                    j,
+                record_calibration(
+                    learners[j],
                     predicted[j][:, own],
                     labels[own],
                     None if stamps is None else stamps[own],
                     None if weights is None else weights[own],
                 )
-    model.emitted_loss += losses
-    model.predicted_rows += made.sum(axis=1)
-    model.selector.record(row_losses)
+    cands.emitted_loss += losses
+    cands.predicted_rows += made.sum(axis=1)
+    cands.selector.record(row_losses)
     return losses
+
+
+def record_calibration(ln, outputs, labels, observed_at, weights) -> None:
+    """Learner ``ln``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows (class indices
+    ``labels`` (b,)), at their weight in its sums (forgetting's decay at ``observed_at`` times ``weights``, the class
+    weights; None: 1)."""
+    row_weights = ln.row_weights(observed_at, len(labels))
+    if weights is not None:
+        row_weights = row_weights * weights
+    scores = calibration.ensemble_scores(outputs)
+    sums = ln.calibration_sums  # in place: the learner's state holds them
+    sums += calibration.grid_losses(scores, labels, row_weights)
 
 
 def ridge_pair(learners: list):
@@ -307,16 +322,12 @@ def _fold_pair(learners, features_t, targets, gram_in, predicted, made, labelled
     return losses
 
 
-def _labelled_gram(model, features_t, gram_in, observed_at) -> tuple[np.ndarray | None, bool]:
+def _labelled_gram(cands, features_t, gram_in, observed_at) -> tuple[np.ndarray | None, bool]:
     """(Σ DᵀD of labelled rows (L, n, n) for the -F learners that keep A_r (each adds it at its own weight),
     whether it is a ``BatchGrams`` buffer): the one kept since the batch was observed, or formed once when
     several keep A_r; None (each forms its own) when none keeps it, or when the rows' Gram is not in A yet, or
     they have several stamps."""
-    keeping = [
-        ln
-        for ln in model.learners
-        if not isinstance(ln, SharedGramLearner) and len(ln.state.arrays.gram_labelled)
-    ]
+    keeping = [ln for ln in cands.primaries() if len(ln.state.arrays.gram_labelled)]
     stamps = None if observed_at is None else np.asarray(observed_at, dtype=np.float64)
     if (
         not keeping
@@ -324,7 +335,7 @@ def _labelled_gram(model, features_t, gram_in, observed_at) -> tuple[np.ndarray 
         or (stamps is not None and stamps.size > 1 and np.ptp(stamps) > 0)
     ):
         return None, False
-    kept = model.batch_grams.take(features_t)
+    kept = cands.batch_grams.take(features_t)
     if kept is not None or len(keeping) < 2:
         return kept, kept is not None
     if not (features_t.flags.c_contiguous and features_t.dtype in (np.float64, np.float32)):

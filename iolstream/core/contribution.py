@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core.shared_gram import SharedGramLearner
-
 COUNTS = ("rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "sum_y2")
 MAXES = ("max_label_batch", "d_max", "y_max")
 _INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches", "max_label_batch"}
@@ -48,7 +46,7 @@ _INTEGER = {"rows_observed", "rows_labelled", "rows_forgotten", "label_batches",
 
 def primaries(model) -> list:
     """The learners that make their own updates (the others copy a primary's sums)."""
-    return [ln for ln in model.learners if not isinstance(ln, SharedGramLearner)]
+    return model.candidate_set.primaries()
 
 
 def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,8 +99,7 @@ def label_clock(model) -> int:
 def advance(model, rows: int, label_rows: int = 0) -> None:
     """``rows`` more rows seen elsewhere, ``label_rows`` more labelled: every learner's clock moves on and, with
     forgetting, its sums decay; the selector's sums decay likewise."""
-    for ln in model.learners:
-        ln.advance(rows)
+    model.candidate_set.advance(rows)
     if len(model.learners) > 1:
         model.selector.advance(label_rows)
 
@@ -183,22 +180,22 @@ def add(model, delta: dict[str, np.ndarray], sign: float = 1.0) -> None:
         n = a.gram.shape[1]
         rows, cols = _upper(n)
         off = rows != cols
-        for name, stack in (("gram", a.gram), ("labelled", a.gram_labelled)):
-            tri = delta.get(f"p{p}.{name}")
-            if tri is None or not len(stack):
-                continue
-            stack[:, rows, cols] += sign * tri
-            stack[:, cols[off], rows[off]] += sign * tri[:, off]  # both triangles: whichever a kernel reads
-        a.rhs += sign * delta[f"p{p}.rhs"]
+        with st.changing_gram():  # factors and β made from the new sums when next read
+            for name, stack in (("gram", a.gram), ("labelled", a.gram_labelled)):
+                tri = delta.get(f"p{p}.{name}")
+                if tri is None or not len(stack):
+                    continue
+                stack[:, rows, cols] += sign * tri
+                stack[:, cols[off], rows[off]] += (
+                    sign * tri[:, off]
+                )  # both triangles: whichever a kernel reads
+            a.rhs += sign * delta[f"p{p}.rhs"]
         a.loss_sum += sign * delta[f"p{p}.loss"]
         for key, value in zip(COUNTS, delta[f"p{p}.counts"].tolist()):
             total = getattr(st, key) + sign * value
             setattr(st, key, int(round(total)) if key in _INTEGER else total)
         for key, value in zip(MAXES, delta[f"p{p}.maxes"].tolist()):
             setattr(st, key, max(getattr(st, key), int(value) if key in _INTEGER else value))
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
-        a.woodbury_steps[:] = 0
         st.version += 1
         st.labelled_version += 1
     if "cls.counts" in delta:

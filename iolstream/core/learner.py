@@ -32,8 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, fused_shared, linalg, work
-from iolstream.core.label_fold import LabelFold, raise_for
+from iolstream.core import fused, fused_shared, linalg, row_erasure, work
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
@@ -68,7 +67,7 @@ def as_lams(lam, n_layers: int) -> list[float]:
     return lams
 
 
-class OnlineLearner(LabelFold):
+class OnlineLearner:
     """L independent ridge learners on the layer features, updated by -F or -R.
 
     Parameters
@@ -164,7 +163,7 @@ class OnlineLearner(LabelFold):
         """D_l β_l for every layer: (L, b, m). Pure: changes nothing (but solves a stale β). After A changed
         (every factor and β stale, as ``observe_sums`` leaves them) A is factored in scratch memory, as the
         -F step does, and solved and predicted from in one kernel call."""
-        features_t = self._kernel_features(features_t)
+        features_t = self.kernel_features(features_t)
         a = self.state.arrays
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         if a.beta_stale.all() and a.factor_stale.all():
@@ -271,33 +270,34 @@ class OnlineLearner(LabelFold):
         info = np.zeros(self.n_layers, dtype=np.int32)
         inputs = (np.ascontiguousarray(x_scaled, dtype=network.dtype), *network.kernel_weights)
         out_r = None
-        if ridge is None:
-            kernel = fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
-            failed = kernel(
-                *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
-            )
-        else:
-            solve_r = bool(ridge_predicts and ridge.needs_solve())
-            out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
-            sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
-            kernel = fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
-            failed = kernel(
-                *inputs,
-                features_t,
-                sums,
-                (a.beta, out, solve),
-                ridge.solve_target(out_r, solve_r),
-                self.scratch(),
-                info,
-            )
-            if solve_r and not failed:
-                ridge.mark_solved()
-        if failed:
-            raise_for(info)
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0
-        a.factor_stale[:] = True  # factored in scratch, as the -F step does
-        a.beta_stale[:] = not solve
+        with st.changing_gram(solved=solve):  # A factored in scratch, as the -F step does
+            if ridge is None:
+                kernel = (
+                    fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
+                )
+                failed = kernel(
+                    *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
+                )
+            else:
+                solve_r = bool(ridge_predicts and ridge.needs_solve())
+                out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
+                sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
+                kernel = (
+                    fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
+                )
+                failed = kernel(
+                    *inputs,
+                    features_t,
+                    sums,
+                    (a.beta, out, solve),
+                    ridge.solve_target(out_r, solve_r),
+                    self.scratch(),
+                    info,
+                )
+                if solve_r and not failed:
+                    ridge.mark_solved()
+            if failed:
+                raise_for(info)
         st.rows_observed += b
         st.version += 1
         return features_t, (out if solve else None), (out_r if ridge_predicts else None)
@@ -309,19 +309,16 @@ class OnlineLearner(LabelFold):
         out = np.empty((self.n_layers, b, self.n_outputs))
         info = np.zeros(self.n_layers, dtype=np.int32)
         arrays = (a.gram, self.scratch(), a.rhs, a.beta, out, info)
-        if inputs is None:
-            kernel = fused.forward_parallel if self.parallel else fused.forward_serial
-            failed = kernel(features_t, *arrays)
-        elif self.parallel:
-            failed = fused.observe_parallel(*inputs, *arrays)
-        else:
-            failed = fused.observe_serial(*inputs, *arrays)
-        if failed:
-            raise_for(info)
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0
-        a.factor_stale[:] = True  # factored in scratch: A's own factor is made when read
-        a.beta_stale[:] = False
+        with st.changing_gram(solved=True):  # factored in scratch: A's own factor is made when read
+            if inputs is None:
+                kernel = fused.forward_parallel if self.parallel else fused.forward_serial
+                failed = kernel(features_t, *arrays)
+            elif self.parallel:
+                failed = fused.observe_parallel(*inputs, *arrays)
+            else:
+                failed = fused.observe_serial(*inputs, *arrays)
+            if failed:
+                raise_for(info)
         st.rows_observed += b
         st.version += 1
         return out
@@ -341,16 +338,14 @@ class OnlineLearner(LabelFold):
         if self.mode == "ridge":
             return
         st, a = self.state, self.state.arrays
-        if batch_gram is not None:
-            fused_shared.add_lower(batch_gram, a.gram)
-        elif self._fusable(features_t):
-            (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
-        else:
-            for layer, ls in enumerate(st.layers):
-                linalg.gram_update(ls.gram, features_t[layer])
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False  # a Woodbury P is rebuilt from A when next needed
-        a.woodbury_steps[:] = 0
+        with st.changing_gram():  # factors and β made when next read
+            if batch_gram is not None:
+                fused_shared.add_lower(batch_gram, a.gram)
+            elif self._fusable(features_t):
+                (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
+            else:
+                for layer, ls in enumerate(st.layers):
+                    linalg.gram_update(ls.gram, features_t[layer])
         st.rows_observed += b
         st.version += 1
 
@@ -365,12 +360,247 @@ class OnlineLearner(LabelFold):
             out = self._forward_kernel(features_t, b, None)
             return out if predict else None
         st = self.state
-        for layer, ls in enumerate(st.layers):
-            self._enter_gram(ls, features_t[layer])
-        st.arrays.beta_stale[:] = True
+        with st.changing_gram(factor="kept"):
+            for layer, ls in enumerate(st.layers):
+                self._enter_gram(ls, features_t[layer])
         st.rows_observed += b
         st.version += 1
         return None
+
+    # ----------------------------------------------------------------- labels
+    def learn(
+        self,
+        features_t: np.ndarray,
+        targets: np.ndarray,
+        *,
+        gram_in: np.ndarray | None = None,
+        predicted: np.ndarray | None = None,
+        observed_at=None,
+        labelled_gram: np.ndarray | None = None,
+        sample_weight: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Fold labelled rows in: c_l += D_lᵀY (and their Gram, where it has not entered yet).
+
+        features_t : (L, n, b) — D_lᵀ of the labelled rows
+        targets    : (b, m) float — Y (one-hot for classification)
+        gram_in    : (b,) bool — rows whose Gram is already in A. Default: all (-F), none (-R).
+        predicted  : (L, b, m) — the layer outputs that were emitted for these rows (the β that
+                     made the prediction); default: computed now, before this update. Rows it holds NaN for
+                     (``auto``'s candidates not scored on their batch) are learned but add no loss.
+        observed_at : int or (b,) ints — with forgetting, each row's stamp (``state.clock`` right
+                     after its batch was seen); the row enters with weight 2^(−(clock − stamp)/half_life).
+                     Default: the current clock (weight 1). Ignored without forgetting.
+        labelled_gram : (L, n, n) — Σ DᵀD of these rows (lower triangles), formed once for the half-lives of
+                     ``auto`` (``candidate_step``): A_r adds it, times the rows' weight (one stamp for all),
+                     instead of forming its own. Only for rows whose Gram is in A.
+        sample_weight : (b,) float > 0 — each row's weight wᵢ (``model.class_weight``): it enters as wᵢ rows would,
+                     A = λI + Σ wᵢ dᵢᵀdᵢ, c = Σ wᵢ dᵢᵀyᵢ (Theorem 1 with row weights). Under -F a row's Gram entered
+                     A at weight 1 before its label was known: (wᵢ − 1)·dᵢᵀdᵢ is added now (at the row's decay
+                     with forgetting), so a labelled row ends at wᵢ and a row never labelled stays at 1.
+        Returns the immediate loss per layer, (L,), ½‖D_l β_l − Y‖² with that β (unweighted; the
+        weighted loss is what accumulates in ``loss_sum`` with forgetting).
+        β is left stale (solved when read): under -F the next observe replaces it unread.
+        """
+        b = features_t.shape[2]
+        targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, self.n_outputs)
+        predicted = unpredicted_as_targets(predicted, targets)
+        if sample_weight is not None and b:
+            sample_weight = np.asarray(sample_weight, dtype=np.float64).reshape(b)
+            if not (np.isfinite(sample_weight).all() and (sample_weight > 0).all()):
+                raise ValueError("sample_weight: every row's weight must be finite and > 0")
+            if (sample_weight == 1.0).all():
+                sample_weight = None
+        if (self.half_life is not None or sample_weight is not None) and b:
+            return self._learn_weighted(
+                features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight
+            )
+        return self._learn(features_t, targets, gram_in, predicted, labelled_gram)
+
+    def row_weights(self, observed_at, b: int) -> np.ndarray:
+        """(b,) weights 2^(−(clock − stamp)/half_life) of rows stamped ``observed_at`` (all 1 without forgetting)."""
+        if self.half_life is None or observed_at is None:
+            return np.ones(b)
+        stamps = np.broadcast_to(np.asarray(observed_at, dtype=np.float64), (b,))
+        ages = self.clock - stamps
+        if (ages < 0).any() or not np.isfinite(ages).all():
+            raise ValueError(
+                f"observed_at: stamps must be ≤ the clock ({self.clock}), got up to {stamps.max()}"
+            )
+        return np.exp2(-ages / self.half_life)
+
+    def _learn_weighted(
+        self, features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight=None
+    ) -> np.ndarray:
+        """``learn`` with row weights w (forgetting's decay times ``sample_weight``): every row's D, Y and
+        prediction are scaled by √w, so the same kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and
+        A_r, and Σ w ½‖Dβ − Y‖² to the loss; then -F's rows already in A are brought to their weight there."""
+        b = features_t.shape[2]
+        if predicted is None:
+            predicted = self.layer_outputs(features_t)
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        plain = np.empty(self.n_layers)
+        fused.label_losses(predicted, targets, plain)
+        decay = self.row_weights(observed_at, b)
+        weights = decay if sample_weight is None else decay * sample_weight
+        if sample_weight is not None:
+            if labelled_gram is not None:
+                raise ValueError("labelled_gram: not with row weights (each row's Gram enters at its own)")
+            self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights)
+            if self.mode == "forward":
+                self._reweigh_entered(features_t, gram_in, decay * (sample_weight - 1.0))
+            return plain
+        if labelled_gram is not None and np.ptp(weights):
+            raise ValueError("labelled_gram: the rows must share one stamp (one weight)")
+        no_gram = self.mode == "forward" and (gram_in is None or np.all(gram_in))  # no Gram enters A now
+        if (
+            no_gram
+            and not np.ptp(weights)
+            and (labelled_gram is not None or not len(self.state.arrays.gram_labelled))
+        ):
+            # one weight w for all, and no Gram to form: c += Dᵀ(wY) from Y and predictions times w, D as it is
+            # (no copy); the kernel's losses and ‖Y‖² then come out w² times, and are taken back by 1/w
+            w = float(weights[0])
+            given = None if labelled_gram is None else labelled_gram * w
+            self._learn(features_t, targets * w, gram_in, predicted * w, given, 1.0 / w)
+            return plain
+        self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights, labelled_gram)
+        return plain
+
+    def _learn_scaled_rows(
+        self, features_t, targets, gram_in, predicted, weights, labelled_gram=None
+    ) -> None:
+        """``_learn`` of the rows scaled by √weights (D, Y and the prediction: Dᵀ w Y, Dᵀ w D, w ½‖Dβ − Y‖²)."""
+        if not (weights == 1.0).all():
+            root = np.sqrt(weights)
+            features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
+            targets = targets * root[:, None]
+            predicted = predicted * root[:, None]
+        self._learn(features_t, targets, gram_in, predicted, labelled_gram)
+
+    def _reweigh_entered(self, features_t, gram_in, extra: np.ndarray) -> None:
+        """-F: A += Σ extraᵢ·dᵢᵀdᵢ over the rows whose Gram is in A already (``gram_in``; they entered at weight 1,
+        decayed since): a labelled row of weight wᵢ ends at wᵢ. extra < 0 (w < 1) is a downdate of a part of what
+        the row put in, so A stays positive definite. The factors are rebuilt from A when next read."""
+        entered = np.ones(len(extra), dtype=bool) if gram_in is None else np.asarray(gram_in, dtype=bool)
+        parts = [(sign, np.flatnonzero(entered & (sign * extra > 0))) for sign in (1.0, -1.0)]
+        parts = [(sign, rows) for sign, rows in parts if rows.size]
+        if not parts:
+            return
+        with self.state.changing_gram():
+            for sign, rows in parts:
+                scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
+                for layer, ls in enumerate(self.state.layers):
+                    linalg.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
+
+    def _learn(self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0) -> np.ndarray:
+        """``learn`` of rows at weight 1 (or scaled by the caller); ``scale`` multiplies the losses and ‖Y‖² added
+        (``_learn_weighted``)."""
+        b = features_t.shape[2]
+        if self.mode == "ridge":
+            new, n_new = slice(None), b  # -R: no row's Gram is in A
+        elif gram_in is None:
+            new, n_new = slice(0), 0  # -F: every row's is
+        else:
+            new = np.flatnonzero(~np.asarray(gram_in, dtype=bool))  # rows whose Gram enters now
+            n_new = new.size
+        if predicted is None:
+            predicted = self.layer_outputs(features_t)
+        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+        st = self.state
+        a = st.arrays
+        losses = np.empty(self.n_layers)
+        own_labelled = labelled_gram is None or not len(a.gram_labelled)
+        if not own_labelled:
+            if n_new:
+                raise ValueError("labelled_gram: only for rows whose Gram is in A already")
+            fused_shared.add_lower(
+                labelled_gram, a.gram_labelled
+            )  # its lower triangles (the upper ones are not kept)
+        if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
+            info = np.zeros(self.n_layers, dtype=np.int32)
+            kernel = fused.learn_parallel if self.parallel else fused.learn_serial
+            labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
+            state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
+            with st.changing_gram(factor="made" if n_new else "kept"):  # n_new: the kernel factored A
+                sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
+                if info.any():
+                    raise_for(info)
+        else:
+            sum_y2 = fused.label_losses(predicted, targets, losses)
+            if b == 0:
+                return losses
+            with st.changing_gram(factor="kept"):  # a Gram entering brings each layer's factor up to date
+                self._learn_layers(features_t, targets, n_new, new, own_labelled)
+        if scale != 1.0:
+            losses *= scale
+            sum_y2 *= scale
+        self.folded(features_t, targets, predicted, n_new, losses, sum_y2)
+        return losses
+
+    def folded(self, features_t, targets, predicted, n_new: int, losses: np.ndarray, sum_y2: float) -> None:
+        """The bookkeeping of b labelled rows whose sums a kernel has just added (``n_new`` of them entering A):
+        their losses (L,) and Σ‖Y‖² into the sums, the counters, D_m and Y_m, β stale, the versions."""
+        b = features_t.shape[2]
+        st = self.state
+        a = st.arrays
+        a.loss_sum += losses
+        a.beta_stale[:] = True
+        st.rows_observed += n_new
+        st.rows_labelled += b
+        st.label_batches += 1
+        st.max_label_batch = max(st.max_label_batch, b)
+        st.sum_y2 += sum_y2
+        if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
+            st.d_max = max(st.d_max, fused.abs_max(features_t))
+            st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
+        st.version += 1
+        st.labelled_version += 1
+
+    def _learn_layers(self, features_t, targets, n_new, new, own_labelled=True) -> None:
+        """``learn`` layer by layer (any layout; some rows' Gram entering, or the Woodbury route)."""
+        b = features_t.shape[2]
+        targets_f = np.asfortranarray(targets)
+        targets_f32 = targets_f.astype(np.float32) if features_t.dtype == np.float32 else None
+        for layer, ls in enumerate(self.state.layers):
+            d_t = features_t[layer]
+            if n_new:
+                self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
+            if ls.gram_labelled is not None and own_labelled:
+                linalg.gram_update(ls.gram_labelled, d_t)
+            ls.rhs += linalg.product(
+                d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True
+            )  # c += DᵀY
+
+    # --------------------------------------------------------------- rows out
+    def forget(self, features_t: np.ndarray, observed_at=None) -> None:
+        """Downdate: remove rows' Gram from A (-F rows whose label will never come; docs/design.md §2 option).
+
+        With forgetting, each row is removed with its present weight (``observed_at`` as in ``learn``).
+        The factor is rebuilt from the exact A by Cholesky (a Woodbury downdate is not stable).
+        """
+        if self.mode == "ridge" or features_t.shape[2] == 0:
+            return
+        weights = self.row_weights(observed_at, features_t.shape[2])
+        if not (weights == 1.0).all():
+            features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
+        with self.state.changing_gram(factor="kept"):
+            for layer, ls in enumerate(self.state.layers):
+                linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
+                self._refactor(ls)
+        self.state.rows_forgotten += features_t.shape[2]
+        self.state.version += 1
+
+    def erase(self, features_t: np.ndarray, targets: np.ndarray, labelled, observed_at=None, **given) -> None:
+        """Take rows out of the sums entirely, as if they had never come (docs/design.md §13): every term a row
+        put in, at the weight it has now (``row_erasure.erase_rows``, whose docstring says what each argument
+        is; ``given``: its keyword arguments ``grams``, ``undo``, ``sample_weight``)."""
+        row_erasure.erase_rows(self, features_t, targets, labelled, observed_at, **given)
+
+    def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
+        """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""
+        gram = np.zeros((self.n_layers, self.n_columns, self.n_columns))
+        (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, gram)
+        return gram
 
     # -------------------------------------------------------------- internals
     def _uses_cholesky(self, b: int) -> bool:
@@ -401,7 +631,7 @@ class OnlineLearner(LabelFold):
             )
         return features_t.dtype in (np.float64, np.float32) and features_t.flags.c_contiguous
 
-    def _kernel_features(self, features_t: np.ndarray) -> np.ndarray:
+    def kernel_features(self, features_t: np.ndarray) -> np.ndarray:
         if self._fusable(features_t):
             return features_t
         dtype = features_t.dtype if features_t.dtype in (np.float64, np.float32) else np.float64
@@ -431,3 +661,25 @@ class OnlineLearner(LabelFold):
         for ls in self.state.layers:
             self._refactor(ls)
             ls.solve()
+
+
+def unpredicted_as_targets(predicted, targets: np.ndarray):
+    """``predicted`` (L, b, m) with every row it holds NaN for (a row this learner did not predict) replaced by
+    its targets, so that the row's loss is exactly 0; None stays None."""
+    if predicted is None:
+        return None
+    predicted = np.ascontiguousarray(predicted, dtype=np.float64)
+    missing = np.isnan(predicted).any(axis=(0, 2))
+    if not missing.any():
+        return predicted
+    return np.where(missing[None, :, None], targets[None], predicted)
+
+
+def raise_for(info: np.ndarray) -> None:
+    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
+    layer = int(np.flatnonzero(info)[0])
+    if info[layer] > 0:
+        raise linalg.NotPositiveDefinite(
+            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
+        )
+    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

@@ -7,6 +7,8 @@ counters. Plain numbers and arrays only: ``state_io`` writes and reads them as t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -277,14 +279,16 @@ class LearnerState:
             return
         a = self.arrays
         lams = np.array([ls.lam for ls in self.layers])
-        _scale_data(a.gram, lams, factor)
-        if len(a.gram_labelled):
-            _scale_data(a.gram_labelled, lams, factor)
-        a.rhs *= factor
+        with self.changing_gram():
+            _scale_data(a.gram, lams, factor)
+            if len(a.gram_labelled):
+                _scale_data(a.gram_labelled, lams, factor)
+            a.rhs *= factor
         a.loss_sum *= factor
         self.sum_y2 *= factor
         self.calibration *= factor
-        self._mark_changed()
+        self.version += 1
+        self.labelled_version += 1
 
     def add(self, other: LearnerState, factor: float = 1.0) -> None:
         """Add ``factor`` × another state's data sums to these (its prior λI is not added): S, c,
@@ -301,12 +305,13 @@ class LearnerState:
         other_lams = np.array([ls.lam for ls in other.layers])
         n = a.gram.shape[1]
         diag = np.arange(n)
-        a.gram += factor * b.gram
-        a.gram[:, diag, diag] -= factor * other_lams[:, None]  # other's prior out
-        if len(a.gram_labelled):
-            a.gram_labelled += factor * b.gram_labelled
-            a.gram_labelled[:, diag, diag] -= factor * other_lams[:, None]
-        a.rhs += factor * b.rhs
+        with self.changing_gram():
+            a.gram += factor * b.gram
+            a.gram[:, diag, diag] -= factor * other_lams[:, None]  # other's prior out
+            if len(a.gram_labelled):
+                a.gram_labelled += factor * b.gram_labelled
+                a.gram_labelled[:, diag, diag] -= factor * other_lams[:, None]
+            a.rhs += factor * b.rhs
         a.loss_sum += factor * b.loss_sum
         self.sum_y2 += factor * other.sum_y2
         self.calibration += factor * other.calibration
@@ -314,15 +319,38 @@ class LearnerState:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         for key in ("max_label_batch", "d_max", "y_max"):
             setattr(self, key, max(getattr(self, key), getattr(other, key)))
-        self._mark_changed()
-
-    def _mark_changed(self) -> None:
-        a = self.arrays
-        a.factor_stale[:] = a.beta_stale[:] = True
-        a.factor_inverse[:] = False  # a Woodbury P of the old A is of no use: rebuilt from A when next needed
-        a.woodbury_steps[:] = 0
         self.version += 1
         self.labelled_version += 1
+
+    @contextmanager
+    def changing_gram(self, *, factor: str = "stale", solved: bool = False) -> Iterator[None]:
+        """Change A (the body of the ``with``: a Gram in or out, a scaling, sums added or restored) keeping the
+        invariant of the stacks: a layer's factor is the Cholesky factor of its A (or P = A⁻¹ where
+        ``factor_inverse``, ``woodbury_steps`` updates since it was rebuilt), and β = A⁻¹c, except where marked
+        stale (made from A and c when next read). Every change of A goes through here.
+
+        factor : what the change left in the factor stack — "stale" (default: made from A when next read; the
+                 -F step factors A in scratch memory), "made" (the change wrote the Cholesky factor of the new A
+                 into it) or "kept" (the change brought each layer's factor up to date itself: ``LayerState.refactor``,
+                 a Woodbury update of P). A Woodbury P of the old A is of no use after any other change.
+        solved : the change solved every β from the new A and c (else β is stale).
+
+        Should the change raise, whatever it left is not trusted: every factor and β are stale."""
+        if factor not in ("stale", "made", "kept"):
+            raise ValueError(f"changing_gram: factor must be 'stale', 'made' or 'kept', got {factor!r}")
+        a = self.arrays
+        try:
+            yield
+        except BaseException:
+            a.factor_stale[:] = a.beta_stale[:] = True
+            a.factor_inverse[:] = False
+            a.woodbury_steps[:] = 0
+            raise
+        if factor != "kept":
+            a.factor_stale[:] = factor == "stale"
+            a.factor_inverse[:] = False
+            a.woodbury_steps[:] = 0
+        a.beta_stale[:] = not solved
 
 
 def _scale_data(stack: np.ndarray, lams: np.ndarray, factor: float) -> None:

@@ -24,15 +24,23 @@ import time
 import numpy as np
 
 from iolstream.core import calibration, intervals, kernels, learner, regret, row_erasure
-from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
-from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
+from iolstream.core.candidate_set import make_candidate_set
+from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model_config import DTYPES, ENSEMBLES, TARGET_SCALERS, TASKS, ModelConfig
 from iolstream.core.network import RandomNetwork
 from iolstream.core.prediction import Prediction
 from iolstream.core.regret import RegretReport
 from iolstream.core.scaling import Scaler, ScalerNotReady, TargetScaler
-from iolstream.core.shared_gram import SharedGramLearner
+
+
+def _of_candidate_set(name: str, doc: str, settable: bool = False) -> property:
+    """A property reading (and, if ``settable``, writing) ``candidate_set.<name>``."""
+
+    def put(self, value) -> None:
+        setattr(self.candidate_set, name, value)
+
+    return property(lambda self: getattr(self.candidate_set, name), put if settable else None, doc=doc)
 
 
 def make_scaler(config: ModelConfig) -> Scaler:
@@ -67,6 +75,28 @@ class EdRVFL:
     encoded targets and the outputs it kept for the rows, ``Prediction.predicted``).
     """
 
+    # what the learners hold (``candidate_set.CandidateSet``), read where the model is
+    candidates = _of_candidate_set(
+        "pairs", "each candidate's (lam, half_life); one of fixed settings: [its own]"
+    )
+    modes = _of_candidate_set("modes", "each candidate's mode, -F 'forward' or -R 'ridge'")
+    learners = _of_candidate_set(
+        "learners", "every candidate's learner (one of fixed settings: a list of one)"
+    )
+    selector = _of_candidate_set(
+        "selector", "``candidates.CandidateSelector``: which is in force", settable=True
+    )
+    scoring = _of_candidate_set("scoring", "``candidates.ScoringBudget``: which batches the others predict")
+    batch_grams = _of_candidate_set(
+        "batch_grams", "``candidate_step.BatchGrams``: Grams kept for A_r (mode auto)"
+    )
+    emitted_loss = _of_candidate_set(
+        "emitted_loss", "(L,) auto: Σ_t L_{l,t} of what was emitted", settable=True
+    )
+    predicted_rows = _of_candidate_set(
+        "predicted_rows", "(K,) auto: labelled rows each predicted", settable=True
+    )
+
     def __init__(self, config: ModelConfig, candidates: list[tuple] | None = None, modes: list | None = None):
         """``candidates``: the (lam, half_life) grid of ``auto`` and ``modes`` each one's mode (default
         ``config.candidates`` and ``config.candidate_modes``; a restored snapshot passes the grid it was saved
@@ -84,19 +114,10 @@ class EdRVFL:
         )
         self.scaler = make_scaler(config)
         self.encoder = None if config.schema is None else RecordEncoder(config.schema)
-        self.candidates = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
-        self.modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
-        self.learners = make_learners(config, self.network.n_columns, self.candidates, self.modes)
-        start = list(zip(self.candidates, self.modes)).index((config.default_candidate, config.default_mode))
-        self.selector = CandidateSelector(len(self.learners), start)
-        dims = (config.n_inputs, config.m, config.n_nodes, config.n_layers, config.bias_column)
-        self.scoring = ScoringBudget(dims, config.scoring)
-        self._scoring_costs: dict[tuple[int, int], float] = {}
-        self.batch_grams = BatchGrams()  # mode auto: the last batches' Gram, for A_r when their labels come
-        self.emitted_loss = np.zeros(config.n_layers)  # auto: Σ_t L_{l,t} of the candidate in force (regret)
-        self.predicted_rows = np.zeros(
-            len(self.learners), dtype=np.int64
-        )  # auto: labelled rows each predicted
+        pairs = config.candidates if candidates is None else [(lam, h) for lam, h in candidates]
+        modes = config.candidate_modes if modes is None else list(modes)  # each candidate's -F / -R
+        # the learners, as one: the one of fixed settings, or the candidates of auto (core.candidate_set)
+        self.candidate_set = make_candidate_set(config, self.network.n_columns, pairs, modes)
         self._class_index = (
             {c: i for i, c in enumerate(config.classes)} if config.classes is not None else None
         )
@@ -123,22 +144,18 @@ class EdRVFL:
     def sync_candidates(self) -> None:
         """Every candidate's ``state`` holds its sums (they read their primary's when solving: a snapshot or a
         regret report reads the copy)."""
-        for ln in self.learners:
-            if isinstance(ln, SharedGramLearner):
-                ln.sync()
+        self.candidate_set.sync()
 
     @property
     def learner(self) -> learner.OnlineLearner:
         """The learner in force (the only one, or the candidate ``auto`` has chosen)."""
-        return self.learners[self.selector.chosen]
+        return self.candidate_set.learner
 
     @property
     def version(self) -> int:
         """Bumped at every change of the β in force: the learner's version; with ``auto``, the sum of every
         candidate's plus the selector's switches (never goes back when another candidate takes over)."""
-        if len(self.learners) == 1:
-            return self.learner.state.version
-        return sum(ln.version for ln in self.learners) + self.selector.switches
+        return self.candidate_set.version
 
     @property
     def effective(self) -> dict:
@@ -148,12 +165,7 @@ class EdRVFL:
         chosen = self.selector.chosen
         lam, half_life = self.candidates[chosen]
         out = {"lam": lam, "forgetting": half_life, "mode": self.modes[chosen]}
-        if len(self.learners) > 1:
-            out["candidates"] = [
-                {"lam": c_lam, "forgetting": c_h, "mode": c_mode, "recent_loss": float(v)}
-                for (c_lam, c_h), c_mode, v in zip(self.candidates, self.modes, self.selector.recent())
-            ]
-            out["scored_share"] = self.scoring.scored_share
+        out.update(self.candidate_set.describe())
         return out
 
     # ------------------------------------------------------------- encoding
@@ -267,7 +279,7 @@ class EdRVFL:
     def predict_batch(self, x=None, *, features_t=None) -> Prediction:
         """Pure inference: changes nothing."""
         features_t = self.features(x) if features_t is None else features_t
-        return self._prediction(features_t, self.learner.layer_outputs(features_t))
+        return self._prediction(features_t, self.candidate_set.layer_outputs(features_t))
 
     def _prediction(self, features_t, outputs, candidate_outputs=None) -> Prediction:
         """The batch's prediction from the layers' ``outputs`` of the candidate in force (``combine``), at this
@@ -299,24 +311,10 @@ class EdRVFL:
         if tuner is not None:
             setting, started = tuner.choose(), time.perf_counter()
             self.learner.parallel = setting.parallel
-        candidate_outputs = None
-        if len(self.learners) == 1:
-            features_t, outputs = self.learner.observe_rows(self.network, self._scaled(x))
-        else:  # the same features for every candidate; the others predict the batches the budget pays for
-            x_scaled = self._scaled(x)
-            b, chosen = len(x_scaled), self.selector.chosen
-            cost = self._scoring_costs.get((b, chosen))
-            if cost is None:  # what the others cost to score, per batch size and candidate in force
-                cost = sum(ln.scoring_flops(b) for j, ln in enumerate(self.learners) if j != chosen)
-                if len(self._scoring_costs) > 4096:  # batches of many sizes: start again
-                    self._scoring_costs.clear()
-                self._scoring_costs[(b, chosen)] = cost
-            predicting = np.full(len(self.learners), self.scoring.take(b, cost))
-            predicting[chosen] = True
-            features_t, candidate_outputs = observe_candidates(
-                self.learners, self.network, x_scaled, self.learner.parallel, predicting, self.batch_grams
-            )
-            outputs = candidate_outputs[self.selector.chosen]
+        # every candidate sees the batch; the others predict the batches the budget pays for
+        features_t, outputs, candidate_outputs = self.candidate_set.observe_rows(
+            self.network, self._scaled(x)
+        )
         prediction = self._prediction(features_t, outputs, candidate_outputs)
         if tuner is not None:
             tuner.record(setting, time.perf_counter() - started, features_t.shape[2])
@@ -346,13 +344,8 @@ class EdRVFL:
             if not fits:
                 raise ValueError(f"y: {expected} for the prediction's {b} rows, got shape {shape}")
             targets = self.encode_labels(targets)
-        elif predicted is not None and len(self.learners) > 1 and np.ndim(predicted) != 4:
-            raise ValueError(
-                f"predicted: this model keeps {len(self.learners)} candidates (mode, lam or forgetting auto): "
-                f"pass Prediction.predicted, every candidate's outputs (K, L, b, m), not outputs of shape "
-                f"{np.shape(predicted)} (Prediction.layer_outputs): recomputing the other candidates' outputs "
-                "would bypass the scoring budget (model.scoring_share); or call learn(prediction, y)"
-            )
+        elif predicted is not None:  # with several candidates, every candidate's outputs
+            self.candidate_set.check_predicted(predicted)
         # (b,) for one output, as ``predict`` gives it: (b, m) here, or the selector's row losses would broadcast
         targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(features_t.shape[2], self.config.m)
         self.entered_weights = None
@@ -397,23 +390,17 @@ class EdRVFL:
         elif residuals:  # before the update: the residuals of what was predicted
             self.record_residuals(features_t, targets, predicted, observed_at)
         self.entered_weights = weights
-        if len(self.learners) == 1:
-            if self.calibrated and predicted is None:  # what the learner predicts for these rows before them
-                predicted = self.learner.layer_outputs(features_t)
-            losses = self.learner.learn(
-                features_t,
-                targets,
-                gram_in=gram_in,
-                predicted=predicted,
-                observed_at=observed_at,
-                sample_weight=weights,
-            )
-            if self.calibrated:
-                self.record_calibration(0, predicted, targets.argmax(axis=1), observed_at, weights)
-            return losses
         # auto: ``predicted`` (K, L, b, m) from Prediction.candidate_outputs judges each candidate on the
         # prediction it made (NaN where it made none)
-        return learn_candidates(self, features_t, targets, gram_in, predicted, observed_at, weights)
+        return self.candidate_set.learn(
+            features_t,
+            targets,
+            gram_in=gram_in,
+            predicted=predicted,
+            observed_at=observed_at,
+            sample_weight=weights,
+            judge=self.selection_losses,
+        )
 
     def calibration_scores(self, predicted) -> np.ndarray | None:
         """(K, b, m) each candidate's ensemble score for rows (``calibration.ensemble_scores``), from ``predicted``
@@ -425,17 +412,6 @@ class EdRVFL:
         predicted = np.asarray(predicted, dtype=np.float64)
         per = predicted[None] if predicted.ndim == 3 else predicted
         return np.stack([calibration.ensemble_scores(p) for p in per])
-
-    def record_calibration(self, candidate: int, outputs, labels, observed_at, weights) -> None:
-        """Candidate ``candidate``'s calibration sums learn from its layer outputs (L, b, m) of labelled rows, at
-        their weight in its sums (forgetting's decay times ``weights``, the class weights)."""
-        ln = self.learners[candidate]
-        row_weights = ln.row_weights(observed_at, len(labels))
-        if weights is not None:
-            row_weights = row_weights * weights
-        scores = calibration.ensemble_scores(outputs)
-        sums = ln.calibration_sums  # in place: the learner's state holds them
-        sums += calibration.grid_losses(scores, labels, row_weights)
 
     # ------------------------------------------------------------- regression intervals
     @property
@@ -484,8 +460,7 @@ class EdRVFL:
     def forget(self, features_t, observed_at=None) -> None:
         """Take rows' Gram out of A again, of every candidate (see OnlineLearner.forget); ``observed_at``:
         the rows' ``Prediction.clock`` (with forgetting, each leaves at the weight it has now)."""
-        for ln in self.learners:
-            ln.forget(features_t, observed_at)
+        self.candidate_set.forget(features_t, observed_at)
 
     def selection_losses(self, predicted: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """``selection_loss`` of K candidates' layer outputs ``predicted`` (K, L, b, m), each with its own
@@ -521,8 +496,7 @@ class EdRVFL:
     def learn_rows(self, x, y) -> np.ndarray:
         """Labelled rows never observed before: seen now (the clock moves on), Gram and labels enter together."""
         features_t = self.features(x)
-        for ln in self.learners:
-            ln.advance(len(x))
+        self.candidate_set.advance(len(x))
         # stamped now: labels held for the target scaling enter later at the weight they have then
         return self.learn(
             features_t,

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from iolstream.core import fused, work
-from iolstream.core.label_fold import unpredicted_as_targets
-from iolstream.core.learner import OnlineLearner
+from iolstream.core.learner import OnlineLearner, unpredicted_as_targets
 from iolstream.core.learner_state import COUNTERS
 
 
@@ -132,16 +131,14 @@ class SharedGramLearner(OnlineLearner):
             if self.mode == "forward" and len(pa.gram_labelled):  # an -F candidate's A_r (its regret)
                 a.gram_labelled = np.empty(shape)
         diag = np.arange(self.n_columns)
-        np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
-        a.gram[:, diag, diag] += self._shift[:, None]
-        if len(a.gram_labelled):
-            np.copyto(a.gram_labelled, pa.gram_labelled)
-            a.gram_labelled[:, diag, diag] += self._shift[:, None]
-        np.copyto(a.rhs, pa.rhs)
-        a.factor_stale[:] = True
-        a.beta_stale[:] = self._solved != self._sums_version()  # a β solved from the primary's sums is theirs
-        a.factor_inverse[:] = False
-        a.woodbury_steps[:] = 0  # (the version stays: reading the state changes nothing it predicts)
+        # a β solved from the primary's sums is theirs; the version stays: reading the state changes nothing it predicts
+        with st.changing_gram(solved=self._solved == self._sums_version()):
+            np.copyto(a.gram, pa.gram_labelled if self._labelled_only else pa.gram)
+            a.gram[:, diag, diag] += self._shift[:, None]
+            if len(a.gram_labelled):
+                np.copyto(a.gram_labelled, pa.gram_labelled)
+                a.gram_labelled[:, diag, diag] += self._shift[:, None]
+            np.copyto(a.rhs, pa.rhs)
         self._synced = p.version
 
     def mark_synced(self) -> None:
@@ -179,7 +176,7 @@ class SharedGramLearner(OnlineLearner):
 
     def layer_outputs(self, features_t: np.ndarray) -> np.ndarray:
         """D_l β_l (L, b, m), β solved from the primary's sums when they changed since it last was."""
-        features_t = self._kernel_features(features_t)
+        features_t = self.kernel_features(features_t)
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
         if not self.needs_solve():

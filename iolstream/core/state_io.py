@@ -313,19 +313,20 @@ def _learner_from_arrays(ln, part: dict, arrays, base: str, version: int) -> Non
     for ls, meta in zip(st.layers, metas):
         ls.lam, ls.loss_sum = float(meta["lam"]), float(meta["loss_sum"])
     a = st.arrays
-    a.beta_stale[:] = a.factor_stale[:] = True  # solved from the sums when first read: the bits they had
-    a.factor_inverse[:] = False
-    a.woodbury_steps[:] = 0
+    with (
+        st.changing_gram()
+    ):  # the sums as saved: factors and β made from them when first read, the bits they had
+        if not shared and version >= 3:
+            unpack_lower(_array(arrays, f"{base}gram"), a.gram)
+            a.rhs[...] = _shaped(arrays, f"{base}rhs", a.rhs.shape)
+            if len(a.gram_labelled):
+                unpack_lower(_array(arrays, f"{base}gram_labelled"), a.gram_labelled)
     if shared:  # its β and sums are solved from its primary's
         return
     if version < 3:  # one array per layer, as written (β and a Woodbury P kept; a Cholesky factor made again)
         for i, (ls, meta) in enumerate(zip(st.layers, metas)):
             _restore_layer(ls, meta, arrays, f"{base}layer{i}/")
         return
-    unpack_lower(_array(arrays, f"{base}gram"), a.gram)
-    a.rhs[...] = _shaped(arrays, f"{base}rhs", a.rhs.shape)
-    if len(a.gram_labelled):
-        unpack_lower(_array(arrays, f"{base}gram_labelled"), a.gram_labelled)
     for i, (ls, meta) in enumerate(zip(st.layers, metas)):
         if meta["factor_kind"] == "inverse":
             steps = int(meta["woodbury_steps"])

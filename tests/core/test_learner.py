@@ -492,6 +492,41 @@ def test_lazy_factor_is_the_cholesky_of_a():
     assert_solves(learner, f"seed={seed_}")
 
 
+def test_a_change_through_the_state_leaves_the_factor_and_beta_of_the_new_a():
+    """``LearnerState.changing_gram`` is the one way A changes: after it, whatever the factor was (here a Woodbury
+    P = A⁻¹ of the old A), the factor read is the Cholesky factor of the new A and β = A⁻¹c; a change that raises
+    half way leaves every factor and β stale (made from the sums when next read), whatever it promised."""
+    seed_ = 85
+    feats, ys = make_batches(seed_, [2, 2, 2])
+    learner = OnlineLearner(N_COLUMNS, M, N_LAYERS, solver="woodbury")
+    for features_t, y in zip(feats, ys):
+        learner.observe(features_t)
+        learner.learn(features_t, y)
+    st = learner.state
+    assert all(ls.factor_kind == "inverse" for ls in st.layers)
+    assert all(np.isfinite(ls.beta).all() for ls in st.layers) and not st.arrays.beta_stale.any()
+    extra = make_batches(seed_ + 1, [5])[0][0]
+    with st.changing_gram():
+        for layer, ls in enumerate(st.layers):
+            linalg.gram_update(ls.gram, extra[layer])
+    for i, ls in enumerate(st.layers):
+        a = linalg.symmetric(ls.gram)
+        assert ls.factor_kind == "cholesky", f"layer {i}: the old A's P is still taken for the new A's"
+        assert_close(np.tril(ls.factor), np.linalg.cholesky(a), f"layer {i} seed={seed_}", rtol=1e-12)
+    assert_solves(learner, f"seed={seed_}")
+
+    learner.refresh()  # every factor and β made
+    with pytest.raises(RuntimeError, match="half way"):
+        with st.changing_gram(factor="kept", solved=True):
+            linalg.gram_update(st.layers[0].gram, extra[0])
+            raise RuntimeError("a kernel failed half way")
+    assert st.arrays.factor_stale.all() and st.arrays.beta_stale.all()
+    assert_solves(learner, f"after a failed change, seed={seed_}")
+    with pytest.raises(ValueError, match="factor must be"):
+        with st.changing_gram(factor="inverse"):
+            pass
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode", ["forward", "ridge"])
 def test_parallel_learner_equals_serial_bitwise(mode, dtype):

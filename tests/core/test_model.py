@@ -255,6 +255,33 @@ def test_learn_refuses_one_candidates_outputs_where_every_candidates_are_needed(
     one.learn(r.features_t, one.encode_labels([0, 1] * 10), predicted=r.layer_outputs)
 
 
+def test_a_model_of_fixed_settings_steps_as_its_one_learner_alone():
+    """Fixed settings: the model's learners are a set of one (``core.candidate_set.OneCandidate``). Every batch is
+    the learner's own fused step and every label its own ``learn``, bitwise what the bare learner does with the same
+    rows, and nothing of a choice between candidates is kept or paid for (no scoring, no selector sums)."""
+    import copy
+
+    seed = 12
+    model = EdRVFL(small(classes=(0, 1, 2), mode="forward"))
+    bare = copy.deepcopy(model.learner)
+    rng = np.random.default_rng(seed)
+    for t in range(4):
+        x, y = rows(seed + t, 20), rng.integers(0, 3, 20)
+        p = model.observe(x)
+        features_t, outputs = bare.observe_rows(model.network, x)
+        assert p.candidate_outputs is None and p.predicted is p.layer_outputs
+        np.testing.assert_array_equal(p.layer_outputs, outputs, err_msg=f"seed={seed} t={t}")
+        got = model.learn(p, y)
+        want = bare.learn(features_t, np.eye(3)[y], predicted=outputs, observed_at=bare.clock)
+        np.testing.assert_array_equal(got, want, err_msg=f"seed={seed} t={t}")
+    for la, lb in zip(model.learner.state.layers, bare.state.layers):
+        np.testing.assert_array_equal(la.beta, lb.beta, err_msg=f"seed={seed}")
+    assert model.version == bare.version
+    assert model.scoring.rows == 0 and model.selector.rows == 0 and not model.selector.loss.any()
+    assert not model.emitted_loss.any() and not model.predicted_rows.any()
+    assert set(model.effective) == {"lam", "forgetting", "mode"}
+
+
 @pytest.mark.parametrize(
     "classes,y,expected",
     [
