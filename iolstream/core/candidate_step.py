@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, fused_shared
+from iolstream.core import fused_shared, step_kernels
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -237,7 +237,7 @@ def learn_candidates(model, features_t, targets, gram_in, predicted, observed_at
         else:
             emitted = predicted[emitter]
         losses = np.empty(model.config.n_layers)
-        fused.label_losses(emitted, targets, losses)
+        step_kernels.label_losses(emitted, targets, losses)
     if scored is None:
         row_losses = model.selection_losses(predicted, targets) if b else np.empty((len(learners), 0))
     elif scored.size:
@@ -331,5 +331,5 @@ def _labelled_gram(model, features_t, gram_in, observed_at) -> tuple[np.ndarray 
         return None, False
     first = keeping[0]
     gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
-    (fused.add_grams_parallel if first.parallel else fused.add_grams)(features_t, gram)
+    (step_kernels.add_grams_parallel if first.parallel else step_kernels.add_grams)(features_t, gram)
     return gram, False

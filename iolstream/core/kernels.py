@@ -3,10 +3,10 @@
 Private, unvalidated, arrays in and arrays out. The public wrappers live in
 ``network`` and ``learner``; the plain-NumPy twins every kernel is tested
 against live in ``tests/naive.py``. The fused kernels of a whole step (hidden
-layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``fused``.
+layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``step_kernels``.
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
-``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
+``scipy.linalg.cython_blas``), as do ``step_kernels`` and the factorisations in
 ``linalg``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
 docs/benchmarks.md, "The update's building blocks").
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import fused, linalg
+from iolstream.core import linalg, step_kernels
 from iolstream.core.calibration import GRID_SIZE
 
 
@@ -176,7 +176,7 @@ class LayerState:
         factors = arrays.factors()
         if arrays.gram.shape[1:] != factors.shape[1:]:  # the kernel does not check its bounds
             raise ValueError("refactor: this state keeps no A of its own (a shared candidate's: shared_gram)")
-        info = fused.refactor_layer(index, arrays.gram, factors)
+        info = step_kernels.refactor_layer(index, arrays.gram, factors)
         if info != 0:
             raise linalg.NotPositiveDefinite(
                 f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
@@ -203,7 +203,7 @@ class LayerState:
         else:
             if arrays.factor_stale[index]:
                 self.refactor()
-            info = fused.solve_layer(index, arrays.factors(), arrays.rhs, arrays.beta)
+            info = step_kernels.solve_layer(index, arrays.factors(), arrays.rhs, arrays.beta)
             if info != 0:
                 raise ValueError(f"dpotrs: illegal argument {-info}")
         arrays.beta_stale[index] = False

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import fused, kernels
+from iolstream.core import kernels, step_kernels
 
 INITS = ("auto", "normal", "xavier", "kaiming", "uniform", "spread")
 
@@ -181,7 +181,7 @@ class RandomNetwork:
             return out
         args = (np.ascontiguousarray(x_scaled, dtype=self.dtype), *self.kernel_weights, out)
         if parallel:
-            fused.features_parallel(*args)
+            step_kernels.features_parallel(*args)
         else:
-            fused.features_serial(*args)
+            step_kernels.features_serial(*args)
         return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import calibration, fused, linalg
+from iolstream.core import calibration, linalg, step_kernels
 from iolstream.core.shared_gram import SharedGramLearner
 
 
@@ -101,7 +101,7 @@ def _grams_by_stamp(first, features_t, stamps) -> tuple | None:
     if len(values) == 1:
         return first.rows_gram(features_t)[None], values
     given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
-    add = fused.add_grams_parallel if first.parallel else fused.add_grams
+    add = step_kernels.add_grams_parallel if first.parallel else step_kernels.add_grams
     for k, v in enumerate(values.tolist()):
         add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
     return given, values

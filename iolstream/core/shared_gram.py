@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, work
+from iolstream.core import step_kernels, work
 from iolstream.core.label_fold import unpredicted_as_targets
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.learner_state import COUNTERS
@@ -183,7 +183,7 @@ class SharedGramLearner(OnlineLearner):
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
         if not self.needs_solve():
-            fused.predict_all(features_t, a.beta, out)
+            step_kernels.predict_all(features_t, a.beta, out)
             return out
         gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
         self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
@@ -237,7 +237,7 @@ class SharedGramLearner(OnlineLearner):
         elif not complete:
             predicted = unpredicted_as_targets(predicted, targets)
         plain = np.empty(self.n_layers)
-        fused.label_losses(predicted, targets, plain)
+        step_kernels.label_losses(predicted, targets, plain)
         if sample_weight is None and (self.half_life is None or observed_at is None):
             self._state.arrays.loss_sum += plain
         else:  # Σ w ½‖Dβ − Y‖², as the primary accumulates it

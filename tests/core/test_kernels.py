@@ -1,6 +1,6 @@
 """Every kernel against its plain-NumPy twin in tests/naive.py (STYLE.md, "Testing habits").
 
-Covers ``kernels`` (activations, Woodbury update, softmax), ``fused`` (hidden layers), ``network``
+Covers ``kernels`` (activations, Woodbury update, softmax), ``step_kernels`` (hidden layers), ``network``
 (features, weight inits, seeding) and ``linalg`` (Gram update, Cholesky helpers).
 Seeds are fixed and appear in every assertion message.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import fused, kernels, linalg
+from iolstream.core import kernels, linalg, step_kernels
 from iolstream.core.network import INITS, RandomNetwork
 
 
@@ -23,11 +23,11 @@ def _tol(dtype):
     return (1e-12, 1e-12) if dtype == np.float64 else (2e-5, 2e-5)
 
 
-# --------------------------------------------------------------------------- hidden layer (fused.features_serial)
+# --------------------------------------------------------------------------- hidden layer (step_kernels.features_serial)
 
 
 def _forward(weights_t, inputs_t, bias, activation):
-    """g(W·input + b) through ``fused.features_serial`` on a one-layer network whose input is ``inputs_t``."""
+    """g(W·input + b) through ``step_kernels.features_serial`` on a one-layer network whose input is ``inputs_t``."""
     n_nodes, fan_in = weights_t.shape
     b = inputs_t.shape[1]
     packed = np.zeros((1, n_nodes, n_nodes + fan_in), dtype=weights_t.dtype)
@@ -36,7 +36,7 @@ def _forward(weights_t, inputs_t, bias, activation):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow / invalid warnings from the kernel
         code = kernels.ACTIVATION_CODES[activation]
-        fused.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
+        step_kernels.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
     assert np.array_equal(out[0, n_nodes:], inputs_t), "the input columns X of D"
     return out[0, :n_nodes]
 
@@ -107,7 +107,7 @@ def test_woodbury_update_equals_twin(b):
     d = rng.standard_normal((b, n))
     want = naive.woodbury(eta, d)
     got = eta.copy(order="F")
-    fused.woodbury_update(got, np.ascontiguousarray(d.T))
+    step_kernels.woodbury_update(got, np.ascontiguousarray(d.T))
     np.testing.assert_allclose(
         got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max(), err_msg=f"b={b} seed={seed}"
     )
@@ -325,7 +325,8 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     from iolstream.core import kernel_cache
 
     assert isinstance(
-        fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator)
+        step_kernels.observe_serial._cache._impl._locator,
+        (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator),
     )
     package = tmp_path / "copy" / "iolstream"
     shutil.copytree(kernel_cache.HERE.parent, package, ignore=shutil.ignore_patterns("__pycache__"))

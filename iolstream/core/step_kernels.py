@@ -1,11 +1,12 @@
-"""Fused Numba kernels of one step: features, Gram + Cholesky (or Woodbury) update, β, prediction, fold-in.
+"""The step kernels: one learner's whole step fused into few Numba calls (features, Gram + Cholesky or Woodbury
+update, β, prediction, fold-in). The steps of learners sharing one set of sums are in ``shared_step_kernels``.
 
 Each kernel does a whole phase of a step in one call (``observe_*``: features and update;
 ``learn_*``: losses and fold-in), so the per-call Python and f2py overhead is paid once per
 phase, not once per layer and routine. Every phase has a serial and a parallel entry point
 (Numba ``prange``): the features split the batch's rows into chunks, the updates split the
 layers (independent sub-learners), and the results are bitwise those of the serial kernels
-(tests/core/test_fused.py). BLAS runs single-threaded in each thread. A parallel region ends at
+(tests/core/test_step_kernels.py). BLAS runs single-threaded in each thread. A parallel region ends at
 a barrier that waits for every thread: ~1.5× faster on an idle 2-core machine, 5–15 ms late
 whenever another process holds the other core; so whether it pays is decided step by step,
 by timing (``runtime.StepTuner``).
