@@ -26,7 +26,7 @@ KERNEL_FILES = (
     "kernels.py",
     "blaslib.py",
     "step_kernels.py",
-    "fused_shared.py",
+    "shared_step_kernels.py",
 )  # recent_ids.py calls nothing outside itself
 HERE = Path(__file__).resolve().parent
 

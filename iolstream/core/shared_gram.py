@@ -161,13 +161,13 @@ class SharedGramLearner(OnlineLearner):
         return self._solved != self._sums_version() or bool(self._state.arrays.beta_stale.any())
 
     def mark_solved(self) -> None:
-        """Its β was just solved from the primary's sums as they are (``fused_shared.pair_layer``)."""
+        """Its β was just solved from the primary's sums as they are (``shared_step_kernels.pair_layer``)."""
         self._state.arrays.beta_stale[:] = False
         self._solved = self._sums_version()
 
     def solve_target(self, out: np.ndarray, solve: bool) -> tuple:
         """What a fused kernel needs to solve (if ``solve``) and predict into ``out`` for it: (β stack, outputs,
-        λ − λ_primary per layer, solve) — ``fused_shared``'s ``ridge`` argument."""
+        λ − λ_primary per layer, solve) — ``shared_step_kernels``'s ``ridge`` argument."""
         return self._state.arrays.beta, out, self._shift, solve
 
     def __getstate__(self) -> dict:

@@ -600,7 +600,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     """lam auto: one learner per half-life makes the updates (labels, decay; the batch's Gram is formed once and
     added to every half-life's A); the other λ hold its sums with their own λ on the diagonal
     (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
-    from iolstream.core import fused_shared, step_kernels
+    from iolstream.core import shared_step_kernels, step_kernels
     from iolstream.core.shared_gram import SharedGramLearner
 
     seed_ = 34
@@ -637,7 +637,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
         "observe_keep_serial",
         "observe_keep_parallel",
     ):
-        module = fused_shared if hasattr(fused_shared, name) else step_kernels
+        module = shared_step_kernels if hasattr(shared_step_kernels, name) else step_kernels
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     stream_one_batch_late(model, x, y, 100)

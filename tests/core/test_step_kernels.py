@@ -288,10 +288,10 @@ def test_parallel_kernels_are_compiled_parallel():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
-    """``fused_shared``: the -F step keeping the batch's Gram (A += G, G kept) and the pair step (the same, then the
+    """``shared_step_kernels``: the -F step keeping the batch's Gram (A += G, G kept) and the pair step (the same, then the
     -R candidate solved on A_r with its λ shift and predicted) equal ``step_kernels``'s separate kernels bit for bit,
     serial and parallel; a -R candidate whose sums did not move predicts with the β it has."""
-    from iolstream.core import fused_shared
+    from iolstream.core import shared_step_kernels
 
     seed = 13
     n_layers, m, b = 3, 4, 70
@@ -334,12 +334,12 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
                 np.empty_like(out_r),
             )
             if pair:
-                kernel = getattr(fused_shared, f"observe_pair_{variant}")
+                kernel = getattr(shared_step_kernels, f"observe_pair_{variant}")
                 sums, forward, ridge = (g, labelled, kept, rhs), (b2, o2, True), (br2, or2, shift, True)
                 assert kernel(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info) == 0, tag
                 assert np.array_equal(br2, beta_r) and np.array_equal(or2, out_r), f"-R: {tag}"
             else:
-                kernel = getattr(fused_shared, f"observe_keep_{variant}")
+                kernel = getattr(shared_step_kernels, f"observe_keep_{variant}")
                 assert (
                     kernel(x, *net.kernel_weights, f2, g, kept, _scratch(n), rhs, b2, o2, info, True) == 0
                 ), tag
@@ -357,7 +357,9 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
         (stale_r, or3, shift, False),
     )
     assert (
-        fused_shared.observe_pair_serial(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info)
+        shared_step_kernels.observe_pair_serial(
+            x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info
+        )
         == 0
     )
     assert np.array_equal(stale_r, np.full_like(beta_r, 0.5))
@@ -367,12 +369,12 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
 
 
 def test_add_lower_adds_the_lower_triangles_only():
-    from iolstream.core import fused_shared
+    from iolstream.core import shared_step_kernels
 
     rng = np.random.default_rng(14)
     src, dst = rng.standard_normal((2, 5, 5)), rng.standard_normal((2, 5, 5))
     before = dst.copy()
-    fused_shared.add_lower(src, dst)
+    shared_step_kernels.add_lower(src, dst)
     for layer in range(2):  # the C block's upper triangle is the matrix's lower one
         np.testing.assert_array_equal(np.triu(dst[layer]), np.triu(before[layer] + src[layer]))
         np.testing.assert_array_equal(np.tril(dst[layer], -1), np.tril(before[layer], -1))

@@ -1,4 +1,4 @@
-"""Fused Numba kernels of a batch through learners that share one set of sums (``mode: auto``, docs/design.md §10).
+"""The shared step kernels: a batch through learners that share one set of sums (``mode: auto``, docs/design.md §10).
 
 An -F learner of ``mode: auto`` keeps A_r, the labelled rows' Gram, beside A (the -R candidates solve on it): a
 batch's Gram G = DᵀD enters A when its features arrive and A_r when its labels come, so it is formed once and
