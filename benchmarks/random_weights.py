@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from iolstream.core import network
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL
 from iolstream.core.network import AUTO_INITS, INITS
 from iolstream.tools.datasets import load

@@ -21,7 +21,7 @@ import numpy as np
 from numba import types
 from numba.extending import get_cython_function_address
 
-from iolstream.core.kernels import JIT
+from iolstream.core.activation_kernels import JIT
 
 _ROUTINES = {"blas": ("dgemm", "sgemm", "dsyrk", "ssyrk", "dtrsm"), "lapack": ("dpotrf", "dpotrs")}
 for _module, _names in _ROUTINES.items():

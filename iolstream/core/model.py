@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from iolstream.core import calibration, intervals, kernels, learner, regret, row_erasure
+from iolstream.core import activation_kernels as kernels
+from iolstream.core import calibration, intervals, learner, regret, row_erasure
 from iolstream.core.candidate_step import BatchGrams, learn_candidates, make_learners, observe_candidates
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES, CandidateSelector, ScoringBudget
 from iolstream.core.encoder import RecordEncoder

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from iolstream.core.activation_kernels import JIT, activate
 from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
-from iolstream.core.kernels import JIT, activate
 
 JIT_PARALLEL = dict(JIT, parallel=True)
 ROW_ALIGN = 16  # row chunks start on multiples of 16 rows (whole cache lines of float32/float64)

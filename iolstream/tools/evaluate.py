@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.network import INITS
 from iolstream.tools.baselines import BASELINES, make_baseline

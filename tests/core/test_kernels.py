@@ -1,6 +1,6 @@
 """Every kernel against its plain-NumPy twin in tests/naive.py (STYLE.md, "Testing habits").
 
-Covers ``kernels`` (activations, Woodbury update, softmax), ``step_kernels`` (hidden layers), ``network``
+Covers ``activation_kernels`` (activations, Woodbury update, softmax), ``step_kernels`` (hidden layers), ``network``
 (features, weight inits, seeding) and ``linalg`` (Gram update, Cholesky helpers).
 Seeds are fixed and appear in every assertion message.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import kernels, linalg, step_kernels
+from iolstream.core import activation_kernels, linalg, step_kernels
 from iolstream.core.network import INITS, RandomNetwork
 
 
@@ -35,7 +35,7 @@ def _forward(weights_t, inputs_t, bias, activation):
     out = np.empty((1, n_nodes + fan_in, b), dtype=weights_t.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow / invalid warnings from the kernel
-        code = kernels.ACTIVATION_CODES[activation]
+        code = activation_kernels.ACTIVATION_CODES[activation]
         step_kernels.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
     assert np.array_equal(out[0, n_nodes:], inputs_t), "the input columns X of D"
     return out[0, :n_nodes]
@@ -43,12 +43,12 @@ def _forward(weights_t, inputs_t, bias, activation):
 
 def test_every_activation_has_a_twin():
     z = np.linspace(-3, 3, 7)
-    for name in kernels.ACTIVATIONS:
+    for name in activation_kernels.ACTIVATIONS:
         assert naive.activation(z, name).shape == z.shape
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_hidden_layer_equals_twin(activation, dtype):
     seed = 11
     rng = np.random.default_rng(seed)
@@ -68,7 +68,7 @@ def test_hidden_layer_equals_twin(activation, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_hidden_layer_extreme_inputs(activation, dtype):
     """Pre-activations of ±700 (and ±1e4, beyond exp's range) give finite values, no warnings."""
     z = np.array([-1e4, -700.0, -100.0, -1.0, -1e-30, 0.0, 1e-30, 1.0, 100.0, 700.0, 1e4])
@@ -132,13 +132,13 @@ def test_softmax_rows_equals_twin_and_is_stable():
     z[4] = [1e-300, 0.0, -1e-300, 0.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = kernels.softmax_rows(z)
+        got = activation_kernels.softmax_rows(z)
     assert np.isfinite(got).all() and (got >= 0).all(), f"seed={seed}: {got}"
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(got, naive.softmax(z), rtol=1e-13, atol=1e-300, err_msg=f"seed={seed}")
     np.testing.assert_allclose(got[1], [0.5, 0.0, 0.0, 0.5])
     np.testing.assert_allclose(got[3], [0.25] * 4)
-    shifted = kernels.softmax_rows(z[[0, 5]] + 1e3)  # invariant to a constant shift per row
+    shifted = activation_kernels.softmax_rows(z[[0, 5]] + 1e3)  # invariant to a constant shift per row
     np.testing.assert_allclose(shifted, got[[0, 5]], rtol=1e-10, atol=1e-15)
 
 
@@ -147,7 +147,7 @@ def test_softmax_rows_equals_twin_and_is_stable():
 
 @pytest.mark.parametrize("bias_column", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_network_features_equal_twin(activation, dtype, bias_column):
     seed = 3
     k, n_nodes, n_layers, b = 6, 11, 3, 20
@@ -237,11 +237,13 @@ def test_ensemble_kernels_equal_numpy_bitwise():
     """layer_mean and softmax_mean give the bits of the NumPy expressions they replace."""
     seed = 51
     outputs = 5 * np.random.default_rng(seed).standard_normal((4, 33, 7))
-    assert np.array_equal(kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
-    want = sum(kernels.softmax_rows(out) for out in outputs) / 4
-    assert np.array_equal(kernels.softmax_mean(outputs), want), f"seed={seed}"
+    assert np.array_equal(activation_kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
+    want = sum(activation_kernels.softmax_rows(out) for out in outputs) / 4
+    assert np.array_equal(activation_kernels.softmax_mean(outputs), want), f"seed={seed}"
     np.testing.assert_allclose(
-        kernels.softmax_mean(outputs), np.mean([naive.softmax(o) for o in outputs], axis=0), rtol=1e-14
+        activation_kernels.softmax_mean(outputs),
+        np.mean([naive.softmax(o) for o in outputs], axis=0),
+        rtol=1e-14,
     )
 
 
@@ -316,7 +318,7 @@ def test_cholesky_helpers_equal_numpy():
 def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cache_dir):
     """Numba stamps a cached kernel with its own file only; kernel_cache adds a digest of all the
     kernel files, so that a kernel is recompiled when a function it calls from another file changes
-    (here: kernels.layer_mean after an edit of blaslib.py), and only then (an edit of codec.py: loaded)."""
+    (here: activation_kernels.layer_mean after an edit of blaslib.py), and only then (an edit of codec.py: loaded)."""
     import os
     import shutil
     import subprocess
@@ -334,7 +336,7 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     env.update(PYTHONPATH=str(package.parent), NUMBA_DEBUG_CACHE="1")
     if cache_dir:
         env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
-    code = "import numpy as np\nfrom iolstream.core import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
+    code = "import numpy as np\nfrom iolstream.core import activation_kernels\nactivation_kernels.layer_mean(np.ones((2, 3, 4)))\n"
 
     def run() -> str:
         out = subprocess.run(

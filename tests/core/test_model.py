@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import kernels, regret
+from iolstream.core import activation_kernels, regret
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.scaling import Scaler, ScalerNotReady
 from iolstream.ops import process
@@ -169,7 +169,7 @@ def test_softmax_probabilities_survive_huge_layer_outputs():
     proba, index, _ = model.combine(outputs)
     assert np.isfinite(proba).all() and index.tolist() == [0]
     np.testing.assert_allclose(proba.sum(), 1.0)
-    np.testing.assert_allclose(proba, np.mean([kernels.softmax_rows(o) for o in outputs], axis=0))
+    np.testing.assert_allclose(proba, np.mean([activation_kernels.softmax_rows(o) for o in outputs], axis=0))
 
 
 # --------------------------------------------------------------------------- purity
