@@ -22,7 +22,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from iolstream.core.blaslib import syrk_lower
+from iolstream.core.numba_blas import syrk_lower
 from iolstream.core.step_kernels import (
     JIT,
     JIT_PARALLEL,

@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 
 from iolstream.core.activation_kernels import JIT, activate
-from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
+from iolstream.core.numba_blas import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
 
 JIT_PARALLEL = dict(JIT, parallel=True)
 ROW_ALIGN = 16  # row chunks start on multiples of 16 rows (whole cache lines of float32/float64)
@@ -230,7 +230,7 @@ def woodbury_update(inverse, d_t):
     S = I + D P Dᵀ = L Lᵀ by Cholesky, then with K = L⁻¹ D P the update is KᵀK; the result is
     re-symmetrised, which keeps P positive definite over long streams (float32 without it
     diverges: docs/benchmarks.md, "The update's building blocks"). Only BLAS and LAPACK calls
-    (``blaslib``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
+    (``numba_blas``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
     either way it is P, being symmetric.
     """
     n, b = d_t.shape

@@ -318,7 +318,7 @@ def test_cholesky_helpers_equal_numpy():
 def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cache_dir):
     """Numba stamps a cached kernel with its own file only; kernel_cache adds a digest of all the
     kernel files, so that a kernel is recompiled when a function it calls from another file changes
-    (here: activation_kernels.layer_mean after an edit of blaslib.py), and only then (an edit of codec.py: loaded)."""
+    (here: activation_kernels.layer_mean after an edit of numba_blas.py), and only then (an edit of codec.py: loaded)."""
     import os
     import shutil
     import subprocess
@@ -353,7 +353,7 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     with open(package / "stream" / "codec.py", "a") as f:
         f.write("\n# an edit outside the kernels\n")
     assert run() == "data loaded"
-    with open(package / "core" / "blaslib.py", "a") as f:
+    with open(package / "core" / "numba_blas.py", "a") as f:
         f.write("\n# an edit of another kernel file\n")
     assert run() == "data saved"
     assert run() == "data loaded"

@@ -1,4 +1,4 @@
-"""The fused step kernels (``step_kernels``) and the BLAS/LAPACK they call (``blaslib``) against NumPy
+"""The fused step kernels (``step_kernels``) and the BLAS/LAPACK they call (``numba_blas``) against NumPy
 and the twins in tests/naive.py; every parallel entry point against its serial one, bitwise.
 
 Seeds are fixed and appear in every assertion message.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import blaslib, step_kernels
+from iolstream.core import numba_blas, step_kernels
 from iolstream.core.learner_state import LayerArrays
 from iolstream.core.network import RandomNetwork
 
@@ -21,7 +21,7 @@ def _tol(dtype):
     return 1e-12 if dtype == np.float64 else 2e-5
 
 
-# --------------------------------------------------------------------------- blaslib
+# --------------------------------------------------------------------------- numba_blas
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -43,7 +43,7 @@ def test_gemm_on_blocks_of_larger_matrices(dtype, trans_a, trans_b):
         2.0 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
         + 0.5 * c
     )
-    blaslib.gemm(2.0, a, trans_a, b, trans_b, 0.5, c)
+    numba_blas.gemm(2.0, a, trans_a, b, trans_b, 0.5, c)
     np.testing.assert_allclose(c, want, rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}")
     outside = np.ones(c_big.shape, dtype=bool)
     outside[4 : 4 + m, 1 : 1 + n] = False
@@ -57,7 +57,7 @@ def test_syrk_lower_touches_the_lower_triangle_only(dtype):
     d = rng.standard_normal((20, 9)).astype(dtype)
     c = np.asfortranarray(rng.standard_normal((9, 9)).astype(dtype))
     before = c.copy()
-    blaslib.syrk_lower(1.5, np.asfortranarray(d), 2.0, c)
+    numba_blas.syrk_lower(1.5, np.asfortranarray(d), 2.0, c)
     want = 1.5 * d.astype(np.float64).T @ d.astype(np.float64) + 2.0 * before
     np.testing.assert_allclose(
         np.tril(c), np.tril(want), rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}"
@@ -72,14 +72,14 @@ def test_potrf_and_potrs_equal_numpy():
     x = rng.standard_normal((n, 25))
     spd = x @ x.T + np.eye(n)
     factor = np.asfortranarray(spd)
-    assert blaslib.potrf_lower(factor) == 0
+    assert numba_blas.potrf_lower(factor) == 0
     np.testing.assert_allclose(np.tril(factor), np.linalg.cholesky(spd), rtol=1e-12, err_msg=f"seed={seed}")
     rhs = np.asfortranarray(rng.standard_normal((n, m)))
     want = np.linalg.solve(spd, rhs)
-    assert blaslib.potrs_lower(factor, rhs) == 0
+    assert numba_blas.potrs_lower(factor, rhs) == 0
     np.testing.assert_allclose(rhs, want, rtol=1e-10, err_msg=f"seed={seed}")
     not_spd = np.asfortranarray(np.diag([1.0, -1.0, 1.0]))
-    assert blaslib.potrf_lower(not_spd) == 2  # LAPACK: the leading minor of order 2 is not positive
+    assert numba_blas.potrf_lower(not_spd) == 2  # LAPACK: the leading minor of order 2 is not positive
 
 
 # --------------------------------------------------------------------------- features

@@ -157,11 +157,11 @@ def _kernel_signatures():
     """Every Numba dispatcher of the kernel modules, with the signatures compiled or loaded so far."""
     from numba.core.registry import CPUDispatcher
 
-    from iolstream.core import activation_kernels, blaslib, step_kernels
+    from iolstream.core import activation_kernels, numba_blas, step_kernels
 
     return {
         f"{mod.__name__}.{name}": len(obj.signatures)
-        for mod in (activation_kernels, blaslib, step_kernels)
+        for mod in (activation_kernels, numba_blas, step_kernels)
         for name, obj in vars(mod).items()
         if isinstance(obj, CPUDispatcher)
     }

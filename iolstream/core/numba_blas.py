@@ -1,4 +1,4 @@
-"""SciPy's BLAS and LAPACK, called from Numba kernels (the few routines the fused step needs).
+"""SciPy's BLAS and LAPACK bound for Numba: the few routines the step kernels call from inside a kernel.
 
 Each routine's address comes from ``scipy.linalg.cython_blas`` / ``cython_lapack`` and is
 registered with LLVM under a fixed symbol name, so compiled kernels call it by name and
