@@ -9,7 +9,7 @@ layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``step_k
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
 ``scipy.linalg.cython_blas``), as do ``step_kernels`` and the factorisations in
-``linalg``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
+``gram_cholesky``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
 docs/benchmarks.md, "The update's building blocks").
 """
 

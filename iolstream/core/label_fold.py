@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky as linalg
 from iolstream.core import shared_step_kernels as fused_shared
 from iolstream.core import step_kernels as fused
 

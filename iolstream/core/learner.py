@@ -32,9 +32,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import linalg, work
+from iolstream.core import gram_cholesky as linalg
 from iolstream.core import shared_step_kernels as fused_shared
 from iolstream.core import step_kernels as fused
+from iolstream.core import work
 from iolstream.core.label_fold import LabelFold, raise_for
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 

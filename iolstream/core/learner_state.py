@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import linalg, step_kernels
+from iolstream.core import gram_cholesky, step_kernels
 from iolstream.core.calibration import GRID_SIZE
 
 
@@ -178,7 +178,7 @@ class LayerState:
             raise ValueError("refactor: this state keeps no A of its own (a shared candidate's: shared_gram)")
         info = step_kernels.refactor_layer(index, arrays.gram, factors)
         if info != 0:
-            raise linalg.NotPositiveDefinite(
+            raise gram_cholesky.NotPositiveDefinite(
                 f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
             )
         arrays.factor_stale[index] = arrays.factor_inverse[index] = False
@@ -199,7 +199,7 @@ class LayerState:
         """β = A⁻¹ c with the cached factor (Theorem 1: β equals the offline expert)."""
         arrays, index = self._arrays, self._index
         if arrays.factor_inverse[index]:
-            arrays.beta[index].T[...] = linalg.product(self.factor, self.rhs)
+            arrays.beta[index].T[...] = gram_cholesky.product(self.factor, self.rhs)
         else:
             if arrays.factor_stale[index]:
                 self.refactor()

@@ -3,7 +3,7 @@
 Each routine's address comes from ``scipy.linalg.cython_blas`` / ``cython_lapack`` and is
 registered with LLVM under a fixed symbol name, so compiled kernels call it by name and
 stay cacheable (a ctypes pointer baked into the code would pin one process's address).
-Only SciPy's OpenBLAS is reached — the same library ``linalg`` and Numba's ``np.dot`` use —
+Only SciPy's OpenBLAS is reached — the same library ``gram_cholesky`` and Numba's ``np.dot`` use —
 never NumPy's (two copies fight over 2 cores: docs/benchmarks.md, "The update's building blocks").
 
 The wrappers take column-major *views*: a 2-D array whose first axis has unit stride (an

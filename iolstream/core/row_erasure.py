@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import calibration, linalg, step_kernels
+from iolstream.core import calibration, gram_cholesky, step_kernels
 from iolstream.core.shared_gram import SharedGramLearner
 
 
@@ -22,7 +22,7 @@ def erase(model, features_t, targets, labelled, observed_at=None, *, weights=Non
     keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
     sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
     (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
-    candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+    candidate keeps its sums and ``gram_cholesky.NotPositiveDefinite`` is raised."""
     b = features_t.shape[2]
     targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, model.config.m)
     labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
@@ -55,7 +55,7 @@ def erase(model, features_t, targets, labelled, observed_at=None, *, weights=Non
     try:
         for ln in primaries:
             ln.erase(features_t, scaled, labelled, stamps, grams=grams, undo=undo, sample_weight=weights)
-    except linalg.NotPositiveDefinite:
+    except gram_cholesky.NotPositiveDefinite:
         for put_back in undo:  # the ones already done put back too: all or nothing
             put_back()
         raise

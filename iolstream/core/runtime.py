@@ -2,7 +2,7 @@
 
 NumPy and SciPy each bundle an OpenBLAS with its own thread pool; alternating
 calls between them stalls on a 2-core machine (docs/benchmarks.md, "The update's building blocks"). iolstream's hot
-path calls only SciPy's (``linalg``, ``numba_blas`` and Numba's ``np.dot`` all bind it),
+path calls only SciPy's (``gram_cholesky``, ``numba_blas`` and Numba's ``np.dot`` all bind it),
 so the worker gives NumPy's pool a single thread: an accidental NumPy matmul can
 then never wake a second pool that competes for the cores.
 

@@ -37,7 +37,7 @@ from test_learner import (
 )
 from threadpoolctl import threadpool_limits
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
@@ -259,7 +259,7 @@ def test_scale_and_add_commute_and_keep_the_prior(mode):
     _assert_same_sums(added_then_scaled, scaled_then_added, f"mode={mode} seed={seed_}")
     first.state.scale(0.0)  # every data sum gone: back to the prior λI, c = 0, β = 0
     for layer, (ls, lam) in enumerate(zip(first.state.layers, LAMS)):
-        assert_close(linalg.symmetric(ls.gram), lam * np.eye(N_COLUMNS), f"layer {layer}", rtol=1e-15)
+        assert_close(gram_cholesky.symmetric(ls.gram), lam * np.eye(N_COLUMNS), f"layer {layer}", rtol=1e-15)
         assert not ls.rhs.any() and not ls.beta.any(), f"layer {layer} seed={seed_}"
 
 

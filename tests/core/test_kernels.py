@@ -1,7 +1,7 @@
 """Every kernel against its plain-NumPy twin in tests/naive.py (STYLE.md, "Testing habits").
 
 Covers ``activation_kernels`` (activations, Woodbury update, softmax), ``step_kernels`` (hidden layers), ``network``
-(features, weight inits, seeding) and ``linalg`` (Gram update, Cholesky helpers).
+(features, weight inits, seeding) and ``gram_cholesky`` (Gram update, Cholesky helpers).
 Seeds are fixed and appear in every assertion message.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import activation_kernels, linalg, step_kernels
+from iolstream.core import activation_kernels, gram_cholesky, step_kernels
 from iolstream.core.network import INITS, RandomNetwork
 
 
@@ -261,31 +261,31 @@ def test_gram_update_equals_dtd(dtype, order):
     want = 2.0 * np.eye(n)
     for d in batches:
         d = d.astype(dtype)
-        linalg.gram_update(gram, np.ascontiguousarray(d.T))
+        gram_cholesky.gram_update(gram, np.ascontiguousarray(d.T))
         want = want + d.astype(np.float64).T @ d.astype(np.float64)
     assert gram.dtype == np.float64
     rtol = 1e-13 if dtype == np.float64 else 1e-6  # float32 products, accumulated in float64
     np.testing.assert_allclose(
         np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
     )
-    np.testing.assert_allclose(linalg.symmetric(gram), want, rtol=rtol, atol=rtol * np.abs(want).max())
+    np.testing.assert_allclose(gram_cholesky.symmetric(gram), want, rtol=rtol, atol=rtol * np.abs(want).max())
     # sign = -1 removes a batch again (the downdate of ``forget``)
     d = batches[1].astype(dtype)
-    linalg.gram_update(gram, np.ascontiguousarray(d.T), sign=-1.0)
+    gram_cholesky.gram_update(gram, np.ascontiguousarray(d.T), sign=-1.0)
     want = want - d.astype(np.float64).T @ d.astype(np.float64)
     np.testing.assert_allclose(
         np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
     )
     # an empty batch changes nothing
     before = gram.copy()
-    linalg.gram_update(gram, np.empty((n, 0), dtype=dtype))
+    gram_cholesky.gram_update(gram, np.empty((n, 0), dtype=dtype))
     assert np.array_equal(gram, before)
 
 
 def test_gram_update_is_in_place_for_f_ordered_float64():
     gram = np.asfortranarray(np.eye(4))
     address = gram.__array_interface__["data"][0]
-    linalg.gram_update(gram, np.ones((4, 2)))
+    gram_cholesky.gram_update(gram, np.ones((4, 2)))
     assert gram.__array_interface__["data"][0] == address
     np.testing.assert_array_equal(np.tril(gram), np.tril(np.eye(4) + 2.0))
 
@@ -297,21 +297,21 @@ def test_cholesky_helpers_equal_numpy():
     a = rng.standard_normal((n, 30))
     spd = a @ a.T + np.eye(n)
     lower_only = np.asfortranarray(np.tril(spd))  # only the lower triangle is read
-    factor = linalg.cholesky(lower_only)
+    factor = gram_cholesky.cholesky(lower_only)
     np.testing.assert_allclose(np.tril(factor), np.linalg.cholesky(spd), rtol=1e-12, err_msg=f"seed={seed}")
     rhs = rng.standard_normal((n, m))
     np.testing.assert_allclose(
-        linalg.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}"
+        gram_cholesky.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}"
     )
-    inv = linalg.inverse_from_cholesky(factor)
+    inv = gram_cholesky.inverse_from_cholesky(factor)
     assert inv.flags.f_contiguous and np.array_equal(inv, inv.T)
     np.testing.assert_allclose(inv, np.linalg.inv(spd), rtol=1e-10, atol=1e-13, err_msg=f"seed={seed}")
-    np.testing.assert_allclose(linalg.product(spd, rhs), spd @ rhs, rtol=1e-13)
+    np.testing.assert_allclose(gram_cholesky.product(spd, rhs), spd @ rhs, rtol=1e-13)
     np.testing.assert_allclose(
-        linalg.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4
+        gram_cholesky.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4
     )
-    with pytest.raises(linalg.NotPositiveDefinite):
-        linalg.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
+    with pytest.raises(gram_cholesky.NotPositiveDefinite):
+        gram_cholesky.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
 
 
 @pytest.mark.parametrize("cache_dir", [False, True], ids=["in-tree", "NUMBA_CACHE_DIR"])
