@@ -26,13 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 WORKER = """
 import sys
-from iolstream.core import runtime
+from iolstream.core import step_tuner
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.config import load_config
 from iolstream.stream import warm
 cfg = load_config(sys.argv[1])
 model = EdRVFL(cfg.model)
-runtime.configure_for_model(model)
+step_tuner.configure_for_model(model)
 tuner = model.thread_tuner
 warm.preload(cfg.model, parallel=tuner is not None and any(s.parallel for s in tuner.settings))
 """

@@ -9,7 +9,7 @@ layers (independent sub-learners), and the results are bitwise those of the seri
 (tests/core/test_step_kernels.py). BLAS runs single-threaded in each thread. A parallel region ends at
 a barrier that waits for every thread: ~1.5× faster on an idle 2-core machine, 5–15 ms late
 whenever another process holds the other core; so whether it pays is decided step by step,
-by timing (``runtime.StepTuner``).
+by timing (``step_tuner.StepTuner``).
 
 Array conventions (see ``learner_state.LayerArrays``): stacks are C-ordered with the layer
 first; ``gram[l].T`` is A_l (column-major, lower triangle authoritative), ``factor[l].T`` its

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from iolstream.core import runtime, state_io
+from iolstream.core import state_io, step_tuner
 from iolstream.core.model import EdRVFL
 from iolstream.core.state_io import StateFormatError
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
@@ -137,7 +137,7 @@ class Checkpointer:
             if "group" in snap.manifest:
                 group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
                 loaded.group = (snap.manifest["group"], group_arrays)
-        runtime.configure_for_model(loaded.processor.model)  # BLAS threads (docs/operations.md)
+        step_tuner.configure_for_model(loaded.processor.model)  # BLAS threads (docs/operations.md)
         if self.topic_ids:  # a roll-back: the topics' ids are known by now
             self.forget_other_topics(loaded.positions, loaded.topic_ids)
         return loaded

@@ -70,7 +70,7 @@ def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) 
     proc = StreamProcessor(
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )
-    proc.model.learner.parallel = parallel  # the kernels runtime.StepTuner may pick
+    proc.model.learner.parallel = parallel  # the kernels step_tuner.StepTuner may pick
     k = config.n_inputs
 
     def label(n):
@@ -129,7 +129,7 @@ COLD_COMPILE_SECONDS = "about 50 s on 2 idle cores"
 def kernel_runs(config: ModelConfig, *, parallel: bool = True) -> list[tuple[ModelConfig, bool]]:
     """The tiny models (and serial or parallel) whose streams take the kernels a stream of ``config`` takes:
     its dtype, mode, task and candidates; both solvers when "auto" (small batches take Woodbury, large ones
-    Gram + Cholesky), the parallel variants too if ``parallel`` (``runtime.StepTuner`` tries them)."""
+    Gram + Cholesky), the parallel variants too if ``parallel`` (``step_tuner.StepTuner`` tries them)."""
     small = {"n_nodes": 8, "warmup_rows": 8} if config.scaler == "warmup" else {"n_nodes": 8}
     # with forgetting, "auto" always takes Gram + Cholesky (A is rescaled every batch: no rank-b update)
     solvers = (

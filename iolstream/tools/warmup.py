@@ -50,7 +50,7 @@ def main(args) -> int:
         from iolstream.kafka.config import load_config
 
         model = load_config(args.config).model
-        # the parallel kernels too, whatever this machine's cores: the worker's may have more (runtime.StepTuner)
+        # the parallel kernels too, whatever this machine's cores: the worker's may have more (step_tuner.StepTuner)
         runs = warm.kernel_runs(model, parallel=True)
         target = f"{len(model.classes)} classes" if model.classes else f"{model.n_outputs} outputs"
         what = f"{args.config} (mode {model.mode}, {model.dtype}, {target})"
