@@ -56,7 +56,7 @@ from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
-from iolstream.stream import warm
+from iolstream.stream import kernel_warmup
 from iolstream.stream.align import Aligner
 from iolstream.stream.outputs import StepOutput
 
@@ -201,7 +201,7 @@ class Worker:
                 "compiling the kernels this model takes into %s (nothing cached there yet): usually %s, "
                 "once; the next start loads them in about a second (iolstream warmup -c CONFIG compiles them ahead)",
                 where,
-                warm.COLD_COMPILE_SECONDS,
+                kernel_warmup.COLD_COMPILE_SECONDS,
                 extra={"event": "compiling"},
             )
         self.starting = "loading the compiled kernels"
@@ -218,7 +218,7 @@ class Worker:
                         extra={"event": "compiling"},
                     )
 
-        warmed = warm.preload(self.processor.model.config, parallel=parallel, progress=progress)
+        warmed = kernel_warmup.preload(self.processor.model.config, parallel=parallel, progress=progress)
         if warmed.compiled:
             log.info(
                 "kernels compiled in %.0f s (%d compilations), cached in %s",

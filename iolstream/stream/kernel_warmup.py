@@ -1,4 +1,4 @@
-"""Load (or compile) the Numba kernels a worker's stream takes, before its first message.
+"""The kernel warm-up: load (or compile) the Numba kernels a worker's stream takes, before its first message.
 
 A kernel is read from Numba's cache on its first call, 0.05–0.2 s each: without this the first
 batches of a stream (and each kernel variant the step tuner first tries) pay for it, in the
