@@ -26,7 +26,7 @@ from iolstream.kafka.offsets import drop_other_topics, fmt
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
 from iolstream.stream.retention import RetentionStore, record_shape
-from iolstream.stream.warmup import ScalingAgreement
+from iolstream.stream.scaler_warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
 # model keys a restart may change: how much the candidates not in force are scored, not what the sums hold

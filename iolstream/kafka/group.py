@@ -32,7 +32,7 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
   member whose rows still wait for that agreement waits for it, then learns them.
 
-The processor proposes its warm-up scaling to this object (``stream.warmup.ScalingAgreement``, given to
+The processor proposes its warm-up scaling to this object (``stream.scaler_warmup.ScalingAgreement``, given to
 the processor when it is made, ``kafka.checkpoints``). Records as Kafka messages (chunks, headers, keys):
 ``kafka.group_records``.
 """
@@ -293,7 +293,7 @@ class GroupSync:
 
     # ------------------------------------------------------------ the processor's scaling agreement
     def propose_scaling(self, head: np.ndarray) -> None:
-        """The processor's warm-up rows (``stream.warmup.ScalingAgreement``): proposed to the group."""
+        """The processor's warm-up rows (``stream.scaler_warmup.ScalingAgreement``): proposed to the group."""
         self.state.propose_scaling(head)
 
     def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:

@@ -72,7 +72,7 @@ from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import BadInput, FeatureRows, LabelRows, TargetSpec
-from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
+from iolstream.stream.scaler_warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
 # the step's outputs and the payload's fields, re-exported for the adapter
 __all__ = ["PAYLOAD", "DeadLetter", "ScalingAgreement", "StepOutput", "StreamProcessor"]
