@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from iolstream.tools import data, datasets, protocol
+from iolstream.tools import builtin_datasets, data, protocol
 from iolstream.tools.baselines import make_baseline
 
 PROTOCOL = protocol.Protocol(seed=0, order="stream", batch=256)
@@ -36,7 +36,7 @@ def line(label: str, res) -> str:
 
 
 def hyperplane() -> None:
-    ds = datasets.load("hyperplane")
+    ds = builtin_datasets.load("hyperplane")
     print("hyperplane, prequential accuracy overall / first 20 % after warm-up / last 20 %")
     print(line("River StandardScaler | Softmax", run(ds, baseline="river-softmax")))
     for lam in (0.05, 0.5, 5.0, 50.0, 500.0):
@@ -97,7 +97,7 @@ def agrawal() -> None:
         {"lam": 0.05, "forgetting": 4096.0},
         {"lam": 5.0, "forgetting": 4096.0},
     ]
-    drift = datasets.load("agrawal")
+    drift = builtin_datasets.load("agrawal")
     print("agrawal: overall / first 20 % / last 20 %, then accuracy per 5,000 rows")
     for model in settings:
         label = ", ".join(f"{k} {v:g}" for k, v in model.items()) or "defaults (λ 0.5, no forgetting)"

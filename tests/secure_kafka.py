@@ -165,7 +165,7 @@ class SecureBroker:
 
 def stream(n: int | None = None):
     """Rows of wine (178 rows, 13 features, 3 classes): ids, X, y."""
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     ds = load("wine")
     X, y = ds.X[:n], ds.y[:n]

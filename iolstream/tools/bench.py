@@ -95,7 +95,7 @@ def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
 
 def run_poker(args) -> dict:
     """The paper's largest run: N=989, L=5, λ=4, ReLU, xavier, b = 0.0027 of the rows, -F, sorted cards."""
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     data = load("poker", rows=args.rows, seed=args.seed, sort_cards=True)
     n_test = max(int(round(len(data.y) * args.test_fraction)), 1)

@@ -55,7 +55,7 @@ SYNC_CONFIGS = {
 
 
 def _poker(rows: int, seed: int = 0):
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     d = load("poker", rows=rows, seed=seed, sort_cards=True)
     return d.X, d.y, d.classes
@@ -416,7 +416,7 @@ def projection(cost: dict, members=(4, 16, 64), sync_seconds: float = 1.0) -> li
 
 
 def quality(poker_rows: int, sync_rows: int) -> dict:
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     out = {}
     segment = load("segment")

@@ -66,7 +66,7 @@ K, M = 10, 10
 
 
 def _data(rows: int, seed: int = 0):
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     d = load("poker", rows=rows, seed=seed, sort_cards=True)
     return d.X, d.y

@@ -15,7 +15,7 @@ loads through ``tools.csvdata.load_csv``.
 
 Examples
 --------
->>> from iolstream.tools.datasets import load
+>>> from iolstream.tools.builtin_datasets import load
 >>> ds = load("iris")
 >>> ds.X.shape, ds.task, ds.classes
 ((150, 4), 'classification', (0, 1, 2))
