@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from iolstream.tools import builtin_datasets, data, protocol
+from iolstream.tools import builtin_datasets, dataset, protocol
 from iolstream.tools.baselines import make_baseline
 
 PROTOCOL = protocol.Protocol(seed=0, order="stream", batch=256)
@@ -74,14 +74,14 @@ def hyperplane() -> None:
         print(f"  {n:5d} rows: least squares {ls:.4f}, logistic {logistic:.4f}")
 
 
-def agrawal_concept(function: int, seed: int) -> data.Dataset:
+def agrawal_concept(function: int, seed: int) -> dataset.Dataset:
     from river.datasets import synth
 
     rows = list(synth.Agrawal(classification_function=function, seed=seed).take(50_000))
     X = np.ascontiguousarray([list(x.values()) for x, _ in rows], dtype=np.float64)
     y = np.array([y for _, y in rows], dtype=np.int64)
     names = tuple(str(k) for k in rows[0][0])
-    return data.classification(f"agrawal-f{function}", X, y, names, f"Agrawal function {function} alone")
+    return dataset.classification(f"agrawal-f{function}", X, y, names, f"Agrawal function {function} alone")
 
 
 def windows(res, per: int = 5) -> str:

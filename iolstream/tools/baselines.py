@@ -26,7 +26,7 @@ from iolstream.core import learner as learner_mod
 from iolstream.core import regret as regret_mod
 from iolstream.core.model import ModelConfig, make_scaler
 from iolstream.core.network import RandomNetwork
-from iolstream.tools.builtin_datasets import DataError
+from iolstream.tools.dataset import DataError
 
 BASELINES = ("os-elm", "river-softmax", "river-arf", "river-hat")
 

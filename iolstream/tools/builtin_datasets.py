@@ -1,4 +1,4 @@
-"""The built-in data sets by name (``DATASETS``, ``load``), each loaded as a ``data.Dataset``, for ``iolstream
+"""The built-in data sets by name (``DATASETS``, ``load``), each loaded as a ``dataset.Dataset``, for ``iolstream
 evaluate`` and ``iolstream produce``.
 
 Every loader returns a :class:`Dataset`: a float64 feature matrix, the targets,
@@ -33,7 +33,7 @@ import numpy as np
 
 from iolstream.tools import drift
 from iolstream.tools.csvdata import parse_csv
-from iolstream.tools.data import DataError, Dataset, check_count, classification, head
+from iolstream.tools.dataset import DataError, Dataset, check_count, classification, head
 
 __all__ = ["DATASETS", "DataError", "Dataset", "load", "make_poker", "poker_hand_labels"]
 

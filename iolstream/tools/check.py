@@ -195,7 +195,7 @@ def check_snapshot(cfg, report: Report) -> None:
 
 def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
     from iolstream.tools.csvdata import load_csv
-    from iolstream.tools.data import DataError
+    from iolstream.tools.dataset import DataError
     from iolstream.tools.fit import mismatches
 
     try:

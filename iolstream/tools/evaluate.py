@@ -10,7 +10,7 @@ from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.network import INITS
 from iolstream.tools.baselines import BASELINES, make_baseline
-from iolstream.tools.builtin_datasets import DataError, Dataset
+from iolstream.tools.dataset import DataError, Dataset
 from iolstream.tools.protocol import (
     DEFAULT_BATCH,
     ORDERS,

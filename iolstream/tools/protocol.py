@@ -44,7 +44,7 @@ import numpy as np
 from iolstream.core.model import ModelConfig
 from iolstream.stream.prequential import classification_report
 from iolstream.tools.baselines import make_baseline
-from iolstream.tools.builtin_datasets import DataError, Dataset
+from iolstream.tools.dataset import DataError, Dataset
 from iolstream.tools.learners import EdRVFLLearner, StreamLearner  # noqa: F401 (public here too)
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     CurvePoint,
