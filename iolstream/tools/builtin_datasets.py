@@ -11,7 +11,7 @@ that need them.
 Names (see ``DATASETS``): ``segment`` (river), ``iris``, ``wine``, ``digits``,
 ``breast_cancer``, ``diabetes`` (regression) (scikit-learn), ``poker`` (UCI Poker Hand, generated) and
 ``friedman`` (scikit-learn ``make_friedman1``). Any CSV file with a header row
-loads through ``tools.csvdata.load_csv``.
+loads through ``tools.csv_file.load_csv``.
 
 Examples
 --------
@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from iolstream.tools import drift
-from iolstream.tools.csvdata import parse_csv
+from iolstream.tools.csv_file import parse_csv
 from iolstream.tools.dataset import DataError, Dataset, check_count, classification, head
 
 __all__ = ["DATASETS", "DataError", "Dataset", "load", "make_poker", "poker_hand_labels"]

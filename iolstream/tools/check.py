@@ -194,7 +194,7 @@ def check_snapshot(cfg, report: Report) -> None:
 
 
 def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
-    from iolstream.tools.csvdata import load_csv
+    from iolstream.tools.csv_file import load_csv
     from iolstream.tools.dataset import DataError
     from iolstream.tools.fit import mismatches
 
@@ -217,7 +217,7 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
 def _schema_rows(cfg, path: str, target: str, rows: int):
     """(records, labels, task, rows, inputs) of a CSV read by the config's feature schema; DataError naming a
     missing column or the rows the schema refuses."""
-    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.csv_file import load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
     table = load_table(path, target, task=cfg.model.task, rows=rows)

@@ -387,7 +387,7 @@ def main(args) -> int:
 def _csv_dataset(args, say) -> Dataset:
     """The --csv data: numbers as they are; with --schema, or when a cell is text or blank, the rows as named
     fields encoded by the config's schema or the one inferred from the file (``say`` is told which)."""
-    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.csv_file import load_csv, load_table
     from iolstream.tools.records import choose_schema, schema_dataset
 
     if args.schema is None:

@@ -205,7 +205,7 @@ def load_rows(args, model=None):
     """(X, y, task, description) of the data set, shuffled and capped as asked. With ``model`` (a worker's
     ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent)."""
     from iolstream.tools import builtin_datasets
-    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.csv_file import load_csv, load_table
 
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
@@ -243,7 +243,7 @@ def _load_records(args, model):
     """``load_rows`` for a worker with a feature schema: the records its events carry (a CSV's columns by the
     schema; a built-in data set's features by their names), and the labels typed as its classes."""
     from iolstream.tools import builtin_datasets
-    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.csv_file import load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
     schema = model.schema

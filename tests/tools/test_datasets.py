@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iolstream.tools.builtin_datasets import DATASETS, DataError, Dataset, load, make_poker, poker_hand_labels
-from iolstream.tools.csvdata import load_csv
+from iolstream.tools.csv_file import load_csv
 
 # name -> (n_rows, n_features, n_classes or None for regression), poker at a small size
 SHAPES = {
