@@ -316,7 +316,7 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
     first refusal is raised as ``AccessDenied`` (exit 6), one the worker can run with is logged as a warning; a
     topic missing while topics.create is false is a ``WorkerError`` (exit 3, the line ``check`` prints). An
     unreachable broker is left to the worker, which meets it as before. What only using a resource shows (a
-    transaction's outputs, the transactional id) its clients report (``refusals.Refusals``). Returns the ids of
+    transaction's outputs, the transactional id) its clients report (``reported_refusals.Refusals``). Returns the ids of
     the topics that exist (``Access.topic_ids``; none when the probes could not run)."""
     with no_collection():
         meta, why = diagnose.probe(conf, timeout)

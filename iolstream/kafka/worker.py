@@ -49,7 +49,7 @@ from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.intake import Intake
 from iolstream.kafka.offsets import OffsetBook
 from iolstream.kafka.participant import participant
-from iolstream.kafka.refusals import Refusals
+from iolstream.kafka.reported_refusals import Refusals
 from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
 from iolstream.ops.faults import CRASH_ENV, crash_point
@@ -91,7 +91,7 @@ class Worker:
         for warning in check_timing(cfg):
             log.warning("%s", warning)
         self.output = mode.make_output(cfg, metrics=metrics, waiting=self._waiting)
-        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
+        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.reported_refusals)
         self.refusals = self.output.refusals = Refusals(cfg)
         # group learning's part (kafka.participant; a single worker's does nothing): the processor proposes its
         # warm-up scaling to the group
@@ -288,7 +288,9 @@ class Worker:
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
         watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
-        refused_lines = self.refusals.handler()  # librdkafka's log lines that name a refusal (kafka.refusals)
+        refused_lines = (
+            self.refusals.handler()
+        )  # librdkafka's log lines that name a refusal (kafka.reported_refusals)
         logging.getLogger("iolstream.kafka").addHandler(refused_lines)
         try:
             self._open()

@@ -51,7 +51,7 @@ def send(
     from confluent_kafka import KafkaException, Producer
 
     from iolstream.kafka import diagnose
-    from iolstream.kafka.refusals import Refusals
+    from iolstream.kafka.reported_refusals import Refusals
 
     seen = diagnose.Collector(forward=logging.getLogger(LOGGER))
     refusals = Refusals(producer_conf)  # the first refusal stops the send (exit 6)
