@@ -37,7 +37,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from iolstream.core import kernel_cache
-from iolstream.kafka import access, clients, diagnose, output
+from iolstream.kafka import access_probes, clients, diagnose, output
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
@@ -159,13 +159,13 @@ class Worker:
         # below; a missing topic with topics.create false is exit 3 (as check says); before the kernels, which
         # may take a minute to compile at a first start
         self.starting = "probing the topics and groups"
-        topic_ids = access.startup(self.cfg, clients.client_conf(self.cfg), log)
+        topic_ids = access_probes.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
             self.starting = "creating topics"
             created = ensure_topics(self.cfg)
             if created:
                 log.info("created topics %s", created)
-                topic_ids = access.topic_ids(self.cfg, clients.client_conf(self.cfg))
+                topic_ids = access_probes.topic_ids(self.cfg, clients.client_conf(self.cfg))
         # the ids go into every snapshot; a topic with another id than the snapshot's is read from its beginning
         self.checkpoints.topic_ids = topic_ids
         self.checkpoints.forget_other_topics(self.book.positions, self.loaded_topic_ids)

@@ -1,4 +1,4 @@
-"""What a worker needs of its cluster, asked before it uses it: by ``iolstream check`` before a first run
+"""The access probes: what a worker needs of its cluster, asked before it uses it: by ``iolstream check`` before a first run
 (``Access.all``), and by the worker itself at start (``startup``: the same probes of its topics, their configs
 and its groups), so that a refusal stops the worker with the very line ``check`` prints. The ACLs probed
 are those of ``kafka.acls.worker_acls``. Every probe writes nothing into a user topic:
