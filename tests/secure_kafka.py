@@ -128,8 +128,8 @@ class SecureBroker:
         return names
 
     def grant(self, acls, user: str) -> None:
-        """Create ``acls`` (iolstream.kafka.acls.Acl) for ``User:<user>`` and wait until the broker lists them."""
-        from iolstream.kafka.acls import acl_bindings
+        """Create ``acls`` (iolstream.kafka.required_acls.Acl) for ``User:<user>`` and wait until the broker lists them."""
+        from iolstream.kafka.required_acls import acl_bindings
 
         bindings = acl_bindings(acls, f"User:{user}")
         if not bindings:
@@ -143,7 +143,7 @@ class SecureBroker:
         them."""
         from confluent_kafka.admin import AclBindingFilter
 
-        from iolstream.kafka.acls import acl_bindings
+        from iolstream.kafka.required_acls import acl_bindings
 
         bindings = acl_bindings(acls, f"User:{user}")
 

@@ -1,4 +1,4 @@
-"""The ACLs a worker needs on a broker that enforces them: one list, in three forms.
+"""The required ACLs: what a worker needs on a broker that enforces them, one list in three forms.
 
 ``worker_acls(cfg)`` derives them from a worker config; ``kafka_acls_lines`` renders them as
 ``kafka-acls`` commands (docs/operations.md shows them, ``iolstream acls`` prints them for a config),
