@@ -12,7 +12,7 @@ import logging
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import diagnose, topics
+from iolstream.kafka import diagnose, message_limits
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
@@ -142,16 +142,16 @@ def producer_conf(cfg: WorkerConfig, *, error_cb, on_delivery) -> dict:
 
 def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: float = 30.0) -> list[str]:
     """Create missing topics with the configured partitions; returns the names created. The input and
-    dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (topics.topic_configs)."""
+    dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (message_limits.topic_configs)."""
     admin = admin or AdminClient(client_conf(cfg))
     t = cfg.topics
     inputs = [t.features, t.labels, t.dead_letters] + ([t.forget] if t.forget else [])
-    configs = topics.topic_configs(cfg.stream.max_message_bytes, inputs)
+    configs = message_limits.topic_configs(cfg.stream.max_message_bytes, inputs)
     names = [t.features, t.labels, t.predictions, t.dead_letters]
     if t.forget:  # forget requests keyed by id, as the labels are (a group's member holding the row gets it)
         names += [t.forget, t.forget_receipts]
     try:
-        return topics.create_topics(
+        return message_limits.create_topics(
             admin,
             names,
             partitions=t.partitions,

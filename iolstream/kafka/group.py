@@ -49,7 +49,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import snapshots, topics
+from iolstream.kafka import message_limits, snapshots
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
@@ -68,7 +68,7 @@ def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
     chunk."""
     return {
         "cleanup.policy": "compact",
-        "max.message.bytes": str(max(topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
+        "max.message.bytes": str(max(message_limits.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
         "segment.ms": "600000",  # compaction works on closed segments: close one every 10 minutes
         "min.cleanable.dirty.ratio": "0.1",
     }
@@ -167,7 +167,7 @@ class GroupSync:
         """Create the model-deltas topic if asked, and the consumer and proposal producer of this member."""
         if self.cfg.topics.create:
             admin = AdminClient(client_conf(self.cfg))
-            created = topics.create_topics(
+            created = message_limits.create_topics(
                 admin,
                 [self.topic],
                 partitions=1,

@@ -329,10 +329,10 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     if bootstrap is not None:
         topic = f"bench-group-sync-{uuid.uuid4().hex[:8]}"
         created.append(topic)
-        from iolstream.kafka import topics as topics_mod
+        from iolstream.kafka import message_limits
         from iolstream.kafka.group import delta_topic_config
 
-        topics_mod.create_topics(
+        message_limits.create_topics(
             clients.admin({"bootstrap.servers": bootstrap}),
             [topic],
             partitions=1,

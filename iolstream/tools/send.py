@@ -147,25 +147,25 @@ def create_topics(
     sized=(),
     max_message_bytes: int | None = None,
 ) -> list[str]:
-    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
+    """Create the topics of ``names`` that do not exist yet; returns those created (``message_limits.create_topics``,
     which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
     that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
     when that is above Kafka's default."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from iolstream.kafka import diagnose, topics
+    from iolstream.kafka import diagnose, message_limits
     from iolstream.kafka.clients import logged
     from iolstream.stream.config import StreamConfig
 
     limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
     try:
-        return topics.create_topics(
+        return message_limits.create_topics(
             AdminClient(logged(admin_conf)),
             names,
             partitions=partitions,
             replication_factor=replication_factor,
-            configs=topics.topic_configs(limit, sized),
+            configs=message_limits.topic_configs(limit, sized),
             timeout=timeout,
         )
     except KafkaException as exc:

@@ -55,11 +55,11 @@ class Planned:
 
 def planned(cfg) -> list[Planned]:
     """The topics of ``cfg`` as the worker creates them (``clients.ensure_topics``, ``group.GroupSync.open``)."""
-    from iolstream.kafka import topics
+    from iolstream.kafka import message_limits
     from iolstream.kafka.group import delta_topic_config
 
     t = cfg.topics
-    sized = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
+    sized = message_limits.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
     out = [
         Planned(name, key, t.partitions, t.replication_factor, sized.get(name, {}))
         for name, key in (
@@ -137,7 +137,7 @@ def create(cfg, wanted: list[Planned]) -> list[str]:
     ``AccessDenied`` (exit 6), an unreachable broker a ``WorkerError`` (exit 3), one line each."""
     from confluent_kafka import KafkaException
 
-    from iolstream.kafka import diagnose, topics
+    from iolstream.kafka import diagnose, message_limits
     from iolstream.kafka.clients import client_conf
     from iolstream.kafka.config import check_login
     from iolstream.kafka.errors import AccessDenied, WorkerError
@@ -151,7 +151,7 @@ def create(cfg, wanted: list[Planned]) -> list[str]:
     created = []
     try:
         for p in wanted:
-            created += topics.create_topics(
+            created += message_limits.create_topics(
                 admin,
                 [p.name],
                 partitions=p.partitions,
