@@ -49,7 +49,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import message_limits, snapshots
+from iolstream.kafka import message_limits, snapshots, topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
@@ -167,7 +167,7 @@ class GroupSync:
         """Create the model-deltas topic if asked, and the consumer and proposal producer of this member."""
         if self.cfg.topics.create:
             admin = AdminClient(client_conf(self.cfg))
-            created = message_limits.create_topics(
+            created = topics.create_topics(
                 admin,
                 [self.topic],
                 partitions=1,

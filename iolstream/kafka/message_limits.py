@@ -1,15 +1,14 @@
-"""Topic creation and the message size limits the clients and topics must agree on: the producer's
-``message.max.bytes`` made from ``stream.max_message_bytes``, the ``max.message.bytes`` of created topics,
-a topic's limit read from the broker, and the start-up checks of the client settings. The dead-letter
-path sized from these limits is ``kafka.deadletters``.
+"""The message size limits the clients and topics must agree on: the producer's ``message.max.bytes`` made
+from ``stream.max_message_bytes``, the ``max.message.bytes`` of created topics, a topic's limit read from the
+broker, and the start-up checks of the client settings. The dead-letter path sized from these limits is
+``kafka.deadletters``; the topics are created by ``kafka.topics``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 log = logging.getLogger("iolstream.worker")
 
@@ -38,35 +37,6 @@ def topic_configs(max_message_bytes: int, names) -> dict[str, dict[str, str]]:
     if wanted <= KAFKA_TOPIC_MAX_MESSAGE_BYTES:
         return {}
     return {name: {"max.message.bytes": str(wanted)} for name in names}
-
-
-def create_topics(
-    admin: AdminClient,
-    names,
-    *,
-    partitions: int = 1,
-    replication_factor: int = 1,
-    configs: dict[str, dict[str, str]] | None = None,
-    timeout: float = 30.0,
-) -> list[str]:
-    """Create those of ``names`` that do not exist yet, each with ``configs.get(name)``; returns those
-    created."""
-    existing = set(admin.list_topics(timeout=timeout).topics)
-    configs = configs or {}
-    new = [
-        NewTopic(name, partitions, replication_factor, config=dict(configs.get(name, {})))
-        for name in dict.fromkeys(names)
-        if name not in existing
-    ]
-    if not new:
-        return []
-    for _name, fut in admin.create_topics(new, operation_timeout=timeout).items():
-        try:
-            fut.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-    return [t.topic for t in new]
 
 
 def describe_max_message_bytes(admin: AdminClient, topic: str, timeout: float = 10.0) -> int | None:

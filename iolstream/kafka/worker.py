@@ -41,7 +41,7 @@ from iolstream.kafka import access_probes, clients, diagnose, output
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
-from iolstream.kafka.clients import check_timing, ensure_topics
+from iolstream.kafka.clients import check_timing
 from iolstream.kafka.commit import delivery_mode, now_ms
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
@@ -52,6 +52,7 @@ from iolstream.kafka.participant import participant
 from iolstream.kafka.reported_refusals import Refusals
 from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
+from iolstream.kafka.topics import ensure_topics
 from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line

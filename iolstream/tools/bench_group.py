@@ -244,8 +244,8 @@ def run_throughput(
     base = _worker_cfg(
         bootstrap, {"features": features, "labels": labels}, "x", workdir, partitions, group=False
     )
-    from iolstream.kafka.clients import ensure_topics
     from iolstream.kafka.config import config_from_dict
+    from iolstream.kafka.topics import ensure_topics
 
     base["topics"].update(predictions=f"bench-group-{u}-unused", dead_letters=f"bench-group-{u}-dead")
     created += [base["topics"]["predictions"], base["topics"]["dead_letters"]]
@@ -329,10 +329,10 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     if bootstrap is not None:
         topic = f"bench-group-sync-{uuid.uuid4().hex[:8]}"
         created.append(topic)
-        from iolstream.kafka import message_limits
+        from iolstream.kafka import topics as topics_mod
         from iolstream.kafka.group import delta_topic_config
 
-        message_limits.create_topics(
+        topics_mod.create_topics(
             clients.admin({"bootstrap.servers": bootstrap}),
             [topic],
             partitions=1,

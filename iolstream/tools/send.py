@@ -147,20 +147,20 @@ def create_topics(
     sized=(),
     max_message_bytes: int | None = None,
 ) -> list[str]:
-    """Create the topics of ``names`` that do not exist yet; returns those created (``message_limits.create_topics``,
+    """Create the topics of ``names`` that do not exist yet; returns those created (``topics.create_topics``,
     which the worker uses too). Those also in ``sized`` (input and dead letters) get a ``max.message.bytes``
     that fits messages of ``max_message_bytes`` (default: the worker's default stream.max_message_bytes)
     when that is above Kafka's default."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from iolstream.kafka import diagnose, message_limits
+    from iolstream.kafka import diagnose, message_limits, topics
     from iolstream.kafka.clients import logged
     from iolstream.stream.config import StreamConfig
 
     limit = StreamConfig.max_message_bytes if max_message_bytes is None else max_message_bytes
     try:
-        return message_limits.create_topics(
+        return topics.create_topics(
             AdminClient(logged(admin_conf)),
             names,
             partitions=partitions,

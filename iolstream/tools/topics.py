@@ -54,7 +54,7 @@ class Planned:
 
 
 def planned(cfg) -> list[Planned]:
-    """The topics of ``cfg`` as the worker creates them (``clients.ensure_topics``, ``group.GroupSync.open``)."""
+    """The topics of ``cfg`` as the worker creates them (``kafka.topics.ensure_topics``, ``group.GroupSync.open``)."""
     from iolstream.kafka import message_limits
     from iolstream.kafka.group import delta_topic_config
 
@@ -137,7 +137,7 @@ def create(cfg, wanted: list[Planned]) -> list[str]:
     ``AccessDenied`` (exit 6), an unreachable broker a ``WorkerError`` (exit 3), one line each."""
     from confluent_kafka import KafkaException
 
-    from iolstream.kafka import diagnose, message_limits
+    from iolstream.kafka import diagnose, topics
     from iolstream.kafka.clients import client_conf
     from iolstream.kafka.config import check_login
     from iolstream.kafka.errors import AccessDenied, WorkerError
@@ -151,7 +151,7 @@ def create(cfg, wanted: list[Planned]) -> list[str]:
     created = []
     try:
         for p in wanted:
-            created += message_limits.create_topics(
+            created += topics.create_topics(
                 admin,
                 [p.name],
                 partitions=p.partitions,

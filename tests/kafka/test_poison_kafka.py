@@ -290,7 +290,7 @@ def test_start_up_check_of_the_output_topics_limits(kafka_bootstrap, kafka_topic
 
 @pytest.mark.kafka
 def test_created_topics_get_a_limit_that_fits(kafka_bootstrap, kafka_admin, tmp_path):
-    """ensure_topics (the worker) and produce.create_topics (the CLI) share message_limits.create_topics: input and
+    """ensure_topics (the worker) and produce.create_topics (the CLI) share topics.create_topics: input and
     dead-letter topics fit stream.max_message_bytes + headroom, the predictions topic keeps the default."""
     tag = uuid.uuid4().hex[:8]
     names = {k: f"t-created-{tag}-{k}" for k in ("features", "labels", "predictions", "dead_letters")}
