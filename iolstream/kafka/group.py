@@ -33,7 +33,7 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
   member whose rows still wait for that agreement waits for it, then learns them.
 
 The processor proposes its warm-up scaling to this object (``stream.scaler_warmup.ScalingAgreement``, given to
-the processor when it is made, ``kafka.checkpoints``). Records as Kafka messages (chunks, headers, keys):
+the processor when it is made, ``kafka.resume``). Records as Kafka messages (chunks, headers, keys):
 ``kafka.group_records``.
 """
 

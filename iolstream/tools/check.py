@@ -168,7 +168,7 @@ def footprint_lines(cfg) -> tuple[str, str]:
 def check_snapshot(cfg, report: Report) -> None:
     """The newest valid snapshot in the worker's directory, as ``run`` would load it: a model config it was not
     made with is the line ``run`` stops with (exit 3, as run's)."""
-    from iolstream.kafka.checkpoints import mismatch
+    from iolstream.kafka.resume import mismatch
     from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 
     store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
