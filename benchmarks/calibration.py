@@ -32,7 +32,7 @@ import numpy as np
 from iolstream.core import calibration as shipped
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.prequential import classification_report
-from iolstream.tools import datasets
+from iolstream.tools import builtin_datasets
 from iolstream.tools.protocol import Protocol, make_split, model_config
 from iolstream.tools.tabular import load_tabular, table_dataset
 
@@ -46,7 +46,7 @@ TABULAR = ("credit", "telco-churn", "default", "titanic", "phone-churn")
 def record_built_in(name: str, seed: int):
     """(layer outputs per batch, labels per batch, m): the shuffled protocol of ``evaluate`` (training part)."""
     protocol = Protocol(seed=seed)
-    split = make_split(datasets.load(name), protocol)
+    split = make_split(builtin_datasets.load(name), protocol)
     model = EdRVFL(model_config(split, "auto", {"seed": seed}))
     model.scaler.partial_fit(split.x_train[: model.config.warmup_rows])
     model.scaler.freeze()

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from iolstream.tools import data, datasets, protocol
+from iolstream.tools import builtin_datasets, dataset, protocol
 from iolstream.tools.baselines import make_baseline
 
 PROTOCOL = protocol.Protocol(seed=0, order="stream", batch=256)
@@ -36,7 +36,7 @@ def line(label: str, res) -> str:
 
 
 def hyperplane() -> None:
-    ds = datasets.load("hyperplane")
+    ds = builtin_datasets.load("hyperplane")
     print("hyperplane, prequential accuracy overall / first 20 % after warm-up / last 20 %")
     print(line("River StandardScaler | Softmax", run(ds, baseline="river-softmax")))
     for lam in (0.05, 0.5, 5.0, 50.0, 500.0):
@@ -74,14 +74,14 @@ def hyperplane() -> None:
         print(f"  {n:5d} rows: least squares {ls:.4f}, logistic {logistic:.4f}")
 
 
-def agrawal_concept(function: int, seed: int) -> data.Dataset:
+def agrawal_concept(function: int, seed: int) -> dataset.Dataset:
     from river.datasets import synth
 
     rows = list(synth.Agrawal(classification_function=function, seed=seed).take(50_000))
     X = np.ascontiguousarray([list(x.values()) for x, _ in rows], dtype=np.float64)
     y = np.array([y for _, y in rows], dtype=np.int64)
     names = tuple(str(k) for k in rows[0][0])
-    return data.classification(f"agrawal-f{function}", X, y, names, f"Agrawal function {function} alone")
+    return dataset.classification(f"agrawal-f{function}", X, y, names, f"Agrawal function {function} alone")
 
 
 def windows(res, per: int = 5) -> str:
@@ -97,7 +97,7 @@ def agrawal() -> None:
         {"lam": 0.05, "forgetting": 4096.0},
         {"lam": 5.0, "forgetting": 4096.0},
     ]
-    drift = datasets.load("agrawal")
+    drift = builtin_datasets.load("agrawal")
     print("agrawal: overall / first 20 % / last 20 %, then accuracy per 5,000 rows")
     for model in settings:
         label = ", ".join(f"{k} {v:g}" for k, v in model.items()) or "defaults (λ 0.5, no forgetting)"

@@ -1,6 +1,6 @@
 """The table "First start: compiling the kernels" of docs/benchmarks.md: what a first start costs. The kernels
 compiled from an empty Numba cache, by a worker (what ``iolstream run`` loads before its first message:
-``stream.warm.preload`` of its config) and by the Python API's first ``fit`` (the README's wine example); then the
+``stream.kernel_warmup.preload`` of its config) and by the Python API's first ``fit`` (the README's wine example); then the
 same worker start with the cache filled. Each in a fresh process with its own
 empty ``NUMBA_CACHE_DIR``; wall seconds and CPU seconds (user + system) of that process. CPU seconds are the
 comparable figure on a shared machine.
@@ -26,15 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 WORKER = """
 import sys
-from iolstream.core import runtime
+from iolstream.core import step_tuner
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.config import load_config
-from iolstream.stream import warm
+from iolstream.stream import kernel_warmup
 cfg = load_config(sys.argv[1])
 model = EdRVFL(cfg.model)
-runtime.configure_for_model(model)
+step_tuner.configure_for_model(model)
 tuner = model.thread_tuner
-warm.preload(cfg.model, parallel=tuner is not None and any(s.parallel for s in tuner.settings))
+kernel_warmup.preload(cfg.model, parallel=tuner is not None and any(s.parallel for s in tuner.settings))
 """
 
 API = """

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from iolstream.core.model import EdRVFL, ModelConfig
-from iolstream.tools import datasets
+from iolstream.tools import builtin_datasets
 from iolstream.tools.tabular import load_tabular, table_dataset
 
 SETS = ("diabetes", "friedman", "loans")
@@ -28,7 +28,7 @@ def load(name: str, seed: int):
     if name == "loans":
         ds = table_dataset(load_tabular(name, seed=seed))
         return ds.X, np.asarray(ds.y, dtype=np.float64), {"features": ds.schema.fields}
-    ds = datasets.load(name, seed=seed)
+    ds = builtin_datasets.load(name, seed=seed)
     order = np.random.default_rng(seed).permutation(len(ds.X))
     return ds.X[order], np.asarray(ds.y, dtype=np.float64)[order], {"n_inputs": ds.X.shape[1]}
 

@@ -129,8 +129,8 @@ def run(name: str, raw: dict, rows: int, bootstrap: str, workdir: Path, pythonpa
         [
             *command[:-3],  # the interpreter (and its PYTHONPATH)
             "-c",
-            f"from iolstream.stream import warm; from iolstream.kafka.config import config_from_dict; "
-            f"warm.preload(config_from_dict({raw!r}, environ={{}}).model)",
+            f"from iolstream.stream import kernel_warmup; from iolstream.kafka.config import config_from_dict; "
+            f"kernel_warmup.preload(config_from_dict({raw!r}, environ={{}}).model)",
         ],
         check=True,
     )

@@ -25,10 +25,10 @@ import time
 import numpy as np
 
 from iolstream.core import network
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL
 from iolstream.core.network import AUTO_INITS, INITS
-from iolstream.tools.datasets import load
+from iolstream.tools.builtin_datasets import load
 from iolstream.tools.protocol import EdRVFLLearner, Protocol, evaluate, make_split, model_config
 
 EXPLICIT = tuple(i for i in INITS if i != "auto")

@@ -24,7 +24,7 @@ import argparse
 import math
 import sys
 
-from iolstream.tools import datasets, drift
+from iolstream.tools import builtin_datasets, drift
 from iolstream.tools.protocol import Protocol, evaluate
 from iolstream.tools.simulate import SimulationConfig, simulate
 
@@ -40,7 +40,11 @@ NAMES = {"forward": "-F", "ridge": "-R", "auto": "auto"}
 def run_set(name: str, regime: str, *, seed: int, drift_rows: int, calibration: str = "online") -> list[dict]:
     """One row per mode: the metrics of ``name`` in ``regime``."""
     stream = name in drift.STREAMS
-    data = datasets.load(name, n_rows=drift_rows, seed=seed) if stream else datasets.load(name, seed=seed)
+    data = (
+        builtin_datasets.load(name, n_rows=drift_rows, seed=seed)
+        if stream
+        else builtin_datasets.load(name, seed=seed)
+    )
     protocol = Protocol(order="stream", batch=100, seed=seed) if stream else Protocol(seed=seed)
     model = {**REGIMES[regime], "seed": seed}
     if data.task == "classification":

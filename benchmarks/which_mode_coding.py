@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from iolstream.core import model as model_mod
-from iolstream.tools.datasets import load
+from iolstream.tools.builtin_datasets import load
 from iolstream.tools.protocol import Protocol, evaluate
 
 CODINGS = {

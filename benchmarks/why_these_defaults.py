@@ -64,7 +64,7 @@ def load_done(path: str) -> dict:
 
 
 def run_grid(path: str, grid: list[dict], seeds, datasets) -> None:
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
     from iolstream.tools.protocol import Protocol, evaluate
 
     done = load_done(path)

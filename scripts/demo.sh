@@ -58,7 +58,7 @@ case "$DATASET" in
     hyperplane|sea|agrawal|rbf-drift|friedman-drift)
         # the model's shape from the stream's; forgetting and λ chosen online
         read -r K CLASSES < <("$PYTHON" -c "
-from iolstream.tools.datasets import load
+from iolstream.tools.builtin_datasets import load
 d = load('$DATASET', rows=10)
 print(d.X.shape[1], list(d.classes) if d.task == 'classification' else 'none')")
         export IOLSTREAM_MODEL__N_INPUTS="$K" IOLSTREAM_MODEL__FORGETTING=auto IOLSTREAM_MODEL__LAM=auto

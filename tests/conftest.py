@@ -126,7 +126,7 @@ def _start_local(port: str) -> tuple[str, Callable[[], None] | None]:
 
 # The kinds of model the tests' workers run: the kernels' signatures follow the dtype (float64: no worker test runs
 # float32, whose kernels tests/core compiles in its own process), the mode (auto keeps -F and -R candidates), the task
-# and forgetting; ``warm.preload`` takes both solvers, serial and parallel, as a worker's start does for its config.
+# and forgetting; ``kernel_warmup.preload`` takes both solvers, serial and parallel, as a worker's start does for its config.
 WORKER_KINDS = [
     {"mode": mode, **task}
     for mode in ("auto", "forward", "ridge")
@@ -143,11 +143,11 @@ def worker_kernels(request) -> float:
     """The kernels of every kind in WORKER_KINDS compiled into the cache (or loaded from it), in this process;
     returns the seconds it took, which the terminal shows."""
     from iolstream.core.model import ModelConfig
-    from iolstream.stream import warm
+    from iolstream.stream import kernel_warmup
 
     started = time.perf_counter()
     for kind in WORKER_KINDS:
-        warm.preload(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none", **kind))
+        kernel_warmup.preload(ModelConfig(n_inputs=3, n_nodes=8, n_layers=2, scaler="none", **kind))
     seconds = time.perf_counter() - started
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")

@@ -85,6 +85,64 @@ class FakeConsumer:
         return offsets
 
 
+class FakeMessage:
+    """A consumed message of partition 0: topic, offset, value, a create time of ``1000 + offset`` ms, no key."""
+
+    def __init__(self, topic: str, offset: int, value: bytes):
+        self._topic, self._offset, self._value = topic, offset, value
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+    def value(self):
+        return self._value
+
+    def key(self):
+        return None
+
+    def timestamp(self):
+        return (1, 1000 + self._offset)  # TIMESTAMP_CREATE_TIME
+
+
+class FeedingConsumer(FakeConsumer):
+    """A consumer whose fetched messages are ``queue`` (``send`` appends one): ``consume`` hands them out in
+    order, ``poll`` finds nothing more, and a partition's high watermark is what was sent to it."""
+
+    def __init__(self, committed: dict | None = None, calls: list | None = None):
+        super().__init__(committed or {}, calls)
+        self.queue: list[FakeMessage] = []
+        self.sent: dict[str, int] = {}
+
+    def send(self, topic: str, value: bytes) -> None:
+        self.queue.append(FakeMessage(topic, self.sent.get(topic, 0), value))
+        self.sent[topic] = self.sent.get(topic, 0) + 1
+
+    def consume(self, num_messages, timeout):
+        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return out
+
+    def poll(self, timeout):
+        return None
+
+    def pause(self, tps):
+        pass
+
+    def get_watermark_offsets(self, tp, cached=True):
+        return 0, self.sent.get(tp.topic, 0)
+
+    def position(self, tps):
+        return tps
+
+
 class JournalSession(Session):
     """The session, its steps journaled."""
 

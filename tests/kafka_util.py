@@ -337,7 +337,7 @@ def warm_up(bootstrap: str, timeout: float = 60.0) -> None:
 
 def set_topic_limit(admin, topic: str, max_message_bytes: int) -> None:
     """Change a topic's max.message.bytes and wait until the broker reports the new value."""
-    from iolstream.kafka.topics import describe_max_message_bytes
+    from iolstream.kafka.message_limits import describe_max_message_bytes
 
     resource = ConfigResource(
         "topic",

@@ -128,8 +128,8 @@ class SecureBroker:
         return names
 
     def grant(self, acls, user: str) -> None:
-        """Create ``acls`` (iolstream.kafka.acls.Acl) for ``User:<user>`` and wait until the broker lists them."""
-        from iolstream.kafka.acls import acl_bindings
+        """Create ``acls`` (iolstream.kafka.required_acls.Acl) for ``User:<user>`` and wait until the broker lists them."""
+        from iolstream.kafka.required_acls import acl_bindings
 
         bindings = acl_bindings(acls, f"User:{user}")
         if not bindings:
@@ -143,7 +143,7 @@ class SecureBroker:
         them."""
         from confluent_kafka.admin import AclBindingFilter
 
-        from iolstream.kafka.acls import acl_bindings
+        from iolstream.kafka.required_acls import acl_bindings
 
         bindings = acl_bindings(acls, f"User:{user}")
 
@@ -165,7 +165,7 @@ class SecureBroker:
 
 def stream(n: int | None = None):
     """Rows of wine (178 rows, 13 features, 3 classes): ids, X, y."""
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     ds = load("wine")
     X, y = ds.X[:n], ds.y[:n]

@@ -22,7 +22,7 @@ group and decay with forgetting exactly as c does (``LearnerState.calibration``)
 same sums maps scores to the same probabilities. For m = 2, p₁ = sigmoid(T · (g_κ(c₁) − g_κ(c₀))): the order of the
 rows by p₁ is their order by that margin, whatever (κ, T) is in force.
 
-Arrays in, arrays out, no I/O; the sums' kernel is ``kernels.calibration_losses`` (its twin: the NumPy log loss of
+Arrays in, arrays out, no I/O; the sums' kernel is ``activation_kernels.calibration_losses`` (its twin: the NumPy log loss of
 every map, tests/core/test_probabilities.py).
 
     >>> import numpy as np
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import kernels
+from iolstream.core import activation_kernels
 
 KAPPAS = (0.0, 0.5, 1.0)
 TEMPERATURES = tuple(float(t) for t in np.geomspace(0.25, 64.0, 17))  # steps of √2, 1.0 among them (the 5th)
@@ -106,7 +106,9 @@ def grid_losses(mean_scores: np.ndarray, labels: np.ndarray, weights: np.ndarray
     out = np.zeros(GRID_SIZE)
     if b:
         scores = np.ascontiguousarray(mean_scores, dtype=np.float64)
-        kernels.calibration_losses(scores, labels, weights, _KAPPAS, _TEMPERATURES, FLOOR, _CAP, out)
+        activation_kernels.calibration_losses(
+            scores, labels, weights, _KAPPAS, _TEMPERATURES, FLOOR, _CAP, out
+        )
     return out
 
 

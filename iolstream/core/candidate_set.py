@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.core.candidate_step import (
     BatchGrams,
     learn_candidates,
@@ -145,7 +145,7 @@ class CandidateSet:
         """Rows out of every candidate's sums as if they had never come (``OnlineLearner.erase``: ``targets`` as
         the layers learned them, ``observed_at`` the rows' stamps (b,) or None). All or nothing: should one
         primary's sums fail to stay positive definite, the ones already done are put back and
-        ``linalg.NotPositiveDefinite`` is raised."""
+        ``gram_cholesky.NotPositiveDefinite`` is raised."""
         primaries = self.primaries()
         undo: list = []  # a learner puts its own sums back if it fails; the ones before it, from these
         grams = None  # rows of a few stamps: their Gram by stamp, formed once for every half-life (each at its weight)
@@ -167,7 +167,7 @@ class CandidateSet:
                     undo=undo,
                     sample_weight=sample_weight,
                 )
-        except linalg.NotPositiveDefinite:
+        except gram_cholesky.NotPositiveDefinite:
             for put_back in undo:  # the ones already done put back too: all or nothing
                 put_back()
             raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import calibration, fused, fused_shared
+from iolstream.core import calibration, shared_step_kernels, step_kernels
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -105,7 +105,7 @@ def observe_candidates(
     all. One primary that predicts and keeps no A_r: the fused -F step (features, Gram, Cholesky, prediction in
     one call). An -F primary that keeps A_r (``mode: auto``): one call too, which also keeps the batch's Gram in
     ``grams`` for A_r (the other half-lives' primaries add it to their A) and, with the default -F and -R pair
-    alone, solves and predicts the -R candidate as well (``fused_shared``). Else the features, the batch's Gram
+    alone, solves and predicts the -R candidate as well (``shared_step_kernels``). Else the features, the batch's Gram
     once, added to each -F primary's A."""
     for ln in learners:
         ln.parallel = parallel
@@ -145,7 +145,7 @@ def observe_candidates(
         batch_gram = None
         if (len(forward) > 1 or keeping) and b and features_t.flags.c_contiguous:
             batch_gram = grams.buffer((n_layers, n, n)) if keeping else np.zeros((n_layers, n, n))
-            (fused_shared.grams_into_parallel if parallel else fused_shared.grams_into)(
+            (shared_step_kernels.grams_into_parallel if parallel else shared_step_kernels.grams_into)(
                 features_t, batch_gram
             )
             if keeping:
@@ -240,7 +240,7 @@ def learn_candidates(
         else:
             emitted = predicted[emitter]
         losses = np.empty(learners[0].n_layers)
-        fused.label_losses(emitted, targets, losses)
+        step_kernels.label_losses(emitted, targets, losses)
     if scored is None:
         row_losses = judge(predicted, targets) if b else np.empty((len(learners), 0))
     elif scored.size:
@@ -313,7 +313,9 @@ def _fold_pair(learners, features_t, targets, gram_in, predicted, made, labelled
     a = first.state.arrays
     kept = labelled_gram if labelled_gram is not None else a.gram_labelled[:0]
     losses = np.empty((2, first.n_layers))
-    kernel = fused_shared.learn_pair_parallel if first.parallel else fused_shared.learn_pair_serial
+    kernel = (
+        shared_step_kernels.learn_pair_parallel if first.parallel else shared_step_kernels.learn_pair_serial
+    )
     sum_y2 = kernel(features_t, targets, predicted, made, a.rhs, a.gram_labelled, kept, losses)
     # as its own learn: its prediction where it made one, the targets (loss 0) where not (D_m and Y_m)
     first.folded(features_t, targets, predicted[0] if made[0] else targets[None], 0, losses[0], sum_y2)
@@ -342,5 +344,5 @@ def _labelled_gram(cands, features_t, gram_in, observed_at) -> tuple[np.ndarray 
         return None, False
     first = keeping[0]
     gram = np.zeros((first.n_layers, first.n_columns, first.n_columns))
-    (fused.add_grams_parallel if first.parallel else fused.add_grams)(features_t, gram)
+    (step_kernels.add_grams_parallel if first.parallel else step_kernels.add_grams)(features_t, gram)
     return gram, False

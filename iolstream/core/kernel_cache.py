@@ -1,14 +1,14 @@
 """Numba's on-disk cache of the kernels, stamped with every kernel file, not only the kernel's own.
 
 Numba keeps a compiled kernel until the file that defines it changes. A kernel that calls a
-function from another file (``fused`` calls ``kernels.activate`` and the ``blaslib`` wrappers;
-all of them take their flags from ``kernels.JIT``) carries its own copy of that function, so an
+function from another file (``step_kernels`` calls ``activation_kernels.activate`` and the ``numba_blas`` wrappers;
+all of them take their flags from ``activation_kernels.JIT``) carries its own copy of that function, so an
 edit there left the cached kernel as it was: computing the old way, or crashing when an
 interface changed (Numba's documented limitation, "changes in other files are not detected").
 Here every kernel defined in KERNEL_FILES is stamped with its own file and a digest of all of
 them: an edit of any recompiles them all, once (seconds).
 
-Imported by ``kernels`` (which ``blaslib`` and ``fused`` import first) before its first
+Imported by ``activation_kernels`` (which ``numba_blas`` and ``step_kernels`` import first) before its first
 ``@njit(cache=True)``: the locator is chosen when a kernel is decorated. Functions outside
 these files keep Numba's own locators.
 """
@@ -23,10 +23,10 @@ from pathlib import Path
 from numba.core import caching, config
 
 KERNEL_FILES = (
-    "kernels.py",
-    "blaslib.py",
-    "fused.py",
-    "fused_shared.py",
+    "activation_kernels.py",
+    "numba_blas.py",
+    "step_kernels.py",
+    "shared_step_kernels.py",
 )  # recent_ids.py calls nothing outside itself
 HERE = Path(__file__).resolve().parent
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import fused, fused_shared, linalg, row_erasure, work
+from iolstream.core import gram_cholesky, row_erasure, shared_step_kernels, step_kernels, work
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
@@ -171,14 +171,14 @@ class OnlineLearner:
             a.beta_stale[:] = False
             return out
         solve_stale(self.state)
-        fused.predict_all(features_t, a.beta, out)
+        step_kernels.predict_all(features_t, a.beta, out)
         return out
 
     def solve_and_predict(self, features_t, gram, rhs, shift, beta, out) -> None:
         """β_l = (A_l + shift_l I)⁻¹ c_l from ``gram`` and ``rhs`` (this learner's sums, or the ones it shares,
         ``shared_gram``) into ``beta``, factored in scratch memory; ``out`` (L, b, m) = D_l β_l."""
         info = np.zeros(self.n_layers, dtype=np.int32)
-        kernel = fused.solve_predict_parallel if self.parallel else fused.solve_predict_serial
+        kernel = step_kernels.solve_predict_parallel if self.parallel else step_kernels.solve_predict_serial
         if kernel(features_t, gram, shift, self.scratch(), rhs, beta, out, info):
             raise_for(info)
 
@@ -273,7 +273,7 @@ class OnlineLearner:
         with st.changing_gram(solved=solve):  # A factored in scratch, as the -F step does
             if ridge is None:
                 kernel = (
-                    fused_shared.observe_keep_parallel if self.parallel else fused_shared.observe_keep_serial
+                    shared_step_kernels.observe_keep_parallel if self.parallel else shared_step_kernels.observe_keep_serial
                 )
                 failed = kernel(
                     *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
@@ -283,7 +283,7 @@ class OnlineLearner:
                 out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
                 sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
                 kernel = (
-                    fused_shared.observe_pair_parallel if self.parallel else fused_shared.observe_pair_serial
+                    shared_step_kernels.observe_pair_parallel if self.parallel else shared_step_kernels.observe_pair_serial
                 )
                 failed = kernel(
                     *inputs,
@@ -311,12 +311,12 @@ class OnlineLearner:
         arrays = (a.gram, self.scratch(), a.rhs, a.beta, out, info)
         with st.changing_gram(solved=True):  # factored in scratch: A's own factor is made when read
             if inputs is None:
-                kernel = fused.forward_parallel if self.parallel else fused.forward_serial
+                kernel = step_kernels.forward_parallel if self.parallel else step_kernels.forward_serial
                 failed = kernel(features_t, *arrays)
             elif self.parallel:
-                failed = fused.observe_parallel(*inputs, *arrays)
+                failed = step_kernels.observe_parallel(*inputs, *arrays)
             else:
-                failed = fused.observe_serial(*inputs, *arrays)
+                failed = step_kernels.observe_serial(*inputs, *arrays)
             if failed:
                 raise_for(info)
         st.rows_observed += b
@@ -340,12 +340,12 @@ class OnlineLearner:
         st, a = self.state, self.state.arrays
         with st.changing_gram():  # factors and β made when next read
             if batch_gram is not None:
-                fused_shared.add_lower(batch_gram, a.gram)
+                shared_step_kernels.add_lower(batch_gram, a.gram)
             elif self._fusable(features_t):
-                (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, a.gram)
+                (step_kernels.add_grams_parallel if self.parallel else step_kernels.add_grams)(features_t, a.gram)
             else:
                 for layer, ls in enumerate(st.layers):
-                    linalg.gram_update(ls.gram, features_t[layer])
+                    gram_cholesky.gram_update(ls.gram, features_t[layer])
         st.rows_observed += b
         st.version += 1
 
@@ -439,7 +439,7 @@ class OnlineLearner:
             predicted = self.layer_outputs(features_t)
         predicted = np.ascontiguousarray(predicted, dtype=np.float64)
         plain = np.empty(self.n_layers)
-        fused.label_losses(predicted, targets, plain)
+        step_kernels.label_losses(predicted, targets, plain)
         decay = self.row_weights(observed_at, b)
         weights = decay if sample_weight is None else decay * sample_weight
         if sample_weight is not None:
@@ -490,7 +490,7 @@ class OnlineLearner:
             for sign, rows in parts:
                 scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
                 for layer, ls in enumerate(self.state.layers):
-                    linalg.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
+                    gram_cholesky.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
 
     def _learn(self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0) -> np.ndarray:
         """``learn`` of rows at weight 1 (or scaled by the caller); ``scale`` multiplies the losses and ‖Y‖² added
@@ -513,12 +513,12 @@ class OnlineLearner:
         if not own_labelled:
             if n_new:
                 raise ValueError("labelled_gram: only for rows whose Gram is in A already")
-            fused_shared.add_lower(
+            shared_step_kernels.add_lower(
                 labelled_gram, a.gram_labelled
             )  # its lower triangles (the upper ones are not kept)
         if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
             info = np.zeros(self.n_layers, dtype=np.int32)
-            kernel = fused.learn_parallel if self.parallel else fused.learn_serial
+            kernel = step_kernels.learn_parallel if self.parallel else step_kernels.learn_serial
             labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
             state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
             with st.changing_gram(factor="made" if n_new else "kept"):  # n_new: the kernel factored A
@@ -526,7 +526,7 @@ class OnlineLearner:
                 if info.any():
                     raise_for(info)
         else:
-            sum_y2 = fused.label_losses(predicted, targets, losses)
+            sum_y2 = step_kernels.label_losses(predicted, targets, losses)
             if b == 0:
                 return losses
             with st.changing_gram(factor="kept"):  # a Gram entering brings each layer's factor up to date
@@ -551,8 +551,8 @@ class OnlineLearner:
         st.max_label_batch = max(st.max_label_batch, b)
         st.sum_y2 += sum_y2
         if self.track_regret:  # D_m and Y_m of the bounds: one more pass over D, skipped when not tracked
-            st.d_max = max(st.d_max, fused.abs_max(features_t))
-            st.y_max = max(st.y_max, float(np.abs(targets).max()), fused.abs_max(predicted))
+            st.d_max = max(st.d_max, step_kernels.abs_max(features_t))
+            st.y_max = max(st.y_max, float(np.abs(targets).max()), step_kernels.abs_max(predicted))
         st.version += 1
         st.labelled_version += 1
 
@@ -566,8 +566,8 @@ class OnlineLearner:
             if n_new:
                 self._enter_gram(ls, d_t if n_new == b else np.ascontiguousarray(d_t[:, new]))
             if ls.gram_labelled is not None and own_labelled:
-                linalg.gram_update(ls.gram_labelled, d_t)
-            ls.rhs += linalg.product(
+                gram_cholesky.gram_update(ls.gram_labelled, d_t)
+            ls.rhs += gram_cholesky.product(
                 d_t.T, targets_f if d_t.dtype == np.float64 else targets_f32, trans_a=True
             )  # c += DᵀY
 
@@ -585,7 +585,7 @@ class OnlineLearner:
             features_t = features_t * np.sqrt(weights).astype(features_t.dtype)
         with self.state.changing_gram(factor="kept"):
             for layer, ls in enumerate(self.state.layers):
-                linalg.gram_update(ls.gram, features_t[layer], sign=-1.0)
+                gram_cholesky.gram_update(ls.gram, features_t[layer], sign=-1.0)
                 self._refactor(ls)
         self.state.rows_forgotten += features_t.shape[2]
         self.state.version += 1
@@ -599,7 +599,7 @@ class OnlineLearner:
     def rows_gram(self, features_t: np.ndarray) -> np.ndarray:
         """Σ DᵀD (L, n, n) of rows, lower triangles of A's layout, formed by the fused kernel."""
         gram = np.zeros((self.n_layers, self.n_columns, self.n_columns))
-        (fused.add_grams_parallel if self.parallel else fused.add_grams)(features_t, gram)
+        (step_kernels.add_grams_parallel if self.parallel else step_kernels.add_grams)(features_t, gram)
         return gram
 
     # -------------------------------------------------------------- internals
@@ -639,17 +639,17 @@ class OnlineLearner:
 
     def _enter_gram(self, ls: LayerState, d_t: np.ndarray) -> None:
         """A ← A + DᵀD and bring the cached factor up to date, by the cheaper route for this b."""
-        linalg.gram_update(ls.gram, d_t)
+        gram_cholesky.gram_update(ls.gram, d_t)
         if self._uses_cholesky(d_t.shape[1]):
             self._refactor(ls)
             return
         if ls.factor_kind != "inverse" or ls.woodbury_steps >= self.refactor_every:
             # (Re)build P from the exact A, which already holds this batch: nothing left to update.
-            ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
+            ls.factor = gram_cholesky.inverse_from_cholesky(gram_cholesky.cholesky(ls.gram))
             ls.factor_kind = "inverse"
             ls.woodbury_steps = 0
             return
-        fused.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
+        step_kernels.woodbury_update(ls.factor, np.ascontiguousarray(d_t, dtype=np.float64))
         ls.woodbury_steps += 1
 
     @staticmethod
@@ -679,7 +679,7 @@ def raise_for(info: np.ndarray) -> None:
     """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
     layer = int(np.flatnonzero(info)[0])
     if info[layer] > 0:
-        raise linalg.NotPositiveDefinite(
+        raise gram_cholesky.NotPositiveDefinite(
             f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
         )
     raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

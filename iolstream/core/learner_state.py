@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import fused, linalg
+from iolstream.core import gram_cholesky, step_kernels
 from iolstream.core.calibration import GRID_SIZE
 
 
@@ -178,9 +178,9 @@ class LayerState:
         factors = arrays.factors()
         if arrays.gram.shape[1:] != factors.shape[1:]:  # the kernel does not check its bounds
             raise ValueError("refactor: this state keeps no A of its own (a shared candidate's: shared_gram)")
-        info = fused.refactor_layer(index, arrays.gram, factors)
+        info = step_kernels.refactor_layer(index, arrays.gram, factors)
         if info != 0:
-            raise linalg.NotPositiveDefinite(
+            raise gram_cholesky.NotPositiveDefinite(
                 f"Cholesky failed at column {info}: the Gram matrix is not positive definite"
             )
         arrays.factor_stale[index] = arrays.factor_inverse[index] = False
@@ -201,11 +201,11 @@ class LayerState:
         """β = A⁻¹ c with the cached factor (Theorem 1: β equals the offline expert)."""
         arrays, index = self._arrays, self._index
         if arrays.factor_inverse[index]:
-            arrays.beta[index].T[...] = linalg.product(self.factor, self.rhs)
+            arrays.beta[index].T[...] = gram_cholesky.product(self.factor, self.rhs)
         else:
             if arrays.factor_stale[index]:
                 self.refactor()
-            info = fused.solve_layer(index, arrays.factors(), arrays.rhs, arrays.beta)
+            info = step_kernels.solve_layer(index, arrays.factors(), arrays.rhs, arrays.beta)
             if info != 0:
                 raise ValueError(f"dpotrs: illegal argument {-info}")
         arrays.beta_stale[index] = False

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from iolstream.core import calibration, intervals, kernels, learner, regret, row_erasure
+from iolstream.core import activation_kernels, calibration, intervals, learner, regret, row_erasure
 from iolstream.core.candidate_set import make_candidate_set
 from iolstream.core.candidates import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.encoder import RecordEncoder
@@ -245,7 +245,7 @@ class EdRVFL:
                 None,
                 None,
                 self.targets.inverse(
-                    kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
+                    activation_kernels.layer_mean(np.ascontiguousarray(layer_outputs, dtype=np.float64))
                 ),
             )
         n_layers, b, m = layer_outputs.shape
@@ -257,7 +257,7 @@ class EdRVFL:
             if self.config.threshold is None:
                 return proba, calibration.decision(outputs, scores), None
         elif rule == "softmax":
-            proba = kernels.softmax_mean(outputs)
+            proba = activation_kernels.softmax_mean(outputs)
         else:  # majority vote; proba = share of layers voting for each class
             votes = layer_outputs.argmax(axis=2)
             proba = np.zeros((b, m))
@@ -467,7 +467,7 @@ class EdRVFL:
         calibration: (K, b); the uncalibrated softmax classification ensemble in one kernel call."""
         if self._class_index is not None and self.config.ensemble_rule == "softmax" and not self.calibrated:
             out = np.empty((predicted.shape[0], predicted.shape[2]))
-            kernels.softmax_errors(
+            activation_kernels.softmax_errors(
                 np.ascontiguousarray(predicted, dtype=np.float64), targets.argmax(axis=1), out
             )
             return out

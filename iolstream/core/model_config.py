@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from iolstream.core import kernels, learner
+from iolstream.core import activation_kernels, learner
 from iolstream.core.candidates import (
     AUTO_START_MODE,
     HALF_LIFE_CANDIDATES,
@@ -128,8 +128,8 @@ class ModelConfig:
         for key in ("bias_column", "track_regret"):
             if not isinstance(getattr(self, key), bool):
                 bad(key, "true or false", getattr(self, key))
-        if self.activation not in kernels.ACTIVATIONS:
-            bad("activation", f"one of {kernels.ACTIVATIONS}", self.activation)
+        if self.activation not in activation_kernels.ACTIVATIONS:
+            bad("activation", f"one of {activation_kernels.ACTIVATIONS}", self.activation)
         if self.init not in INITS:
             bad("init", f"one of {INITS}", self.init)
         object.__setattr__(self, "init", resolve_init(self.init, self.activation))  # names the weights drawn

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import fused, kernels
+from iolstream.core import activation_kernels, step_kernels
 
 INITS = ("auto", "normal", "xavier", "kaiming", "uniform", "spread")
 
@@ -114,8 +114,10 @@ class RandomNetwork:
         dtype=np.float64,
         bias_column=True,
     ):
-        if activation not in kernels.ACTIVATION_CODES:
-            raise ValueError(f"activation must be one of {kernels.ACTIVATIONS}, got {activation!r}")
+        if activation not in activation_kernels.ACTIVATION_CODES:
+            raise ValueError(
+                f"activation must be one of {activation_kernels.ACTIVATIONS}, got {activation!r}"
+            )
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         init = resolve_init(init, activation)  # "auto": the activation's own; the network records which
@@ -162,7 +164,7 @@ class RandomNetwork:
         return (
             self.packed_weights_t,
             self.packed_biases,
-            kernels.ACTIVATION_CODES[self.activation],
+            activation_kernels.ACTIVATION_CODES[self.activation],
             self.bias_column,
         )
 
@@ -181,7 +183,7 @@ class RandomNetwork:
             return out
         args = (np.ascontiguousarray(x_scaled, dtype=self.dtype), *self.kernel_weights, out)
         if parallel:
-            fused.features_parallel(*args)
+            step_kernels.features_parallel(*args)
         else:
-            fused.features_serial(*args)
+            step_kernels.features_serial(*args)
         return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.core import kernels
+from iolstream.core import activation_kernels
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Prediction:
     def scores(self) -> np.ndarray:
         """(b, m) the ensemble's raw output s̄: the mean of the layers' outputs (``proba`` calibrates the mean of
         their clipped outputs, ``calibration.ensemble_scores``)."""
-        return kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
+        return activation_kernels.layer_mean(np.ascontiguousarray(self.layer_outputs, dtype=np.float64))
 
     @property
     def predicted(self) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 
 
 @dataclass
@@ -80,8 +80,8 @@ def model_report(model, candidate: int | None = None) -> RegretReport:
 
 def expert_loss(rhs: np.ndarray, gram_labelled: np.ndarray, sum_y2: float) -> float:
     """min_β ½λ‖β‖² + Σ_t ½‖D_t β − Y_t‖², from c, A_r (lower triangle) and Σ‖Y‖²."""
-    factor = linalg.cholesky(gram_labelled)
-    sol = linalg.cho_solve(factor, rhs)
+    factor = gram_cholesky.cholesky(gram_labelled)
+    sol = gram_cholesky.cho_solve(factor, rhs)
     return 0.5 * (sum_y2 - float(np.sum(rhs * sol)))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import calibration, fused, linalg
+from iolstream.core import calibration, gram_cholesky, step_kernels
 
 
 def erase(model, features_t, targets, labelled, observed_at=None, *, weights=None, scores=None) -> None:
@@ -22,7 +22,7 @@ def erase(model, features_t, targets, labelled, observed_at=None, *, weights=Non
     keeps them). A labelled row leaves the class counts, and, given ``scores``, each candidate's calibration
     sums (its log loss at its weight now). A label still held for the target scaling leaves the hold
     (``TargetScaler.drop``). All or nothing: if round-off would leave a sum not positive definite, every
-    candidate keeps its sums and ``linalg.NotPositiveDefinite`` is raised."""
+    candidate keeps its sums and ``gram_cholesky.NotPositiveDefinite`` is raised."""
     b = features_t.shape[2]
     targets = np.ascontiguousarray(targets, dtype=np.float64).reshape(b, model.config.m)
     labelled = np.array(np.broadcast_to(np.asarray(labelled, dtype=bool), (b,)))
@@ -86,7 +86,7 @@ def grams_by_stamp(first, features_t, stamps) -> tuple | None:
     if len(values) == 1:
         return first.rows_gram(features_t)[None], values
     given = np.zeros((len(values), first.n_layers, first.n_columns, first.n_columns))
-    add = fused.add_grams_parallel if first.parallel else fused.add_grams
+    add = step_kernels.add_grams_parallel if first.parallel else step_kernels.add_grams
     for k, v in enumerate(values.tolist()):
         add(np.ascontiguousarray(features_t[:, :, stamps == v]), given[k])
     return given, values
@@ -127,7 +127,7 @@ def erase_rows(
     the clock does not (it is time: the other rows keep their age). A is then factored again from the
     sums, by Cholesky (a factor is never downdated; a Woodbury P is rebuilt from A when next needed). Should
     round-off leave A or A_r not positive definite, every sum is put back as it was and
-    ``linalg.NotPositiveDefinite`` raised: the rows stay, nothing else changed.
+    ``gram_cholesky.NotPositiveDefinite`` raised: the rows stay, nothing else changed.
     """
     b = features_t.shape[2]
     labelled = np.broadcast_to(np.asarray(labelled, dtype=bool), (b,))
@@ -163,7 +163,7 @@ def erase_rows(
     y_w = np.ascontiguousarray(y_w)
     saved = (a.gram.copy(), a.rhs.copy(), a.gram_labelled.copy())
     info = np.zeros(ln.n_layers, dtype=np.int32)
-    kernel = fused.erase_parallel if ln.parallel else fused.erase_serial
+    kernel = step_kernels.erase_parallel if ln.parallel else step_kernels.erase_serial
     check_labelled = ln.keep_labelled and len(a.gram_labelled) > 0  # a -R candidate solves on A_r
     sums = (a.gram, a.factors(), a.rhs, a.gram_labelled, ln.scratch())
     stack = (*sums, given, given_w, check_labelled, info)
@@ -172,7 +172,7 @@ def erase_rows(
             a.gram[...], a.rhs[...], a.gram_labelled[...] = saved
             layer = int(np.flatnonzero(info)[0])
             which = "A_r" if info[layer] > ln.n_columns else "A"
-            raise linalg.NotPositiveDefinite(
+            raise gram_cholesky.NotPositiveDefinite(
                 f"layer {layer}: erasing these rows would leave {which} not positive definite (round-off); "
                 "nothing was changed"
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core import fused, work
+from iolstream.core import step_kernels, work
 from iolstream.core.learner import OnlineLearner, unpredicted_as_targets
 from iolstream.core.learner_state import COUNTERS
 
@@ -158,13 +158,13 @@ class SharedGramLearner(OnlineLearner):
         return self._solved != self._sums_version() or bool(self._state.arrays.beta_stale.any())
 
     def mark_solved(self) -> None:
-        """Its β was just solved from the primary's sums as they are (``fused_shared.pair_layer``)."""
+        """Its β was just solved from the primary's sums as they are (``shared_step_kernels.pair_layer``)."""
         self._state.arrays.beta_stale[:] = False
         self._solved = self._sums_version()
 
     def solve_target(self, out: np.ndarray, solve: bool) -> tuple:
         """What a fused kernel needs to solve (if ``solve``) and predict into ``out`` for it: (β stack, outputs,
-        λ − λ_primary per layer, solve) — ``fused_shared``'s ``ridge`` argument."""
+        λ − λ_primary per layer, solve) — ``shared_step_kernels``'s ``ridge`` argument."""
         return self._state.arrays.beta, out, self._shift, solve
 
     def __getstate__(self) -> dict:
@@ -180,7 +180,7 @@ class SharedGramLearner(OnlineLearner):
         out = np.empty((self.n_layers, features_t.shape[2], self.n_outputs))
         p, a = self.primary.state, self._state.arrays
         if not self.needs_solve():
-            fused.predict_all(features_t, a.beta, out)
+            step_kernels.predict_all(features_t, a.beta, out)
             return out
         gram = p.arrays.gram_labelled if self._labelled_only else p.arrays.gram
         self.solve_and_predict(features_t, gram, p.arrays.rhs, self._shift, a.beta, out)
@@ -234,7 +234,7 @@ class SharedGramLearner(OnlineLearner):
         elif not complete:
             predicted = unpredicted_as_targets(predicted, targets)
         plain = np.empty(self.n_layers)
-        fused.label_losses(predicted, targets, plain)
+        step_kernels.label_losses(predicted, targets, plain)
         if sample_weight is None and (self.half_life is None or observed_at is None):
             self._state.arrays.loss_sum += plain
         else:  # Σ w ½‖Dβ − Y‖², as the primary accumulates it

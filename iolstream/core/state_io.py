@@ -26,7 +26,7 @@ import json
 
 import numpy as np
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.core.candidates import FIRST_GRID, MODE_CANDIDATES, candidate_grid, with_modes
 from iolstream.core.learner_state import COUNTERS, LayerState
 from iolstream.core.model import EdRVFL, ModelConfig
@@ -333,7 +333,7 @@ def _learner_from_arrays(ln, part: dict, arrays, base: str, version: int) -> Non
             if steps:
                 ls.factor = _shaped(arrays, f"{base}layer{i}/inverse", (ls.gram.shape[0],) * 2)
             else:  # rebuilt from A when it was last (learner._enter_gram)
-                ls.factor = linalg.inverse_from_cholesky(linalg.cholesky(ls.gram))
+                ls.factor = gram_cholesky.inverse_from_cholesky(gram_cholesky.cholesky(ls.gram))
             ls.factor_kind, ls.woodbury_steps = "inverse", steps
 
 

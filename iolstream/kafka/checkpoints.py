@@ -1,11 +1,12 @@
-"""Checkpoints: the state and the input positions it covers, written to the snapshot store.
+"""Checkpoints: when one is due, and writing the state and the input positions it covers to the snapshot store.
 
 A checkpoint is due every ``snapshot.every_batches`` batches or ``snapshot.every_seconds``, and after a
 (re)start soon (``snapshot.first_after_seconds``; exactly-once as soon as the replay is over), so that
 a crash loop makes progress. Writing one: 1. wait for the producer's deliveries (a periodic checkpoint
 ``FLUSH_SECONDS``, then it is postponed, the loop going on; a final one up to the call timeout)
 2. write the snapshot (the processor's state and the positions) atomically. Nothing is written if an
-output could not be delivered.
+output could not be delivered. What a worker resumes with (the newest snapshot's processor, or a fresh one) is
+``kafka.resume``'s.
 """
 
 from __future__ import annotations
@@ -15,22 +16,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from iolstream.core import runtime, state_io
-from iolstream.core.model import EdRVFL
-from iolstream.core.state_io import StateFormatError
+from iolstream.core import step_tuner
+from iolstream.kafka import resume
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import drop_other_topics, fmt
+from iolstream.kafka.resume import Loaded
 from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 from iolstream.stream.processor import StreamProcessor
-from iolstream.stream.retention import RetentionStore, record_shape
-from iolstream.stream.warmup import ScalingAgreement
+from iolstream.stream.scaler_warmup import ScalingAgreement
 
 log = logging.getLogger("iolstream.worker")
-# model keys a restart may change: how much the candidates not in force are scored, not what the sums hold
-FREE_MODEL_KEYS = ("scoring_share",)
 
 FLUSH_SECONDS = 1.0  # a periodic checkpoint waits this long for deliveries, then tries again later
 
@@ -45,17 +43,6 @@ class Checkpoint:
     snapshot_seconds: float = 0.0
     snapshot_bytes: int = 0
     written_at: float = 0.0
-
-
-@dataclass
-class Loaded:
-    """What ``Checkpointer.load`` read: the processor, the input positions it covers, and the group
-    learning state saved with it (None: none)."""
-
-    processor: StreamProcessor
-    positions: dict
-    group: tuple[dict, dict] | None = None
-    topic_ids: dict = field(default_factory=dict)  # {topic: id} the positions are of (older snapshots: none)
 
 
 class Checkpointer:
@@ -85,18 +72,6 @@ class Checkpointer:
         self.last_written_ms = 0  # when the snapshot loaded or written last was written (its manifest's time)
         self.topic_ids: dict[str, str] = {}  # {topic: id} of the topics read (written with their positions)
 
-    def retention(self) -> RetentionStore | None:
-        """The retention store of forget requests (docs/design.md §13), None without ``topics.forget``."""
-        directory = self.cfg.retention_dir
-        if directory is None:
-            return None
-        return RetentionStore(
-            directory,
-            **record_shape(self.cfg.model),
-            rows=self.cfg.retention.rows,
-            ms=self.cfg.retention.ms,
-        )
-
     def take_receipts(self) -> list[dict]:
         """The forget receipts to produce now (then no longer held here)."""
         receipts, self.receipts = self.receipts, []
@@ -109,7 +84,7 @@ class Checkpointer:
 
     def load(self) -> Loaded:
         """The newest valid snapshot's processor, positions and group state (a fresh processor and none if
-        there is none)."""
+        there is none, ``resume``), and this checkpointer's bookkeeping from it."""
         try:
             snap = self.store.load_latest()
         except SnapshotError as exc:  # another format version: never skipped silently
@@ -117,27 +92,22 @@ class Checkpointer:
         if snap is None:
             log.info("no snapshot in %s: starting a fresh model", self.store.dir)
             self.last = Checkpoint()
-            proc = StreamProcessor(
-                EdRVFL(self.cfg.model),
-                self.cfg.stream,
-                window_rows=self.cfg.metrics.window_rows,
-                agreement=self.agreement,
-                retention=self.retention(),
-                events=self.cfg.events,
-            )
-            proc.erasure.load_state(None)  # a fresh model: no row of an earlier one is kept
-            loaded = Loaded(proc, {})
+            loaded = resume.fresh(self.cfg, self.agreement)
         else:
-            loaded = Loaded(*self._restore(snap))
-            loaded.topic_ids = dict(snap.manifest.get("worker", {}).get("topic_ids", {}))
+            loaded = resume.restored(self.cfg, snap, self.agreement)
+            self.last = Checkpoint(
+                loaded.processor.counters["batches"],
+                time.monotonic(),
+                dict(loaded.positions),
+                snapshot_bytes=snap.size_bytes,
+                written_at=snap.manifest.get("written_at_ms", 0)
+                / 1000.0,  # the snapshot's age counts from its write
+            )
             self.last_written_ms = int(snap.manifest.get("written_at_ms", 0))
             self.receipts = loaded.processor.erasure.due()
             if self.receipts:  # it is the first without those rows: the older ones hold them
                 self._delete_older(snap.path.name)
-            if "group" in snap.manifest:
-                group_arrays = {k: v for k, v in snap.arrays.items() if k.startswith("group/")}
-                loaded.group = (snap.manifest["group"], group_arrays)
-        runtime.configure_for_model(loaded.processor.model)  # BLAS threads (docs/operations.md)
+        step_tuner.configure_for_model(loaded.processor.model)  # BLAS threads (docs/operations.md)
         if self.topic_ids:  # a roll-back: the topics' ids are known by now
             self.forget_other_topics(loaded.positions, loaded.topic_ids)
         return loaded
@@ -155,45 +125,6 @@ class Checkpointer:
                 self.topic_ids[topic],
                 extra={"event": "other_topic"},
             )
-
-    def _restore(self, snap) -> tuple[StreamProcessor, dict]:
-        if (why := mismatch(self.cfg, snap)) is not None:
-            raise WorkerError(why)
-        try:
-            proc = StreamProcessor.from_state(
-                snap.manifest,
-                snap.arrays,
-                self.cfg.stream,
-                window_rows=self.cfg.metrics.window_rows,
-                agreement=self.agreement,
-                retention=self.retention(),
-                events=self.cfg.events,
-            )
-        except (StateFormatError, KeyError, ValueError) as exc:  # checksum fine, contents not ours
-            raise WorkerError(f"snapshot {snap.path} cannot be restored: {exc}") from None
-        proc.model.set_scoring_share(self.cfg.model.scoring_share)  # this config's, whatever the snapshot's
-        positions = {(t, int(p)): int(o) for t, p, o in snap.manifest["offsets"]}
-        self.last = Checkpoint(
-            proc.counters["batches"],
-            time.monotonic(),
-            dict(positions),
-            snapshot_bytes=snap.size_bytes,
-            written_at=snap.manifest.get("written_at_ms", 0)
-            / 1000.0,  # the snapshot's age counts from its write
-        )
-        seeded = snap.manifest.get("worker", {}).get("seeded_from")
-        log.info(
-            "loaded snapshot %s (%d bytes, %.3f s): %s%d rows in, %d labelled, offsets %s",
-            snap.path.name,
-            snap.size_bytes,
-            snap.seconds,
-            "" if not seeded else f"seeded from {seeded.get('rows')} rows of {seeded.get('csv')}; since: ",
-            proc.counters["rows_in"],
-            proc.counters["rows_learned"],
-            fmt(positions) or "none (every partition is read from its beginning)",
-            extra={"event": "snapshot_loaded", "snapshot": snap.path.name},
-        )
-        return proc, positions
 
     def _delete_older(self, name: str) -> None:
         """Snapshots older than ``name`` hold rows forgotten since: deleted (docs/design.md §13)."""
@@ -304,42 +235,3 @@ class Checkpointer:
         if snap.seconds * 1000 > int(self.cfg.kafka.consumer.get("max.poll.interval.ms", 300_000)) / 4:
             log.warning("the snapshot took %.1f s, over a quarter of max.poll.interval.ms", snap.seconds)
         return True
-
-
-def mismatch(cfg: WorkerConfig, snap) -> str | None:
-    """Why the worker of ``cfg`` cannot resume from ``snap`` (its model config differs in a key a restart may not
-    change, or its config cannot be read), else None. ``run`` stops with this line (exit 3); ``check`` says it."""
-    try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
-        saved = state_io.saved_config(snap.manifest).to_dict()
-    except StateFormatError as exc:
-        return f"snapshot {snap.path} cannot be restored: {exc}"
-    wanted = cfg.model.to_dict()
-    keys = list(wanted) + (["features"] if "features" in saved and "features" not in wanted else [])
-    diff = [k for k in keys if k not in FREE_MODEL_KEYS and _jsonish(wanted.get(k)) != _jsonish(saved.get(k))]
-    if not diff:
-        return None
-    named = [f"model.{k} ({_short(saved.get(k))} there, {_short(wanted.get(k))} here)" for k in diff]
-    if "features" in diff:  # a schema changes the encoded width too: the schema says what changed
-        schema = cfg.model.schema
-        what = (
-            schema.changes(state_io.saved_config(snap.manifest).schema)
-            if schema is not None
-            else ["the saved model reads named fields, this config has no model.features"]
-        )
-        named = [n for k, n in zip(diff, named) if k not in ("features", "n_inputs")]
-        named.append(f"model.features: {'; '.join(what)}")
-    return (
-        f"snapshot {snap.path} was made with a different model config ({', '.join(named)}): restore that config, "
-        "or move the snapshot directory away to start a fresh model"
-    )
-
-
-def _short(value) -> str:
-    text = repr(_jsonish(value))
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _jsonish(value):
-    if isinstance(value, tuple):
-        return [_jsonish(v) for v in value]
-    return value

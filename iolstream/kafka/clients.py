@@ -1,5 +1,5 @@
-"""Client settings of the worker: what its consumer and producer are told, the topics it creates, and
-the timing checks of the configured timeouts against what one loop cycle may take.
+"""Client settings of the worker: what its consumer and producer are told, and the timing checks of the
+configured timeouts against what one loop cycle may take. The topics it creates are ``kafka.topics``'.
 
 Every client gets ``kafka.client`` (security, ...) and routes librdkafka's own log lines through the
 ``iolstream.kafka`` logger (JSON when ``logging.format`` is json).
@@ -12,7 +12,7 @@ import logging
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import diagnose, topics
+from iolstream.kafka import diagnose
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
@@ -138,34 +138,6 @@ def producer_conf(cfg: WorkerConfig, *, error_cb, on_delivery) -> dict:
     if cfg.durability.exactly_once:
         conf["transactional.id"] = cfg.transactional_id
     return conf
-
-
-def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: float = 30.0) -> list[str]:
-    """Create missing topics with the configured partitions; returns the names created. The input and
-    dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (topics.topic_configs)."""
-    admin = admin or AdminClient(client_conf(cfg))
-    t = cfg.topics
-    inputs = [t.features, t.labels, t.dead_letters] + ([t.forget] if t.forget else [])
-    configs = topics.topic_configs(cfg.stream.max_message_bytes, inputs)
-    names = [t.features, t.labels, t.predictions, t.dead_letters]
-    if t.forget:  # forget requests keyed by id, as the labels are (a group's member holding the row gets it)
-        names += [t.forget, t.forget_receipts]
-    try:
-        return topics.create_topics(
-            admin,
-            names,
-            partitions=t.partitions,
-            replication_factor=t.replication_factor,
-            configs=configs,
-            timeout=timeout,
-        )
-    except KafkaException as exc:
-        why = diagnose.explain(
-            exc, client_conf(cfg), operation="Create", resource=diagnose.named("topic", *names)
-        )
-        if why.refusal:
-            raise AccessDenied(why) from None
-        raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
 
 
 def estimated_snapshot_bytes(cfg: WorkerConfig) -> int:

@@ -526,17 +526,19 @@ def _with_size_limits(cfg: WorkerConfig) -> WorkerConfig:
     default stream.max_message_bytes, so a bad message of an accepted size could not be dead-lettered (issue
     12)."""
     from iolstream.kafka import (
-        topics,  # imports confluent_kafka: not at module level, the config loads without it
+        message_limits,  # imports confluent_kafka: not at module level, the config loads without it
     )
 
     try:
-        topics.check_producer_limits(cfg.stream.max_message_bytes, cfg.kafka.producer, cfg.kafka.consumer)
+        message_limits.check_producer_limits(
+            cfg.stream.max_message_bytes, cfg.kafka.producer, cfg.kafka.consumer
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if "message.max.bytes" in cfg.kafka.producer:
         return cfg
     producer = {
-        "message.max.bytes": topics.producer_message_max_bytes(cfg.stream.max_message_bytes),
+        "message.max.bytes": message_limits.producer_message_max_bytes(cfg.stream.max_message_bytes),
         **cfg.kafka.producer,
     }
     return dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, producer=producer))

@@ -13,7 +13,7 @@ an excerpt (``dead_letter_excerpt``): its first bytes, with headers naming the o
 and why it was cut. Sizes are decided before producing, so an excerpt never enters an exactly-once
 transaction in a form the broker refuses (a refused record fails the whole transaction).
 
-Start-up checks (``topics.check_producer_limits`` when the config loads, ``check_dead_letter_topic`` when the
+Start-up checks (``message_limits.check_producer_limits`` when the config loads, ``check_dead_letter_topic`` when the
 worker starts); errors name the keys:
 
 - error: ``kafka.producer.message.max.bytes`` set below ``M + DEAD_LETTER_HEADROOM`` (the worker's own
@@ -36,7 +36,7 @@ import time
 
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka.topics import (
+from iolstream.kafka.message_limits import (
     DEAD_LETTER_HEADROOM,
     LIBRDKAFKA_MESSAGE_MAX_BYTES,
     MIN_DEAD_LETTER_BYTES,

@@ -32,8 +32,8 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
   member whose rows still wait for that agreement waits for it, then learns them.
 
-The processor proposes its warm-up scaling to this object (``stream.warmup.ScalingAgreement``, given to
-the processor when it is made, ``kafka.checkpoints``). Records as Kafka messages (chunks, headers, keys):
+The processor proposes its warm-up scaling to this object (``stream.scaler_warmup.ScalingAgreement``, given to
+the processor when it is made, ``kafka.resume``). Records as Kafka messages (chunks, headers, keys):
 ``kafka.group_records``.
 """
 
@@ -49,7 +49,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from iolstream.kafka import snapshots, topics
+from iolstream.kafka import message_limits, snapshots, topics
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
@@ -68,7 +68,7 @@ def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
     chunk."""
     return {
         "cleanup.policy": "compact",
-        "max.message.bytes": str(max(topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
+        "max.message.bytes": str(max(message_limits.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
         "segment.ms": "600000",  # compaction works on closed segments: close one every 10 minutes
         "min.cleanable.dirty.ratio": "0.1",
     }
@@ -293,7 +293,7 @@ class GroupSync:
 
     # ------------------------------------------------------------ the processor's scaling agreement
     def propose_scaling(self, head: np.ndarray) -> None:
-        """The processor's warm-up rows (``stream.warmup.ScalingAgreement``): proposed to the group."""
+        """The processor's warm-up rows (``stream.scaler_warmup.ScalingAgreement``): proposed to the group."""
         self.state.propose_scaling(head)
 
     def propose_targets(self, mean: np.ndarray, std: np.ndarray) -> None:

@@ -61,7 +61,7 @@ class Intake:
             if not msgs and (first := consumer.poll(max(timeout_ms, 0) / 1000.0)) is not None:
                 msgs = [first] + (consumer.consume(num_messages=want - 1, timeout=0) if want > 1 else [])
         consumed = self._queue(msgs)
-        if tuner is not None and msgs:  # throughput mode only when behind (see runtime.StepTuner.explore)
+        if tuner is not None and msgs:  # throughput mode only when behind (see step_tuner.StepTuner.explore)
             tuner.explore = self.assignment.catching_up(msgs[-1], self.rows_per_message)
         ready = self.aligner.release(time.monotonic() * 1000, self.assignment.lag, want)
         revokes = self.assignment.revokes

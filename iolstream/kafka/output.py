@@ -56,7 +56,7 @@ class Output:
         self.waiting = waiting
         self.producer = None
         self.delivery_errors = 0
-        self.refusals = None  # refusals.Refusals: a refused write is fatal, named once
+        self.refusals = None  # reported_refusals.Refusals: a refused write is fatal, named once
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
         # start
         self.dead_letter_limit = deadletters.DeadLetterLimit(

@@ -32,7 +32,7 @@ Tick = Callable[[], None]
 class Solo:
     """A worker that learns alone: no records to read or publish, nothing to hand over."""
 
-    agreement = None  # the warm-up scaling is this worker's own (``stream.warmup.ScalingAgreement``)
+    agreement = None  # the warm-up scaling is this worker's own (``stream.scaler_warmup.ScalingAgreement``)
 
     def attach(
         self, processor: StreamProcessor, saved: tuple[dict, dict] | None, *, start: bool = False

@@ -1,43 +1,46 @@
-"""Topic creation and the message size limits the clients and topics must agree on: the producer's
-``message.max.bytes`` made from ``stream.max_message_bytes``, the ``max.message.bytes`` of created topics,
-a topic's limit read from the broker, and the start-up checks of the client settings. The dead-letter
-path sized from these limits is ``kafka.deadletters``.
+"""Topic creation, one owner: the worker's topics as its config names them (``ensure_topics``, with
+``topics.create: true``), and the one call every creator goes through (``create_topics``: the worker, the
+model-deltas topic of group learning, ``iolstream produce --create-topics`` and ``iolstream topics --create``).
+The ``max.message.bytes`` a created topic gets is ``kafka.message_limits``'.
 """
 
 from __future__ import annotations
 
-import logging
-
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
-log = logging.getLogger("iolstream.worker")
-
-DEAD_LETTER_HEADROOM = 8192  # above M for a dead letter's headers (≤ ~3 KB) and the record framing
-LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes and batch.size
-KAFKA_TOPIC_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default max.message.bytes of a topic
-MIN_DEAD_LETTER_BYTES = 8192  # a dead-letter limit below this leaves no room for the headers and an excerpt
-RECEIVE_OVERHEAD = 512  # librdkafka: receive.message.max.bytes must exceed the fetch size by this much
+from iolstream.kafka import diagnose, message_limits
+from iolstream.kafka.clients import client_conf
+from iolstream.kafka.config import WorkerConfig
+from iolstream.kafka.errors import AccessDenied, WorkerError
 
 
-def framing_bytes(limit: int) -> int:
-    """Bytes of ``limit`` kept free for the record batch and record framing (~100 bytes) and for
-    compression, which can grow incompressible data a little (lz4: 0.4 %): 1 KiB + 1 %."""
-    return 1024 + limit // 100
-
-
-def producer_message_max_bytes(max_message_bytes: int) -> int:
-    """The producer's message.max.bytes the worker sets by default: a whole max-size dead letter fits."""
-    return max(LIBRDKAFKA_MESSAGE_MAX_BYTES, max_message_bytes + DEAD_LETTER_HEADROOM)
-
-
-def topic_configs(max_message_bytes: int, names) -> dict[str, dict[str, str]]:
-    """``max.message.bytes`` for topics created for input or dead letters of up to ``max_message_bytes``:
-    M + DEAD_LETTER_HEADROOM when that is above Kafka's default, else the broker's own default."""
-    wanted = max_message_bytes + DEAD_LETTER_HEADROOM
-    if wanted <= KAFKA_TOPIC_MAX_MESSAGE_BYTES:
-        return {}
-    return {name: {"max.message.bytes": str(wanted)} for name in names}
+def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: float = 30.0) -> list[str]:
+    """Create missing topics with the configured partitions; returns the names created. The input and
+    dead-letter topics get a max.message.bytes that fits stream.max_message_bytes (``message_limits.topic_configs``)."""
+    admin = admin or AdminClient(client_conf(cfg))
+    t = cfg.topics
+    inputs = [t.features, t.labels, t.dead_letters] + ([t.forget] if t.forget else [])
+    configs = message_limits.topic_configs(cfg.stream.max_message_bytes, inputs)
+    names = [t.features, t.labels, t.predictions, t.dead_letters]
+    if t.forget:  # forget requests keyed by id, as the labels are (a group's member holding the row gets it)
+        names += [t.forget, t.forget_receipts]
+    try:
+        return create_topics(
+            admin,
+            names,
+            partitions=t.partitions,
+            replication_factor=t.replication_factor,
+            configs=configs,
+            timeout=timeout,
+        )
+    except KafkaException as exc:
+        why = diagnose.explain(
+            exc, client_conf(cfg), operation="Create", resource=diagnose.named("topic", *names)
+        )
+        if why.refusal:
+            raise AccessDenied(why) from None
+        raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
 
 
 def create_topics(
@@ -67,50 +70,3 @@ def create_topics(
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     return [t.topic for t in new]
-
-
-def describe_max_message_bytes(admin: AdminClient, topic: str, timeout: float = 10.0) -> int | None:
-    """The topic's effective ``max.message.bytes`` (None: the topic does not exist or cannot be described)."""
-    resource = ConfigResource("topic", topic)
-    try:
-        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout=timeout
-        )
-        return int(entries["max.message.bytes"].value)
-    except (
-        Exception
-    ) as exc:  # KafkaException (no such topic, no permission), a timeout: the limit stays unknown
-        log.debug("cannot read max.message.bytes of %s: %s", topic, exc)
-        return None
-
-
-def _int_setting(section: dict, key: str, where: str, default: int) -> tuple[int, bool]:
-    """(value, explicitly set) of a librdkafka size setting; ValueError naming ``where.key`` if not an
-    integer."""
-    if key not in section:
-        return default, False
-    try:
-        return int(section[key]), True
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}.{key}: must be an integer, got {section[key]!r}") from None
-
-
-def check_producer_limits(max_message_bytes: int, producer: dict, consumer: dict) -> None:
-    """Refuse client settings that contradict ``stream.max_message_bytes`` (ValueError naming the keys)."""
-    p, explicit = _int_setting(
-        producer, "message.max.bytes", "kafka.producer", producer_message_max_bytes(max_message_bytes)
-    )
-    need = max_message_bytes + DEAD_LETTER_HEADROOM
-    if explicit and p < need:
-        raise ValueError(
-            f"kafka.producer.message.max.bytes ({p}) is below stream.max_message_bytes ({max_message_bytes}) + "
-            f"{DEAD_LETTER_HEADROOM} bytes for a dead letter's headers: a bad message of the largest accepted size "
-            f"could not be dead-lettered whole; raise it to at least {need}, lower stream.max_message_bytes, "
-            "or leave message.max.bytes out (the worker then sets it)"
-        )
-    receive, explicit = _int_setting(consumer, "receive.message.max.bytes", "kafka.consumer", 100_000_000)
-    if explicit and receive < max_message_bytes + RECEIVE_OVERHEAD:
-        raise ValueError(
-            f"kafka.consumer.receive.message.max.bytes ({receive}) is below stream.max_message_bytes "
-            f"({max_message_bytes}) + {RECEIVE_OVERHEAD}: a message of the largest accepted size could not be fetched"
-        )

@@ -37,11 +37,11 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from iolstream.core import kernel_cache
-from iolstream.kafka import access, clients, diagnose, output
+from iolstream.kafka import access_probes, clients, diagnose, output
 from iolstream.kafka.assignment import Assignment
 from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
-from iolstream.kafka.clients import check_timing, ensure_topics
+from iolstream.kafka.clients import check_timing
 from iolstream.kafka.commit import delivery_mode, now_ms
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
@@ -49,14 +49,15 @@ from iolstream.kafka.health import BrokerHealth
 from iolstream.kafka.intake import Intake
 from iolstream.kafka.offsets import OffsetBook
 from iolstream.kafka.participant import participant
-from iolstream.kafka.refusals import Refusals
+from iolstream.kafka.reported_refusals import Refusals
 from iolstream.kafka.session import Session
 from iolstream.kafka.stopping import Stopping
+from iolstream.kafka.topics import ensure_topics
 from iolstream.ops.faults import CRASH_ENV, crash_point
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL, EXIT_OK, LoopWatchdog
 from iolstream.ops.logs import log_status_line
 from iolstream.ops.process import freeze_startup_objects
-from iolstream.stream import warm
+from iolstream.stream import kernel_warmup
 from iolstream.stream.align import Aligner
 from iolstream.stream.outputs import StepOutput
 
@@ -91,7 +92,7 @@ class Worker:
         for warning in check_timing(cfg):
             log.warning("%s", warning)
         self.output = mode.make_output(cfg, metrics=metrics, waiting=self._waiting)
-        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.refusals)
+        # authentication, TLS trust, ACLs: one line and exit 6 (kafka.reported_refusals)
         self.refusals = self.output.refusals = Refusals(cfg)
         # group learning's part (kafka.participant; a single worker's does nothing): the processor proposes its
         # warm-up scaling to the group
@@ -159,13 +160,13 @@ class Worker:
         # below; a missing topic with topics.create false is exit 3 (as check says); before the kernels, which
         # may take a minute to compile at a first start
         self.starting = "probing the topics and groups"
-        topic_ids = access.startup(self.cfg, clients.client_conf(self.cfg), log)
+        topic_ids = access_probes.startup(self.cfg, clients.client_conf(self.cfg), log)
         if self.cfg.topics.create:
             self.starting = "creating topics"
             created = ensure_topics(self.cfg)
             if created:
                 log.info("created topics %s", created)
-                topic_ids = access.topic_ids(self.cfg, clients.client_conf(self.cfg))
+                topic_ids = access_probes.topic_ids(self.cfg, clients.client_conf(self.cfg))
         # the ids go into every snapshot; a topic with another id than the snapshot's is read from its beginning
         self.checkpoints.topic_ids = topic_ids
         self.checkpoints.forget_other_topics(self.book.positions, self.loaded_topic_ids)
@@ -201,7 +202,7 @@ class Worker:
                 "compiling the kernels this model takes into %s (nothing cached there yet): usually %s, "
                 "once; the next start loads them in about a second (iolstream warmup -c CONFIG compiles them ahead)",
                 where,
-                warm.COLD_COMPILE_SECONDS,
+                kernel_warmup.COLD_COMPILE_SECONDS,
                 extra={"event": "compiling"},
             )
         self.starting = "loading the compiled kernels"
@@ -218,7 +219,7 @@ class Worker:
                         extra={"event": "compiling"},
                     )
 
-        warmed = warm.preload(self.processor.model.config, parallel=parallel, progress=progress)
+        warmed = kernel_warmup.preload(self.processor.model.config, parallel=parallel, progress=progress)
         if warmed.compiled:
             log.info(
                 "kernels compiled in %.0f s (%d compilations), cached in %s",
@@ -288,7 +289,9 @@ class Worker:
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
         watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
-        refused_lines = self.refusals.handler()  # librdkafka's log lines that name a refusal (kafka.refusals)
+        refused_lines = (
+            self.refusals.handler()
+        )  # librdkafka's log lines that name a refusal (kafka.reported_refusals)
         logging.getLogger("iolstream.kafka").addHandler(refused_lines)
         try:
             self._open()

@@ -48,7 +48,7 @@ class StreamConfig:
     label_batch_rows: int = 256
     max_label_latency_ms: int = 200
     # Kafka's default max.message.bytes of a topic (1,048,588) less the dead-letter headroom (8,192,
-    # kafka.topics.DEAD_LETTER_HEADROOM): topics made with the broker's defaults take every dead letter whole
+    # kafka.message_limits.DEAD_LETTER_HEADROOM): topics made with the broker's defaults take every dead letter whole
     max_message_bytes: int = 1_040_396
     max_pending_rows: int = 100_000
     row_ttl_ms: int | None = 3_600_000

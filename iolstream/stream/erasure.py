@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.stream import joinbuffer
 from iolstream.stream import retention as store
 from iolstream.stream.encoding import forget_message
@@ -381,7 +381,7 @@ class Erasure:
                 weights=np.concatenate(weights),
                 scores=given,
             )
-        except linalg.NotPositiveDefinite:
+        except gram_cholesky.NotPositiveDefinite:
             return ids
         self.counters["rows_erased"] += len(ids)
         return []

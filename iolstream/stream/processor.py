@@ -73,7 +73,7 @@ from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import FeatureRows, LabelRows, TargetSpec
 from iolstream.stream.screen import screen
-from iolstream.stream.warmup import ScalingAgreement, WarmUpHold, warn_if_linear
+from iolstream.stream.scaler_warmup import ScalingAgreement, WarmUpHold, warn_if_linear
 
 # the step's outputs and the payload's fields, re-exported for the adapter
 __all__ = ["PAYLOAD", "DeadLetter", "ScalingAgreement", "StepOutput", "StreamProcessor"]

@@ -1,5 +1,5 @@
 """``iolstream acls -c worker.yaml``: the ``kafka-acls`` commands that grant a worker with this config exactly the
-ACLs it needs on a broker that enforces them (``kafka.acls``; docs/operations.md "Secured Kafka")."""
+ACLs it needs on a broker that enforces them (``kafka.required_acls``; docs/operations.md "Secured Kafka")."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def add_parser(subparsers):
 
 
 def main(args) -> int:
-    from iolstream.kafka import acls
+    from iolstream.kafka import required_acls
     from iolstream.kafka.config import load_config
 
     cfg = load_config(args.config)
@@ -47,11 +47,11 @@ def main(args) -> int:
     if ":" not in principal:
         raise ValueError(f"--principal: expected TYPE:NAME such as User:worker, got {principal!r}")
     wanted = (
-        acls.producer_acls(cfg.topics.features, cfg.topics.labels, create=args.create_topics)
+        required_acls.producer_acls(cfg.topics.features, cfg.topics.labels, create=args.create_topics)
         if args.producer
-        else acls.worker_acls(cfg)
+        else required_acls.worker_acls(cfg)
     )
-    for line in acls.kafka_acls_lines(
+    for line in required_acls.kafka_acls_lines(
         wanted,
         principal,
         bootstrap=args.bootstrap or cfg.kafka.bootstrap_servers,

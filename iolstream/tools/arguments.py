@@ -40,7 +40,7 @@ def model_defaults() -> dict:
 
 def add_data_source(parser):
     """The "data" argument group: ``--dataset NAME`` or ``--csv PATH`` with ``--target COLUMN``; returns the group."""
-    from iolstream.tools.datasets import DATASETS
+    from iolstream.tools.builtin_datasets import DATASETS
 
     src = parser.add_argument_group("data")
     which = src.add_mutually_exclusive_group(required=True)

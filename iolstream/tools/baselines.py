@@ -21,12 +21,12 @@ from __future__ import annotations
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from iolstream.core import blas_pools
 from iolstream.core import learner as learner_mod
 from iolstream.core import regret as regret_mod
-from iolstream.core import runtime
 from iolstream.core.model import ModelConfig, make_scaler
 from iolstream.core.network import RandomNetwork
-from iolstream.tools.datasets import DataError
+from iolstream.tools.dataset import DataError
 
 BASELINES = ("os-elm", "river-softmax", "river-arf", "river-hat")
 
@@ -58,11 +58,11 @@ class OSELM:
         self._classification = config.task == "classification"
 
     def start(self, x_head, batch_sizes=()):
-        runtime.configure_blas()
-        if runtime.blas_threads_for(self.config.n_nodes) == 1:
+        blas_pools.configure_blas()
+        if blas_pools.blas_threads_for(self.config.n_nodes) == 1:
             threadpool_limits(
                 limits=1, user_api="blas"
-            )  # as runtime.configure_for_model does for small models
+            )  # as step_tuner.configure_for_model does for small models
         if not self.scaler.frozen:
             self.scaler.partial_fit(x_head[: self.config.warmup_rows])
             self.scaler.freeze()

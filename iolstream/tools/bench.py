@@ -95,7 +95,7 @@ def run_forget(args, name: str, dtype: str, settings: list[str]) -> list[dict]:
 
 def run_poker(args) -> dict:
     """The paper's largest run: N=989, L=5, λ=4, ReLU, xavier, b = 0.0027 of the rows, -F, sorted cards."""
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     data = load("poker", rows=args.rows, seed=args.seed, sort_cards=True)
     n_test = max(int(round(len(data.y) * args.test_fraction)), 1)
@@ -119,9 +119,9 @@ def run_poker(args) -> dict:
         track_regret=False,
     )
     model = EdRVFL(cfg)
-    from iolstream.core import runtime
+    from iolstream.core import step_tuner
 
-    runtime.configure_for_model(model)
+    step_tuner.configure_for_model(model)
     model.scaler.partial_fit(data.X[train[: cfg.warmup_rows]])
     x_train, y_train = data.X[train], model.encode_labels(data.y[train])
     t0 = time.perf_counter()
@@ -263,13 +263,13 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from iolstream.core import runtime
+    from iolstream.core import blas_pools
     from iolstream.ops import logs
 
     logs.setup("WARNING", "text")  # librdkafka's complaints through the repeat filter, never raw
-    runtime.configure_blas()
+    blas_pools.configure_blas()
     if args.suite == "core":
-        out = {"suite": "core", "blas": runtime.blas_info(), "results": run_core(args)}
+        out = {"suite": "core", "blas": blas_pools.blas_info(), "results": run_core(args)}
     elif args.suite == "poker":
         out = run_poker(args)
     elif args.suite == "group":

@@ -247,7 +247,7 @@ def _bench_model(
 ) -> EdRVFL:
     """A model of ``CONFIGS[name]`` in ``setting`` (SETTINGS), unscaled, no regret tracking, its thread pools set as
     the worker sets them; ``mode``: the setting's ``model.mode`` replaced."""
-    from iolstream.core import runtime
+    from iolstream.core import step_tuner
 
     k, m, n_nodes, n_layers, _ = CONFIGS[name]
     model = EdRVFL(
@@ -263,5 +263,5 @@ def _bench_model(
             **{**SETTINGS[setting], **({} if mode is None else {"mode": mode})},
         )
     )
-    runtime.configure_for_model(model)
+    step_tuner.configure_for_model(model)
     return model

@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from iolstream.core import runtime
+from iolstream.core import step_tuner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka import clients, snapshots
 from iolstream.stream.group import GroupState
@@ -55,7 +55,7 @@ SYNC_CONFIGS = {
 
 
 def _poker(rows: int, seed: int = 0):
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     d = load("poker", rows=rows, seed=seed, sort_cards=True)
     return d.X, d.y, d.classes
@@ -244,8 +244,8 @@ def run_throughput(
     base = _worker_cfg(
         bootstrap, {"features": features, "labels": labels}, "x", workdir, partitions, group=False
     )
-    from iolstream.kafka.clients import ensure_topics
     from iolstream.kafka.config import config_from_dict
+    from iolstream.kafka.topics import ensure_topics
 
     base["topics"].update(predictions=f"bench-group-{u}-unused", dead_letters=f"bench-group-{u}-dead")
     created += [base["topics"]["predictions"], base["topics"]["dead_letters"]]
@@ -302,7 +302,7 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
     )
     X, y, _ = _poker(max(4 * BATCH, batch), seed=2)
     sender, receiver = EdRVFL(cfg), EdRVFL(cfg)
-    runtime.configure_for_model(sender)
+    step_tuner.configure_for_model(sender)
     for m in (sender, receiver):
         m.scaler.partial_fit(X[: cfg.warmup_rows])
         m.learn_rows(X, y)
@@ -367,7 +367,7 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
 def _row_cost(cfg: ModelConfig, X, y, batch: int, seconds: float = 3.0) -> float:
     """Seconds per row of a plain -F step at ``batch`` rows (features, Gram, predict, label fold-in)."""
     model = EdRVFL(cfg)
-    runtime.configure_for_model(model)
+    step_tuner.configure_for_model(model)
     model.scaler.partial_fit(X[: cfg.warmup_rows])
     model.scaler.freeze()
     targets = model.encode_labels(y[:batch])
@@ -416,7 +416,7 @@ def projection(cost: dict, members=(4, 16, 64), sync_seconds: float = 1.0) -> li
 
 
 def quality(poker_rows: int, sync_rows: int) -> dict:
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     out = {}
     segment = load("segment")

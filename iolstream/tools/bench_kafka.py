@@ -66,7 +66,7 @@ K, M = 10, 10
 
 
 def _data(rows: int, seed: int = 0):
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     d = load("poker", rows=rows, seed=seed, sort_cards=True)
     return d.X, d.y
@@ -363,7 +363,7 @@ def _processor_rate(name: str, X, y, mode=None, events: bool = False) -> float:
     """The worker's stream logic alone (StreamProcessor) at ``mode`` (None: the default), messages from memory,
     after 8 warm-up batches, fed as the worker feeds them: the messages the worker reads (each row with its event
     time), its events section, the predictions encoded; ``events``: the same rows as named-field events."""
-    from iolstream.core import runtime
+    from iolstream.core import step_tuner
     from iolstream.core.model import EdRVFL, ModelConfig
     from iolstream.stream.config import EventsConfig, StreamConfig
     from iolstream.stream.processor import StreamProcessor
@@ -382,7 +382,7 @@ def _processor_rate(name: str, X, y, mode=None, events: bool = False) -> float:
             **({} if mode is None else {"mode": mode}),
         )
     )
-    runtime.configure_for_model(model)
+    step_tuner.configure_for_model(model)
     shape = EventsConfig(**EVENTS_SECTION) if events else None
     proc = StreamProcessor(model, StreamConfig(batch_rows=b, label_batch_rows=b), events=shape)
     pairs = []

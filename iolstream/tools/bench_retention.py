@@ -147,7 +147,7 @@ def _calibrated_record(rows: int) -> dict:
 
 
 def _processor_rate(rows: int, per_message: int, directory: str | None) -> float:
-    from iolstream.core import runtime
+    from iolstream.core import step_tuner
     from iolstream.core.model import EdRVFL, ModelConfig
     from iolstream.stream.config import StreamConfig
     from iolstream.stream.processor import StreamProcessor
@@ -156,7 +156,7 @@ def _processor_rate(rows: int, per_message: int, directory: str | None) -> float
         n_inputs=K, classes=tuple(range(10)), n_nodes=128, n_layers=4, warmup_rows=256, track_regret=False
     )
     model = EdRVFL(cfg)
-    runtime.configure_for_model(model)
+    step_tuner.configure_for_model(model)
     store = None if directory is None else RetentionStore(directory, n_features=K, n_labels=1, rows=1_000_000)
     proc = StreamProcessor(model, StreamConfig(batch_rows=BATCH, label_batch_rows=BATCH), retention=store)
     rng = np.random.default_rng(0)

@@ -14,7 +14,7 @@ One line per finding, ``ok``, ``warn`` or ``FAIL``, then the exit code:
         and the group, Write on the outputs, Create on a topic to create, Write on the transactional id
         (exactly-once); the line is the one ``iolstream run`` would stop with (same code)
 
-Both 3 and 6 found: 6. The cluster probes (``kafka.access``, the worker's own at start) write nothing into a
+Both 3 and 6 found: 6. The cluster probes (``kafka.access_probes``, the worker's own at start) write nothing into a
 user topic. The broker's address comes from the config (``kafka.bootstrap_servers``, or ``--bootstrap``)
 and its client settings from ``kafka.client``.
 """
@@ -168,7 +168,7 @@ def footprint_lines(cfg) -> tuple[str, str]:
 def check_snapshot(cfg, report: Report) -> None:
     """The newest valid snapshot in the worker's directory, as ``run`` would load it: a model config it was not
     made with is the line ``run`` stops with (exit 3, as run's)."""
-    from iolstream.kafka.checkpoints import mismatch
+    from iolstream.kafka.resume import mismatch
     from iolstream.kafka.snapshots import SnapshotError, SnapshotStore
 
     store = SnapshotStore(cfg.snapshot_dir, cfg.snapshot.keep)
@@ -194,8 +194,8 @@ def check_snapshot(cfg, report: Report) -> None:
 
 
 def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
-    from iolstream.tools.csvdata import load_csv
-    from iolstream.tools.data import DataError
+    from iolstream.tools.csv_file import load_csv
+    from iolstream.tools.dataset import DataError
     from iolstream.tools.fit import mismatches
 
     try:
@@ -217,7 +217,7 @@ def check_csv(cfg, path: str, target: str, rows: int, report: Report) -> None:
 def _schema_rows(cfg, path: str, target: str, rows: int):
     """(records, labels, task, rows, inputs) of a CSV read by the config's feature schema; DataError naming a
     missing column or the rows the schema refuses."""
-    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.csv_file import load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
     table = load_table(path, target, task=cfg.model.task, rows=rows)
@@ -228,7 +228,7 @@ def _schema_rows(cfg, path: str, target: str, rows: int):
 
 def check_cluster(cfg, timeout: float, report: Report) -> None:
     from iolstream.kafka import diagnose
-    from iolstream.kafka.access import Access, no_collection
+    from iolstream.kafka.access_probes import Access, no_collection
     from iolstream.kafka.clients import client_conf
 
     conf = client_conf(cfg)
@@ -240,7 +240,7 @@ def check_cluster(cfg, timeout: float, report: Report) -> None:
     report.say(
         True, "broker", f"{conf['bootstrap.servers']} answers ({brokers} broker{'s' * (brokers != 1)})"
     )
-    with no_collection():  # kafka.access: no collection on librdkafka's thread
+    with no_collection():  # kafka.access_probes: no collection on librdkafka's thread
         findings = Access(cfg, conf, timeout=max(timeout, 1.0)).all()
     for f in findings:
         report.say(f.ok, f.what, f.line, warning=f.warning)

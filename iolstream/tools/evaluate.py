@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.network import INITS
 from iolstream.tools.baselines import BASELINES, make_baseline
-from iolstream.tools.datasets import DataError, Dataset
+from iolstream.tools.dataset import DataError, Dataset
 from iolstream.tools.protocol import (
     DEFAULT_BATCH,
     ORDERS,
@@ -225,7 +225,7 @@ def main(args) -> int:
     import json
     import sys
 
-    from iolstream.tools import datasets, drift
+    from iolstream.tools import builtin_datasets, drift
     from iolstream.tools.arguments import model_defaults
     from iolstream.tools.progress import ProgressBar, Table
 
@@ -238,8 +238,10 @@ def main(args) -> int:
         raise ValueError("--task applies only to --csv")
     if args.csv is None and args.schema is not None:
         raise ValueError("--schema applies only to --csv")
-    if args.csv is None and args.dataset not in datasets.DATASETS:
-        raise DataError(f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}")
+    if args.csv is None and args.dataset not in builtin_datasets.DATASETS:
+        raise DataError(
+            f"unknown data set {args.dataset!r}; valid names: {', '.join(builtin_datasets.DATASETS)}"
+        )
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise ValueError(f"--plot: expected a .png file name, got {args.plot!r}")
     try:
@@ -283,11 +285,11 @@ def main(args) -> int:
             args, say=lambda line: print(line, file=sys.stderr if args.json else sys.stdout)
         )
     elif args.dataset == "poker":
-        dataset = datasets.load("poker", rows=args.rows, seed=args.seed, sort_cards=args.sort_cards)
+        dataset = builtin_datasets.load("poker", rows=args.rows, seed=args.seed, sort_cards=args.sort_cards)
     elif args.dataset in ("friedman", *drift.STREAMS) and args.rows is not None:
-        dataset = datasets.load(args.dataset, n_rows=args.rows, seed=args.seed)
+        dataset = builtin_datasets.load(args.dataset, n_rows=args.rows, seed=args.seed)
     else:
-        dataset = datasets.load(args.dataset, seed=args.seed)
+        dataset = builtin_datasets.load(args.dataset, seed=args.seed)
     if classes is not None and dataset.task == "classification":
         classes = _match_classes(classes, dataset)
 
@@ -385,7 +387,7 @@ def main(args) -> int:
 def _csv_dataset(args, say) -> Dataset:
     """The --csv data: numbers as they are; with --schema, or when a cell is text or blank, the rows as named
     fields encoded by the config's schema or the one inferred from the file (``say`` is told which)."""
-    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.csv_file import load_csv, load_table
     from iolstream.tools.records import choose_schema, schema_dataset
 
     if args.schema is None:

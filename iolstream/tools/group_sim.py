@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iolstream.core import contribution, runtime
+from iolstream.core import contribution, step_tuner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.stream.group import GroupState
 
@@ -127,7 +127,7 @@ def simulate_group(
     owner = owners(n, members, partitions)
     own_rows = [np.flatnonzero(owner == j) for j in range(members)]
     models = [EdRVFL(config) for _ in range(members)]
-    runtime.configure_for_model(models[0])
+    step_tuner.configure_for_model(models[0])
     warm = config.warmup_rows
     if exchange:  # the first proposal in the log: the member whose warm-up rows are in first
         first = min(

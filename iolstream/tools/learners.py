@@ -9,7 +9,7 @@ from typing import Protocol as TypingProtocol
 
 import numpy as np
 
-from iolstream.core import runtime, unit_ranges
+from iolstream.core import step_tuner, unit_ranges
 from iolstream.core.learner import WOODBURY_RATIO
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.tools.results import candidate_results, error_sums
@@ -66,7 +66,7 @@ class EdRVFLLearner:
         self._candidate_errors = np.zeros((len(self.model.learners), 2))
 
     def start(self, x_head: np.ndarray, batch_sizes=()) -> None:
-        runtime.configure_for_model(self.model)  # BLAS threads as the worker sets them
+        step_tuner.configure_for_model(self.model)  # BLAS threads as the worker sets them
         # A tiny model of the same kind runs the kernels this stream takes (serial, and parallel when the
         # step tuner may pick them) so that their compilation or cache load is not timed as learning.
         tuner = self.model.thread_tuner
@@ -96,7 +96,7 @@ class EdRVFLLearner:
 
     def arrive(self, x):
         # -F: the Gram enters, then the prediction. -R: observe leaves the learner alone and only
-        # predicts (= predict_batch), but it runs under the model's runtime.StepTuner as in the worker.
+        # predicts (= predict_batch), but it runs under the model's step_tuner.StepTuner as in the worker.
         scored = not self.warming_up()  # as the protocol scores the model's own predictions
         pred = self.model.observe(x)
         own = None

@@ -204,8 +204,8 @@ def resolve_target(args) -> KafkaTarget:
 def load_rows(args, model=None):
     """(X, y, task, description) of the data set, shuffled and capped as asked. With ``model`` (a worker's
     ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent)."""
-    from iolstream.tools import datasets
-    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools import builtin_datasets
+    from iolstream.tools.csv_file import load_csv, load_table
 
     if args.csv is not None and not args.target:
         raise ValueError("--csv needs --target COLUMN")
@@ -222,14 +222,14 @@ def load_rows(args, model=None):
                 "with one, then pass it with -c"
             )
         ds = load_csv(args.csv, args.target)
-    elif args.dataset not in datasets.DATASETS:
-        raise datasets.DataError(
-            f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}"
+    elif args.dataset not in builtin_datasets.DATASETS:
+        raise builtin_datasets.DataError(
+            f"unknown data set {args.dataset!r}; valid names: {', '.join(builtin_datasets.DATASETS)}"
         )
     elif args.dataset == "poker":
-        ds = datasets.load("poker", rows=args.rows, seed=args.seed)
+        ds = builtin_datasets.load("poker", rows=args.rows, seed=args.seed)
     else:
-        ds = datasets.load(args.dataset, seed=args.seed)
+        ds = builtin_datasets.load(args.dataset, seed=args.seed)
     order = _order(args, ds.n_rows)
     return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description
 
@@ -242,8 +242,8 @@ def _order(args, n: int) -> np.ndarray:
 def _load_records(args, model):
     """``load_rows`` for a worker with a feature schema: the records its events carry (a CSV's columns by the
     schema; a built-in data set's features by their names), and the labels typed as its classes."""
-    from iolstream.tools import datasets
-    from iolstream.tools.csvdata import load_table
+    from iolstream.tools import builtin_datasets
+    from iolstream.tools.csv_file import load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
     schema = model.schema
@@ -252,11 +252,11 @@ def _load_records(args, model):
         choose_schema(table, schema, source=args.config)  # every field of the schema is a column
         records, y, task, description = table_records(table, schema), table.y, table.task, table.description
     else:
-        if args.dataset not in datasets.DATASETS:
-            raise datasets.DataError(
-                f"unknown data set {args.dataset!r}; valid names: {', '.join(datasets.DATASETS)}"
+        if args.dataset not in builtin_datasets.DATASETS:
+            raise builtin_datasets.DataError(
+                f"unknown data set {args.dataset!r}; valid names: {', '.join(builtin_datasets.DATASETS)}"
             )
-        ds = datasets.load(args.dataset, seed=args.seed)
+        ds = builtin_datasets.load(args.dataset, seed=args.seed)
         names = list(ds.feature_names)
         records = [dict(zip(names, row)) for row in ds.X.tolist()]
         from iolstream.tools.records import check_records

@@ -21,7 +21,7 @@ Rows per second count training rows over the seconds spent predicting and learni
 stream; the Numba kernels are compiled (or loaded from the cache) on a tiny model of the same
 kind before the clock starts (``compile_seconds``), and test evaluation is timed apart.
 
-    >>> from iolstream.tools.datasets import load
+    >>> from iolstream.tools.builtin_datasets import load
     >>> from iolstream.tools.protocol import Protocol, evaluate
     >>> results = evaluate(load("iris"), model={"n_nodes": 32, "n_layers": 2}, modes=("forward", "ridge"))
     >>> [(r.name, r.metric, r.batches) for r in results]
@@ -44,7 +44,7 @@ import numpy as np
 from iolstream.core.model import ModelConfig
 from iolstream.stream.prequential import classification_report
 from iolstream.tools.baselines import make_baseline
-from iolstream.tools.datasets import DataError, Dataset
+from iolstream.tools.dataset import DataError, Dataset
 from iolstream.tools.learners import EdRVFLLearner, StreamLearner  # noqa: F401 (public here too)
 from iolstream.tools.results import (  # noqa: F401 (score: public here too)
     CurvePoint,

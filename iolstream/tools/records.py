@@ -12,7 +12,7 @@ from iolstream.core.schema import FeatureSchema
 from iolstream.core.schema_infer import infer_schema, typed_records
 from iolstream.stream.rows import TargetSpec
 from iolstream.stream.values import check_label
-from iolstream.tools.data import DataError, Dataset
+from iolstream.tools.dataset import DataError, Dataset
 
 MAX_NAMED = 3  # refused rows named in one error
 

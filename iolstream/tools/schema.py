@@ -77,7 +77,7 @@ def topic_stem(path: str) -> str:
 def inferred_config(args):
     """(the config's YAML text, the schema, the table) for ``args`` (schema infer's options)."""
     from iolstream.core.schema_infer import id_like, infer_schema
-    from iolstream.tools.csvdata import load_table
+    from iolstream.tools.csv_file import load_table
 
     table = load_table(args.csv, args.target, task=args.task, rows=args.rows)
     columns = dict(table.columns)

@@ -130,7 +130,7 @@ def _rows(args, cfg):
     import dataclasses
     import sys
 
-    from iolstream.tools.csvdata import load_csv, load_table
+    from iolstream.tools.csv_file import load_csv, load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
 
     schema = cfg.model.schema

@@ -51,7 +51,7 @@ def send(
     from confluent_kafka import KafkaException, Producer
 
     from iolstream.kafka import diagnose
-    from iolstream.kafka.refusals import Refusals
+    from iolstream.kafka.reported_refusals import Refusals
 
     seen = diagnose.Collector(forward=logging.getLogger(LOGGER))
     refusals = Refusals(producer_conf)  # the first refusal stops the send (exit 6)
@@ -154,7 +154,7 @@ def create_topics(
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from iolstream.kafka import diagnose, topics
+    from iolstream.kafka import diagnose, message_limits, topics
     from iolstream.kafka.clients import logged
     from iolstream.stream.config import StreamConfig
 
@@ -165,7 +165,7 @@ def create_topics(
             names,
             partitions=partitions,
             replication_factor=replication_factor,
-            configs=topics.topic_configs(limit, sized),
+            configs=message_limits.topic_configs(limit, sized),
             timeout=timeout,
         )
     except KafkaException as exc:

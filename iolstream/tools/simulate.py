@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from iolstream.core import blas_pools
 from iolstream.core import regret as regret_mod
-from iolstream.core import runtime
 from iolstream.core.candidates import AUTO_START_MODE, MODE_CANDIDATES, CandidateSelector
 from iolstream.core.learner import OnlineLearner
 from iolstream.tools.figures import pyplot, save_figure
@@ -206,8 +206,8 @@ def run_auto(ridge: tuple, forward: tuple, points) -> tuple:
 
 def simulate(cfg: SimulationConfig, *, on_progress=None) -> list[SimulationResult]:
     """Every (stream, λ, mode) cell, -R before -F, streams and λ in the order given."""
-    runtime.configure_blas()
-    if runtime.blas_threads_for(cfg.dim) == 1:  # small matrices: one BLAS thread (runtime's policy)
+    blas_pools.configure_blas()
+    if blas_pools.blas_threads_for(cfg.dim) == 1:  # small matrices: one BLAS thread (blas_pools' policy)
         threadpool_limits(limits=1, user_api="blas")
     points = time_points(cfg.horizon, cfg.curve_points)
     cells = [

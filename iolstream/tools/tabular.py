@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from iolstream.tools.data import DataError
+from iolstream.tools.dataset import DataError
 
 __all__ = ["TABULAR", "TabularSet", "load_tabular", "table_dataset", "table_schema"]
 
@@ -266,7 +266,7 @@ def table_dataset(ts: TabularSet, schema=None):
     """The set as a Dataset of rows encoded by ``schema`` (default: ``table_schema``), the model's own
     encoding (``core.encoder``): numbers raw with NaN for a gap (the model's warm-up scaler maps it to the mean),
     one-hot, boolean and missing-indicator columns 0/1."""
-    from iolstream.tools.data import Dataset, classification
+    from iolstream.tools.dataset import Dataset, classification
     from iolstream.tools.records import check_records
 
     schema = schema or table_schema(ts)

@@ -54,12 +54,12 @@ class Planned:
 
 
 def planned(cfg) -> list[Planned]:
-    """The topics of ``cfg`` as the worker creates them (``clients.ensure_topics``, ``group.GroupSync.open``)."""
-    from iolstream.kafka import topics
+    """The topics of ``cfg`` as the worker creates them (``kafka.topics.ensure_topics``, ``group.GroupSync.open``)."""
+    from iolstream.kafka import message_limits
     from iolstream.kafka.group import delta_topic_config
 
     t = cfg.topics
-    sized = topics.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
+    sized = message_limits.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
     out = [
         Planned(name, key, t.partitions, t.replication_factor, sized.get(name, {}))
         for name, key in (

@@ -2,7 +2,7 @@
 its first start.
 
 A worker compiles its kernels at its first start when nothing is cached (about 50 s on 2 idle cores,
-``stream.warm.COLD_COMPILE_SECONDS``) and loads them in about a second afterwards. The cache is
+``stream.kernel_warmup.COLD_COMPILE_SECONDS``) and loads them in about a second afterwards. The cache is
 ``NUMBA_CACHE_DIR`` when set, else ``__pycache__`` beside iolstream's sources: run this where the worker will
 run, with the same ``NUMBA_CACHE_DIR`` (an image's build step, an init container writing to a volume the
 worker mounts). ``--all`` compiles every kind of model a config may ask for (both dtypes, classification and
@@ -41,17 +41,17 @@ def main(args) -> int:
     import sys
 
     from iolstream.core import kernel_cache
-    from iolstream.stream import warm
+    from iolstream.stream import kernel_warmup
 
     say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     if args.all:
-        runs, what = warm.every_kind(), "every kind of model"
+        runs, what = kernel_warmup.every_kind(), "every kind of model"
     else:
         from iolstream.kafka.config import load_config
 
         model = load_config(args.config).model
-        # the parallel kernels too, whatever this machine's cores: the worker's may have more (runtime.StepTuner)
-        runs = warm.kernel_runs(model, parallel=True)
+        # the parallel kernels too, whatever this machine's cores: the worker's may have more (step_tuner.StepTuner)
+        runs = kernel_warmup.kernel_runs(model, parallel=True)
         target = f"{len(model.classes)} classes" if model.classes else f"{model.n_outputs} outputs"
         what = f"{args.config} (mode {model.mode}, {model.dtype}, {target})"
     where = kernel_cache.cache_dir()
@@ -59,14 +59,14 @@ def main(args) -> int:
     there = (
         f"{cached} kernels cached there already"
         if cached
-        else f"nothing cached there yet: {warm.COLD_COMPILE_SECONDS} for one model"
+        else f"nothing cached there yet: {kernel_warmup.COLD_COMPILE_SECONDS} for one model"
     )
     say(f"compiling the kernels of {what} into {where} ({there})")
 
     def progress(done: int, total: int, seconds: float, compiled: int) -> None:
         say(f"  {done}/{total} kernel sets ready ({seconds:.0f} s, {compiled} compilations)")
 
-    warmed = warm.run_all(runs, progress=progress)
+    warmed = kernel_warmup.run_all(runs, progress=progress)
     done = f"{warmed.compiled} compilations" if warmed.compiled else "all of them cached already"
     print(
         f"warmup: the kernels of {what} are in {where} ({warmed.seconds:.1f} s, {done}); a worker with this "

@@ -34,7 +34,7 @@ import yaml
 from kafka_util import unique_group
 from prometheus_client.parser import text_string_to_metric_families
 
-from iolstream.core import kernels
+from iolstream.core import activation_kernels
 from iolstream.kafka.config import load_config
 from iolstream.stream import recent_ids
 from iolstream.tools.cli import build_parser
@@ -331,7 +331,11 @@ def numba_cache(tmp_path_factory) -> Path:
 
 def test_warmup_compiles_every_kernel(numba_cache):
     index = {p.name.split("-")[0] for p in numba_cache.rglob("*.nbi")}
-    jitted = {f"kernels.{name}" for name, f in vars(kernels).items() if hasattr(f, "signatures")}
+    jitted = {
+        f"activation_kernels.{name}"
+        for name, f in vars(activation_kernels).items()
+        if hasattr(f, "signatures")
+    }
     assert jitted and jitted <= index, (jitted, index)
     ids = {f"recent_ids.{name}" for name, f in vars(recent_ids).items() if hasattr(f, "signatures")}
     assert ids and ids <= index, (ids, index)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.shared_gram import SharedGramLearner
 
@@ -179,8 +179,10 @@ def test_half_the_rows_erased_in_one_call_each_batch_keeps_every_sum_positive_de
     _assert_same_sums(model, ref, f"seed {seed}, {kw}, half erased", rtol=1e-8)
     for ln in model.learners:
         for ls in ln.state.layers:
-            linalg.cholesky(ls.gram)  # positive definite
-            np.testing.assert_allclose(linalg.symmetric(ls.gram) @ ls.beta, ls.rhs, rtol=1e-8, atol=1e-8)
+            gram_cholesky.cholesky(ls.gram)  # positive definite
+            np.testing.assert_allclose(
+                gram_cholesky.symmetric(ls.gram) @ ls.beta, ls.rhs, rtol=1e-8, atol=1e-8
+            )
 
 
 def test_erasing_every_row_returns_the_prior():
@@ -247,7 +249,7 @@ def test_a_downdate_round_off_would_leave_indefinite_changes_nothing():
     ]
     version = model.version
     huge = model.features(100.0 * np.ones((1, 4)))
-    with pytest.raises(linalg.NotPositiveDefinite):
+    with pytest.raises(gram_cholesky.NotPositiveDefinite):
         model.erase(huge, model.encode_labels([1]), [True], [model.learner.clock])
     for ln, (gram, rhs, rows) in zip(model.learners, before):
         assert np.array_equal(ln.state.arrays.gram, gram) and np.array_equal(ln.state.arrays.rhs, rhs)

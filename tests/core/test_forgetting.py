@@ -37,7 +37,7 @@ from test_learner import (
 )
 from threadpoolctl import threadpool_limits
 
-from iolstream.core import linalg
+from iolstream.core import gram_cholesky
 from iolstream.core.learner import OnlineLearner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
@@ -259,7 +259,7 @@ def test_scale_and_add_commute_and_keep_the_prior(mode):
     _assert_same_sums(added_then_scaled, scaled_then_added, f"mode={mode} seed={seed_}")
     first.state.scale(0.0)  # every data sum gone: back to the prior λI, c = 0, β = 0
     for layer, (ls, lam) in enumerate(zip(first.state.layers, LAMS)):
-        assert_close(linalg.symmetric(ls.gram), lam * np.eye(N_COLUMNS), f"layer {layer}", rtol=1e-15)
+        assert_close(gram_cholesky.symmetric(ls.gram), lam * np.eye(N_COLUMNS), f"layer {layer}", rtol=1e-15)
         assert not ls.rhs.any() and not ls.beta.any(), f"layer {layer} seed={seed_}"
 
 
@@ -600,7 +600,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
     """lam auto: one learner per half-life makes the updates (labels, decay; the batch's Gram is formed once and
     added to every half-life's A); the other λ hold its sums with their own λ on the diagonal
     (A_j = A_p + (λ_j − λ_p)I, c_j = c_p) and their own β."""
-    from iolstream.core import fused, fused_shared
+    from iolstream.core import shared_step_kernels, step_kernels
     from iolstream.core.shared_gram import SharedGramLearner
 
     seed_ = 34
@@ -637,7 +637,7 @@ def test_lam_candidates_share_the_sums_and_only_solve_apart(mode, monkeypatch):
         "observe_keep_serial",
         "observe_keep_parallel",
     ):
-        module = fused_shared if hasattr(fused_shared, name) else fused
+        module = shared_step_kernels if hasattr(shared_step_kernels, name) else step_kernels
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     stream_one_batch_late(model, x, y, 100)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from iolstream.core import state_io
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import AUTO_INITS, INITS, SPREAD, RandomNetwork, resolve_init
 from iolstream.kafka.group import model_digest

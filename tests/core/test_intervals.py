@@ -9,7 +9,7 @@ import pytest
 from iolstream.core import contribution, intervals
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.state_io import model_from_arrays, model_to_arrays
-from iolstream.tools import datasets
+from iolstream.tools import builtin_datasets
 from iolstream.tools.tabular import load_tabular, table_dataset
 
 SEED = 31
@@ -70,7 +70,7 @@ def test_the_interval_covers_what_it_says_on_real_regression_streams(name):
         x, y, features = ds.X, np.asarray(ds.y, dtype=np.float64), ds.schema.fields
         config = ModelConfig(features=features, n_nodes=128, seed=SEED, interval=0.9, mode="forward")
     else:
-        ds = datasets.load(name, seed=SEED, rows=2000)
+        ds = builtin_datasets.load(name, seed=SEED, rows=2000)
         x, y = ds.X, np.asarray(ds.y, dtype=np.float64)
         config = ModelConfig(n_inputs=x.shape[1], n_nodes=128, seed=SEED, interval=0.9, mode="forward")
     order = np.random.default_rng(SEED).permutation(len(x))

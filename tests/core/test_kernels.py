@@ -1,7 +1,7 @@
 """Every kernel against its plain-NumPy twin in tests/naive.py (STYLE.md, "Testing habits").
 
-Covers ``kernels`` (activations, Woodbury update, softmax), ``fused`` (hidden layers), ``network``
-(features, weight inits, seeding) and ``linalg`` (Gram update, Cholesky helpers).
+Covers ``activation_kernels`` (activations, Woodbury update, softmax), ``step_kernels`` (hidden layers), ``network``
+(features, weight inits, seeding) and ``gram_cholesky`` (Gram update, Cholesky helpers).
 Seeds are fixed and appear in every assertion message.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import fused, kernels, linalg
+from iolstream.core import activation_kernels, gram_cholesky, step_kernels
 from iolstream.core.network import INITS, RandomNetwork
 
 
@@ -23,11 +23,11 @@ def _tol(dtype):
     return (1e-12, 1e-12) if dtype == np.float64 else (2e-5, 2e-5)
 
 
-# --------------------------------------------------------------------------- hidden layer (fused.features_serial)
+# --------------------------------------------------------------------------- hidden layer (step_kernels.features_serial)
 
 
 def _forward(weights_t, inputs_t, bias, activation):
-    """g(W·input + b) through ``fused.features_serial`` on a one-layer network whose input is ``inputs_t``."""
+    """g(W·input + b) through ``step_kernels.features_serial`` on a one-layer network whose input is ``inputs_t``."""
     n_nodes, fan_in = weights_t.shape
     b = inputs_t.shape[1]
     packed = np.zeros((1, n_nodes, n_nodes + fan_in), dtype=weights_t.dtype)
@@ -35,20 +35,20 @@ def _forward(weights_t, inputs_t, bias, activation):
     out = np.empty((1, n_nodes + fan_in, b), dtype=weights_t.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow / invalid warnings from the kernel
-        code = kernels.ACTIVATION_CODES[activation]
-        fused.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
+        code = activation_kernels.ACTIVATION_CODES[activation]
+        step_kernels.features_serial(np.ascontiguousarray(inputs_t.T), packed, bias[None], code, False, out)
     assert np.array_equal(out[0, n_nodes:], inputs_t), "the input columns X of D"
     return out[0, :n_nodes]
 
 
 def test_every_activation_has_a_twin():
     z = np.linspace(-3, 3, 7)
-    for name in kernels.ACTIVATIONS:
+    for name in activation_kernels.ACTIVATIONS:
         assert naive.activation(z, name).shape == z.shape
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_hidden_layer_equals_twin(activation, dtype):
     seed = 11
     rng = np.random.default_rng(seed)
@@ -68,7 +68,7 @@ def test_hidden_layer_equals_twin(activation, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_hidden_layer_extreme_inputs(activation, dtype):
     """Pre-activations of ±700 (and ±1e4, beyond exp's range) give finite values, no warnings."""
     z = np.array([-1e4, -700.0, -100.0, -1.0, -1e-30, 0.0, 1e-30, 1.0, 100.0, 700.0, 1e4])
@@ -107,7 +107,7 @@ def test_woodbury_update_equals_twin(b):
     d = rng.standard_normal((b, n))
     want = naive.woodbury(eta, d)
     got = eta.copy(order="F")
-    fused.woodbury_update(got, np.ascontiguousarray(d.T))
+    step_kernels.woodbury_update(got, np.ascontiguousarray(d.T))
     np.testing.assert_allclose(
         got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max(), err_msg=f"b={b} seed={seed}"
     )
@@ -132,13 +132,13 @@ def test_softmax_rows_equals_twin_and_is_stable():
     z[4] = [1e-300, 0.0, -1e-300, 0.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = kernels.softmax_rows(z)
+        got = activation_kernels.softmax_rows(z)
     assert np.isfinite(got).all() and (got >= 0).all(), f"seed={seed}: {got}"
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(got, naive.softmax(z), rtol=1e-13, atol=1e-300, err_msg=f"seed={seed}")
     np.testing.assert_allclose(got[1], [0.5, 0.0, 0.0, 0.5])
     np.testing.assert_allclose(got[3], [0.25] * 4)
-    shifted = kernels.softmax_rows(z[[0, 5]] + 1e3)  # invariant to a constant shift per row
+    shifted = activation_kernels.softmax_rows(z[[0, 5]] + 1e3)  # invariant to a constant shift per row
     np.testing.assert_allclose(shifted, got[[0, 5]], rtol=1e-10, atol=1e-15)
 
 
@@ -147,7 +147,7 @@ def test_softmax_rows_equals_twin_and_is_stable():
 
 @pytest.mark.parametrize("bias_column", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("activation", kernels.ACTIVATIONS)
+@pytest.mark.parametrize("activation", activation_kernels.ACTIVATIONS)
 def test_network_features_equal_twin(activation, dtype, bias_column):
     seed = 3
     k, n_nodes, n_layers, b = 6, 11, 3, 20
@@ -237,11 +237,13 @@ def test_ensemble_kernels_equal_numpy_bitwise():
     """layer_mean and softmax_mean give the bits of the NumPy expressions they replace."""
     seed = 51
     outputs = 5 * np.random.default_rng(seed).standard_normal((4, 33, 7))
-    assert np.array_equal(kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
-    want = sum(kernels.softmax_rows(out) for out in outputs) / 4
-    assert np.array_equal(kernels.softmax_mean(outputs), want), f"seed={seed}"
+    assert np.array_equal(activation_kernels.layer_mean(outputs), outputs.mean(axis=0)), f"seed={seed}"
+    want = sum(activation_kernels.softmax_rows(out) for out in outputs) / 4
+    assert np.array_equal(activation_kernels.softmax_mean(outputs), want), f"seed={seed}"
     np.testing.assert_allclose(
-        kernels.softmax_mean(outputs), np.mean([naive.softmax(o) for o in outputs], axis=0), rtol=1e-14
+        activation_kernels.softmax_mean(outputs),
+        np.mean([naive.softmax(o) for o in outputs], axis=0),
+        rtol=1e-14,
     )
 
 
@@ -259,31 +261,31 @@ def test_gram_update_equals_dtd(dtype, order):
     want = 2.0 * np.eye(n)
     for d in batches:
         d = d.astype(dtype)
-        linalg.gram_update(gram, np.ascontiguousarray(d.T))
+        gram_cholesky.gram_update(gram, np.ascontiguousarray(d.T))
         want = want + d.astype(np.float64).T @ d.astype(np.float64)
     assert gram.dtype == np.float64
     rtol = 1e-13 if dtype == np.float64 else 1e-6  # float32 products, accumulated in float64
     np.testing.assert_allclose(
         np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
     )
-    np.testing.assert_allclose(linalg.symmetric(gram), want, rtol=rtol, atol=rtol * np.abs(want).max())
+    np.testing.assert_allclose(gram_cholesky.symmetric(gram), want, rtol=rtol, atol=rtol * np.abs(want).max())
     # sign = -1 removes a batch again (the downdate of ``forget``)
     d = batches[1].astype(dtype)
-    linalg.gram_update(gram, np.ascontiguousarray(d.T), sign=-1.0)
+    gram_cholesky.gram_update(gram, np.ascontiguousarray(d.T), sign=-1.0)
     want = want - d.astype(np.float64).T @ d.astype(np.float64)
     np.testing.assert_allclose(
         np.tril(gram), np.tril(want), rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"seed={seed}"
     )
     # an empty batch changes nothing
     before = gram.copy()
-    linalg.gram_update(gram, np.empty((n, 0), dtype=dtype))
+    gram_cholesky.gram_update(gram, np.empty((n, 0), dtype=dtype))
     assert np.array_equal(gram, before)
 
 
 def test_gram_update_is_in_place_for_f_ordered_float64():
     gram = np.asfortranarray(np.eye(4))
     address = gram.__array_interface__["data"][0]
-    linalg.gram_update(gram, np.ones((4, 2)))
+    gram_cholesky.gram_update(gram, np.ones((4, 2)))
     assert gram.__array_interface__["data"][0] == address
     np.testing.assert_array_equal(np.tril(gram), np.tril(np.eye(4) + 2.0))
 
@@ -295,28 +297,28 @@ def test_cholesky_helpers_equal_numpy():
     a = rng.standard_normal((n, 30))
     spd = a @ a.T + np.eye(n)
     lower_only = np.asfortranarray(np.tril(spd))  # only the lower triangle is read
-    factor = linalg.cholesky(lower_only)
+    factor = gram_cholesky.cholesky(lower_only)
     np.testing.assert_allclose(np.tril(factor), np.linalg.cholesky(spd), rtol=1e-12, err_msg=f"seed={seed}")
     rhs = rng.standard_normal((n, m))
     np.testing.assert_allclose(
-        linalg.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}"
+        gram_cholesky.cho_solve(factor, rhs), np.linalg.solve(spd, rhs), rtol=1e-10, err_msg=f"seed={seed}"
     )
-    inv = linalg.inverse_from_cholesky(factor)
+    inv = gram_cholesky.inverse_from_cholesky(factor)
     assert inv.flags.f_contiguous and np.array_equal(inv, inv.T)
     np.testing.assert_allclose(inv, np.linalg.inv(spd), rtol=1e-10, atol=1e-13, err_msg=f"seed={seed}")
-    np.testing.assert_allclose(linalg.product(spd, rhs), spd @ rhs, rtol=1e-13)
+    np.testing.assert_allclose(gram_cholesky.product(spd, rhs), spd @ rhs, rtol=1e-13)
     np.testing.assert_allclose(
-        linalg.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4
+        gram_cholesky.product(spd.astype(np.float32), rhs.astype(np.float32)), spd @ rhs, rtol=1e-4
     )
-    with pytest.raises(linalg.NotPositiveDefinite):
-        linalg.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
+    with pytest.raises(gram_cholesky.NotPositiveDefinite):
+        gram_cholesky.cholesky(np.asfortranarray(np.diag([1.0, -1.0, 1.0])))
 
 
 @pytest.mark.parametrize("cache_dir", [False, True], ids=["in-tree", "NUMBA_CACHE_DIR"])
 def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cache_dir):
     """Numba stamps a cached kernel with its own file only; kernel_cache adds a digest of all the
     kernel files, so that a kernel is recompiled when a function it calls from another file changes
-    (here: kernels.layer_mean after an edit of blaslib.py), and only then (an edit of codec.py: loaded)."""
+    (here: activation_kernels.layer_mean after an edit of numba_blas.py), and only then (an edit of codec.py: loaded)."""
     import os
     import shutil
     import subprocess
@@ -325,7 +327,8 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     from iolstream.core import kernel_cache
 
     assert isinstance(
-        fused.observe_serial._cache._impl._locator, (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator)
+        step_kernels.observe_serial._cache._impl._locator,
+        (kernel_cache.InTreeLocator, kernel_cache.UserDirLocator),
     )
     package = tmp_path / "copy" / "iolstream"
     shutil.copytree(kernel_cache.HERE.parent, package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -333,7 +336,7 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     env.update(PYTHONPATH=str(package.parent), NUMBA_DEBUG_CACHE="1")
     if cache_dir:
         env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
-    code = "import numpy as np\nfrom iolstream.core import kernels\nkernels.layer_mean(np.ones((2, 3, 4)))\n"
+    code = "import numpy as np\nfrom iolstream.core import activation_kernels\nactivation_kernels.layer_mean(np.ones((2, 3, 4)))\n"
 
     def run() -> str:
         out = subprocess.run(
@@ -350,7 +353,7 @@ def test_an_edit_of_any_kernel_file_recompiles_every_cached_kernel(tmp_path, cac
     with open(package / "stream" / "codec.py", "a") as f:
         f.write("\n# an edit outside the kernels\n")
     assert run() == "data loaded"
-    with open(package / "core" / "blaslib.py", "a") as f:
+    with open(package / "core" / "numba_blas.py", "a") as f:
         f.write("\n# an edit of another kernel file\n")
     assert run() == "data saved"
     assert run() == "data loaded"

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from threadpoolctl import threadpool_limits
 
-from iolstream.core import learner_state, linalg
+from iolstream.core import gram_cholesky, learner_state
 from iolstream.core.learner import WOODBURY_RATIO, OnlineLearner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
@@ -92,7 +92,7 @@ def assert_same_state(a: dict, b: dict, msg: str):
 def assert_solves(learner: OnlineLearner, msg: str, rtol=RTOL):
     """A β = c, relative to ‖c‖ (docs/design.md §2 invariant), for every layer."""
     for i, ls in enumerate(learner.state.layers):
-        a = linalg.symmetric(ls.gram)
+        a = gram_cholesky.symmetric(ls.gram)
         resid = np.linalg.norm(a @ ls.beta - ls.rhs)
         scale = np.linalg.norm(a) * np.linalg.norm(ls.beta) + np.linalg.norm(ls.rhs)
         assert resid <= rtol * max(scale, 1e-300), (
@@ -137,7 +137,7 @@ def test_ridge_equals_algorithm_1(solver, sizes_name, lam_name):
             assert_close(losses[layer], 0.5 * ((d @ used[t] - y) ** 2).sum(), f"{msg} layer {layer}: loss")
             assert_close(learner.state.layers[layer].beta, betas[t], f"{msg} layer {layer}: β_(t+1)")
             assert_close(
-                np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)),
+                np.linalg.inv(gram_cholesky.symmetric(learner.state.layers[layer].gram)),
                 etas[layer][t],
                 f"{msg} η_t",
             )
@@ -162,7 +162,7 @@ def test_forward_equals_algorithm_2(solver, sizes_name, lam_name):
     for layer in range(N_LAYERS):  # β_1 = 0, η_1 = (λI + D_1ᵀD_1)⁻¹
         assert not learner.state.layers[layer].beta.any()
         assert_close(
-            np.linalg.inv(linalg.symmetric(learner.state.layers[layer].gram)),
+            np.linalg.inv(gram_cholesky.symmetric(learner.state.layers[layer].gram)),
             etas[layer][0],
             f"η_1 seed={seed_}",
         )
@@ -173,7 +173,9 @@ def test_forward_equals_algorithm_2(solver, sizes_name, lam_name):
         for layer in range(N_LAYERS):
             ls = learner.state.layers[layer]
             assert_close(ls.beta, refs[layer][t], f"{msg} layer {layer}: β_(t+1)")
-            eta = ls.factor if ls.factor_kind == "inverse" else np.linalg.inv(linalg.symmetric(ls.gram))
+            eta = (
+                ls.factor if ls.factor_kind == "inverse" else np.linalg.inv(gram_cholesky.symmetric(ls.gram))
+            )
             assert_close(eta, etas[layer][t + 1], f"{msg} layer {layer}: η_(t+1)")
     # The last labels close the stream: β is then the plain ridge solution on everything.
     learner.learn(feats[-1], ys[-1])
@@ -383,11 +385,15 @@ def test_a_beta_equals_c_after_any_sequence(ops, mode, solver, data_seed):
                 assert np.array_equal(ls.factor, ls.factor.T), f"{msg}: layer {i} P not symmetric"
                 np.linalg.cholesky(ls.factor)  # raises if not positive definite
                 assert_close(
-                    ls.factor @ linalg.symmetric(ls.gram), np.eye(N_COLUMNS), f"{msg}: layer {i} P A ≠ I"
+                    ls.factor @ gram_cholesky.symmetric(ls.gram),
+                    np.eye(N_COLUMNS),
+                    f"{msg}: layer {i} P A ≠ I",
                 )
             else:
                 c = np.tril(ls.factor)
-                assert_close(c @ c.T, linalg.symmetric(ls.gram), f"{msg}: layer {i} C Cᵀ ≠ A", rtol=1e-12)
+                assert_close(
+                    c @ c.T, gram_cholesky.symmetric(ls.gram), f"{msg}: layer {i} C Cᵀ ≠ A", rtol=1e-12
+                )
 
 
 def test_woodbury_p_stays_spd_on_a_long_stream():
@@ -406,7 +412,7 @@ def test_woodbury_p_stays_spd_on_a_long_stream():
     assert ls.factor_kind == "inverse" and ls.woodbury_steps == 599
     assert np.array_equal(ls.factor, ls.factor.T)
     assert np.linalg.eigvalsh(ls.factor).min() > 0, f"seed={seed_}"
-    assert_close(ls.factor, np.linalg.inv(linalg.symmetric(ls.gram)), f"seed={seed_}", rtol=1e-8)
+    assert_close(ls.factor, np.linalg.inv(gram_cholesky.symmetric(ls.gram)), f"seed={seed_}", rtol=1e-8)
     assert_solves(learner, f"seed={seed_}")
 
 
@@ -483,7 +489,7 @@ def test_lazy_factor_is_the_cholesky_of_a():
     learner.observe(feats[0])
     assert learner.state.arrays.factor_stale.all() and not learner.state.arrays.beta_stale.any()
     for i, ls in enumerate(learner.state.layers):
-        want = np.linalg.cholesky(linalg.symmetric(ls.gram))
+        want = np.linalg.cholesky(gram_cholesky.symmetric(ls.gram))
         assert_close(np.tril(ls.factor), want, f"layer {i} seed={seed_}", rtol=1e-12)
         assert not ls.beta_stale and ls.factor_kind == "cholesky"
     assert not learner.state.arrays.factor_stale.any()
@@ -639,7 +645,7 @@ SMALL = dict(
 def _relative_errors(model, gram64, rhs64):
     errs = []
     for ls, a, c in zip(model.learner.state.layers, gram64, rhs64):
-        ref = np.linalg.solve(linalg.symmetric(a), c)
+        ref = np.linalg.solve(gram_cholesky.symmetric(a), c)
         errs.append(float(np.linalg.norm(ls.beta - ref) / np.linalg.norm(ref)))
     return max(errs)
 
@@ -664,12 +670,12 @@ def measure_float32(checkpoints, data_seed=1, batch=256):
         model.learn(pred.features_t, y, predicted=pred.predicted)
         f64 = pred.features_t.astype(np.float64)
         for layer in range(SMALL["n_layers"]):
-            linalg.gram_update(gram64[layer], f64[layer])
+            gram_cholesky.gram_update(gram64[layer], f64[layer])
             rhs64[layer] += f64[layer] @ y
         if t in checkpoints:
             errors[t] = _relative_errors(model, gram64, rhs64)
     for ls in model.learner.state.layers:
-        linalg.cholesky(ls.gram)  # raises NotPositiveDefinite
+        gram_cholesky.cholesky(ls.gram)  # raises NotPositiveDefinite
         assert ls.factor_kind == "cholesky" and np.isfinite(ls.beta).all()
     return errors
 

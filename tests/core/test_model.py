@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import kernels, regret
+from iolstream.core import activation_kernels, regret
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.scaling import Scaler, ScalerNotReady
 from iolstream.ops import process
@@ -169,7 +169,7 @@ def test_softmax_probabilities_survive_huge_layer_outputs():
     proba, index, _ = model.combine(outputs)
     assert np.isfinite(proba).all() and index.tolist() == [0]
     np.testing.assert_allclose(proba.sum(), 1.0)
-    np.testing.assert_allclose(proba, np.mean([kernels.softmax_rows(o) for o in outputs], axis=0))
+    np.testing.assert_allclose(proba, np.mean([activation_kernels.softmax_rows(o) for o in outputs], axis=0))
 
 
 # --------------------------------------------------------------------------- purity
@@ -575,7 +575,8 @@ def test_parallel_steps_equal_serial_steps_bitwise(dtype):
 
 
 def test_step_settings_by_size_and_cores():
-    from iolstream.core.runtime import SINGLE_THREAD_BELOW_COLUMNS, StepSetting, step_settings
+    from iolstream.core.blas_pools import SINGLE_THREAD_BELOW_COLUMNS
+    from iolstream.core.step_tuner import StepSetting, step_settings
 
     assert step_settings(139, cores=1) == [StepSetting(1, False)]
     assert step_settings(139, cores=2) == [
@@ -590,7 +591,7 @@ def test_step_tuner_runs_the_fastest_and_retries_the_others():
     """Each setting is timed first (on its second step: the first after a switch is not timed);
     then the cheapest runs, and a loser is retried (1 + TRIAL_STEPS steps) after 8, 16, 32 … steps,
     doubling each time it loses again; when it wins, it takes over."""
-    from iolstream.core.runtime import TRIAL_STEPS, StepSetting, StepTuner
+    from iolstream.core.step_tuner import TRIAL_STEPS, StepSetting, StepTuner
 
     settings = [StepSetting(1, False), StepSetting(1, True), StepSetting(2, False)]
     seconds = {settings[0]: 2.0, settings[1]: 1.0, settings[2]: 10.0}
@@ -618,7 +619,7 @@ def test_a_retry_is_not_lost_to_one_stalled_step():
     """The faster setting, retried after it lost to a slowdown, takes over again although one of its
     trial steps stalled (another process held the core: 10× as long): the median of its timed steps
     decides, not their mean. Two stalls in a row are a slowdown, and it stays the loser."""
-    from iolstream.core.runtime import TRIAL_STEPS, StepSetting, StepTuner
+    from iolstream.core.step_tuner import TRIAL_STEPS, StepSetting, StepTuner
 
     serial, parallel = StepSetting(1, False), StepSetting(1, True)
     for stalls, parallel_wins in ((1, True), (2, False)):
@@ -641,7 +642,7 @@ def test_step_tuner_live_runs_short_steps_serially_and_never_retries(parallel_wi
     the stream, and a step shorter than ``live_serial_seconds`` serially runs serially even when
     both cores were faster (a parallel region waits for a thread another process parked); a long
     step still takes the fastest setting. With a backlog again the tuner times and retries."""
-    from iolstream.core.runtime import StepSetting, StepTuner
+    from iolstream.core.step_tuner import StepSetting, StepTuner
 
     serial, parallel = StepSetting(1, False), StepSetting(1, True)
     per_row = {serial: 2e-6, parallel: 1e-6 if parallel_wins else 2e-5}

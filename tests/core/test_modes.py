@@ -283,7 +283,7 @@ def _auto_state(model: EdRVFL) -> dict:
 
 
 def test_the_fused_pair_step_is_the_step_of_its_parts_bitwise(monkeypatch):
-    """The default -F and -R pair goes through one kernel call per batch (``fused_shared.observe_pair_*``); with
+    """The default -F and -R pair goes through one kernel call per batch (``shared_step_kernels.observe_pair_*``); with
     that path switched off each candidate steps apart (the kept-Gram step, then the -R candidate's own solve):
     the same predictions, sums and β, bit for bit, including the batches the -F learner is not scored on."""
     from iolstream.core.shared_gram import SharedGramLearner

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from iolstream.core import unit_ranges
-from iolstream.core.kernels import ACTIVATIONS
+from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import RandomNetwork
 

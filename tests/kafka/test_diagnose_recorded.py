@@ -1,7 +1,7 @@
 """Refusals explained in one line (no broker): librdkafka's own words for each case, as recorded against Kafka
 4.3.1 with SCRAM-SHA-512 over TLS and StandardAuthorizer (confluent-kafka 2.16.1 / librdkafka 2.16.0), turned
 by kafka.diagnose into the line naming the mechanism and user, the certificate, or the operation and resource,
-and kept by kafka.refusals until the worker stops with exit 6."""
+and kept by kafka.reported_refusals until the worker stops with exit 6."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.diagnose import explain, explain_log, named, refusal
 from iolstream.kafka.errors import AccessDenied, WorkerError
-from iolstream.kafka.refusals import Refusals
+from iolstream.kafka.reported_refusals import Refusals
 from iolstream.ops.lifecycle import EXIT_ACCESS, EXIT_FATAL
 
 CLIENT = {

@@ -22,7 +22,7 @@ import pytest
 from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
 
 from iolstream.core.model import EdRVFL
-from iolstream.kafka import deadletters, topics
+from iolstream.kafka import deadletters, message_limits
 from iolstream.kafka.config import ConfigError, config_from_dict
 from iolstream.kafka.worker import EXIT_FATAL, EXIT_OK, Worker, WorkerError, ensure_topics
 from iolstream.stream import codec
@@ -214,7 +214,7 @@ def test_producer_and_consumer_limits_below_max_message_bytes_are_config_errors_
     base = {"model": {"n_inputs": 3, "classes": [0, 1]}}
     cfg = config_from_dict(base, environ={})
     assert (
-        cfg.kafka.producer["message.max.bytes"] == topics.KAFKA_TOPIC_MAX_MESSAGE_BYTES
+        cfg.kafka.producer["message.max.bytes"] == message_limits.KAFKA_TOPIC_MAX_MESSAGE_BYTES
     )  # the default made to fit, and equal to Kafka's default topic limit
     with pytest.raises(
         ConfigError, match=r"kafka\.producer\.message\.max\.bytes \(1000000\).*stream\.max_message_bytes"
@@ -303,11 +303,11 @@ def test_created_topics_get_a_limit_that_fits(kafka_bootstrap, kafka_admin, tmp_
         assert sorted(ensure_topics(cfg, kafka_admin)) == sorted(names.values())
         assert produce.create_topics({"bootstrap.servers": kafka_bootstrap}, cli, sized=cli[:1]) == cli
         time.sleep(0.5)
-        want = 2_000_000 + topics.DEAD_LETTER_HEADROOM
-        got = {k: topics.describe_max_message_bytes(kafka_admin, n) for k, n in names.items()}
+        want = 2_000_000 + message_limits.DEAD_LETTER_HEADROOM
+        got = {k: message_limits.describe_max_message_bytes(kafka_admin, n) for k, n in names.items()}
         assert got == {"features": want, "labels": want, "predictions": 1_048_588, "dead_letters": want}
         # the default stream.max_message_bytes fits Kafka's default limit: the broker's default it keeps
-        assert topics.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_588
-        assert topics.describe_max_message_bytes(kafka_admin, cli[1]) == 1_048_588
+        assert message_limits.describe_max_message_bytes(kafka_admin, cli[0]) == 1_048_588
+        assert message_limits.describe_max_message_bytes(kafka_admin, cli[1]) == 1_048_588
     finally:
         kafka_admin.delete_topics(list(names.values()) + cli)

@@ -39,7 +39,7 @@ from iolstream.kafka.output import Output
 from iolstream.kafka.transactions import TransactionalOutput, Transactions
 from iolstream.kafka.worker import EXIT_OK, Worker
 from iolstream.tools import cli, produce
-from iolstream.tools.datasets import load
+from iolstream.tools.builtin_datasets import load
 from iolstream.tools.protocol import Protocol, evaluate
 
 pytestmark = pytest.mark.kafka

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from secure_kafka import feature_and_label_messages, run_worker, stream, worker_raw, write_config
 
-from iolstream.kafka import acls
+from iolstream.kafka import required_acls
 from iolstream.kafka.config import config_from_dict
 
 pytestmark = pytest.mark.kafka
@@ -22,7 +22,7 @@ ACL_TOOL = "org.apache.kafka.tools.AclCommand"  # what kafka-acls.sh runs
 def test_java_console_producer_in_java_console_consumer_out_exactly_once(secure_kafka, tmp_path):
     features, labels, predictions, dead = secure_kafka.topics("features", "labels", "predictions", "dead")
     topics = {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead}
-    secure_kafka.grant(acls.producer_acls(features, labels), "producer")
+    secure_kafka.grant(required_acls.producer_acls(features, labels), "producer")
     ids, X, y = stream(ROWS)
     feature_lines, label_lines = feature_and_label_messages(ids, X, y)
     for topic, lines in ((features, feature_lines), (labels, label_lines)):
@@ -41,14 +41,14 @@ def test_java_console_producer_in_java_console_consumer_out_exactly_once(secure_
         assert r.returncode == 0, r.stdout + r.stderr
 
     raw = worker_raw(secure_kafka, topics, tmp_path / "snap", durability={"exactly_once": True})
-    secure_kafka.grant(acls.worker_acls(config_from_dict(raw)), "worker")
+    secure_kafka.grant(required_acls.worker_acls(config_from_dict(raw)), "worker")
     code, out, _ = run_worker(write_config(raw, tmp_path / "worker.yaml"), "--max-seconds", "90")
     assert code == 0, out[-4000:]
 
-    # the reader's ACLs granted with the Java kafka-acls tool, from the lines iolstream.kafka.acls renders
+    # the reader's ACLs granted with the Java kafka-acls tool, from the lines iolstream.kafka.required_acls renders
     group = f"java-reader-{predictions}"
-    wanted = [acls.Acl("topic", predictions, "Read"), acls.Acl("group", group, "Read")]
-    for line in acls.kafka_acls_lines(
+    wanted = [required_acls.Acl("topic", predictions, "Read"), required_acls.Acl("group", group, "Read")]
+    for line in required_acls.kafka_acls_lines(
         wanted,
         "User:reader",
         bootstrap=secure_kafka.bootstrap,

@@ -1,5 +1,5 @@
 """Least privilege on a secured broker (SASL_SSL, SCRAM-SHA-512, ACLs enforced): the worker, the producer and a
-two-member group work with exactly the ACLs of ``iolstream.kafka.acls`` (the list docs/operations.md shows), and
+two-member group work with exactly the ACLs of ``iolstream.kafka.required_acls`` (the list docs/operations.md shows), and
 nothing more is granted."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from kafka_util import STARTUP_SECONDS, consume_all
 from secure_kafka import IOLSTREAM, REPO, lib_dir, run_worker, stream, worker_raw, write_config
 
-from iolstream.kafka import acls
+from iolstream.kafka import required_acls
 from iolstream.kafka.config import config_from_dict
 
 pytestmark = pytest.mark.kafka
@@ -33,8 +33,8 @@ def topic_names(secure_kafka, *, create: bool) -> dict:
 
 
 def produce_rows(secure_kafka, topics: dict, tmp_path: Path, rows: int = ROWS, partitions: int = 1) -> None:
-    """``iolstream produce`` as user producer, granted ``acls.producer_acls`` only."""
-    secure_kafka.grant(acls.producer_acls(topics["features"], topics["labels"]), "producer")
+    """``iolstream produce`` as user producer, granted ``required_acls.producer_acls`` only."""
+    secure_kafka.grant(required_acls.producer_acls(topics["features"], topics["labels"]), "producer")
     raw = worker_raw(secure_kafka, topics, tmp_path / "unused", user="producer")
     config = write_config(raw, tmp_path / "producer.yaml")
     r = subprocess.run(
@@ -79,7 +79,7 @@ def test_the_worker_runs_with_exactly_its_acls(secure_kafka, tmp_path, exactly_o
     raw["topics"]["create"] = create
     raw["durability"] = {"exactly_once": exactly_once}
     cfg = config_from_dict(raw)
-    secure_kafka.grant(acls.worker_acls(cfg), "worker")
+    secure_kafka.grant(required_acls.worker_acls(cfg), "worker")
     code, out, _ = run_worker(write_config(raw, tmp_path / "worker.yaml"), "--max-seconds", "90")
     assert code == 0, out[-4000:]
     assert_quiet_log(out)
@@ -105,7 +105,7 @@ def test_the_topics_lines_make_topics_the_worker_runs_on_without_a_warning(secur
     made = subprocess.run(["sh"], input=printed, capture_output=True, text=True, timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     produce_rows(secure_kafka, topics, tmp_path)
-    secure_kafka.grant(acls.worker_acls(config_from_dict(raw)), "worker")
+    secure_kafka.grant(required_acls.worker_acls(config_from_dict(raw)), "worker")
     code, out, _ = run_worker(config, "--max-seconds", "90")
     assert code == 0, out[-4000:]
     assert_quiet_log(out)
@@ -139,7 +139,7 @@ def test_a_two_member_group_works_with_exactly_its_acls(secure_kafka, tmp_path):
         raw["kafka"]["group_id"] = group
         cfg = config_from_dict(raw)
         if member == "a":
-            secure_kafka.grant(acls.worker_acls(cfg), "worker")
+            secure_kafka.grant(required_acls.worker_acls(cfg), "worker")
         config = write_config(raw, tmp_path / f"member-{member}.yaml")
         log = tmp_path / f"member-{member}.log"
         procs.append(

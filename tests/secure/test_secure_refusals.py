@@ -1,7 +1,7 @@
 """Each refusal of a secured broker ends ``iolstream run`` (and ``iolstream produce``) with exit code 6 and one
 line naming what failed — the mechanism and user, the certificate, or the resource and operation — logged once,
 never the password; ``iolstream check`` run before prints the same line and exits 6 too. Each case grants the
-worker's ACLs (``iolstream.kafka.acls``) but one, or breaks one setting.
+worker's ACLs (``iolstream.kafka.required_acls``) but one, or breaks one setting.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from secure_kafka import (
     write_config,
 )
 
-from iolstream.kafka import acls
+from iolstream.kafka import required_acls
 from iolstream.kafka.config import config_from_dict
 from iolstream.ops.lifecycle import EXIT_ACCESS
 
@@ -49,7 +49,7 @@ def setup(secure_kafka, tmp_path, *, exactly_once=False, create=False):
     topics = {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead}
     if create:
         topics["predictions"] += "-new"
-    secure_kafka.grant(acls.producer_acls(features, labels), "producer")
+    secure_kafka.grant(required_acls.producer_acls(features, labels), "producer")
     f, lab = feature_and_label_messages(*stream(20))
     produce_json(secure_kafka.bootstrap, features, f, conf=secure_kafka.client("producer"))
     produce_json(secure_kafka.bootstrap, labels, lab, conf=secure_kafka.client("producer"))
@@ -77,7 +77,7 @@ def run_refused(secure_kafka, tmp_path, raw, *, leave_out=(), add=()) -> str:
     """Grant the worker's ACLs less those matching ``leave_out`` ((topic/group/txn name, operation) pairs) plus
     ``add``; ``iolstream check`` must exit 6; run the worker: it must exit 6 with one fatal line, logged once,
     and check must have printed that very line as a FAIL; return the line."""
-    want = acls.worker_acls(config_from_dict(raw))
+    want = required_acls.worker_acls(config_from_dict(raw))
     granted = [a for a in want if (a.name, a.operation) not in leave_out]
     assert len(want) - len(granted) == len(leave_out), "a left-out ACL is not among the worker's"
     secure_kafka.grant(granted + list(add), "worker")
@@ -167,7 +167,7 @@ def test_no_write_on_the_predictions_topic(secure_kafka, tmp_path, exactly_once,
     producer)."""
     raw = setup(secure_kafka, tmp_path, exactly_once=exactly_once)
     topic = raw["topics"]["predictions"]
-    add = [acls.Acl("topic", topic, "Describe")] if describe else []
+    add = [required_acls.Acl("topic", topic, "Describe")] if describe else []
     line = run_refused(secure_kafka, tmp_path, raw, leave_out=[(topic, "Write")], add=add)
     assert f"may not Write topic '{topic}'" in line, line
 
@@ -210,7 +210,7 @@ def test_produce_without_write_names_the_topic(secure_kafka, tmp_path):
     raw = setup(secure_kafka, tmp_path)
     features, labels = secure_kafka.topics("features", "labels")
     raw["topics"].update(features=features, labels=labels)
-    secure_kafka.grant([acls.Acl("topic", labels, "Write")], "producer")  # not features
+    secure_kafka.grant([required_acls.Acl("topic", labels, "Write")], "producer")  # not features
     raw["kafka"]["client"] = secure_kafka.client("producer")
     config = write_config(raw, tmp_path / "producer.yaml")
     r = subprocess.run(
@@ -244,11 +244,11 @@ def test_check_names_each_missing_acl_of_the_workers_list(secure_kafka, tmp_path
         raw["topics"]["create"] = create
         return raw
 
-    count = len(acls.worker_acls(config_from_dict(fresh())))
+    count = len(required_acls.worker_acls(config_from_dict(fresh())))
     checked = 0
     for i in range(count):
         raw = fresh()
-        want = acls.worker_acls(config_from_dict(raw))
+        want = required_acls.worker_acls(config_from_dict(raw))
         left = want[i]
         if create and left.operation != "Create":
             continue

@@ -13,7 +13,7 @@ import pytest
 from kafka_util import consume_all, produce_json
 from secure_kafka import IOLSTREAM, REPO, feature_and_label_messages, stream, worker_raw, write_config
 
-from iolstream.kafka import acls
+from iolstream.kafka import required_acls
 from iolstream.kafka.config import config_from_dict
 
 pytestmark = pytest.mark.kafka
@@ -40,7 +40,7 @@ def secrets_of(secure_kafka) -> list[bytes]:
 def test_no_secret_in_logs_metrics_dead_letters_or_snapshots(secure_kafka, tmp_path, log_format):
     features, labels, predictions, dead = secure_kafka.topics("features", "labels", "predictions", "dead")
     topics = {"features": features, "labels": labels, "predictions": predictions, "dead_letters": dead}
-    secure_kafka.grant(acls.producer_acls(features, labels), "producer")
+    secure_kafka.grant(required_acls.producer_acls(features, labels), "producer")
     f, lab = feature_and_label_messages(*stream(ROWS))
     bad = [b"{not json", b'{"id": "short", "x": [1, 2]}']  # dead letters, with their source in the headers
     produce_json(secure_kafka.bootstrap, features, f + bad, conf=secure_kafka.client("producer"))
@@ -60,7 +60,7 @@ def test_no_secret_in_logs_metrics_dead_letters_or_snapshots(secure_kafka, tmp_p
         logging={"level": "DEBUG", "format": log_format, "status_every_seconds": 0.5},
         durability={"exactly_once": True},
     )
-    secure_kafka.grant(acls.worker_acls(config_from_dict(raw)), "worker")
+    secure_kafka.grant(required_acls.worker_acls(config_from_dict(raw)), "worker")
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -20,7 +20,7 @@ from iolstream.tools.protocol import EdRVFLLearner, Protocol, Split, run_protoco
 @pytest.fixture(autouse=True)
 def _one_blas_thread():
     """Bitwise comparisons need the same BLAS configuration on both sides: evaluate's run switches
-    SciPy's pool to one thread (runtime.configure_for_model), so the processor must run with one too."""
+    SciPy's pool to one thread (step_tuner.configure_for_model), so the processor must run with one too."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):

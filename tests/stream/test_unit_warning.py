@@ -71,20 +71,20 @@ def test_overlapping_kernel_warmups_leave_the_processor_log_on(caplog):
     logger's ``disabled`` left it off for good when the two overlapped: enter A, enter B, leave A, leave B.)"""
     import threading
 
-    from iolstream.stream import warm
+    from iolstream.stream import kernel_warmup
 
     log = logging.getLogger("iolstream.processor")
     entered, leave_a, a_left = threading.Event(), threading.Event(), threading.Event()
 
     def a():
-        with warm._processor_quiet():
+        with kernel_warmup._processor_quiet():
             entered.set()
             leave_a.wait(10)
         a_left.set()
 
     def b():
         entered.wait(10)
-        with warm._processor_quiet():
+        with kernel_warmup._processor_quiet():
             leave_a.set()
             a_left.wait(10)
             log.warning("from a warm-up")  # quiet: this thread is warming up

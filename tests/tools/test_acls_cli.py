@@ -8,7 +8,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
-from iolstream.kafka import acls
+from iolstream.kafka import required_acls
 from iolstream.kafka.config import config_from_dict, load_config
 from iolstream.tools import cli
 
@@ -31,7 +31,7 @@ def as_tuples(acl_list):
 
 
 def test_each_setting_adds_what_it_uses():
-    base = as_tuples(acls.worker_acls(cfg()))
+    base = as_tuples(required_acls.worker_acls(cfg()))
     assert base == {
         ("topic", "iol.features", "Read", "literal"),
         ("topic", "iol.labels", "Read", "literal"),
@@ -41,14 +41,17 @@ def test_each_setting_adds_what_it_uses():
         ("topic", "iol.predictions", "DescribeConfigs", "literal"),
         ("topic", "iol.dead-letters", "DescribeConfigs", "literal"),
     }
-    eos = as_tuples(acls.worker_acls(cfg(durability={"exactly_once": True}))) - base
+    eos = as_tuples(required_acls.worker_acls(cfg(durability={"exactly_once": True}))) - base
     assert eos == {("transactional-id", "g-worker", "Write", "literal")}
     named = (
-        as_tuples(acls.worker_acls(cfg(durability={"exactly_once": True, "transactional_id": "t1"}))) - base
+        as_tuples(required_acls.worker_acls(cfg(durability={"exactly_once": True, "transactional_id": "t1"})))
+        - base
     )
     assert named == {("transactional-id", "t1", "Write", "literal")}
     group = as_tuples(
-        acls.worker_acls(cfg(group={"enabled": True, "member_id": "a"}, durability={"exactly_once": True}))
+        required_acls.worker_acls(
+            cfg(group={"enabled": True, "member_id": "a"}, durability={"exactly_once": True})
+        )
     )
     assert group - base == {
         ("topic", "iol.model-deltas", "Read", "literal"),
@@ -56,7 +59,7 @@ def test_each_setting_adds_what_it_uses():
         ("group", "g.deltas.", "Read", "prefixed"),
         ("transactional-id", "g-", "Write", "prefixed"),
     }
-    create = as_tuples(acls.worker_acls(cfg(topics={"create": True}))) - base
+    create = as_tuples(required_acls.worker_acls(cfg(topics={"create": True}))) - base
     assert create == {
         ("topic", t, "Create", "literal")
         for t in ("iol.features", "iol.labels", "iol.predictions", "iol.dead-letters")
@@ -64,14 +67,19 @@ def test_each_setting_adds_what_it_uses():
 
 
 def test_kafka_acls_lines_and_bindings_say_the_same():
-    wanted = [acls.Acl("topic", "t", "DescribeConfigs"), acls.Acl("group", "g.deltas.", "Read", "prefixed")]
-    assert acls.kafka_acls_lines(wanted, "User:w", bootstrap="b:1", command_config="a.properties") == [
+    wanted = [
+        required_acls.Acl("topic", "t", "DescribeConfigs"),
+        required_acls.Acl("group", "g.deltas.", "Read", "prefixed"),
+    ]
+    assert required_acls.kafka_acls_lines(
+        wanted, "User:w", bootstrap="b:1", command_config="a.properties"
+    ) == [
         "kafka-acls.sh --bootstrap-server b:1 --command-config a.properties --add --allow-principal User:w "
         "--operation DescribeConfigs --topic t",
         "kafka-acls.sh --bootstrap-server b:1 --command-config a.properties --add --allow-principal User:w "
         "--operation Read --group g.deltas. --resource-pattern-type prefixed",
     ]
-    first, second = acls.acl_bindings(wanted, "User:w")
+    first, second = required_acls.acl_bindings(wanted, "User:w")
     assert (first.restype, first.name, first.operation) == (
         ResourceType.TOPIC,
         "t",
@@ -88,7 +96,7 @@ def test_the_docs_show_what_the_code_renders():
     doc = (REPO / "docs" / "operations.md").read_text()
     shown = re.search(r"<!-- acls:begin[^\n]*-->\n(.*?)<!-- acls:end -->", doc, re.S)
     assert shown, "docs/operations.md: no <!-- acls:begin --> ... <!-- acls:end --> block"
-    rendered = acls.render_markdown(load_config(REPO / "config" / "secure-example.yaml", environ={}))
+    rendered = required_acls.render_markdown(load_config(REPO / "config" / "secure-example.yaml", environ={}))
     assert shown.group(1) == rendered, (
         "docs/operations.md's ACL block is stale: paste render_markdown's output"
     )
@@ -103,8 +111,8 @@ def test_iolstream_acls_prints_the_lines_for_a_config(capsys, tmp_path):
     )
     assert cli.main(["acls", "-c", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == acls.kafka_acls_lines(
-        acls.worker_acls(load_config(path, environ={})), "User:svc", bootstrap="b:9093"
+    assert lines == required_acls.kafka_acls_lines(
+        required_acls.worker_acls(load_config(path, environ={})), "User:svc", bootstrap="b:9093"
     )
     assert cli.main(["acls", "-c", str(path), "--producer", "--principal", "User:p", "--create-topics"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Tests for iolstream.tools.datasets: built-in sets, the poker generator and the CSV loader."""
+"""Tests for iolstream.tools.builtin_datasets: built-in sets, the poker generator and the CSV loader."""
 
 from collections import Counter
 from itertools import chain, combinations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iolstream.tools.csvdata import load_csv
-from iolstream.tools.datasets import DATASETS, DataError, Dataset, load, make_poker, poker_hand_labels
+from iolstream.tools.builtin_datasets import DATASETS, DataError, Dataset, load, make_poker, poker_hand_labels
+from iolstream.tools.csv_file import load_csv
 
 # name -> (n_rows, n_features, n_classes or None for regression), poker at a small size
 SHAPES = {

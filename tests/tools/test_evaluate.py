@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from iolstream.tools.datasets import DataError, Dataset, load
+from iolstream.tools.builtin_datasets import DataError, Dataset, load
 from iolstream.tools.protocol import (
     EdRVFLLearner,
     Protocol,
@@ -157,11 +157,11 @@ def _kernel_signatures():
     """Every Numba dispatcher of the kernel modules, with the signatures compiled or loaded so far."""
     from numba.core.registry import CPUDispatcher
 
-    from iolstream.core import blaslib, fused, kernels
+    from iolstream.core import activation_kernels, numba_blas, step_kernels
 
     return {
         f"{mod.__name__}.{name}": len(obj.signatures)
-        for mod in (kernels, blaslib, fused)
+        for mod in (activation_kernels, numba_blas, step_kernels)
         for name, obj in vars(mod).items()
         if isinstance(obj, CPUDispatcher)
     }
@@ -290,7 +290,7 @@ def test_one_row_one_layer_forward_predicts_the_same_classes_as_ridge():
 def test_stream_order_is_test_then_train_over_the_rows_as_they_come():
     """--order stream: no shuffle and no test set; the prequential metric over all rows, the first 20 %
     after the warm-up and the last 20 %, and windowed, all from the same per-batch errors."""
-    from iolstream.tools.datasets import load
+    from iolstream.tools.builtin_datasets import load
 
     data = load("sea", n_rows=3000, seed=3)
     protocol = Protocol(order="stream", batch=100)

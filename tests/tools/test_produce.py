@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from iolstream.tools import cli, produce
-from iolstream.tools.datasets import load
+from iolstream.tools.builtin_datasets import load
 from iolstream.tools.follow import learning_curve
 from iolstream.tools.plan import PlanOptions, iter_plan, plan, plan_summary
 from iolstream.tools.protocol import Protocol, make_split

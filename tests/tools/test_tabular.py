@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from iolstream.tools.data import DataError
+from iolstream.tools.dataset import DataError
 from iolstream.tools.tabular import TABULAR, load_tabular, table_dataset, table_schema
 
 

@@ -1,6 +1,6 @@
-"""``Dataset``, the one in-memory type every data source of the tools returns (the built-in sets of ``datasets``,
-a CSV file by ``csvdata``, the drifting streams of ``drift``): features, targets, task and classes, checked when
-made."""
+"""``Dataset``, the one in-memory type every data source of the tools returns (the built-in sets of
+``builtin_datasets``, a CSV file by ``csv_file``, the drifting streams of ``drift``): features, targets, task and
+classes, checked when made."""
 
 from __future__ import annotations
 

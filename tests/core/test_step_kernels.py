@@ -1,4 +1,4 @@
-"""The fused step kernels (``fused``) and the BLAS/LAPACK they call (``blaslib``) against NumPy
+"""The fused step kernels (``step_kernels``) and the BLAS/LAPACK they call (``numba_blas``) against NumPy
 and the twins in tests/naive.py; every parallel entry point against its serial one, bitwise.
 
 Seeds are fixed and appear in every assertion message.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from blas_util import one_blas_thread  # noqa: F401 (autouse)
 
-from iolstream.core import blaslib, fused
+from iolstream.core import numba_blas, step_kernels
 from iolstream.core.learner_state import LayerArrays
 from iolstream.core.network import RandomNetwork
 
@@ -21,7 +21,7 @@ def _tol(dtype):
     return 1e-12 if dtype == np.float64 else 2e-5
 
 
-# --------------------------------------------------------------------------- blaslib
+# --------------------------------------------------------------------------- numba_blas
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -43,7 +43,7 @@ def test_gemm_on_blocks_of_larger_matrices(dtype, trans_a, trans_b):
         2.0 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64)
         + 0.5 * c
     )
-    blaslib.gemm(2.0, a, trans_a, b, trans_b, 0.5, c)
+    numba_blas.gemm(2.0, a, trans_a, b, trans_b, 0.5, c)
     np.testing.assert_allclose(c, want, rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}")
     outside = np.ones(c_big.shape, dtype=bool)
     outside[4 : 4 + m, 1 : 1 + n] = False
@@ -57,7 +57,7 @@ def test_syrk_lower_touches_the_lower_triangle_only(dtype):
     d = rng.standard_normal((20, 9)).astype(dtype)
     c = np.asfortranarray(rng.standard_normal((9, 9)).astype(dtype))
     before = c.copy()
-    blaslib.syrk_lower(1.5, np.asfortranarray(d), 2.0, c)
+    numba_blas.syrk_lower(1.5, np.asfortranarray(d), 2.0, c)
     want = 1.5 * d.astype(np.float64).T @ d.astype(np.float64) + 2.0 * before
     np.testing.assert_allclose(
         np.tril(c), np.tril(want), rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"seed={seed}"
@@ -72,14 +72,14 @@ def test_potrf_and_potrs_equal_numpy():
     x = rng.standard_normal((n, 25))
     spd = x @ x.T + np.eye(n)
     factor = np.asfortranarray(spd)
-    assert blaslib.potrf_lower(factor) == 0
+    assert numba_blas.potrf_lower(factor) == 0
     np.testing.assert_allclose(np.tril(factor), np.linalg.cholesky(spd), rtol=1e-12, err_msg=f"seed={seed}")
     rhs = np.asfortranarray(rng.standard_normal((n, m)))
     want = np.linalg.solve(spd, rhs)
-    assert blaslib.potrs_lower(factor, rhs) == 0
+    assert numba_blas.potrs_lower(factor, rhs) == 0
     np.testing.assert_allclose(rhs, want, rtol=1e-10, err_msg=f"seed={seed}")
     not_spd = np.asfortranarray(np.diag([1.0, -1.0, 1.0]))
-    assert blaslib.potrf_lower(not_spd) == 2  # LAPACK: the leading minor of order 2 is not positive
+    assert numba_blas.potrf_lower(not_spd) == 2  # LAPACK: the leading minor of order 2 is not positive
 
 
 # --------------------------------------------------------------------------- features
@@ -97,8 +97,8 @@ def test_parallel_features_equal_serial_bitwise(dtype, shape):
         x = np.random.default_rng(seed + b).standard_normal((b, k)).astype(dtype)
         serial = np.full((n_layers, net.n_columns, b), np.nan, dtype=dtype)
         parallel = np.full_like(serial, np.nan)
-        fused.features_serial(x, *net.kernel_weights, serial)
-        fused.features_parallel(x, *net.kernel_weights, parallel)
+        step_kernels.features_serial(x, *net.kernel_weights, serial)
+        step_kernels.features_parallel(x, *net.kernel_weights, parallel)
         assert np.array_equal(serial, parallel), (
             f"b={b} {shape} seed={seed}"
         )  # every entry written, same bits
@@ -151,7 +151,7 @@ def test_forward_and_learn_equal_twins_and_parallel_equals_serial(dtype):
         outs = []
         for arrays, shared in ((serial, False), (parallel, True)):
             out, info = np.empty((n_layers, f.shape[2], m)), np.zeros(n_layers, dtype=np.int32)
-            forward = fused.forward_parallel if shared else fused.forward_serial
+            forward = step_kernels.forward_parallel if shared else step_kernels.forward_serial
             assert forward(f, arrays.gram, _scratch(n), arrays.rhs, arrays.beta, out, info) == 0
             outs.append(out)
         assert np.array_equal(outs[0], outs[1]), f"t={t}: parallel predictions differ, seed={seed}"
@@ -172,7 +172,7 @@ def test_forward_and_learn_equal_twins_and_parallel_equals_serial(dtype):
             pred_prev = np.zeros((n_layers, y_prev.shape[0], m))
             for arrays, shared in ((serial, False), (parallel, True)):
                 info = np.zeros(n_layers, dtype=np.int32)
-                learn = fused.learn_parallel if shared else fused.learn_serial
+                learn = step_kernels.learn_parallel if shared else step_kernels.learn_serial
                 losses = np.empty(n_layers)
                 state = (arrays.rhs, arrays.gram, arrays.factor, arrays.gram_labelled)
                 sum_y2 = learn(prev, y_prev, pred_prev, *state, False, info, losses)
@@ -212,12 +212,12 @@ def test_observe_kernels_equal_the_phases_bitwise(dtype):
         )
         state = (arrays.gram, _scratch(n), arrays.rhs, arrays.beta, out, info)
         if variant == "phases":
-            fused.features_serial(x, *net.kernel_weights, f)
-            assert fused.forward_serial(f, *state) == 0
+            step_kernels.features_serial(x, *net.kernel_weights, f)
+            assert step_kernels.forward_serial(f, *state) == 0
         elif variant == "serial":
-            assert fused.observe_serial(x, *net.kernel_weights, f, *state) == 0
+            assert step_kernels.observe_serial(x, *net.kernel_weights, f, *state) == 0
         else:
-            assert fused.observe_parallel(x, *net.kernel_weights, f, *state) == 0
+            assert step_kernels.observe_parallel(x, *net.kernel_weights, f, *state) == 0
         results.append((f, out, arrays.gram.copy(), arrays.beta.copy()))
     for variant, got in zip(("serial", "parallel"), results[1:]):
         for name, a, b_ in zip(("features", "outputs", "A", "β"), results[0], got):
@@ -232,7 +232,7 @@ def test_learn_with_gram_entering_refactors():
     arrays = _arrays(n_layers, n, m, track=False)
     info = np.zeros(n_layers, dtype=np.int32)
     args = (arrays.rhs, arrays.gram, arrays.factor, arrays.gram_labelled)
-    fused.learn_serial(f, y, np.zeros((n_layers, 30, m)), *args, True, info, np.empty(n_layers))
+    step_kernels.learn_serial(f, y, np.zeros((n_layers, 30, m)), *args, True, info, np.empty(n_layers))
     assert not info.any()
     for layer in range(n_layers):
         a = (0.5 + layer) * np.eye(n) + f[layer] @ f[layer].T
@@ -249,7 +249,7 @@ def test_failed_cholesky_is_reported_per_layer():
     info = np.zeros(n_layers, dtype=np.int32)
     f = np.zeros((n_layers, n, 3))
     assert (
-        fused.forward_serial(
+        step_kernels.forward_serial(
             f, arrays.gram, _scratch(n), arrays.rhs, arrays.beta, np.empty((n_layers, 3, m)), info
         )
         == 1
@@ -262,20 +262,24 @@ def test_label_losses_and_abs_max_equal_numpy():
     rng = np.random.default_rng(seed)
     predicted, targets = rng.standard_normal((3, 20, 4)), rng.standard_normal((20, 4))
     losses = np.empty(3)
-    sum_y2 = fused.label_losses(predicted, targets, losses)
+    sum_y2 = step_kernels.label_losses(predicted, targets, losses)
     np.testing.assert_allclose(
         losses, 0.5 * ((predicted - targets) ** 2).sum(axis=(1, 2)), rtol=1e-13, err_msg=f"seed={seed}"
     )
     np.testing.assert_allclose(sum_y2, (targets**2).sum(), rtol=1e-13)
     x = rng.standard_normal((3, 5, 7)).astype(np.float32)
-    assert fused.abs_max(x) == np.abs(x).max()
-    assert fused.abs_max(x[:, ::2]) == np.abs(x[:, ::2]).max()  # any layout
-    assert fused.abs_max(np.empty((2, 0))) == 0.0
+    assert step_kernels.abs_max(x) == np.abs(x).max()
+    assert step_kernels.abs_max(x[:, ::2]) == np.abs(x[:, ::2]).max()  # any layout
+    assert step_kernels.abs_max(np.empty((2, 0))) == 0.0
 
 
 def test_parallel_kernels_are_compiled_parallel():
     """The parallel entry points really run prange loops (else the tuner would time a no-op)."""
-    for kernel in (fused.features_parallel, fused.forward_parallel, fused.learn_parallel):
+    for kernel in (
+        step_kernels.features_parallel,
+        step_kernels.forward_parallel,
+        step_kernels.learn_parallel,
+    ):
         assert kernel.targetoptions.get("parallel"), kernel
 
 
@@ -284,10 +288,10 @@ def test_parallel_kernels_are_compiled_parallel():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
-    """``fused_shared``: the -F step keeping the batch's Gram (A += G, G kept) and the pair step (the same, then the
-    -R candidate solved on A_r with its λ shift and predicted) equal ``fused``'s separate kernels bit for bit,
+    """``shared_step_kernels``: the -F step keeping the batch's Gram (A += G, G kept) and the pair step (the same, then the
+    -R candidate solved on A_r with its λ shift and predicted) equal ``step_kernels``'s separate kernels bit for bit,
     serial and parallel; a -R candidate whose sums did not move predicts with the β it has."""
-    from iolstream.core import fused_shared
+    from iolstream.core import shared_step_kernels
 
     seed = 13
     n_layers, m, b = 3, 4, 70
@@ -297,7 +301,7 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
     x = rng.standard_normal((b, 6)).astype(dtype)
     rhs = rng.standard_normal((n_layers, m, n))
     labelled = _arrays(n_layers, n, m).gram  # A_r: λI plus an earlier batch's Gram
-    fused.add_grams(np.ascontiguousarray(rng.standard_normal((n_layers, n, 30))), labelled)
+    step_kernels.add_grams(np.ascontiguousarray(rng.standard_normal((n_layers, n, 30))), labelled)
     shift = np.array([0.25, 1.0, 2.5])
 
     # the separate kernels: features, A += DᵀD, -F solve and predict; -R solve and predict from A_r + shift
@@ -309,12 +313,14 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
         np.empty((n_layers, b, m)),
     )
     info = np.zeros(n_layers, np.int32)
-    fused.features_serial(x, *net.kernel_weights, f)
-    fused.add_grams(f, gram)
-    assert fused.solve_predict_serial(f, gram, np.zeros(n_layers), _scratch(n), rhs, beta, out, info) == 0
-    assert fused.solve_predict_serial(f, labelled, shift, _scratch(n), rhs, beta_r, out_r, info) == 0
+    step_kernels.features_serial(x, *net.kernel_weights, f)
+    step_kernels.add_grams(f, gram)
+    assert (
+        step_kernels.solve_predict_serial(f, gram, np.zeros(n_layers), _scratch(n), rhs, beta, out, info) == 0
+    )
+    assert step_kernels.solve_predict_serial(f, labelled, shift, _scratch(n), rhs, beta_r, out_r, info) == 0
     gram_alone = np.zeros_like(gram)
-    fused.add_grams(f, gram_alone)
+    step_kernels.add_grams(f, gram_alone)
 
     for variant in ("serial", "parallel"):
         tag = f"{variant} {np.dtype(dtype).name} seed={seed}"
@@ -328,12 +334,12 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
                 np.empty_like(out_r),
             )
             if pair:
-                kernel = getattr(fused_shared, f"observe_pair_{variant}")
+                kernel = getattr(shared_step_kernels, f"observe_pair_{variant}")
                 sums, forward, ridge = (g, labelled, kept, rhs), (b2, o2, True), (br2, or2, shift, True)
                 assert kernel(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info) == 0, tag
                 assert np.array_equal(br2, beta_r) and np.array_equal(or2, out_r), f"-R: {tag}"
             else:
-                kernel = getattr(fused_shared, f"observe_keep_{variant}")
+                kernel = getattr(shared_step_kernels, f"observe_keep_{variant}")
                 assert (
                     kernel(x, *net.kernel_weights, f2, g, kept, _scratch(n), rhs, b2, o2, info, True) == 0
                 ), tag
@@ -351,22 +357,24 @@ def test_the_kept_gram_and_pair_kernels_equal_the_separate_ones_bitwise(dtype):
         (stale_r, or3, shift, False),
     )
     assert (
-        fused_shared.observe_pair_serial(x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info)
+        shared_step_kernels.observe_pair_serial(
+            x, *net.kernel_weights, f2, sums, forward, ridge, _scratch(n), info
+        )
         == 0
     )
     assert np.array_equal(stale_r, np.full_like(beta_r, 0.5))
     want = np.empty_like(out_r)
-    fused.predict_all(f, stale_r, want)
+    step_kernels.predict_all(f, stale_r, want)
     assert np.array_equal(or3, want), f"seed={seed}"
 
 
 def test_add_lower_adds_the_lower_triangles_only():
-    from iolstream.core import fused_shared
+    from iolstream.core import shared_step_kernels
 
     rng = np.random.default_rng(14)
     src, dst = rng.standard_normal((2, 5, 5)), rng.standard_normal((2, 5, 5))
     before = dst.copy()
-    fused_shared.add_lower(src, dst)
+    shared_step_kernels.add_lower(src, dst)
     for layer in range(2):  # the C block's upper triangle is the matrix's lower one
         np.testing.assert_array_equal(np.triu(dst[layer]), np.triu(before[layer] + src[layer]))
         np.testing.assert_array_equal(np.tril(dst[layer], -1), np.tril(before[layer], -1))

@@ -1,4 +1,4 @@
-"""Fused Numba kernels of a batch through learners that share one set of sums (``mode: auto``, docs/design.md §10).
+"""The shared step kernels: a batch through learners that share one set of sums (``mode: auto``, docs/design.md §10).
 
 An -F learner of ``mode: auto`` keeps A_r, the labelled rows' Gram, beside A (the -R candidates solve on it): a
 batch's Gram G = DᵀD enters A when its features arrive and A_r when its labels come, so it is formed once and
@@ -6,9 +6,9 @@ kept until then (``candidate_step.BatchGrams``). ``observe_keep_*`` is the -F st
 G, and the -F β and prediction when it predicts. ``observe_pair_*`` is the same step of the default ``mode:
 auto``, one -F learner and its one -R candidate, which also solves the -R β from A_r when its sums moved and
 predicts with it: a batch in one call (one parallel region for the rows, one for the layers). The results are
-the bits of the separate kernels (``fused``), serial or parallel (tests/core/test_fused.py).
+the bits of the separate kernels (``step_kernels``), serial or parallel (tests/core/test_step_kernels.py).
 
-Conventions as in ``fused``: stacks C-ordered, layer first; gram[l].T is A_l (lower triangle authoritative),
+Conventions as in ``step_kernels``: stacks C-ordered, layer first; gram[l].T is A_l (lower triangle authoritative),
 features_t[l].T is D_l. The grouped arguments of the pair:
 
     sums    = (gram, labelled, batch_gram, rhs)   A, A_r, the batch's G (written), c
@@ -22,8 +22,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from iolstream.core.blaslib import syrk_lower
-from iolstream.core.fused import (
+from iolstream.core.numba_blas import syrk_lower
+from iolstream.core.step_kernels import (
     JIT,
     JIT_PARALLEL,
     add_gram,
@@ -39,7 +39,7 @@ from iolstream.core.fused import (
 
 @nb.njit(**JIT)
 def _gram_into(d, out_l):
-    """Lower triangle of out_l ← DᵀD, what ``fused.add_gram`` adds (float32 features: ssyrk into a float32 block,
+    """Lower triangle of out_l ← DᵀD, what ``step_kernels.add_gram`` adds (float32 features: ssyrk into a float32 block,
     then its float64 copy); the upper triangle is left as it was."""
     if d.itemsize == 8:
         syrk_lower(1.0, d, 0.0, out_l)
@@ -64,8 +64,8 @@ def _add_lower(src_l, dst_l):
 @nb.njit(**JIT)
 def keep_layer(features_t, layer, gram, batch_gram, scratch, rhs, beta, out, info, solve):
     """-F with the batch's Gram kept, one layer: G_l = D_lᵀD_l into batch_gram[l], A_l += G_l (the bits of
-    ``fused.forward_layer``'s A), and if ``solve`` β_l = A_l⁻¹c_l and, if ``out`` has rows, D_l β_l (else β is
-    left as it was). info[l] as in ``fused.forward_layer``."""
+    ``step_kernels.forward_layer``'s A), and if ``solve`` β_l = A_l⁻¹c_l and, if ``out`` has rows, D_l β_l (else β is
+    left as it was). info[l] as in ``step_kernels.forward_layer``."""
     _gram_into(features_t[layer].T, batch_gram[layer].T)
     _add_lower(batch_gram[layer].T, gram[layer].T)
     if solve:
@@ -130,8 +130,8 @@ def observe_keep_parallel(
 @nb.njit(**JIT)
 def pair_layer(features_t, layer, sums, forward, ridge, scratch, info):
     """``keep_layer`` for the -F learner, then, from the same layer's sums, its -R candidate: if it solves
-    β_r = (A_r + shift_l·I)⁻¹c, then D β_r if its outputs have rows (the bits of ``fused.solve_predict_layer``
-    and ``fused.predict_layer`` called apart)."""
+    β_r = (A_r + shift_l·I)⁻¹c, then D β_r if its outputs have rows (the bits of ``step_kernels.solve_predict_layer``
+    and ``step_kernels.predict_layer`` called apart)."""
     gram, labelled, batch_gram, rhs = sums
     beta, out, solve = forward
     beta_r, out_r, shift_r, solve_r = ridge
@@ -177,7 +177,7 @@ def learn_pair_layer(features_t, layer, targets, predicted, made, rhs, labelled,
     """The labels of the pair's rows, one layer: each candidate's immediate loss ½‖D_l β_l − Y‖² of its prediction
     (predicted (2, L, b, m): -F's, -R's) into losses[:, l], 0 for one that did not predict them (``made`` (2,)
     bool); A_r += the batch's kept Gram (``kept`` (L, n, n); or D_lᵀD_l when it has no layers); c_l += D_lᵀY. The
-    bits of ``fused.learn_layer`` and ``fused.label_losses``."""
+    bits of ``step_kernels.learn_layer`` and ``step_kernels.label_losses``."""
     for j in range(2):
         losses[j, layer] = half_squared_error(predicted[j, layer], targets) if made[j] else 0.0
     d = features_t[layer].T

@@ -1,4 +1,4 @@
-"""The ACLs a worker needs on a broker that enforces them: one list, in three forms.
+"""The required ACLs: what a worker needs on a broker that enforces them, one list in three forms.
 
 ``worker_acls(cfg)`` derives them from a worker config; ``kafka_acls_lines`` renders them as
 ``kafka-acls`` commands (docs/operations.md shows them, ``iolstream acls`` prints them for a config),
@@ -10,7 +10,7 @@ Write on any topic implies the cluster's IdempotentWrite, which the idempotent p
 
 - input: Read on the features and labels topics, Read on the consumer group (joins, offset commits);
 - output: Write on the predictions and dead-letter topics, DescribeConfigs on them (the size limits
-  of dead letters are read at start, ``topics.start_limit``);
+  of dead letters are read at start, ``deadletters.start_limit``);
 - exactly-once: Write on the transactional id (Describe implied), used with the group's Read above
   for the offsets committed in each transaction;
 - ``topics.create``: Create on each topic the worker creates when missing;

@@ -1,7 +1,7 @@
-"""What a worker needs of its cluster, asked before it uses it: by ``iolstream check`` before a first run
+"""The access probes: what a worker needs of its cluster, asked before it uses it: by ``iolstream check`` before a first run
 (``Access.all``), and by the worker itself at start (``startup``: the same probes of its topics, their configs
 and its groups), so that a refusal stops the worker with the very line ``check`` prints. The ACLs probed
-are those of ``kafka.acls.worker_acls``. Every probe writes nothing into a user topic:
+are those of ``kafka.required_acls.worker_acls``. Every probe writes nothing into a user topic:
 
     topics               DescribeTopics with the principal's authorised operations: each topic exists (a
                          missing one: CreateTopics with validate_only when topics.create is on, nothing
@@ -35,9 +35,9 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from iolstream.kafka import diagnose
-from iolstream.kafka.acls import worker_acls
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.kafka.required_acls import worker_acls
 
 TIMEOUT = 10.0
 
@@ -316,7 +316,7 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
     first refusal is raised as ``AccessDenied`` (exit 6), one the worker can run with is logged as a warning; a
     topic missing while topics.create is false is a ``WorkerError`` (exit 3, the line ``check`` prints). An
     unreachable broker is left to the worker, which meets it as before. What only using a resource shows (a
-    transaction's outputs, the transactional id) its clients report (``refusals.Refusals``). Returns the ids of
+    transaction's outputs, the transactional id) its clients report (``reported_refusals.Refusals``). Returns the ids of
     the topics that exist (``Access.topic_ids``; none when the probes could not run)."""
     with no_collection():
         meta, why = diagnose.probe(conf, timeout)

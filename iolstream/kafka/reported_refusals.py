@@ -1,4 +1,4 @@
-"""The first refusal the running worker's clients report, kept until the loop raises it.
+"""Reported refusals: the first refusal the running worker's clients report, kept until the loop raises it.
 
 librdkafka reports a refusal where it meets it: a wrong password or an untrusted certificate through the error
 callback at every reconnect, a missing ACL through a consumer event, a delivery report, a transaction call or

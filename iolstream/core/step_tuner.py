@@ -1,15 +1,10 @@
-"""Process-wide runtime settings: the BLAS thread pools and how a step uses the cores.
+"""The step tuner: how a step uses the cores, chosen by timing the real steps.
 
-NumPy and SciPy each bundle an OpenBLAS with its own thread pool; alternating
-calls between them stalls on a 2-core machine (docs/benchmarks.md, "The update's building blocks"). iolstream's hot
-path calls only SciPy's (``linalg``, ``blaslib`` and Numba's ``np.dot`` all bind it),
-so the worker gives NumPy's pool a single thread: an accidental NumPy matmul can
-then never wake a second pool that competes for the cores.
-
-The cores are used either by the fused kernels' own parallel loops (single-threaded
+The cores are used either by the step kernels' own parallel loops (single-threaded
 BLAS in each thread) or, for large matrices, by OpenBLAS's threads; a ``StepTuner``
 attached to the model picks, by timing the real steps, whichever is faster lately —
-or one core when another process holds the other.
+or one core when another process holds the other. ``configure_for_model`` sets the BLAS pools for a model
+(``blas_pools``) and attaches its tuner.
 """
 
 from __future__ import annotations
@@ -18,55 +13,9 @@ import os
 from dataclasses import dataclass
 
 import numba
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
-_limiter = None
-
-
-def _is_numpy_blas(info: dict) -> bool:
-    return info.get("user_api") == "blas" and "numpy" in os.path.basename(
-        os.path.dirname(info.get("filepath", ""))
-    )
-
-
-def configure_blas(numpy_threads: int = 1) -> None:
-    """Limit NumPy's own OpenBLAS pool (idempotent); SciPy's keeps its default threads."""
-    global _limiter
-    import numpy  # noqa: F401  (load the libraries so threadpoolctl sees them)
-    import scipy.linalg  # noqa: F401
-
-    if _limiter is None:
-        numpy_libs = [i["filepath"] for i in threadpool_info() if _is_numpy_blas(i)]
-        if numpy_libs:
-            _limiter = threadpool_limits(limits={path: numpy_threads for path in numpy_libs})
-
-
-def blas_info() -> list[dict]:
-    return [
-        {
-            "library": os.path.basename(i["filepath"]),
-            "threads": i["num_threads"],
-            "arch": i.get("architecture"),
-        }
-        for i in threadpool_info()
-        if i.get("user_api") == "blas"
-    ]
-
-
-# Below this many columns n (n = N + k + 1) the per-call matrices are so small that waking a second
-# BLAS thread costs more than it saves, and a busy neighbour core makes it far worse: one thread.
-SINGLE_THREAD_BELOW_COLUMNS = 384
-
-
-def blas_threads_for(n_columns: int) -> int | None:
-    """The SciPy BLAS threads iolstream uses for a model with ``n_columns`` (None: library default)."""
-    return 1 if n_columns < SINGLE_THREAD_BELOW_COLUMNS else None
-
-
-def blas_threads(n_columns: int):
-    """Context manager applying ``blas_threads_for`` to every BLAS pool."""
-    threads = blas_threads_for(n_columns)
-    return threadpool_limits(limits=threads, user_api="blas")
+from iolstream.core.blas_pools import blas_threads_for, configure_blas, is_numpy_blas
 
 
 @dataclass(frozen=True)
@@ -152,7 +101,7 @@ class StepTuner:
             libs = [
                 c
                 for c in ThreadpoolController().lib_controllers
-                if c.user_api == "blas" and not _is_numpy_blas(c.info())
+                if c.user_api == "blas" and not is_numpy_blas(c.info())
             ]
             self._lib = libs[0] if libs else False
         return self._lib

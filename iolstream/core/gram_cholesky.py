@@ -1,4 +1,5 @@
-"""Thin wrappers over SciPy's BLAS/LAPACK for the Gram + Cholesky path.
+"""The Gram and its Cholesky factor from Python: A += DᵀD, the factor, solves, the inverse, a product, and
+``NotPositiveDefinite``; thin wrappers over SciPy's BLAS/LAPACK (the kernels' own binding is ``numba_blas``).
 
 All matrices here are Fortran-ordered (n, n) with the *lower* triangle
 authoritative, as BLAS ``?syrk`` and LAPACK ``?potrf`` leave them. Only SciPy's

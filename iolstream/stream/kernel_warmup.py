@@ -1,4 +1,4 @@
-"""Load (or compile) the Numba kernels a worker's stream takes, before its first message.
+"""The kernel warm-up: load (or compile) the Numba kernels a worker's stream takes, before its first message.
 
 A kernel is read from Numba's cache on its first call, 0.05–0.2 s each: without this the first
 batches of a stream (and each kernel variant the step tuner first tries) pay for it, in the
@@ -70,7 +70,7 @@ def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) 
     proc = StreamProcessor(
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )
-    proc.model.learner.parallel = parallel  # the kernels runtime.StepTuner may pick
+    proc.model.learner.parallel = parallel  # the kernels step_tuner.StepTuner may pick
     k = config.n_inputs
 
     def label(n):
@@ -129,7 +129,7 @@ COLD_COMPILE_SECONDS = "about 50 s on 2 idle cores"
 def kernel_runs(config: ModelConfig, *, parallel: bool = True) -> list[tuple[ModelConfig, bool]]:
     """The tiny models (and serial or parallel) whose streams take the kernels a stream of ``config`` takes:
     its dtype, mode, task and candidates; both solvers when "auto" (small batches take Woodbury, large ones
-    Gram + Cholesky), the parallel variants too if ``parallel`` (``runtime.StepTuner`` tries them)."""
+    Gram + Cholesky), the parallel variants too if ``parallel`` (``step_tuner.StepTuner`` tries them)."""
     small = {"n_nodes": 8, "warmup_rows": 8} if config.scaler == "warmup" else {"n_nodes": 8}
     # with forgetting, "auto" always takes Gram + Cholesky (A is rescaled every batch: no rank-b update)
     solvers = (

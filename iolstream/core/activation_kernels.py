@@ -1,13 +1,15 @@
-"""Numba kernels: the activations and the softmax.
+"""The activation kernels (Numba): the hidden units' activations (``activate``), the output's softmax, and what the
+ensemble builds on them: the mean over layers, the selector's 0/1 losses, the calibration's log-loss sums. Also
+the flags every kernel file compiles with (``JIT``).
 
 Private, unvalidated, arrays in and arrays out. The public wrappers live in
-``network`` and ``learner``; the plain-NumPy twins every kernel is tested
+``network``, ``model`` and ``calibration``; the plain-NumPy twins every kernel is tested
 against live in ``tests/naive.py``. The fused kernels of a whole step (hidden
-layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``fused``.
+layers, Gram + Cholesky or Woodbury update, prediction, fold-in) are in ``step_kernels``.
 
 ``np.dot`` inside these kernels goes through SciPy's BLAS (Numba binds
-``scipy.linalg.cython_blas``), as do ``fused`` and the factorisations in
-``linalg``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
+``scipy.linalg.cython_blas``), as do ``step_kernels`` and the factorisations in
+``gram_cholesky``: the hot path uses one OpenBLAS thread pool, never two (two copies fight over 2 cores:
 docs/benchmarks.md, "The update's building blocks").
 """
 

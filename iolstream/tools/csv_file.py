@@ -1,4 +1,4 @@
-"""A user's CSV file with a header row (``--csv PATH --target COLUMN``): read as a ``data.Dataset`` of numbers, or,
+"""A user's CSV file with a header row (``--csv PATH --target COLUMN``): read as a ``dataset.Dataset`` of numbers, or,
 where a cell is text or blank, as text columns for a feature schema (``records`` encodes them).
 
 Every cell is checked: an empty, non-numeric or non-finite value, a repeated column, a ragged row or a
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iolstream.tools.data import TASKS, DataError, Dataset, check_count, classification
+from iolstream.tools.dataset import TASKS, DataError, Dataset, check_count, classification
 
 CSV_MAX_CLASSES = 50  # task="auto": an integer target with more distinct values is regression
 

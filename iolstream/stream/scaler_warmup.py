@@ -1,4 +1,4 @@
-"""The warm-up: while the input scaler is not frozen, feature batches are held, not predicted
+"""The scaler's warm-up: while the input scaler is not frozen, feature batches are held, not predicted
 (``WarmUpHold``); its first W rows fix the scaling. Alone, the worker freezes it itself; in a group
 (``ScalingAgreement``, ``stream.group.GroupState``) every member proposes its rows' scaling and the first
 proposal in the log is everyone's. A forced step (shutdown, rebalance) never freezes it early: the

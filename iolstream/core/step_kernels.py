@@ -1,14 +1,15 @@
-"""Fused Numba kernels of one step: features, Gram + Cholesky (or Woodbury) update, β, prediction, fold-in.
+"""The step kernels: one learner's whole step fused into few Numba calls (features, Gram + Cholesky or Woodbury
+update, β, prediction, fold-in). The steps of learners sharing one set of sums are in ``shared_step_kernels``.
 
 Each kernel does a whole phase of a step in one call (``observe_*``: features and update;
 ``learn_*``: losses and fold-in), so the per-call Python and f2py overhead is paid once per
 phase, not once per layer and routine. Every phase has a serial and a parallel entry point
 (Numba ``prange``): the features split the batch's rows into chunks, the updates split the
 layers (independent sub-learners), and the results are bitwise those of the serial kernels
-(tests/core/test_fused.py). BLAS runs single-threaded in each thread. A parallel region ends at
+(tests/core/test_step_kernels.py). BLAS runs single-threaded in each thread. A parallel region ends at
 a barrier that waits for every thread: ~1.5× faster on an idle 2-core machine, 5–15 ms late
 whenever another process holds the other core; so whether it pays is decided step by step,
-by timing (``runtime.StepTuner``).
+by timing (``step_tuner.StepTuner``).
 
 Array conventions (see ``learner_state.LayerArrays``): stacks are C-ordered with the layer
 first; ``gram[l].T`` is A_l (column-major, lower triangle authoritative), ``factor[l].T`` its
@@ -21,8 +22,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from iolstream.core.blaslib import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
-from iolstream.core.kernels import JIT, activate
+from iolstream.core.activation_kernels import JIT, activate
+from iolstream.core.numba_blas import gemm, potrf_lower, potrs_lower, syrk_lower, trsm_right_lower_t
 
 JIT_PARALLEL = dict(JIT, parallel=True)
 ROW_ALIGN = 16  # row chunks start on multiples of 16 rows (whole cache lines of float32/float64)
@@ -229,7 +230,7 @@ def woodbury_update(inverse, d_t):
     S = I + D P Dᵀ = L Lᵀ by Cholesky, then with K = L⁻¹ D P the update is KᵀK; the result is
     re-symmetrised, which keeps P positive definite over long streams (float32 without it
     diverges: docs/benchmarks.md, "The update's building blocks"). Only BLAS and LAPACK calls
-    (``blaslib``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
+    (``numba_blas``): NumPy's ``linalg`` in a kernel costs ~20 s of compilation at a cold start. P is passed to BLAS as it lies in memory: read
     either way it is P, being symmetric.
     """
     n, b = d_t.shape

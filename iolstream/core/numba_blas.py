@@ -1,9 +1,9 @@
-"""SciPy's BLAS and LAPACK, called from Numba kernels (the few routines the fused step needs).
+"""SciPy's BLAS and LAPACK bound for Numba: the few routines the step kernels call from inside a kernel.
 
 Each routine's address comes from ``scipy.linalg.cython_blas`` / ``cython_lapack`` and is
 registered with LLVM under a fixed symbol name, so compiled kernels call it by name and
 stay cacheable (a ctypes pointer baked into the code would pin one process's address).
-Only SciPy's OpenBLAS is reached — the same library ``linalg`` and Numba's ``np.dot`` use —
+Only SciPy's OpenBLAS is reached — the same library ``gram_cholesky`` and Numba's ``np.dot`` use —
 never NumPy's (two copies fight over 2 cores: docs/benchmarks.md, "The update's building blocks").
 
 The wrappers take column-major *views*: a 2-D array whose first axis has unit stride (an
@@ -21,7 +21,7 @@ import numpy as np
 from numba import types
 from numba.extending import get_cython_function_address
 
-from iolstream.core.kernels import JIT
+from iolstream.core.activation_kernels import JIT
 
 _ROUTINES = {"blas": ("dgemm", "sgemm", "dsyrk", "ssyrk", "dtrsm"), "lapack": ("dpotrf", "dpotrs")}
 for _module, _names in _ROUTINES.items():

@@ -1,4 +1,4 @@
-"""The built-in data sets by name (``DATASETS``, ``load``), each loaded as a ``data.Dataset``, for ``iolstream
+"""The built-in data sets by name (``DATASETS``, ``load``), each loaded as a ``dataset.Dataset``, for ``iolstream
 evaluate`` and ``iolstream produce``.
 
 Every loader returns a :class:`Dataset`: a float64 feature matrix, the targets,
@@ -11,11 +11,11 @@ that need them.
 Names (see ``DATASETS``): ``segment`` (river), ``iris``, ``wine``, ``digits``,
 ``breast_cancer``, ``diabetes`` (regression) (scikit-learn), ``poker`` (UCI Poker Hand, generated) and
 ``friedman`` (scikit-learn ``make_friedman1``). Any CSV file with a header row
-loads through ``tools.csvdata.load_csv``.
+loads through ``tools.csv_file.load_csv``.
 
 Examples
 --------
->>> from iolstream.tools.datasets import load
+>>> from iolstream.tools.builtin_datasets import load
 >>> ds = load("iris")
 >>> ds.X.shape, ds.task, ds.classes
 ((150, 4), 'classification', (0, 1, 2))
@@ -32,8 +32,8 @@ import os
 import numpy as np
 
 from iolstream.tools import drift
-from iolstream.tools.csvdata import parse_csv
-from iolstream.tools.data import DataError, Dataset, check_count, classification, head
+from iolstream.tools.csv_file import parse_csv
+from iolstream.tools.dataset import DataError, Dataset, check_count, classification, head
 
 __all__ = ["DATASETS", "DataError", "Dataset", "load", "make_poker", "poker_hand_labels"]
 
