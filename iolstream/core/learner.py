@@ -23,8 +23,8 @@ best for b well below n), with P rebuilt from the exact A every
 ``observe`` changes A and solves again before any prediction; whoever reads β
 (a prediction, the regret, a snapshot) gets A⁻¹c. Likewise the -F step factors A
 in scratch memory and the stored factor is made when read. The Gram + Cholesky
-route runs as fused kernels over all layers at once (``fused``), on one core or —
-when ``parallel`` is set, by ``runtime.StepTuner`` — spread over Numba's threads.
+route runs as fused kernels over all layers at once (``step_kernels``), on one core or —
+when ``parallel`` is set, by ``step_tuner.StepTuner`` — spread over Numba's threads.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class OnlineLearner:
         self.track_regret = track_regret
         self.keep_labelled = keep_labelled
         self.half_life = half_life
-        self.parallel = False  # spread the layers over Numba's threads (set by runtime.StepTuner)
+        self.parallel = False  # spread the layers over Numba's threads (set by step_tuner.StepTuner)
         self._scratch = None  # (threads, n, n): Cholesky factors of the fused -F step
         self.state = self.initial_state()
 
@@ -273,7 +273,9 @@ class OnlineLearner:
         with st.changing_gram(solved=solve):  # A factored in scratch, as the -F step does
             if ridge is None:
                 kernel = (
-                    shared_step_kernels.observe_keep_parallel if self.parallel else shared_step_kernels.observe_keep_serial
+                    shared_step_kernels.observe_keep_parallel
+                    if self.parallel
+                    else shared_step_kernels.observe_keep_serial
                 )
                 failed = kernel(
                     *inputs, features_t, a.gram, batch_gram, self.scratch(), a.rhs, a.beta, out, info, solve
@@ -283,7 +285,9 @@ class OnlineLearner:
                 out_r = np.empty((self.n_layers, b if ridge_predicts else 0, self.n_outputs))
                 sums = (a.gram, a.gram_labelled, batch_gram, a.rhs)
                 kernel = (
-                    shared_step_kernels.observe_pair_parallel if self.parallel else shared_step_kernels.observe_pair_serial
+                    shared_step_kernels.observe_pair_parallel
+                    if self.parallel
+                    else shared_step_kernels.observe_pair_serial
                 )
                 failed = kernel(
                     *inputs,
@@ -342,7 +346,9 @@ class OnlineLearner:
             if batch_gram is not None:
                 shared_step_kernels.add_lower(batch_gram, a.gram)
             elif self._fusable(features_t):
-                (step_kernels.add_grams_parallel if self.parallel else step_kernels.add_grams)(features_t, a.gram)
+                (step_kernels.add_grams_parallel if self.parallel else step_kernels.add_grams)(
+                    features_t, a.gram
+                )
             else:
                 for layer, ls in enumerate(st.layers):
                     gram_cholesky.gram_update(ls.gram, features_t[layer])

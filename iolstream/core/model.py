@@ -131,7 +131,7 @@ class EdRVFL:
         self.residual_clock = 0
         if config.task == "regression" and config.target_scaler == "fixed":
             self.targets.mean, self.targets.std = np.array(config.target_mean), np.array(config.target_std)
-        self.thread_tuner = None  # set by runtime.configure_for_model: threads chosen by timing
+        self.thread_tuner = None  # set by step_tuner.configure_for_model: threads chosen by timing
         # the class weight of each row the last ``learn`` folded in (None: 1), for a record of what it entered with
         self.entered_weights: np.ndarray | None = None
 

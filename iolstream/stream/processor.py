@@ -19,7 +19,7 @@ With labels one batch late and ``label_batch_rows`` = ``batch_rows`` this is the
 paper's recursion (evaluate's protocol), step for step.
 
 Rules worth knowing:
-- While the warm-up scaler is not frozen, batches are held (``stream.warmup``); once it
+- While the warm-up scaler is not frozen, batches are held (``stream.scaler_warmup``); once it
   freezes they are predicted in order, each after the labels of the ones before.
 - A feature row whose id is pending, done, or already waiting in the batcher or the
   warm-up hold is a ``duplicate_id`` at arrival: it never enters A.
@@ -72,8 +72,8 @@ from iolstream.stream.payload import PAYLOAD, PayloadLayout
 from iolstream.stream.prequential import PrequentialMetric
 from iolstream.stream.retention import RetentionStore
 from iolstream.stream.rows import FeatureRows, LabelRows, TargetSpec
-from iolstream.stream.screen import screen
 from iolstream.stream.scaler_warmup import ScalingAgreement, WarmUpHold, warn_if_linear
+from iolstream.stream.screen import screen
 
 # the step's outputs and the payload's fields, re-exported for the adapter
 __all__ = ["PAYLOAD", "DeadLetter", "ScalingAgreement", "StepOutput", "StreamProcessor"]
