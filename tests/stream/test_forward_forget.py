@@ -20,6 +20,7 @@ from iolstream.stream.processor import StreamProcessor
 from iolstream.stream.retention import RetentionStore, record_shape
 
 WAIT_MS = 1_000
+PAIR = ["m0", "m1"]  # the members of a group of two
 
 
 class Log:
@@ -175,12 +176,7 @@ def test_a_request_read_again_after_its_ask_asks_nothing_and_does_nothing(tmp_pa
     """At least once, a member restarted from a snapshot older than its ask reads the log (its ask, the answers:
     decided) before it reads the request again: the request then finds nothing to ask and nothing to do here."""
     X, y = data(32, seed=24)
-    peers = ["m0", "m1"]
-    m0, m1 = make(tmp_path, "m0", peers), make(tmp_path, "m1", peers)
-    for s in range(0, 32, 8):
-        m0.on_features(features(range(s, s + 8), X), "f", s)
-        m0.on_labels(labels(range(s, s + 8), y), "l", s)
-    m0.step(100, force=True)
+    m0, m1 = pair_where_m0_learned(tmp_path, X, y, 32)
     saved = orjson.loads(orjson.dumps(m1.erasure.to_state()))  # m1's snapshot, before the request
     request = orjson.dumps({"ids": ["r4", "nope"]})
     assert m1.on_forget(request, ("forget", 3, 17), 200) == []
@@ -190,7 +186,7 @@ def test_a_request_read_again_after_its_ask_asks_nothing_and_does_nothing(tmp_pa
         "nope"
     ]
     m1.erasure.load_state(saved)  # restarted: the log read again first, then the request again
-    m1.erasure.forwarding.bind("m1", lambda: peers, WAIT_MS)
+    m1.erasure.forwarding.bind("m1", lambda: PAIR, WAIT_MS)
     for kind, member, body in log.records:
         m1.forward_decided(m1.erasure.forwarding.read(kind, member, body, m1.erasure.holds, 300), 300)
     assert m1.on_forget(request, ("forget", 3, 17), 301) == []
@@ -218,6 +214,16 @@ def make(tmp_path, name: str, peers):
     proc.erasure.load_state(None)
     proc.erasure.forwarding.bind(name, lambda: peers, WAIT_MS)
     return proc
+
+
+def pair_where_m0_learned(tmp_path, X, y, n: int):
+    """Members m0 and m1, m0 having learned rows r0..r(n-1), each batch of 8 labelled as it came."""
+    m0, m1 = make(tmp_path, "m0", PAIR), make(tmp_path, "m1", PAIR)
+    for s in range(0, n, 8):
+        m0.on_features(features(range(s, s + 8), X), "f", s)
+        m0.on_labels(labels(range(s, s + 8), y), "l", s)
+    m0.step(100, force=True)
+    return m0, m1
 
 
 def pass_records(log: Log, procs: dict, positions: dict, now_ms: int) -> None:
@@ -281,12 +287,7 @@ def test_an_ask_decided_after_a_restart_from_a_snapshot_in_between(tmp_path):
     """m0 answers, then is restored from a snapshot taken before it read its own answer back: reading the log on
     from the snapshot's position it removes the rows once."""
     X, y = data(48, seed=22)
-    peers = ["m0", "m1"]
-    m0, m1 = make(tmp_path, "m0", peers), make(tmp_path, "m1", peers)
-    for s in range(0, 32, 8):
-        m0.on_features(features(range(s, s + 8), X), "f", s)
-        m0.on_labels(labels(range(s, s + 8), y), "l", s)
-    m0.step(100, force=True)
+    m0, m1 = pair_where_m0_learned(tmp_path, X, y, 32)
     m1.on_forget(orjson.dumps({"id": "r5"}), ("forget", 3, 17), 200)
     log = Log()
     log.publish("m1", m1.erasure.forwarding)
@@ -297,7 +298,7 @@ def test_an_ask_decided_after_a_restart_from_a_snapshot_in_between(tmp_path):
     log.publish("m0", m0.erasure.forwarding)
     # the snapshot holds the forwarding state after the ask (position 1), and the outbox was published
     restored = Forwarding()
-    restored.bind("m0", lambda: peers, WAIT_MS)
+    restored.bind("m0", lambda: PAIR, WAIT_MS)
     restored.load_state(state)
     m0.erasure.forwarding = restored
     restored.outbox = []  # published before the crash
