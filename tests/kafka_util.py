@@ -11,6 +11,7 @@ import os
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "STARTUP_SECONDS",
     "Record",
     "admin_client",
+    "assert_one_prediction_per_row",
     "committed_offsets",
     "consume_all",
     "create_topics",
@@ -284,6 +286,23 @@ def consume_all(
     finally:
         consumer.close()
     return out
+
+
+def assert_one_prediction_per_row(
+    bootstrap: str, topic: str, ids: Sequence[str], context: str, *, nothing_else: bool = False
+) -> None:
+    """Every row of ``ids`` predicted exactly once on ``topic`` (read committed): none twice, none missing; with
+    ``nothing_else``, also no prediction beyond them."""
+    got = consume_all(bootstrap, topic, expected=len(ids), timeout=15, isolation_level="read_committed")
+    counts = Counter(orjson.loads(value)["id"] for _, value, _, _, _ in got)
+    dupes = [i for i, n in counts.items() if n > 1]
+    missing = set(ids) - set(counts)
+    assert not dupes and not missing, (
+        f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
+    )
+    if nothing_else:
+        extra = consume_all(bootstrap, topic, timeout=1, isolation_level="read_committed")
+        assert len(extra) == len(ids), f"{context}: {len(extra)} predictions for {len(ids)} rows"
 
 
 def committed_offsets(

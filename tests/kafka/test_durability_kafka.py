@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from kafka_fakes import FakeConsumer, FakeProducer
 from kafka_util import (
     MODEL_ARRAYS,
     STARTUP_SECONDS,
+    assert_one_prediction_per_row,
     committed_offsets,
     consume_all,
     create_topics,
@@ -243,18 +243,6 @@ def assert_commits_covered(rig: WorkerRig, context: str) -> None:
         )
 
 
-def assert_one_prediction_per_row(bootstrap: str, topic: str, ids: list[str], context: str) -> None:
-    got = consume_all(bootstrap, topic, expected=len(ids), timeout=15, isolation_level="read_committed")
-    counts = Counter(orjson.loads(value)["id"] for _, value, _, _, _ in got)
-    dupes = [i for i, n in counts.items() if n > 1]
-    missing = set(ids) - set(counts)
-    assert not dupes and not missing, (
-        f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
-    )
-    extra = consume_all(bootstrap, topic, timeout=1, isolation_level="read_committed")
-    assert len(extra) == len(ids), f"{context}: {len(extra)} predictions for {len(ids)} rows"
-
-
 def send_stream(bootstrap: str, topics: dict, messages, rate: float | None = None) -> dict:
     return produce.send(
         messages,
@@ -349,7 +337,9 @@ def test_kill_at_chosen_points_then_model_is_exact(
     assert_same_model(rig.newest(), reference, f"after crashes {crashes}")
     assert rig.committed() == snapshot_offsets(rig.newest())
     if exactly_once:
-        assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, f"crashes {crashes}")
+        assert_one_prediction_per_row(
+            kafka_bootstrap, outputs["predictions"], ids, f"crashes {crashes}", nothing_else=True
+        )
     else:  # at least once: every row, some twice
         got = consume_all(kafka_bootstrap, outputs["predictions"], timeout=2)
         assert {orjson.loads(v)["id"] for _, v, _, _, _ in got} == set(ids)
@@ -392,7 +382,9 @@ def test_forgetting_and_auto_survive_kills_exactly(
                 snap.arrays[name], ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max(), err_msg=name
             )
     if exactly_once:
-        assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, "forgetting, kills")
+        assert_one_prediction_per_row(
+            kafka_bootstrap, outputs["predictions"], ids, "forgetting, kills", nothing_else=True
+        )
 
 
 @pytest.mark.kafka
@@ -434,7 +426,9 @@ def test_kill_at_random_instants_of_a_live_stream(
     assert resumed >= 3, f"{context}: only {resumed} runs resumed from a snapshot"
     assert_same_model(rig.newest(), reference, context)
     if exactly_once:
-        assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, context)
+        assert_one_prediction_per_row(
+            kafka_bootstrap, outputs["predictions"], ids, context, nothing_else=True
+        )
 
 
 # ---------------------------------------------------------------------- damaged snapshots
@@ -465,7 +459,9 @@ def test_damaged_newest_snapshot_falls_back_to_the_previous(
     assert_same_model(rig.newest(), reference, "after a truncated and a bit-flipped newest snapshot")
     assert rig.committed() == snapshot_offsets(rig.newest())
     if exactly_once:
-        assert_one_prediction_per_row(kafka_bootstrap, outputs["predictions"], ids, "damaged snapshots")
+        assert_one_prediction_per_row(
+            kafka_bootstrap, outputs["predictions"], ids, "damaged snapshots", nothing_else=True
+        )
 
 
 # ------------------------------------------------------------------------------- shutdown

@@ -24,15 +24,19 @@ import sys
 import threading
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
-from kafka_util import STARTUP_SECONDS, committed_offsets, consume_all, unique_group
+from kafka_util import (
+    STARTUP_SECONDS,
+    assert_one_prediction_per_row,
+    committed_offsets,
+    consume_all,
+    unique_group,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from iolstream.core.model import EdRVFL
@@ -367,17 +371,6 @@ def wait_settled(members, bootstrap: str, raw: dict, timeout: float = STARTUP_SE
         time.sleep(0.25)
 
 
-def assert_one_prediction_per_row(bootstrap: str, topic: str, ids, context: str) -> None:
-    got = consume_all(bootstrap, topic, expected=len(ids), timeout=15, isolation_level="read_committed")
-    counts = Counter(orjson.loads(v)["id"] for _, v, _, _, _ in got)
-    dupes = [i for i, n in counts.items() if n > 1]
-    missing = set(ids) - set(counts)
-    assert not dupes and not missing, (
-        f"{context}: {len(dupes)} rows predicted twice {dupes[:5]}, {len(missing)} missing"
-    )
-
-
-@pytest.fixture
 def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
     def make(exactly_once: bool, session_timeout_ms: int = 10_000):
         names = kafka_topics("features", "labels", partitions=PARTITIONS)

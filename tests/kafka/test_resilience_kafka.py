@@ -19,10 +19,9 @@ import time
 
 import orjson
 import pytest
-from kafka_util import consume_all
+from kafka_util import assert_one_prediction_per_row, consume_all
 from test_durability_kafka import (  # noqa: F401  (fixtures)
     WorkerRig,
-    assert_one_prediction_per_row,
     assert_same_model,
     backlog,
     outputs,
@@ -58,7 +57,7 @@ def test_exactly_once_stuck_transactional_call_is_recovered_in_process(
     assert "producer.send_offsets_to_transaction did not return within 6.0 s" in log
     assert "transactional producer replaced (1 so far)" in log and "rolled back to offsets" in log
     assert_one_prediction_per_row(
-        kafka_bootstrap, outputs["predictions"], ids, "a stuck send_offsets_to_transaction"
+        kafka_bootstrap, outputs["predictions"], ids, "a stuck send_offsets_to_transaction", nothing_else=True
     )
     assert_same_model(rig.newest(), reference, "after a stuck send_offsets_to_transaction")
 
