@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -112,19 +113,45 @@ class Member:
         self.runs = 0
 
     def start(self) -> None:
-        self.runs += 1
-        self.log = self.tmp / f"{self.member}-run{self.runs}.log"
-        self.port = free_port()
-        env = {
-            **os.environ,
-            "IOLSTREAM_GROUP__MEMBER_ID": self.member,
-            "IOLSTREAM_METRICS__HOST": "127.0.0.1",
-            "IOLSTREAM_METRICS__PORT": str(self.port),
-        }
-        cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", "600"]
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb")
-        )
+        """A new process of this member, returned once its /metrics answers. The port is chosen free here and
+        bound by the process a moment later: should another process take it in between (a client's outgoing
+        connection may), the process exits saying so, and it is started again on another port."""
+        for _ in range(5):
+            self.runs += 1
+            self.log = self.tmp / f"{self.member}-run{self.runs}.log"
+            self.port = free_port()
+            env = {
+                **os.environ,
+                "IOLSTREAM_GROUP__MEMBER_ID": self.member,
+                "IOLSTREAM_METRICS__HOST": "127.0.0.1",
+                "IOLSTREAM_METRICS__PORT": str(self.port),
+            }
+            cmd = [sys.executable, str(CRASH_WORKER), str(self.config_path), "--idle-stop-seconds", "600"]
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb")
+            )
+            if self._serving():
+                return
+        raise AssertionError(f"{self.member}: five free ports were taken before the process bound them")
+
+    def _serving(self) -> bool:
+        """Until its /metrics answers (True) or it exited because its port was taken meanwhile (False); any other
+        exit fails the test with its log."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=10):
+                    return True
+            except urllib.error.HTTPError:  # 503 while it starts: the port is its own
+                return True
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                if "Address already in use" in self.log.read_text():
+                    return False
+                self.alive()
+            time.sleep(0.1)
+        raise AssertionError(f"{self.member}: /metrics did not answer within {STARTUP_SECONDS:.0f} s")
 
     def alive(self) -> None:
         assert self.proc.poll() is None, (

@@ -102,10 +102,15 @@ class WorkerThread:
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
 
     def wait_assigned(self, partitions: int = 2, timeout: float = STARTUP_SECONDS) -> None:
-        """Until the group gave the worker its partitions (then it reads new input as it comes)."""
+        """Until the group gave the worker its partitions and its consumer has fetched from each of them once (a
+        fetch's high watermark known: then it reads new input as it comes). Without the second condition, a
+        partition whose first fetch is slow (its leader still being looked up on a busy machine) lets the other
+        topic's rows run ahead of it, as after any stall longer than the alignment's wait."""
         deadline = time.monotonic() + timeout
-        while self.worker.partitions < partitions:
-            assert time.monotonic() < deadline, "the worker got no partitions"
+        while self.worker.partitions < partitions or any(
+            self.worker.assignment.lag(key) is None for key in list(self.worker.book.assigned)
+        ):
+            assert time.monotonic() < deadline, "the worker got no partitions, or never fetched from them"
             assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code})"
             time.sleep(0.05)
 
