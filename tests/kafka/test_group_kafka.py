@@ -398,6 +398,7 @@ def wait_settled(members, bootstrap: str, raw: dict, timeout: float = STARTUP_SE
         time.sleep(0.25)
 
 
+@pytest.fixture
 def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
     def make(exactly_once: bool, session_timeout_ms: int = 10_000):
         names = kafka_topics("features", "labels", partitions=PARTITIONS)
