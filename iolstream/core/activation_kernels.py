@@ -146,9 +146,9 @@ def calibration_losses(scores, labels, weights, kappas, temperatures, floor, cap
 
 @nb.njit(**JIT)
 def calibration_mixture(scores, weights, kappas, temperatures, floor, out):
-    """out (b, m) = Σ_g weights[g] · softmax(T_t · g_κ(clip(sᵢ, floor, 1))), g = κ·T + t: the calibration's mixture
-    of the grid's maps (``calibration.probabilities``) on b rows, scores (b, m), weights (GRID_SIZE,) (the maps
-    weighing 0 skipped). The temperatures double every two steps, as in ``calibration_losses``."""
+    """out (b, m) = Σ_g weights[g] · softmax(T_t · g_κ(clip(sᵢ, floor, 1))), g = κ·T + t: the calibration's
+    mixture of the grid's maps (``calibration.probabilities``) on b rows, scores (b, m), weights (GRID_SIZE,)
+    (the maps weighing 0 skipped). The temperatures double every two steps, as in ``calibration_losses``."""
     b, m = scores.shape
     n_k, n_t = kappas.shape[0], temperatures.shape[0]
     last = np.full(n_k, -1)  # the last temperature of each κ that weighs

@@ -5,7 +5,8 @@ class's probability on a linear scale: near [0, 1], never summing to a distribut
 under-confident by a margin that depends on the stream. The probabilities come from a small family of maps,
 weighed online by the likelihood each gave the labelled rows:
 
-    p = Σ_g w_g · softmax(T_g · g_κg(c)),   c = (1/L) Σ_l clip(s_l, FLOOR, 1),   g_κ(c) = (c^κ − 1)/κ,  g_0(c) = log c
+    p = Σ_g w_g · softmax(T_g · g_κg(c)),   c = (1/L) Σ_l clip(s_l, FLOOR, 1),
+    g_κ(c) = (c^κ − 1)/κ,  g_0(c) = log c
 
 c, the mean of the layers' clipped outputs (``ensemble_scores``), is the ensemble's score: a layer whose output
 overshoots (a small λ early in a stream: far above 1, far below 0) moves it by at most 1/L, as the layers' softmax
@@ -16,8 +17,9 @@ the higher s̄): every map keeps the order of the classes, so their mixture does
 whose T = 1 is the clipped normalised mean); T ∈ TEMPERATURES sharpens or softens. Every map g = (κ, T) of the
 grid keeps one sum, S_g = Σ wᵢ · (−log p_g(yᵢ)) over the labelled rows at their weights: its negative
 log-likelihood. The probabilities are the posterior mean over the grid, each map at its posterior weight
-w_g ∝ exp(−S_g) (``posterior_weights``; the grid's points equally likely before any label), which bounds the mixture's
-cumulative log loss by the best map's plus log GRID_SIZE nats (the Bayes mixture's regret). A mixture, not the
+w_g ∝ exp(−S_g) (``posterior_weights``; the grid's points equally likely before any label). Row by row, each label
+learned before the next row, the mixture's cumulative log loss is −log of the maps' mean likelihood, at most the
+best map's plus log GRID_SIZE nats (the Bayes mixture's bound). A mixture, not the
 best map alone: choosing the lowest sum let the first few dozen rows put an extreme T in force, and the best map
 changes as the model learns; the mixture is as confident as the evidence for each map. The sums are the
 calibration's whole state: they add across the members of a group and decay with forgetting exactly as c does
