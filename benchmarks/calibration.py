@@ -14,9 +14,11 @@ are recorded with the labels, and every map replays them: it predicts batch t fr
   bin's clipped score), isotonic by pool-adjacent-violators, interpolated between bin centres, normalised;
 - multinomial logistic map: softmax(W·s̄ + b) by Adagrad steps on the log loss, row by row (a stateful fit:
   not a sum, neither added across a group nor decayed exactly);
-- shipped: ``core.calibration``, softmax(T·g_κ(c)) with (κ, T) of a grid by additive log-loss sums, c the mean
-  of the layers' outputs each clipped to [0.005, 1] (``calibration.ensemble_scores``); beside it the same family
-  on the clipped plain mean s̄ (the map before), and with an intercept for two classes.
+- shipped: ``core.calibration``, the posterior mean over the maps softmax(T·g_κ(c)) of a grid, each weighed by
+  exp(−its additive log-loss sum), c the mean of the layers' outputs each clipped to [0.005, 1]
+  (``calibration.ensemble_scores``); beside it the map before, the grid point of the lowest sum plus a prior of
+  (log T)² nats alone, on c and on the clipped plain mean s̄ (the map before that), and with an intercept for two
+  classes.
 
     nice -n 10 .venv/bin/python benchmarks/calibration.py                  # every stream (a few minutes)
     nice -n 10 .venv/bin/python benchmarks/calibration.py --sets wine default
@@ -243,16 +245,30 @@ class Shipped:
         self.sums += shipped.grid_losses(self.score(outputs), y)
 
 
-class ShippedOfTheMean(Shipped):
-    """The same family on the plain mean s̄ of the layers (clipped after the mean: the map before)."""
+PRIOR = np.tile(np.log(shipped.TEMPERATURES) ** 2, len(shipped.KAPPAS))  # the best map's prior, (log T)² nats
+
+
+class BestMap(Shipped):
+    """The map before the mixture: the one grid point of the lowest sum + a prior of (log T)² nats (before any
+    label κ = 0, T = 1, the clipped normalised mean)."""
+
+    def predict(self, outputs):
+        index = int(np.argmin(self.sums + PRIOR))
+        kappa, temperature = shipped.setting(index)
+        c = np.clip(self.score(outputs), shipped.FLOOR, 1.0)
+        return _softmax(temperature * (np.log(c) if kappa == 0 else (c**kappa - 1.0) / kappa))
+
+
+class BestMapOfTheMean(BestMap):
+    """The same on the plain mean s̄ of the layers (clipped after the mean: the map before that)."""
 
     def score(self, outputs):
         return outputs.mean(axis=0)
 
 
-class ShippedWithIntercept(Shipped):
+class ShippedWithIntercept(BestMap):
     """Two classes: p₁ = sigmoid(T · (g_κ(c₁) − g_κ(c₀)) + a), a ∈ −2…2 in steps of ¼ with a prior of a² nats, by
-    the same additive sums (17 times the grid); more classes: the shipped map."""
+    the same additive sums (17 times the grid), the best point in force; more classes: ``BestMap``."""
 
     intercepts = np.arange(-2.0, 2.01, 0.25)
 
@@ -293,9 +309,10 @@ MAPS = {
     "histogram (counts)": Histogram,
     "isotonic (counts)": Isotonic,
     "multinomial logistic (SGD)": MultinomialLogistic,
-    "softmax(T·g_κ(clip s̄)) (before)": ShippedOfTheMean,
-    "shipped: softmax(T·g_κ(c)), c the mean of the clipped layers": Shipped,
-    "shipped, and an intercept (two classes)": ShippedWithIntercept,
+    "softmax(T·g_κ(clip s̄)) (before)": BestMapOfTheMean,
+    "softmax(T·g_κ(c)), c the mean of the clipped layers (before)": BestMap,
+    "the same, and an intercept (two classes)": ShippedWithIntercept,
+    "shipped: the posterior mean of the maps softmax(T·g_κ(c))": Shipped,
 }
 
 

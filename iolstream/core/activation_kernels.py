@@ -142,3 +142,43 @@ def calibration_losses(scores, labels, weights, kappas, temperatures, floor, cap
                 loss = math.log(total) - temp * (g[y] - top)
                 out[k * n_t + t] += weights[i] * min(loss, cap)
     return out
+
+
+@nb.njit(**JIT)
+def calibration_mixture(scores, weights, kappas, temperatures, floor, out):
+    """out (b, m) = Σ_g weights[g] · softmax(T_t · g_κ(clip(sᵢ, floor, 1))), g = κ·T + t: the calibration's
+    mixture of the grid's maps (``calibration.probabilities``) on b rows, scores (b, m), weights (GRID_SIZE,)
+    (the maps weighing 0 skipped). The temperatures double every two steps, as in ``calibration_losses``."""
+    b, m = scores.shape
+    n_k, n_t = kappas.shape[0], temperatures.shape[0]
+    last = np.full(n_k, -1)  # the last temperature of each κ that weighs
+    for k in range(n_k):
+        for t in range(n_t):
+            if weights[k * n_t + t] > 0.0:
+                last[k] = t
+    g = np.empty(m)
+    powers = np.empty((2, m))
+    out[:] = 0.0
+    for i in range(b):
+        for k in range(n_k):
+            if last[k] < 0:
+                continue
+            kappa = kappas[k]
+            for j in range(m):
+                c = min(max(scores[i, j], floor), 1.0)
+                g[j] = math.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa
+            top = g[0]
+            for j in range(1, m):
+                if g[j] > top:
+                    top = g[j]
+            for t in range(last[k] + 1):
+                row = powers[t % 2]
+                total = 0.0
+                for j in range(m):
+                    row[j] = math.exp(temperatures[t] * (g[j] - top)) if t < 2 else row[j] * row[j]
+                    total += row[j]
+                w = weights[k * n_t + t]
+                if w > 0.0:
+                    for j in range(m):
+                        out[i, j] += w * row[j] / total
+    return out

@@ -226,7 +226,8 @@ class EdRVFL:
         return self.config.calibrated
 
     def calibration_in_force(self, candidate: int | None = None) -> dict | None:
-        """The calibration map of the candidate in force (or of ``candidate``): {"kappa", "temperature"}."""
+        """The heaviest map of the calibration of the candidate in force (or of ``candidate``):
+        ``calibration.describe``."""
         if not self.calibrated:
             return None
         j = self.selector.chosen if candidate is None else candidate

@@ -235,7 +235,7 @@ def model_families(v: ModelStatus):
 
 
 def class_families(v: ModelStatus):
-    """Classification: each class's prequential precision and recall, and the calibration map in force (the
+    """Classification: each class's prequential precision and recall, and the heaviest map of the calibration (the
     families are there for every model, empty or NaN when they do not apply)."""
     for kind in ("precision", "recall"):
         family = GaugeMetricFamily(
@@ -250,7 +250,8 @@ def class_families(v: ModelStatus):
     cal = v.calibration or {"temperature": float("nan"), "kappa": float("nan")}
     yield _gauge(
         "calibration_temperature",
-        "The calibration map in force: softmax(T·g_κ(clipped mean output)), labelled with κ (docs/design.md §12)",
+        "The heaviest map of the calibration's mixture: softmax(T·g_κ(clipped mean output)), labelled with κ "
+        "(docs/design.md §12)",
         cal["temperature"],
         kappa=f"{cal['kappa']:g}",
     )

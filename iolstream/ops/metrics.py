@@ -46,7 +46,7 @@ model_version                          gauge       changes of β
 prequential                            gauge       metric = accuracy | log_loss | brier | roc_auc | balanced_accuracy
                                                    (classification) | rmse | mae, window = all | sliding, mode
 class_precision, class_recall          gauge       class, window: prequential precision and recall of each class
-calibration_temperature                gauge       kappa: the calibration map in force (docs/design.md §12)
+calibration_temperature                gauge       kappa: the heaviest map of the calibration's mixture (docs/design.md §12)
 immediate_loss                         gauge       mode: docs/design.md §3 L_t of the last label batch, mean over layers
 label_batch_rows                       gauge       rows of that batch (loss per row = ratio)
 cumulative_loss                        gauge       mode: Σ_t L_t (mean over layers)

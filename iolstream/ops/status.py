@@ -62,7 +62,7 @@ class ModelStatus:
     classes: tuple | None  # the declared classes (per-class metrics), None for regression
     calibration: (
         dict | None
-    )  # the calibration map in force ({"kappa", "temperature"}), None if not calibrated
+    )  # the heaviest map of the calibration ({"kappa", "temperature", "weight"}), None if not calibrated
     snapshot_written_at: float
     snapshot_seconds: float
     snapshot_bytes: int

@@ -50,25 +50,63 @@ def test_grid_losses_equal_the_log_loss_of_every_map():
     np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"seed={SEED}")
 
 
-def test_before_any_label_the_probabilities_are_the_clipped_normalised_mean():
-    scores = np.array([[1.4, -0.2, 0.3], [0.2, 0.2, 0.2]])
-    clipped = np.clip(scores, calibration.FLOOR, 1.0)
+def _every_map(scores):
+    """(GRID_SIZE, b, m) the probabilities of every map of the grid, κ major: the formula of docs/design.md §12."""
+    c = np.clip(scores, calibration.FLOOR, 1.0)
+    out = []
+    for kappa in calibration.KAPPAS:
+        g = np.log(c) if kappa == 0 else (c**kappa - 1) / kappa
+        for t in calibration.TEMPERATURES:
+            e = np.exp(t * g)
+            out.append(e / e.sum(axis=1, keepdims=True))
+    return np.array(out)
+
+
+def test_before_any_label_every_map_weighs_alike():
+    scores = np.array([[1.4, -0.2, 0.3], [0.2, 0.2, 0.2], [0.6, 0.3, 0.1]])
     np.testing.assert_allclose(
         calibration.probabilities(scores, np.zeros(calibration.GRID_SIZE)),
-        clipped / clipped.sum(axis=1, keepdims=True),
-        rtol=1e-14,
+        _every_map(scores).mean(axis=0),
+        rtol=1e-12,
     )
 
 
-def test_the_map_in_force_is_the_grid_point_with_the_lowest_sum():
+def test_the_probabilities_are_the_posterior_mean_over_the_maps():
+    rng = np.random.default_rng(SEED)
+    scores = rng.normal(0.4, 0.5, (40, 3))
+    for spread in (0.5, 5.0, 50.0):  # sums a few nats apart, and far apart (maps left out of the mixture)
+        sums = rng.uniform(0.0, spread, calibration.GRID_SIZE) + 100.0
+        w = np.exp(-sums)
+        want = np.tensordot(w / w.sum(), _every_map(scores), axes=1)
+        np.testing.assert_allclose(
+            calibration.probabilities(scores, sums), want, rtol=1e-10, err_msg=f"seed={SEED} spread={spread}"
+        )
     sums = np.full(calibration.GRID_SIZE, 10.0)
     sums[37] = 1.0
-    kappa, temperature = calibration.setting(37)
-    scores = np.array([[0.7, 0.2, 0.1]])
-    g = (np.clip(scores, calibration.FLOOR, 1.0) ** kappa - 1) / kappa if kappa else np.log(scores)
-    z = temperature * g
-    want = np.exp(z) / np.exp(z).sum()
-    np.testing.assert_allclose(calibration.probabilities(scores, sums), want, rtol=1e-12)
+    assert calibration.describe(sums) == {
+        "kappa": calibration.setting(37)[0],
+        "temperature": round(calibration.setting(37)[1], 4),
+        "weight": round(1 / (1 + 50 * np.exp(-9.0)), 4),
+    }
+
+
+def test_row_by_row_the_mixture_loses_at_most_log_grid_size_nats_to_the_best_map():
+    """The Bayes mixture: predicting each row before its label is learned, Σ −log p(y) is −log of the maps' mean
+    likelihood, −log (Σ_g exp(−S_g) / GRID_SIZE) (the chain rule), so at most min_g S_g + log GRID_SIZE; on scores
+    whose best map is a sharp one (rows mostly right) and a soft one (labels noisy)."""
+    rng = np.random.default_rng(SEED + 4)
+    for noise in (0.05, 0.45):
+        labels = rng.integers(0, 3, 300)
+        scores = rng.uniform(0.0, 0.4, (300, 3))
+        right = rng.random(300) > noise
+        scores[np.arange(300), np.where(right, labels, (labels + 1) % 3)] += 0.5
+        sums, total = np.zeros(calibration.GRID_SIZE), 0.0
+        for i in range(300):
+            total -= np.log(calibration.probabilities(scores[i : i + 1], sums)[0, labels[i]])
+            sums += calibration.grid_losses(scores[i : i + 1], labels[i : i + 1])
+        evidence = -np.log(np.mean(np.exp(-(sums - sums.min())))) + sums.min()
+        np.testing.assert_allclose(total, evidence, rtol=1e-9, err_msg=f"seed={SEED + 4} noise={noise}")
+        assert total <= sums.min() + np.log(calibration.GRID_SIZE), f"seed={SEED + 4} noise={noise}"
 
 
 def test_an_overconfident_ensemble_is_softened_and_a_timid_one_sharpened():
@@ -93,7 +131,7 @@ def test_the_ensemble_score_is_the_mean_of_the_clipped_layer_outputs_and_bounds_
     assert np.abs(calibration.ensemble_scores(wild) - c).max() <= 1.0 / 4 + 1e-12, f"seed={SEED}"
 
 
-def test_the_class_decided_is_a_most_probable_class_under_every_map():
+def test_the_class_decided_is_a_most_probable_class_under_every_map_and_their_mixture():
     rng = np.random.default_rng(SEED + 5)
     outputs = rng.normal(0.4, 0.8, (3, 200, 4))
     outputs[:, :20, 1:3] = 1.5  # every layer clipped alike on classes 1 and 2: a tie, broken by s̄
@@ -105,10 +143,13 @@ def test_the_class_decided_is_a_most_probable_class_under_every_map():
     for index in rng.choice(calibration.GRID_SIZE, 12, replace=False):
         sums = np.full(calibration.GRID_SIZE, 1e3)
         sums[index] = 0.0
-        proba = calibration.probabilities(scores, sums)
-        np.testing.assert_array_equal(
-            proba[np.arange(200), decided], proba.max(axis=1), err_msg=f"seed={SEED + 5} grid point {index}"
-        )
+        for mixed in (sums, rng.uniform(0.0, 3.0, calibration.GRID_SIZE)):  # one map, and a mixture of all
+            proba = calibration.probabilities(scores, mixed)
+            np.testing.assert_array_equal(
+                proba[np.arange(200), decided],
+                proba.max(axis=1),
+                err_msg=f"seed={SEED + 5} grid point {index}",
+            )
 
 
 @pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
