@@ -10,7 +10,6 @@ against a real broker in test_durability_kafka.py and test_group_kafka.py, which
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError
 from kafka_fakes import JournalGroup, commit_unit
+from test_paths import modules_called
 
 from iolstream.kafka.commit import AtLeastOnce, ExactlyOnce, delivery_mode
 from iolstream.kafka.config import config_from_dict
@@ -170,22 +170,6 @@ def test_each_mode_answers_how_to_produce_whether_to_replay_and_when_the_first_c
         )
 
 
-def _kafka_modules_called(call) -> set[str]:
-    """The iolstream/kafka modules entered while ``call()`` runs (every Python call, traced)."""
-    seen = set()
-
-    def profile(frame, event, arg):
-        if event == "call" and "/iolstream/kafka/" in (path := frame.f_code.co_filename):
-            seen.add("iolstream/kafka/" + path.rsplit("/iolstream/kafka/", 1)[1])
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return seen
-
-
 def test_the_modules_one_commit_crosses_are_the_ones_docs_architecture_names(tmp_path):
     """The end of a cycle that steps a batch, commits it and writes a checkpoint, traced in both modes: the
     modules it enters are those docs/architecture.md lists for the path of one commit, no more, no fewer."""
@@ -194,7 +178,11 @@ def test_the_modules_one_commit_crosses_are_the_ones_docs_architecture_names(tmp
         unit = commit_unit(_cfg(tmp_path / str(exactly_once), exactly_once), [], group=Solo())
         _consume(unit, 4)
         now = int(time.time() * 1000)
-        crossed[exactly_once] = _kafka_modules_called(lambda u=unit, t=now: u.end_cycle(t, processed=True))
+        crossed[exactly_once] = {
+            m
+            for m in modules_called(lambda u=unit, t=now: u.end_cycle(t, processed=True))
+            if m.startswith("iolstream/kafka/")
+        }
         assert unit.checkpoints.last.offsets == {F0: 4}  # it did write the checkpoint
     doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
     section = doc[doc.index("## The path of one commit") :]

@@ -28,7 +28,7 @@ DOC = Path(__file__).parents[2] / "docs" / "architecture.md"
 EXACT = ("kafka", "stream", "ops")  # the rooms whose modules on a path must be exactly those listed
 
 
-def _modules_called(call) -> set[str]:
+def modules_called(call) -> set[str]:
     """The iolstream modules entered while ``call()`` runs (every Python call, traced)."""
     seen = set()
 
@@ -121,10 +121,10 @@ def test_the_modules_one_message_and_one_label_cross_are_the_ones_docs_architect
     ids = ["a1", "a2", "a3", "a4"]
     predicted, learned = loop.counters["predictions_out"], loop.counters["rows_learned"]
     loop.features(ids, 0.5)  # a whole batch: stepped and emitted in the cycle that feeds it
-    message = _modules_called(lambda: loop.cycle(100))
+    message = modules_called(lambda: loop.cycle(100))
     assert loop.counters["predictions_out"] == predicted + 4
     loop.labels(ids)  # joined in the cycle that feeds it, learned at the step after (the cycle's end)
-    label = _modules_called(lambda: (loop.cycle(101), loop.unit.session.step(102)))
+    label = modules_called(lambda: (loop.cycle(101), loop.unit.session.step(102)))
     assert loop.counters["rows_learned"] == learned + 4
     for title, crossed in (("## The path of one message", message), ("## The path of one label", label)):
         listed = _listed(title)
