@@ -58,23 +58,26 @@ _CAP = -float(np.log(PROBABILITY_FLOOR))
 
 def ensemble_scores(layer_outputs: np.ndarray) -> np.ndarray:
     """c (b, m): the mean over the layers of their outputs (L, b, m), each clipped to [FLOOR, 1] first."""
-    outputs = np.asarray(layer_outputs, dtype=np.float64)
-    return np.clip(outputs, FLOOR, 1.0).mean(axis=0)
+    outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+    out = np.empty(outputs.shape[1:])
+    activation_kernels.clipped_mean(outputs, FLOOR, out)  # np.clip(outputs, FLOOR, 1).mean(axis=0), one pass
+    return out
 
 
 def decision(layer_outputs: np.ndarray, scores: np.ndarray | None = None) -> np.ndarray:
     """The class index (b,) of the highest ensemble score c (``ensemble_scores``; given as ``scores`` if already
     computed), ties (every layer clipped alike) to the highest mean output s̄: a class of the highest probability."""
-    outputs = np.asarray(layer_outputs, dtype=np.float64)
-    c = ensemble_scores(outputs) if scores is None else scores
-    tied = c == c.max(axis=1, keepdims=True)
-    return np.where(tied, outputs.mean(axis=0), -np.inf).argmax(axis=1)
+    outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+    c = ensemble_scores(outputs) if scores is None else np.ascontiguousarray(scores, dtype=np.float64)
+    out = np.empty(outputs.shape[1], dtype=np.int64)
+    activation_kernels.top_class(outputs, c, out)  # the tied classes' mean output decides, in one pass
+    return out
 
 
-def _transformed(mean_scores: np.ndarray) -> np.ndarray:
-    """(len(KAPPAS), b, m): g_κ(clip(c)) for every κ."""
+def _transformed(mean_scores: np.ndarray, kappas=KAPPAS) -> np.ndarray:
+    """(len(kappas), b, m): g_κ(clip(c)) for every κ of ``kappas`` (default: KAPPAS)."""
     c = np.clip(np.asarray(mean_scores, dtype=np.float64), FLOOR, 1.0)
-    return np.stack([np.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa for kappa in KAPPAS])
+    return np.stack([np.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa for kappa in kappas])
 
 
 def choice(sums: np.ndarray) -> int:
@@ -91,7 +94,7 @@ def setting(index: int) -> tuple[float, float]:
 def probabilities(mean_scores: np.ndarray, sums: np.ndarray) -> np.ndarray:
     """Class probabilities (b, m) of the ensemble's scores c (b, m), by the grid point the sums choose."""
     kappa, temperature = setting(choice(sums))
-    z = temperature * _transformed(mean_scores)[KAPPAS.index(kappa)]
+    z = temperature * _transformed(mean_scores, (kappa,))[0]
     z -= z.max(axis=1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)
