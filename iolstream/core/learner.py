@@ -107,6 +107,10 @@ class OnlineLearner:
     (8, 8)
     """
 
+    # the least work per layer a label fold spreads over Numba's threads (``folds_in_parallel``; the kernel warm-up
+    # sets 0 on its tiny model, so that the parallel fold kernels are loaded too)
+    parallel_fold_flops = work.PARALLEL_FOLD_FLOPS
+
     def __init__(
         self,
         n_columns: int,
@@ -626,7 +630,7 @@ class OnlineLearner:
         """Whether a fold of b labelled rows runs on Numba's threads: when the step does (``parallel``) and the fold's
         work per layer is worth waking a thread for (``work.PARALLEL_FOLD_FLOPS``); the bits are the same either way."""
         return self.parallel and (
-            work.fold_flops(self.n_columns, self.n_outputs, b, entering) >= work.PARALLEL_FOLD_FLOPS
+            work.fold_flops(self.n_columns, self.n_outputs, b, entering) >= self.parallel_fold_flops
         )
 
     def advance(self, b: int) -> None:
