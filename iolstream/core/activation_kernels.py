@@ -182,3 +182,52 @@ def calibration_mixture(scores, weights, kappas, temperatures, floor, out):
                     for j in range(m):
                         out[i, j] += w * row[j] / total
     return out
+
+
+@nb.njit(**JIT)
+def clipped_mean(outputs, floor, out):
+    """out (b, m) = the mean over the layers of outputs (L, b, m), each clipped to [floor, 1] first: the calibration's
+    ensemble scores (``calibration.ensemble_scores``), the bits of NumPy's ``np.clip(outputs, floor, 1).mean(axis=0)``
+    (the layers added in order, then divided by L; NaN stays NaN)."""
+    n_layers, b, m = outputs.shape
+    for i in range(b):
+        for j in range(m):
+            total = 0.0
+            for layer in range(n_layers):
+                v = outputs[layer, i, j]
+                if v == v:  # NaN passes through as np.clip passes it
+                    v = min(max(v, floor), 1.0)
+                total = v if layer == 0 else total + v
+            out[i, j] = total / n_layers
+
+
+@nb.njit(**JIT)
+def top_class(outputs, scores, out):
+    """out[i] = the class of the highest score of row i (scores (b, m)), ties to the highest mean layer output
+    (outputs (L, b, m)): the bits of NumPy's ``np.where(scores == scores.max(1, keepdims=True), outputs.mean(0),
+    -inf).argmax(1)`` (``calibration.decision``): a row max of NaN ties nothing (class 0), and argmax takes the
+    first NaN, else the first of the largest."""
+    n_layers, b, m = outputs.shape
+    for i in range(b):
+        top = scores[i, 0]
+        for j in range(1, m):
+            v = scores[i, j]
+            if v != v or top != top:
+                top = math.nan
+            elif v > top:
+                top = v
+        best, best_value = 0, -math.inf
+        for j in range(m):
+            if scores[i, j] == top:
+                value = outputs[0, i, j]
+                for layer in range(1, n_layers):
+                    value += outputs[layer, i, j]
+                value /= n_layers
+            else:
+                value = -math.inf
+            if value != value:
+                best = j
+                break
+            if j == 0 or value > best_value:
+                best, best_value = j, value
+        out[i] = best

@@ -25,7 +25,8 @@ changes as the model learns; the mixture is as confident as the evidence for eac
 calibration's whole state: they add across the members of a group and decay with forgetting exactly as c does
 (``LearnerState.calibration``), so every member that holds the same sums maps scores to the same probabilities.
 
-Arrays in, arrays out, no I/O; the kernels are ``activation_kernels.calibration_losses`` (the sums) and
+Arrays in, arrays out, no I/O; the kernels are ``activation_kernels.clipped_mean`` (c), ``top_class`` (the class
+emitted), ``calibration_losses`` (the sums) and
 ``calibration_mixture`` (the probabilities); their twins, the NumPy log loss and probabilities of every map, are in
 tests/core/test_probabilities.py.
 
@@ -61,17 +62,20 @@ _CAP = -float(np.log(PROBABILITY_FLOOR))
 
 def ensemble_scores(layer_outputs: np.ndarray) -> np.ndarray:
     """c (b, m): the mean over the layers of their outputs (L, b, m), each clipped to [FLOOR, 1] first."""
-    outputs = np.asarray(layer_outputs, dtype=np.float64)
-    return np.clip(outputs, FLOOR, 1.0).mean(axis=0)
+    outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+    out = np.empty(outputs.shape[1:])
+    activation_kernels.clipped_mean(outputs, FLOOR, out)  # np.clip(outputs, FLOOR, 1).mean(axis=0), one pass
+    return out
 
 
 def decision(layer_outputs: np.ndarray, scores: np.ndarray | None = None) -> np.ndarray:
     """The class index (b,) of the highest ensemble score c (``ensemble_scores``; given as ``scores`` if already
     computed), ties (every layer clipped alike) to the highest mean output s̄: a class of the highest probability."""
-    outputs = np.asarray(layer_outputs, dtype=np.float64)
-    c = ensemble_scores(outputs) if scores is None else scores
-    tied = c == c.max(axis=1, keepdims=True)
-    return np.where(tied, outputs.mean(axis=0), -np.inf).argmax(axis=1)
+    outputs = np.ascontiguousarray(layer_outputs, dtype=np.float64)
+    c = ensemble_scores(outputs) if scores is None else np.ascontiguousarray(scores, dtype=np.float64)
+    out = np.empty(outputs.shape[1], dtype=np.int64)
+    activation_kernels.top_class(outputs, c, out)  # the tied classes' mean output decides, in one pass
+    return out
 
 
 def posterior_weights(sums: np.ndarray) -> np.ndarray:

@@ -314,7 +314,9 @@ def _fold_pair(learners, features_t, targets, gram_in, predicted, made, labelled
     kept = labelled_gram if labelled_gram is not None else a.gram_labelled[:0]
     losses = np.empty((2, first.n_layers))
     kernel = (
-        shared_step_kernels.learn_pair_parallel if first.parallel else shared_step_kernels.learn_pair_serial
+        shared_step_kernels.learn_pair_parallel
+        if first.folds_in_parallel(b)
+        else shared_step_kernels.learn_pair_serial
     )
     sum_y2 = kernel(features_t, targets, predicted, made, a.rhs, a.gram_labelled, kept, losses)
     # as its own learn: its prediction where it made one, the targets (loss 0) where not (D_m and Y_m)

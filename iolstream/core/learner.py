@@ -107,6 +107,10 @@ class OnlineLearner:
     (8, 8)
     """
 
+    # the least work per layer a label fold spreads over Numba's threads (``folds_in_parallel``; the kernel warm-up
+    # sets 0 on its tiny model, so that the parallel fold kernels are loaded too)
+    parallel_fold_flops = work.PARALLEL_FOLD_FLOPS
+
     def __init__(
         self,
         n_columns: int,
@@ -524,7 +528,11 @@ class OnlineLearner:
             )  # its lower triangles (the upper ones are not kept)
         if b and (n_new == 0 or (n_new == b and self._uses_cholesky(b))) and self._fusable(features_t):
             info = np.zeros(self.n_layers, dtype=np.int32)
-            kernel = step_kernels.learn_parallel if self.parallel else step_kernels.learn_serial
+            kernel = (
+                step_kernels.learn_parallel
+                if self.folds_in_parallel(b, n_new > 0)
+                else step_kernels.learn_serial
+            )
             labelled = a.gram_labelled if own_labelled else a.gram_labelled[:0]
             state = (a.rhs, a.gram, a.factors() if n_new else a.factor, labelled)  # n_new: A is refactored
             with st.changing_gram(factor="made" if n_new else "kept"):  # n_new: the kernel factored A
@@ -616,6 +624,13 @@ class OnlineLearner:
             self.solver == "cholesky"
             or self.half_life is not None
             or (self.solver == "auto" and b * WOODBURY_RATIO > self.n_columns)
+        )
+
+    def folds_in_parallel(self, b: int, entering: bool = False) -> bool:
+        """Whether a fold of b labelled rows runs on Numba's threads: when the step does (``parallel``) and the fold's
+        work per layer is worth waking a thread for (``work.PARALLEL_FOLD_FLOPS``); the bits are the same either way."""
+        return self.parallel and (
+            work.fold_flops(self.n_columns, self.n_outputs, b, entering) >= self.parallel_fold_flops
         )
 
     def advance(self, b: int) -> None:

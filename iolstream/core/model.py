@@ -485,13 +485,15 @@ class EdRVFL:
         """Candidate ``candidate``'s loss per row (b,) for CandidateSelector: the log loss of its calibrated
         probabilities (1 where its ensemble misclassified the row when ``proba`` is not calibrated), or its
         ensemble's squared error (original units); ``targets`` as the layers learn them."""
+        labels = targets.argmax(axis=1)
+        if self.calibrated:  # ``combine``'s probabilities, without the classes it would decide too
+            scores = calibration.ensemble_scores(layer_outputs)
+            proba = calibration.probabilities(scores, self.learners[candidate].calibration_sums)
+            picked = proba[np.arange(len(labels)), labels]
+            return -np.log(np.maximum(picked, calibration.PROBABILITY_FLOOR))
         proba, index, value = self.combine(np.asarray(layer_outputs), candidate)
         if index is None:
             return ((value - self.targets.inverse(targets)) ** 2).sum(axis=1)
-        labels = targets.argmax(axis=1)
-        if self.calibrated:
-            picked = proba[np.arange(len(labels)), labels]
-            return -np.log(np.maximum(picked, calibration.PROBABILITY_FLOOR))
         return (index != labels).astype(np.float64)
 
     def learn_rows(self, x, y) -> np.ndarray:

@@ -19,6 +19,12 @@ CALL_FLOPS = 3.6e5
 # measured beside it (one thread, bench configs). Counted at its operations alone, scoring a candidate was
 # a third of what it took in time, and the default -F and -R pair was scored on every batch.
 CHOLESKY_WEIGHT = 2.5
+# A label fold (c += DᵀY, and A_r += the batch's Gram, or the rows' Gram into A with its Cholesky) runs on Numba's
+# threads only from this much work per layer: a parallel region after the stream's Python work waits for its
+# sleeping thread (the worker's short libgomp spin). Measured on 2 cores, GOMP_SPINCOUNT=3000, 3 ms of Python before
+# each call: the small config's fold (0.7 MFLOP a layer) took 0.99-1.06 ms on two threads, 0.73-0.80 ms on one;
+# poker's (45 MFLOP a layer) is worth the threads.
+PARALLEL_FOLD_FLOPS = 1.0e7
 
 
 def minimal_flops_per_row(
@@ -61,3 +67,10 @@ def scoring_flops(n_columns: int, m: int, n_layers: int, b: int, cholesky: bool 
     n = n_columns
     per_layer = (CHOLESKY_WEIGHT * n**3 / 3.0 if cholesky else 0.0) + 2.0 * n * n * m + (2.0 * n * m + m) * b
     return n_layers * per_layer + CALL_FLOPS
+
+
+def fold_flops(n_columns: int, m: int, b: int, entering: bool = False) -> float:
+    """The work of folding b labelled rows into one layer: c += DᵀY (2nbm) and A_r += the batch's Gram (n²), or, when
+    the rows' Gram ``entering`` A now (-R), its symmetric rank-b update and A's Cholesky (b·n² + n³/3)."""
+    n = n_columns
+    return 2.0 * n * b * m + (b * n * n + n**3 / 3.0 if entering else float(n * n))

@@ -71,6 +71,8 @@ def _exercise(config: ModelConfig, rng: np.random.Generator, *, parallel: bool) 
         EdRVFL(config), StreamConfig(batch_rows=8, max_batch_latency_ms=0, label_batch_rows=4)
     )
     proc.model.learner.parallel = parallel  # the kernels step_tuner.StepTuner may pick
+    for ln in proc.model.learners:  # and the parallel folds of a model large enough for them (tiny here)
+        ln.parallel_fold_flops = 0.0
     k = config.n_inputs
 
     def label(n):

@@ -457,13 +457,8 @@ class StreamProcessor:
             self.model.one_hot(y) if mc.task == "classification" else np.asarray(y, float).reshape(b, mc.m)
         )
         outputs = layout.outputs(rows)  # (K, L, b, m)
-        chosen = layout.candidate(rows)
         stamps = layout.stamp(rows)
-        # what was emitted: each row's outputs of the candidate in force when it was predicted
-        emitted_outputs = (
-            outputs[0] if self.n_candidates == 1 else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
-        )
-        features_t, _ = self._features_for(layout.x(rows), seqs, layout.position(rows))
+        features_t, cached = self._features_for(layout.x(rows), seqs, layout.position(rows))
         predicted = outputs[0] if self.n_candidates == 1 else outputs
         self.last_losses = self.model.learn(features_t, targets, predicted=predicted, observed_at=stamps)
         self.erasure.labelled(
@@ -474,7 +469,17 @@ class StreamProcessor:
         self.counters["label_batches"] += 1
         emitted = layout.emitted(rows)  # what was sent for these rows: probabilities, or values
         if mc.task == "classification":
-            index = self.model.decide(emitted, emitted_outputs)
+            # the classes emitted: the cached batch's (``decide`` gave them from the same bits), else decided again
+            # from each row's outputs of the candidate in force when it was predicted
+            index = cached
+            if index is None:
+                chosen = layout.candidate(rows)
+                emitted_outputs = (
+                    outputs[0]
+                    if self.n_candidates == 1
+                    else outputs[chosen, :, np.arange(b), :].transpose(1, 0, 2)
+                )
+                index = self.model.decide(emitted, emitted_outputs)
             self.metric.update_classes(
                 y, index, emitted if self.model.config.ensemble_rule == "softmax" else None
             )

@@ -767,3 +767,25 @@ if __name__ == "__main__":  # reproduce the measurements in the docstrings above
                 + f"  ({time.perf_counter() - start:.1f} s)"
             )
             sys.stdout.flush()
+
+
+def test_label_folds_run_on_threads_only_when_their_work_is_worth_a_thread():
+    """A fold spreads its layers over Numba's threads only when the step does and its work per layer reaches
+    ``work.PARALLEL_FOLD_FLOPS`` (the small config's folds are serial, poker's parallel); the kernel warm-up's tiny
+    model folds in parallel whenever it steps in parallel, so that those kernels are loaded before a stream."""
+    from iolstream.core import shared_step_kernels
+    from iolstream.core.model import EdRVFL, ModelConfig
+    from iolstream.stream import kernel_warmup
+
+    small, poker = OnlineLearner(139, 10, 4), OnlineLearner(1000, 10, 5)
+    for ln in (small, poker):
+        assert not ln.folds_in_parallel(2200)  # the step is serial: so is the fold
+        ln.parallel = True
+    assert not small.folds_in_parallel(256) and poker.folds_in_parallel(2200)
+    assert small.folds_in_parallel(256, entering=False) is False and small.folds_in_parallel(
+        4096, entering=True
+    )
+    config = ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, n_layers=2, scaler="none", mode="auto")
+    assert not EdRVFL(config).learner.folds_in_parallel(8)
+    kernel_warmup.exercise(config, np.random.default_rng(0), parallel=True)
+    assert shared_step_kernels.learn_pair_parallel.signatures, "the warm-up never folded in parallel"

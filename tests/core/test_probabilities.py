@@ -152,6 +152,40 @@ def test_the_class_decided_is_a_most_probable_class_under_every_map_and_their_mi
             )
 
 
+def _numpy_scores_and_classes(outputs):
+    """The NumPy form of ``ensemble_scores`` and ``decision`` (what their kernels must give, bit for bit)."""
+    c = np.clip(outputs, calibration.FLOOR, 1.0).mean(axis=0)
+    tied = c == c.max(axis=1, keepdims=True)
+    return c, np.where(tied, outputs.mean(axis=0), -np.inf).argmax(axis=1)
+
+
+@pytest.mark.parametrize("n_layers", [1, 4, 9])
+def test_the_scores_and_classes_kernels_give_numpys_bits(n_layers):
+    """``ensemble_scores`` and ``decision`` run as kernels (one pass each): the same bits as NumPy's clip, mean over
+    the layers and tie-broken argmax, on rows with ties, outliers, infinities and NaN (a candidate's rows it did not
+    predict), in any memory layout."""
+    rng = np.random.default_rng(SEED + n_layers)
+    outputs = rng.normal(0.4, 0.8, (n_layers, 300, 6)) * rng.choice([1.0, 1e-3, 1e4], (n_layers, 300, 1))
+    outputs[:, :20, 1:3] = 1.5  # clipped alike: ties broken by the mean output
+    outputs[0, 20:30, 4] = np.inf
+    outputs[-1, 30:40, 0] = -np.inf
+    outputs[:, 40:50, :] = np.nan  # not predicted
+    outputs[0, 50:55, 3] = np.nan
+    outputs[:, 60:70, :] = -3.0  # every class at the floor: all tied
+    for layout in (
+        outputs,
+        np.ascontiguousarray(outputs.transpose(1, 0, 2)).transpose(1, 0, 2),
+        outputs[:, ::2],
+    ):
+        expected_c, expected_class = _numpy_scores_and_classes(layout)
+        c = calibration.ensemble_scores(layout)
+        np.testing.assert_array_equal(
+            c.view(np.int64), expected_c.view(np.int64), err_msg=f"seed={SEED + n_layers}"
+        )
+        np.testing.assert_array_equal(calibration.decision(layout), expected_class)
+        np.testing.assert_array_equal(calibration.decision(layout, c), expected_class)
+
+
 @pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
 def test_proba_is_calibrated_on_the_emitted_predictions_and_restored_exactly(mode):
     x, y = stream(SEED + 1)

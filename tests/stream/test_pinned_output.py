@@ -84,8 +84,9 @@ def _labels_late(features: list[bytes], labels: list[bytes]) -> list:
     return out
 
 
-def arrays_stream() -> dict:
-    """300 rows of ten classes, ``mode: auto`` (the default), batch and one-row messages, with refusals."""
+def arrays_stream(processor=StreamProcessor) -> dict:
+    """300 rows of ten classes, ``mode: auto`` (the default), batch and one-row messages, with refusals
+    (``processor``: the processor class that runs them)."""
     rng = np.random.default_rng(29)
     X = rng.normal(size=(300, 10))
     y = (np.abs(X[:, :3]).sum(axis=1) * 3).astype(int) % 10
@@ -111,7 +112,7 @@ def arrays_stream() -> dict:
     model = EdRVFL(
         ModelConfig(n_inputs=10, classes=tuple(range(10)), n_nodes=24, n_layers=3, warmup_rows=64, seed=3)
     )
-    return _drive(StreamProcessor(model, CFG), _labels_late(feats, labs))
+    return _drive(processor(model, CFG), _labels_late(feats, labs))
 
 
 def _event(i: int, rng) -> dict:
@@ -228,6 +229,24 @@ def test_the_output_of_a_fixed_stream_is_what_was_pinned():
     got = _plain(outputs())
     assert len(got["arrays"]["predictions"]) == 299 and len(got["events"]["predictions"]) == 297
     _same(got, want, "output")
+
+
+class DecidingAgain(StreamProcessor):
+    """A processor whose label batches never take the classes emitted from the feature cache: they are decided
+    again from the rows' stored outputs (``model.decide``), as for rows that are not one whole cached batch."""
+
+    def _features_for(self, x, seqs, positions):
+        features_t, _ = super()._features_for(x, seqs, positions)
+        return features_t, None
+
+
+def test_the_classes_scored_from_the_feature_cache_are_the_ones_decided_again():
+    """A label batch that is one whole cached batch scores the classes cached when it was predicted (no second
+    ``decide``): every prediction, dead letter, metric and array is the same, to the bit, as when they are decided
+    again."""
+    cached, again = arrays_stream(), arrays_stream(DecidingAgain)
+    assert cached["status"]["metrics"] == again["status"]["metrics"]
+    assert orjson.dumps(_plain(cached)) == orjson.dumps(_plain(again))
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
