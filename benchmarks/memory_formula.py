@@ -33,7 +33,7 @@ import yaml
 
 from iolstream.kafka.config import config_from_dict
 from iolstream.ops import footprint
-from iolstream.tools import bench_kafka
+from iolstream.tools import bench_kafka, bench_names
 from iolstream.tools.bench_kafka import WorkerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def main() -> int:
                 flush=True,
             )
     finally:
-        bench_kafka._delete_topics(
+        bench_names.delete_topics(
             args.bootstrap, [t for name in args.configs for t in all_configs[name]["topics"].values()]
         )
     return 0

@@ -112,6 +112,7 @@ def _child(mode: str, argv: list[str]) -> int:
 
 def _run(mode: str, rows: int, bootstrap: str, workdir: Path) -> float:
     from iolstream.tools import bench_kafka as bk
+    from iolstream.tools import bench_names
 
     X, y = bk._data(rows)
     topics = bk._topics(f"bound-{mode}")
@@ -132,7 +133,7 @@ def _run(mode: str, rows: int, bootstrap: str, workdir: Path) -> float:
             raise RuntimeError(f"{mode}: {n} predictions for {rows} rows; worker log: {worker.log}")
         return rate
     finally:
-        bk._delete_topics(bootstrap, topics)
+        bench_names.delete_topics(bootstrap, topics)
 
 
 def main() -> int:

@@ -215,6 +215,12 @@ def add_parser(subparsers):
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--bootstrap", default=None, help="kafka suite: broker (default: the local one)")
     p.add_argument(
+        "--prefix",
+        default="bench",
+        help="kafka and group suites: the prefix of every topic and consumer group a run makes (default bench; "
+        "on a cluster whose ACLs grant topics and groups by prefix, give that one)",
+    )
+    p.add_argument(
         "--kafka-scale",
         type=float,
         default=1.0,

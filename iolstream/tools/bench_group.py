@@ -37,12 +37,13 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer, TopicPartition
 
 from iolstream.core import step_tuner
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka import clients, snapshots
 from iolstream.stream.group import GroupState
+from iolstream.tools import bench_names
 from iolstream.tools.bench_kafka import WorkerProcess
 from iolstream.tools.group_sim import quality_table
 
@@ -125,13 +126,15 @@ def _send(p: Producer, topic: str, value: bytes, key: bytes) -> None:
             p.poll(0.05)
 
 
-def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, np.ndarray]:
+def _prediction_window(
+    bootstrap: str, topic: str, names: bench_names.Names
+) -> tuple[int, float, float, np.ndarray]:
     """(predicted rows, first and last Kafka timestamp in s, (messages, 2) array of [timestamp s, rows]) over every
     partition of ``topic``."""
     c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
+            "group.id": names.name("read"),
             "enable.auto.commit": False,
             "enable.partition.eof": True,
         }
@@ -159,9 +162,9 @@ def _prediction_window(bootstrap: str, topic: str) -> tuple[int, float, float, n
 
 
 def _run_workers(
-    bootstrap, topics, workdir: Path, partitions: int, n_workers: int, tag: str, n_rows: int, scaling
+    bootstrap, topics, workdir: Path, partitions: int, n_workers: int, tag: str, n_rows: int, scaling, names
 ) -> dict:
-    group_id = f"bench-group-{tag}-{uuid.uuid4().hex[:6]}"
+    group_id = names.name("group", tag, random=6)
     cfg = _worker_cfg(
         bootstrap, topics, group_id, workdir / f"snap-{tag}", partitions, group=n_workers > 1, scaling=scaling
     )
@@ -185,7 +188,7 @@ def _run_workers(
         t.join()
     for w, code in zip(workers, codes):
         w.check(-1 if code is None else code)
-    rows, t0, t1, stamps = _prediction_window(bootstrap, topics["predictions"])
+    rows, t0, t1, stamps = _prediction_window(bootstrap, topics["predictions"], names)
     if rows < n_rows:
         raise RuntimeError(
             f"{tag}: {rows} predictions for {n_rows} rows; logs: {[str(w.log) for w in workers]}"
@@ -233,22 +236,22 @@ def _first_assignment(log_path: Path) -> float | None:
 
 
 def run_throughput(
-    bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, created: list
+    bootstrap: str, rows: int, partitions: int, group_workers: int, workdir: Path, names: bench_names.Names
 ) -> dict:
     X, y, _ = _poker(rows, seed=1)
     head = X[:256]
     scaling = (head.mean(axis=0), np.where(head.std(axis=0, ddof=1) > 0, head.std(axis=0, ddof=1), 1.0))
     u = uuid.uuid4().hex[:8]
-    features, labels = f"bench-group-{u}-features", f"bench-group-{u}-labels"
-    created += [features, labels]
+    features, labels = names.topic("group", u, "features"), names.topic("group", u, "labels")
     base = _worker_cfg(
         bootstrap, {"features": features, "labels": labels}, "x", workdir, partitions, group=False
     )
     from iolstream.kafka.config import config_from_dict
     from iolstream.kafka.topics import ensure_topics
 
-    base["topics"].update(predictions=f"bench-group-{u}-unused", dead_letters=f"bench-group-{u}-dead")
-    created += [base["topics"]["predictions"], base["topics"]["dead_letters"]]
+    base["topics"].update(
+        predictions=names.topic("group", u, "unused"), dead_letters=names.topic("group", u, "dead")
+    )
     ensure_topics(config_from_dict(base, environ={}))
     _produce_input(bootstrap, features, labels, X, y)
     out = {
@@ -262,12 +265,11 @@ def run_throughput(
         topics = {
             "features": features,
             "labels": labels,
-            "predictions": f"bench-group-{u}-{tag}-predictions",
-            "dead_letters": f"bench-group-{u}-{tag}-dead",
-            "model_deltas": f"bench-group-{u}-{tag}-deltas",
+            "predictions": names.topic("group", u, tag, "predictions"),
+            "dead_letters": names.topic("group", u, tag, "dead"),
+            "model_deltas": names.topic("group", u, tag, "deltas"),
         }
-        created += [topics["predictions"], topics["dead_letters"], topics["model_deltas"]]
-        out[tag] = _run_workers(bootstrap, topics, workdir, partitions, n_workers, tag, rows, scaling)
+        out[tag] = _run_workers(bootstrap, topics, workdir, partitions, n_workers, tag, rows, scaling, names)
         print(
             f"group bench: {n_workers} worker(s): {out[tag]['rows_per_second']:.0f} rows/s, "
             f"{out[tag]['cores_used_by_workers']:.2f} cores",
@@ -294,7 +296,7 @@ def _timed(fn, repeat: int) -> tuple[float, object]:
     return best, value
 
 
-def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3) -> dict:
+def sync_costs(name: str, bootstrap: str | None, names: bench_names.Names, repeat: int = 3) -> dict:
     """One record of config ``name`` (SYNC_CONFIGS): bytes and the seconds of each step (best of ``repeat``)."""
     n_nodes, n_layers, batch = SYNC_CONFIGS[name]
     cfg = ModelConfig(
@@ -327,8 +329,7 @@ def sync_costs(name: str, bootstrap: str | None, created: list, repeat: int = 3)
         "decode_ms": decode_s * 1e3,
     }
     if bootstrap is not None:
-        topic = f"bench-group-sync-{uuid.uuid4().hex[:8]}"
-        created.append(topic)
+        topic = names.topic("group", "sync", uuid.uuid4().hex[:8])
         from iolstream.kafka import topics as topics_mod
         from iolstream.kafka.group import delta_topic_config
 
@@ -444,34 +445,21 @@ def run_group(args) -> dict:
     bootstrap = args.bootstrap or f"127.0.0.1:{os.environ.get('KAFKA_PORT', '19092')}"
     scale = getattr(args, "kafka_scale", 1.0)
     workdir = Path(tempfile.mkdtemp(prefix="iolstream-bench-group-"))
-    created: list[str] = []
+    names = bench_names.Names(getattr(args, "prefix", bench_names.DEFAULT_PREFIX))
     out = {"suite": "group", "bootstrap": bootstrap, "cpu_count": os.cpu_count()}
     try:
         rows = max(int(args.group_rows * scale), 8 * BATCH)
         out["throughput"] = run_throughput(
-            bootstrap, rows, args.partitions, args.group_workers, workdir, created
+            bootstrap, rows, args.partitions, args.group_workers, workdir, names
         )
-        out["sync_costs"] = [sync_costs(name, bootstrap, created) for name in SYNC_CONFIGS]
+        out["sync_costs"] = [sync_costs(name, bootstrap, names) for name in SYNC_CONFIGS]
         out["projection"] = {c["config"]: projection(c) for c in out["sync_costs"]}
         if args.group_quality:
             out["quality"] = quality(args.group_poker_rows, args.group_sync_rows)
     finally:
-        _delete_topics(bootstrap, created)
+        bench_names.delete_topics(bootstrap, names.created)
     shutil.rmtree(workdir, ignore_errors=True)  # kept after a failure: the error names a worker log in it
     return out
-
-
-def _delete_topics(bootstrap: str, names: list[str]) -> None:
-    if not names:
-        return
-    admin = clients.admin({"bootstrap.servers": bootstrap})  # referenced until the futures are done
-    futures = admin.delete_topics(names, operation_timeout=30)
-    for name, future in futures.items():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                print(f"warning: could not delete bench topic {name}: {exc.args[0].str()}", file=sys.stderr)
 
 
 __all__ = ["projection", "quality", "run_group", "run_throughput", "sync_costs"]

@@ -46,14 +46,13 @@ import orjson
 import yaml
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
-    KafkaError,
-    KafkaException,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import NewTopic
 
 from iolstream.kafka import clients
+from iolstream.tools import bench_names
 from iolstream.tools.bench_core import bench_core_step
 from iolstream.tools.bench_river import river_loop
 
@@ -165,7 +164,7 @@ def _worker_cfg(
             **({} if mode is None else {"mode": mode}),
         },
         **({"events": dict(EVENTS_SECTION)} if events else {}),
-        "kafka": {"bootstrap_servers": bootstrap, "group_id": f"bench-{uuid.uuid4().hex[:8]}"},
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": _names.name("worker")},
         "topics": {
             "features": topics[0],
             "labels": topics[1],
@@ -179,32 +178,14 @@ def _worker_cfg(
     }
 
 
-_created: list[str] = []  # topic names handed out in this run, deleted at its end (run_kafka)
+_names = (
+    bench_names.Names()
+)  # this run's topic and group names (run_kafka sets the prefix); deleted at its end
 
 
 def _topics(tag: str) -> list[str]:
     u = uuid.uuid4().hex[:8]
-    names = [f"bench-{tag}-{u}-{s}" for s in ("features", "labels", "predictions", "dead")]
-    _created.extend(names)
-    return names
-
-
-def _delete_topics(bootstrap: str, names: list[str]) -> None:
-    """Delete the run's topics (a run leaves ~20 with up to 50 MB of data otherwise, and a broker
-    that gathered thousands of them spends a core's share on them in the background)."""
-    if not names:
-        return
-    admin = clients.admin({"bootstrap.servers": bootstrap})  # kept referenced until the futures are done
-    futures = admin.delete_topics(names, operation_timeout=30)
-    failed = []
-    for name, future in futures.items():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:  # never created (e.g. no dead letters)
-                failed.append(f"{name}: {exc.args[0].str()}")
-    if failed:
-        print(f"warning: could not delete {len(failed)} bench topics: {failed[:3]}", file=sys.stderr)
+    return [_names.topic(tag, u, s) for s in ("features", "labels", "predictions", "dead")]
 
 
 def _ensure(cfg_dict: dict) -> None:
@@ -304,7 +285,7 @@ def _prediction_times(bootstrap: str, topic: str, skip: int) -> tuple[int, float
     c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"bench-read-{uuid.uuid4().hex[:8]}",
+            "group.id": _names.name("read"),
             "enable.auto.commit": False,
         }
     )
@@ -406,7 +387,7 @@ def _processor_rate(name: str, X, y, mode=None, events: bool = False) -> float:
 
 def _wait_for(bootstrap: str, topic: str, count: int, timeout: float) -> int:
     """Wait until ``topic``[0] holds ``count`` messages (or ``timeout`` passes); returns how many it holds."""
-    c = clients.consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hw-{uuid.uuid4().hex[:8]}"})
+    c = clients.consumer({"bootstrap.servers": bootstrap, "group.id": _names.name("hw")})
     try:
         deadline = time.monotonic() + timeout
         while (
@@ -464,7 +445,7 @@ def _latency(bootstrap, name, X, y, rate: float, workdir: Path, mode=None) -> di
     c = clients.consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"lat-{uuid.uuid4().hex[:8]}",
+            "group.id": _names.name("latency"),
             "enable.auto.commit": False,
         }
     )
@@ -502,12 +483,13 @@ def run_kafka(args) -> dict:
     """The kafka suite (module docstring) on fresh topics of the local broker."""
     bootstrap = args.bootstrap or f"127.0.0.1:{os.environ.get('KAFKA_PORT', '19092')}"
     scale = getattr(args, "kafka_scale", 1.0)
+    global _names
+    _names = bench_names.Names(getattr(args, "prefix", bench_names.DEFAULT_PREFIX))
     workdir = Path(tempfile.mkdtemp(prefix="iolstream-bench-"))
     try:
         results = _run_kafka(args, bootstrap, scale, workdir)
     finally:
-        _delete_topics(bootstrap, _created)
-        _created.clear()
+        bench_names.delete_topics(bootstrap, _names.created)
     shutil.rmtree(workdir, ignore_errors=True)  # kept after a failure: the error names a worker log in it
     return {"suite": "kafka", "bootstrap": bootstrap, "results": results}
 

@@ -11,20 +11,32 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from iolstream.tools import cli
+from iolstream.tools import bench_names, cli
+
+
+def assert_no_topics_left(admin: AdminClient, prefix: str) -> None:
+    """No topic of the run's ``prefix`` left on the broker (its deletions are done; the metadata may trail them a
+    moment)."""
+
+    def left() -> set[str]:
+        return {t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix + "-")}
+
+    deadline = time.monotonic() + 15
+    while (names := left()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not names, f"the bench left its topics behind: {sorted(names)[:4]}"
 
 
 @pytest.mark.timeout(1200)  # two modes, eight worker processes: a busy 2-core machine took over 300 s
 def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
 
-    def bench_topics() -> set[str]:
-        return {t for t in admin.list_topics(timeout=10).topics if t.startswith("bench-")}
-
-    before = bench_topics()
+    prefix = f"test-bench-{os.getpid()}"  # its own: another bench may share the broker
     code = cli.main(
         [
             "bench",
+            "--prefix",
+            prefix,
             "--suite",
             "kafka",
             "--configs",
@@ -40,12 +52,11 @@ def test_kafka_suite_runs_end_to_end(kafka_bootstrap, capsys):
         ]
     )
     assert code == 0
-    deadline = time.monotonic() + 15  # the deletions are done; the metadata may trail them a moment
-    left = bench_topics() - before
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = bench_topics() - before
-    assert not left, f"the bench left its topics behind: {sorted(left)[:4]}"
+    assert_no_topics_left(admin, prefix)
+    groups = admin.list_consumer_groups().result(timeout=30).valid
+    assert any(g.group_id.startswith(prefix + "-worker-") for g in groups), (
+        "the workers' groups take the prefix"
+    )
     out = json.loads(capsys.readouterr().out)
     small = out["results"]["small"]
     batch, rows = small["worker_batch_messages"], small["worker_row_messages"]
@@ -107,6 +118,7 @@ def test_worker_cpu_is_read_over_the_timed_window_only():
 def test_group_suite_runs_end_to_end(kafka_bootstrap, capsys):
     """``bench --suite group`` at a tiny scale: both runs predict every row, the sync costs match the record
     formula, the projection follows from them; the quality table is group_sim's (tests/tools/test_group_sim.py)."""
+    prefix = f"test-bench-group-{os.getpid()}"
     code = cli.main(
         [
             "bench",
@@ -118,9 +130,12 @@ def test_group_suite_runs_end_to_end(kafka_bootstrap, capsys):
             "--json",
             "--bootstrap",
             kafka_bootstrap,
+            "--prefix",
+            prefix,
         ]
     )
     assert code == 0
+    assert_no_topics_left(AdminClient({"bootstrap.servers": kafka_bootstrap}), prefix)
     out = json.loads(capsys.readouterr().out)
     tp = out["throughput"]
     assert tp["cpu_count"] == os.cpu_count() and tp["partitions"] == 4
@@ -143,3 +158,15 @@ def test_group_suite_runs_end_to_end(kafka_bootstrap, capsys):
         )
     assert [p["members"] for p in out["projection"]["default"]] == [4, 16, 64]
     assert "quality" not in out
+
+
+def test_the_names_a_bench_makes_take_its_prefix_and_a_prefix_kafka_would_refuse_is_named():
+    names = bench_names.Names("team-a.perf")
+    topic = names.topic("small", "batch", "features")
+    assert topic == "team-a.perf-small-batch-features" and names.created == [topic]
+    group = names.name("read")
+    assert group.startswith("team-a.perf-read-") and len(group) == len("team-a.perf-read-") + 8
+    assert names.name("read") != group and names.created == [topic]  # a group is not a topic to delete
+    for bad in ("", "team a", "team/a", "x" * 121):
+        with pytest.raises(ValueError, match="--prefix"):
+            bench_names.Names(bad)
