@@ -111,6 +111,21 @@ def softmax_errors(predicted, truth, out):
 
 
 @nb.njit(**JIT)
+def _bent_scores(scores, kappa, floor, g):
+    """g (m,) = g_κ(clip(scores, floor, 1)) of one row's scores (m,), the calibration's scale (κ = 0: the log);
+    returns its largest element (the maps' softmax is taken relative to it)."""
+    m = scores.shape[0]
+    for j in range(m):
+        c = min(max(scores[j], floor), 1.0)
+        g[j] = math.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa
+    top = g[0]
+    for j in range(1, m):
+        if g[j] > top:
+            top = g[j]
+    return top
+
+
+@nb.njit(**JIT)
 def calibration_losses(scores, labels, weights, kappas, temperatures, floor, cap, out):
     """out[κ·T + t] += Σᵢ wᵢ · min(−log softmax(T_t · g_κ(clip(sᵢ, floor, 1)))[yᵢ], cap): every map of the
     calibration grid (``calibration.grid_losses``) on b rows, scores (b, m), labels (b,), weights (b,).
@@ -124,14 +139,7 @@ def calibration_losses(scores, labels, weights, kappas, temperatures, floor, cap
     for i in range(b):
         y = labels[i]
         for k in range(kappas.shape[0]):
-            kappa = kappas[k]
-            for j in range(m):
-                c = min(max(scores[i, j], floor), 1.0)
-                g[j] = math.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa
-            top = g[0]
-            for j in range(1, m):
-                if g[j] > top:
-                    top = g[j]
+            top = _bent_scores(scores[i], kappas[k], floor, g)
             for t in range(n_t):
                 temp = temperatures[t]
                 row = powers[t % 2]
@@ -163,14 +171,7 @@ def calibration_mixture(scores, weights, kappas, temperatures, floor, out):
         for k in range(n_k):
             if last[k] < 0:
                 continue
-            kappa = kappas[k]
-            for j in range(m):
-                c = min(max(scores[i, j], floor), 1.0)
-                g[j] = math.log(c) if kappa == 0.0 else (c**kappa - 1.0) / kappa
-            top = g[0]
-            for j in range(1, m):
-                if g[j] > top:
-                    top = g[j]
+            top = _bent_scores(scores[i], kappas[k], floor, g)
             for t in range(last[k] + 1):
                 row = powers[t % 2]
                 total = 0.0
