@@ -49,6 +49,13 @@ SELECTION_KEEP_Z = 0.5
 # batches and half of poker's, and the 18 candidates of mode, lam and forgetting all auto on 3 % and 4 % of them
 # (docs/benchmarks.md, "The price of choosing online").
 SCORING_SHARE = 0.1
+# ... except on a stream's first rows: every batch that starts within the first 4,096 rows observed is scored (eight
+# of the selector's 512-row half-lives), where a short stream's choice is made and λ matters most. On the real
+# tables of docs/benchmarks.md (1,309 to 10,000 rows, batches of 100), the budget alone scored the λ candidates of
+# `lam: auto` on too few rows for the selector's 2σ: it stayed at λ 0.5 to the end (telco-churn log loss 0.4618);
+# with these rows scored it chose as scoring every batch does (0.4415). The default pair's "Which mode" table moved
+# by at most 0.0002 (rbf-drift's auto accuracy).
+SCORE_ALL_ROWS = 4096
 PAIR_CHUNK = 4096  # rows of a labelled batch whose paired differences the selector forms at once
 
 
@@ -172,20 +179,22 @@ class ScoringBudget:
     """Which batches the candidates not in force predict, to be judged on (``CandidateSelector``).
 
     The one in force predicts every batch; the others cost a Cholesky (unless A⁻¹ is kept by Woodbury), a
-    solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on the first
-    batch and then whenever the credit pays for it: every batch earns ``share`` × the FLOPs of one -F step of
-    its rows (``work.step_flops``), and a scored batch spends what scoring it costs (``share`` inf: every batch). With few candidates or large batches that is every batch (the default -F and
-    -R pair on the small and poker configs of ``bench --suite core``); with 18 candidates on 256-row batches of
-    139 columns, one in 15. The selector's half-life counts the rows it is given: with a share q scored it
+    solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on every batch
+    that starts within the stream's first ``early_rows`` rows (default ``SCORE_ALL_ROWS``) and then whenever the
+    credit pays for it: every batch earns ``share`` × the FLOPs of one -F step of
+    its rows (``work.step_flops``), and a scored batch spends what scoring it costs (``share`` inf: every batch).
+    After the early rows that is a third of the default -F and -R pair's batches on the small config of ``bench
+    --suite core`` and half on poker's; with 18 candidates, a few in a hundred. The selector's half-life counts the rows it is given: with a share q scored it
     judges on as many rows as with every batch, the last ~512/q labelled ones, and reacts to a drift 1/q times
     later. Deterministic: the same batches, the same choice.
 
     dims : (k, m, N, L, bias_column) of the model.
     """
 
-    def __init__(self, dims: tuple, share: float = SCORING_SHARE):
+    def __init__(self, dims: tuple, share: float = SCORING_SHARE, early_rows: int | None = None):
         self.dims, self.share = tuple(dims), share
-        self.credit = math.inf  # FLOPs earned and not spent (inf: the first batch is scored)
+        self.early_rows = SCORE_ALL_ROWS if early_rows is None else int(early_rows)
+        self.credit = math.inf  # FLOPs earned and not spent (inf: the first batch after the early rows is scored)
         self.rows = 0  # rows observed
         self.scored_rows = 0  # rows the candidates not in force predicted
 
@@ -194,7 +203,12 @@ class ScoringBudget:
         return work.step_flops(*self.dims[:4], b, self.dims[4])
 
     def take(self, b: int, cost: float) -> bool:
-        """Whether the batch of b rows now observed is scored, ``cost`` FLOPs (then spent)."""
+        """Whether the batch of b rows now observed is scored, ``cost`` FLOPs (then spent; within the early rows
+        nothing is spent or earned)."""
+        if self.rows < self.early_rows:
+            self.rows += b
+            self.scored_rows += b
+            return True
         self.credit = min(self.credit + self.share * self.step(b), cost)  # no saving up beyond one scoring
         self.rows += b
         if self.credit < cost:

@@ -111,7 +111,8 @@ def add_parser(subparsers):
         "--scoring-share",
         type=_all_or(positive_float),
         metavar="S",
-        help="auto: the candidates not in force are scored on the batches S × the step's work pays for; "
+        help="auto: after the first 4,096 rows (all scored), the candidates not in force are scored on the batches "
+        "S × the step's work pays for; "
         f"all: every batch (default: {defaults['scoring_share']})",
     )
     mdl.add_argument(

@@ -15,9 +15,17 @@ import numpy as np
 import pytest
 from model_util import stream_one_batch_late
 
+from iolstream.core import candidates
 from iolstream.core.candidates import CandidateSelector
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.state_io import load_model, save_model
+
+
+@pytest.fixture
+def budget_from_the_start(monkeypatch):
+    """The scoring budget without its early rows (``candidates.SCORE_ALL_ROWS``: every batch of a stream's first
+    4,096 rows is scored): these streams are shorter than that, and what they test is the budget's share."""
+    monkeypatch.setattr(candidates, "SCORE_ALL_ROWS", 0)
 
 
 def _every_batch(model: EdRVFL) -> EdRVFL:
@@ -55,7 +63,7 @@ def test_every_candidate_is_the_model_of_its_one_mode(kw):
         np.testing.assert_allclose(own.cumulative_regret, alone.cumulative_regret, rtol=1e-8, atol=1e-8)
 
 
-def test_candidates_scored_on_some_batches_keep_exact_sums_and_score_only_those():
+def test_candidates_scored_on_some_batches_keep_exact_sums_and_score_only_those(budget_from_the_start):
     """Under the scoring budget the candidates not in force predict some batches only: their sums, and so their
     β, are still exactly those of their one-mode models; their loss sums are those models' losses on the batches
     they predicted; their regret is not reported (NaN, with the rows it covers)."""
@@ -140,7 +148,7 @@ def _regression(**kw) -> ModelConfig:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("start", ["forward", "ridge"])
-def test_auto_follows_ridge_where_ridge_predicts_better(seed, start):
+def test_auto_follows_ridge_where_ridge_predicts_better(seed, start, budget_from_the_start):
     """From either start, with every batch scored (each candidate's regret is then known) and with the default
     budget (the -F candidate scored on some batches)."""
     x, y = _supplement_f(seed)
@@ -224,7 +232,7 @@ def test_the_scoring_budget_scores_the_first_batch_then_what_its_credit_pays_for
     """Each batch earns share × its step's FLOPs; a scored batch spends its cost; no saving beyond one scoring."""
     from iolstream.core.candidates import ScoringBudget
 
-    budget = ScoringBudget((4, 3, 24, 2, True), share=0.5)
+    budget = ScoringBudget((4, 3, 24, 2, True), share=0.5, early_rows=0)
     step = budget.step(10)
     assert step > 0 and budget.take(10, cost=10 * step)  # the first batch, whatever it costs
     taken = [budget.take(10, cost=2 * step) for _ in range(12)]  # 0.5 step a batch, 2 steps a scoring
@@ -232,15 +240,37 @@ def test_the_scoring_budget_scores_the_first_batch_then_what_its_credit_pays_for
     assert budget.scored_rows == 40 and budget.rows == 130
     for _ in range(50):  # cheap: every batch, and the credit never exceeds one scoring
         assert budget.take(10, cost=0.1 * step) and budget.credit <= 0.1 * step
-    again = ScoringBudget(budget.dims)
+    again = ScoringBudget(budget.dims, early_rows=0)
     again.load_state(budget.to_state())
     assert again.to_state() == budget.to_state()
-    fresh = ScoringBudget(budget.dims)
+    fresh = ScoringBudget(budget.dims, early_rows=0)
     fresh.load_state(None)  # a snapshot from before the budget: the next batch is scored
     assert fresh.take(10, cost=1e30)
 
 
-def test_the_budget_scores_the_pair_on_some_batches_and_many_candidates_on_fewer():
+def test_the_budget_scores_every_batch_of_the_early_rows_then_what_its_credit_pays_for():
+    """Every batch that starts within the first ``early_rows`` rows is scored, earning and spending nothing; then the
+    budget as from a stream's start (its first batch scored); a budget restored within the early rows goes on
+    scoring until they end, one restored after them does not start them again."""
+    from iolstream.core.candidates import SCORE_ALL_ROWS, ScoringBudget
+
+    assert ScoringBudget((4, 3, 24, 2, True)).early_rows == SCORE_ALL_ROWS == 4096
+    budget = ScoringBudget((4, 3, 24, 2, True), share=0.5, early_rows=35)
+    step = budget.step(10)
+    early = [budget.take(10, cost=1e30) for _ in range(4)]  # rows 0, 10, 20, 30: within the first 35
+    assert early == [True] * 4 and math.isinf(budget.credit)
+    assert budget.scored_rows == budget.rows == 40
+    mid = ScoringBudget(budget.dims, share=0.5, early_rows=100)
+    mid.load_state(budget.to_state())  # restored at row 40 of 100: still early
+    assert all(mid.take(10, cost=1e30) for _ in range(6)) and mid.rows == 100
+    after = [budget.take(10, cost=2 * step) for _ in range(9)]  # the budget's first batch, then 1 in 4
+    assert after == [True, False, False, False, True, False, False, False, True]
+    restored = ScoringBudget(budget.dims, share=0.5, early_rows=35)
+    restored.load_state(budget.to_state())
+    assert [restored.take(10, cost=2 * step) for _ in range(4)] == [False, False, False, True]
+
+
+def test_the_budget_scores_the_pair_on_some_batches_and_many_candidates_on_fewer(budget_from_the_start):
     """The default -F and -R pair on batches of the small bench config: one in three (a Cholesky counted at the rate
     it runs, work.CHOLESKY_WEIGHT; counted at its operations alone, every batch was); 18 candidates: fewer."""
     base = dict(n_inputs=10, n_outputs=10, n_nodes=128, n_layers=4, scaler="none")
@@ -252,7 +282,7 @@ def test_the_budget_scores_the_pair_on_some_batches_and_many_candidates_on_fewer
         assert low <= model.scoring.scored_share <= high, (extra, model.scoring.scored_share)
 
 
-def test_scoring_share_is_a_positive_number_or_all():
+def test_scoring_share_is_a_positive_number_or_all(budget_from_the_start):
     base = dict(n_inputs=4, classes=(0, 1, 2), n_nodes=24, n_layers=2, scaler="none", lam="auto")
     for bad in (0, -1.0, "most", True, float("inf")):
         with pytest.raises(ValueError, match="model.scoring_share"):
@@ -282,7 +312,7 @@ def _auto_state(model: EdRVFL) -> dict:
     return out
 
 
-def test_the_fused_pair_step_is_the_step_of_its_parts_bitwise(monkeypatch):
+def test_the_fused_pair_step_is_the_step_of_its_parts_bitwise(monkeypatch, budget_from_the_start):
     """The default -F and -R pair goes through one kernel call per batch (``shared_step_kernels.observe_pair_*``); with
     that path switched off each candidate steps apart (the kept-Gram step, then the -R candidate's own solve):
     the same predictions, sums and β, bit for bit, including the batches the -F learner is not scored on."""
