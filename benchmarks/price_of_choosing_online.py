@@ -2,7 +2,8 @@
 budget scores the candidate not in force (docs/benchmarks.md, "The price of choosing online").
 
 The stream: N(0, 1) random weights, λ = 2⁻⁶ (the paper's regime), N = ``--nodes``, L = ``--layers``, k = 10,
-regression, batches of ``--batch`` rows, labels one batch late. Its first ``--before`` rows have a large linear target (Supplementary F's:
+regression, batches of ``--batch`` rows, labels one batch late. Its first ``--before`` rows (past the budget's early
+rows, every batch of which is scored: ``candidates.SCORE_ALL_ROWS``) have a large linear target (Supplementary F's:
 β ~ N(20, 1), 15 % noise), where -R predicts better and stays in force; then the target changes to a noisy sine
 of the inputs, where -R overshoots on the ill-conditioned sums and -F predicts better (tests/core/test_modes.py).
 The same stream and random features for every setting; each row of the output is one ``scoring_share``: ``all``
@@ -65,7 +66,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--shares", type=float, nargs="+", default=[0.15, 0.1])
-    p.add_argument("--before", type=int, default=3000)
+    p.add_argument("--before", type=int, default=6000)
     p.add_argument("--after", type=int, default=12000)
     p.add_argument("--batch", type=int, default=20)
     p.add_argument("--nodes", type=int, default=64)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iolstream.core import candidates
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.work import minimal_flops_per_row
 
@@ -126,7 +127,8 @@ def bench_core_step(
 
 def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[float, float]:
     """rows/s of full -F steps (observe batch t+1, learn batch t), after warm-up steps that load
-    every kernel and let the model's StepTuner time each of its settings once."""
+    every kernel, let the model's StepTuner time each of its settings once and pass the scoring budget's early rows
+    (``candidates.SCORE_ALL_ROWS``, every candidate scored on every batch: a stream's start, not its steady state)."""
     rng = np.random.default_rng(0)
     pool = 8
     xs = [rng.standard_normal((b, k)) for _ in range(pool)]
@@ -135,6 +137,8 @@ def _time_steps(model: EdRVFL, k: int, m: int, b: int, seconds: float) -> tuple[
     steps, t0 = 0, time.perf_counter()
     tuner = model.thread_tuner
     warm = 2 + (2 * len(tuner.settings) if tuner is not None else 0)
+    if len(model.learners) > 1:
+        warm = max(warm, -(-candidates.SCORE_ALL_ROWS // b))
     while True:
         if steps == warm:
             t0 = time.perf_counter()
