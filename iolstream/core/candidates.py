@@ -181,12 +181,13 @@ class ScoringBudget:
     The one in force predicts every batch; the others cost a Cholesky (unless A⁻¹ is kept by Woodbury), a
     solve and a prediction per layer each time they do (``OnlineLearner.scoring_flops``). They do on every batch
     that starts within the stream's first ``early_rows`` rows (default ``SCORE_ALL_ROWS``) and then whenever the
-    credit pays for it: every batch earns ``share`` × the FLOPs of one -F step of
-    its rows (``work.step_flops``), and a scored batch spends what scoring it costs (``share`` inf: every batch).
-    After the early rows that is a third of the default -F and -R pair's batches on the small config of ``bench
-    --suite core`` and half on poker's; with 18 candidates, a few in a hundred. The selector's half-life counts the rows it is given: with a share q scored it
-    judges on as many rows as with every batch, the last ~512/q labelled ones, and reacts to a drift 1/q times
-    later. Deterministic: the same batches, the same choice.
+    credit pays for it: every batch earns ``share`` × the FLOPs of one -F step of its rows (``work.step_flops``),
+    and a scored batch spends what scoring it costs (``share`` inf: every batch). After the early rows that is a
+    third of the default -F and -R pair's batches on the small config of ``bench --suite core`` and half on
+    poker's; with 18 candidates, a few in a hundred. The selector's half-life counts the rows it is given: with a
+    share q scored it judges on as many rows as with every batch, the last ~512/q labelled ones, and reacts to a
+    drift 1/q times later. Deterministic: the same batches, the same choice (the rows seen and the credit are in
+    the snapshot).
 
     dims : (k, m, N, L, bias_column) of the model.
     """
@@ -194,7 +195,7 @@ class ScoringBudget:
     def __init__(self, dims: tuple, share: float = SCORING_SHARE, early_rows: int | None = None):
         self.dims, self.share = tuple(dims), share
         self.early_rows = SCORE_ALL_ROWS if early_rows is None else int(early_rows)
-        self.credit = math.inf  # FLOPs earned and not spent (inf: the first batch after the early rows is scored)
+        self.credit = math.inf  # FLOPs earned and not spent (inf: the first batch after the early rows)
         self.rows = 0  # rows observed
         self.scored_rows = 0  # rows the candidates not in force predicted
 
