@@ -206,15 +206,15 @@ class ScoringBudget:
     def take(self, b: int, cost: float) -> bool:
         """Whether the batch of b rows now observed is scored, ``cost`` FLOPs (then spent; within the early rows
         nothing is spent or earned)."""
-        if self.rows < self.early_rows:
-            self.rows += b
-            self.scored_rows += b
-            return True
-        self.credit = min(self.credit + self.share * self.step(b), cost)  # no saving up beyond one scoring
+        early = self.rows < self.early_rows
         self.rows += b
-        if self.credit < cost:
-            return False
-        self.credit -= cost
+        if not early:
+            self.credit = min(
+                self.credit + self.share * self.step(b), cost
+            )  # no saving up beyond one scoring
+            if self.credit < cost:
+                return False
+            self.credit -= cost
         self.scored_rows += b
         return True
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from iolstream.core.activation_kernels import ACTIVATIONS
+from iolstream.core.candidates import SCORE_ALL_ROWS
 from iolstream.core.model import HALF_LIFE_CANDIDATES, LAM_CANDIDATES
 from iolstream.core.network import INITS
 from iolstream.tools.baselines import BASELINES, make_baseline
@@ -111,8 +112,8 @@ def add_parser(subparsers):
         "--scoring-share",
         type=_all_or(positive_float),
         metavar="S",
-        help="auto: after the first 4,096 rows (all scored), the candidates not in force are scored on the batches "
-        "S × the step's work pays for; "
+        help=f"auto: after the first {SCORE_ALL_ROWS:,} rows (all scored), the candidates not in force are scored "
+        "on the batches S × the step's work pays for; "
         f"all: every batch (default: {defaults['scoring_share']})",
     )
     mdl.add_argument(
