@@ -232,15 +232,16 @@ class Assignment:
         return messages * rows_per_message > BEHIND_BATCHES * self.cfg.stream.batch_rows
 
     def lag(self, key: tuple[str, int]) -> int | None:
-        """Messages of ``key`` in the broker not yet consumed, from the high watermark of the last fetch (None:
-        not known yet). The consumer's position steps over transaction markers; the last offset + 1 does not."""
+        """Messages of ``key`` in the broker not yet consumed, from the high watermark of the last fetch, or before
+        the first fetch from the end read at assignment (None: not known). The consumer's position steps over
+        transaction markers; the last offset + 1 does not."""
         tp = TopicPartition(key[0], key[1])
         try:
             low, high = self.consumer.get_watermark_offsets(tp, cached=True)
             position = self.consumer.position([tp])[0].offset
         except KafkaException:
             return None
-        if high < 0:
+        if high < 0 and (high := self.book.ends.get(key, -1)) < 0:
             return None
         if position < 0:  # nothing returned since the assignment: at the state's position
             position = self.book.positions.get(key, max(low, 0))

@@ -12,19 +12,25 @@ class:
   interleave as they were produced. Timestamps have ms resolution and a fast producer sends
   several messages per ms: ties go to the partition that was released from longest ago (they
   alternate, as a producer interleaving the topics sent them), then to the lower ``priority``;
-- while an assigned partition has an empty queue but still has data in the broker (``lag`` > 0,
-  or unknown) and its next message may be older than the candidate (the candidate's timestamp is
-  not below the partition's largest timestamp seen), the candidate waits for it — at most
-  ``max_wait_ms`` of wall-clock time, after which messages go anyway until that partition gets
-  data or catches up, or until one queue's worth (``max_messages`` or ``max_bytes``) went past
-  it: then it is waited for again. On a loaded machine a fetch can take longer than the wait,
-  and the other partition's prefetched messages must not all go ahead (a backlog's small label
-  messages would overflow the early-label store). A message without a timestamp never waits;
+- while an assigned partition has an empty queue but may still have data in the broker and its
+  next message may be older than the candidate (the candidate's timestamp is not below the
+  partition's largest timestamp seen), the candidate waits for it:
+  - if the partition is known to hold data not yet consumed (``lag`` > 0), until that data comes,
+    however long the fetch takes — as Kafka Streams does at ``max.task.idle.ms`` = 0. On a loaded
+    machine a fetch can take longer than any fixed wait, and a backlog's small label messages,
+    let past the features, would overflow the early-label store. A wait past ``STALL_WARN_MS`` is
+    logged once (a partition without a leader, or an open transaction, holds the others back);
+  - if its lag is not known (``lag`` None), at most ``max_wait_ms`` of wall-clock time, after which
+    messages go anyway until that partition gets data, catches up or its lag becomes known, or
+    until one queue's worth (``max_messages`` or ``max_bytes``) went past it: then it is waited
+    for again;
+  a message without a timestamp never waits;
 - a partition whose queue holds more than ``max_messages`` or ``max_bytes`` is to be paused,
   and resumed once it is down to half of both, so memory stays bounded.
 
 Live (no lag) nothing waits. ``max_wait_ms`` = 0 disables the alignment: messages are released
-in arrival order. What a message is (``item``) and how lag is measured are the caller's.
+in arrival order, and nothing waits. What a message is (``item``) and how lag is measured are the
+caller's.
 
     >>> a = Aligner(max_wait_ms=500, max_messages=100, max_bytes=2**20)
     >>> a.assign("features"); a.assign("labels", priority=1)
@@ -44,6 +50,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("iolstream.align")
 
 NO_TIME = float("-inf")  # the partition time of a partition that has shown no timestamp yet
+STALL_WARN_MS = 30_000  # a wait for data known to be in the broker that lasts longer is logged (once)
 
 
 @dataclass
@@ -62,7 +69,8 @@ class Aligner:
     Parameters
     ----------
     max_wait_ms : int
-        Longest wall-clock wait for a lagging partition with an empty queue (0: no alignment).
+        Longest wall-clock wait for an empty partition whose lag is not known (0: no alignment); one
+        known to hold data in the broker is waited for until the data comes.
     max_messages, max_bytes : int
         A partition's queue above either bound is to be paused (``to_pause``).
     """
@@ -77,9 +85,11 @@ class Aligner:
         self.queued = 0  # messages queued over all partitions
         self._seq = 0  # arrival order
         self._releases = 0
-        self._wait_since: dict[
-            Hashable, float
-        ] = {}  # lagging empty partition -> when something began to wait for it
+        # empty partition behind -> when something began to wait for it; those known to hold data
+        # in the broker are in ``_for_data`` too (waited for without a time bound)
+        self._wait_since: dict[Hashable, float] = {}
+        self._for_data: set = set()
+        self._warned: set = set()  # waits for data logged as long (STALL_WARN_MS)
         # waited max_wait_ms for these: not again until they get data or catch up, or until the
         # messages / bytes left here went past them
         self._gave_up: dict[Hashable, list[int]] = {}
@@ -113,8 +123,15 @@ class Aligner:
         if part is not None:
             self.queued -= len(part.queue)
         self.paused.discard(key)
-        self._wait_since.pop(key, None)
+        self._end_wait(key)
         self._gave_up.pop(key, None)
+
+    def _end_wait(self, key) -> None:
+        self._wait_since.pop(key, None)
+        self._for_data.discard(key)
+        if key in self._warned:
+            self._warned.discard(key)
+            log.info("%s: its data came; the other partitions go on", key)
 
     # ---------------------------------------------------------------- input
     def add(self, key, offset: int, timestamp: int | None, size: int, item) -> bool:
@@ -140,7 +157,7 @@ class Aligner:
         self.queued += 1
         if timestamp is not None and timestamp > part.time:
             part.time = timestamp
-        self._wait_since.pop(key, None)  # it has data now: nothing waits for it
+        self._end_wait(key)  # it has data now: nothing waits for it
         self._gave_up.pop(key, None)
         return True
 
@@ -149,8 +166,7 @@ class Aligner:
         """Up to ``limit`` (key, item) in processing order; stops early where a message must wait.
 
         ``now_ms``: a monotonic clock in ms; ``lag(key)``: messages of ``key`` in the broker not
-        yet consumed (None: unknown, as good as > 0). It is asked for empty partitions only, at
-        most once per call."""
+        yet consumed (None: unknown). It is asked for empty partitions only, at most once per call."""
         out: list[tuple] = []
         lags: dict = {}
 
@@ -197,23 +213,41 @@ class Aligner:
                 continue  # has a head (ordered above) or its next message is younger (a tie may go first)
             behind = lag_of(other)
             if behind is not None and behind <= 0:  # caught up
-                self._wait_since.pop(other, None)
+                self._end_wait(other)
                 self._gave_up.pop(other, None)
                 continue
-            if other in self._gave_up:
-                continue
+            if behind is not None:  # its data is in the broker: wait for the fetch, however long it takes
+                self._gave_up.pop(other, None)
+                if other not in self._for_data:
+                    self._wait_since.pop(other, None)  # a timed wait becomes a wait for data
+                    self._for_data.add(other)
+            else:
+                if other in self._for_data:  # its lag is no longer known: a timed wait from now
+                    self._end_wait(other)
+                if other in self._gave_up:
+                    continue
             since = self._wait_since.get(other)
             if since is None:
                 since = self._wait_since[other] = now_ms
                 self.counters["waits"] += 1
                 log.debug(
-                    "waiting up to %d ms for %s (lag %s) before messages from %s",
-                    self.max_wait_ms,
+                    "waiting %s for %s (lag %s) before messages from %s",
+                    "until its data comes" if behind is not None else f"up to {self.max_wait_ms} ms",
                     other,
                     "unknown" if behind is None else behind,
                     key,
                 )
-            if now_ms - since >= self.max_wait_ms:
+            if behind is not None:
+                if now_ms - since >= STALL_WARN_MS and other not in self._warned:
+                    self._warned.add(other)
+                    log.warning(
+                        "%s: waited %.0f s for %d messages the broker holds (no leader, or an open transaction?);"
+                        " messages of the other partitions wait for them",
+                        other,
+                        (now_ms - since) / 1000,
+                        behind,
+                    )
+            elif now_ms - since >= self.max_wait_ms:
                 self._wait_since.pop(other, None)
                 self._gave_up[other] = [self.max_messages, self.max_bytes]
                 self.counters["timeouts"] += 1
@@ -234,13 +268,17 @@ class Aligner:
                     del self._gave_up[other]
 
     def wait_ms(self, now_ms: float) -> float | None:
-        """How long the caller may block for input: None if nothing is queued, 0 if queued messages
-        are ready (the last release stopped on its limit), else until the first wait runs out."""
+        """How long the caller may block for input: 0 if queued messages are ready (the last release
+        stopped on its limit), until the first timed wait runs out if one is running, else None (no
+        bound: nothing is queued, or what is queued waits for data known to be in the broker)."""
         if not self.queued:
             return None
-        if not self.blocked or not self._wait_since:
+        if not self.blocked:
             return 0.0
-        return max(0.0, min(self._wait_since.values()) + self.max_wait_ms - now_ms)
+        timed = [since for key, since in self._wait_since.items() if key not in self._for_data]
+        if timed:
+            return max(0.0, min(timed) + self.max_wait_ms - now_ms)
+        return None if self._for_data else 0.0
 
     # ------------------------------------------------------- flow control
     def to_pause(self) -> list:

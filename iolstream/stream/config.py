@@ -62,7 +62,7 @@ class StreamConfig:
     emit_scores: bool = (
         False  # classification: each prediction also carries "scores", the raw ensemble output
     )
-    align_max_wait_ms: int = 100  # catch-up: wait this long for a partition that is behind (0: arrival order)
+    align_max_wait_ms: int = 100  # catch-up: longest wait for a partition of unknown lag (0: arrival order)
     align_max_queued_messages: int = (
         20_000  # per partition, consumed but not yet processed: pause it above this ...
     )

@@ -217,7 +217,7 @@ class Erasure:
         (ids forgotten, ids never seen, ids left in the model because the downdate failed, refusals
         [(BadInput, bytes)], each refused id's dead letter a one-id request). An id never seen is refused, and
         remembered as forgotten all the same: a request that overtook its row (the topics are aligned by time
-        only as far as ``stream.align_max_wait_ms`` allows) still keeps the row out. In a group, ids never seen
+        only over what is already in the broker) still keeps the row out. In a group, ids never seen
         are asked about instead (``stream.forwarding``): they are returned as never seen, and not refused here.
         ``hold``: the request was decided on the group's log (an answer read back): its refusals wait for a
         snapshot as its receipts do (``refuse_held``) rather than being returned."""

@@ -318,7 +318,11 @@ def test_delayed_shuffled_missing_duplicated_labels_equal_the_offline_learner(
     assert_same_model(w.worker.processor.model, offline_model(cfg, X, y, labelled))
 
 
-@pytest.mark.parametrize("queue", ["default", "tiny"], ids=["default-queues", "tiny-queues-pause"])
+@pytest.mark.parametrize(
+    "queue",
+    ["default", "tiny", "short-wait"],
+    ids=["default-queues", "tiny-queues-pause", "wait-shorter-than-a-fetch"],
+)
 def test_catch_up_on_a_backlog_joins_every_label(kafka_bootstrap, kafka_topics, tmp_path, queue):
     """A worker started on full features and labels topics (after downtime, or a new group): the
     small label messages come much faster than the features, and without the timestamp alignment
@@ -333,6 +337,8 @@ def test_catch_up_on_a_backlog_joins_every_label(kafka_bootstrap, kafka_topics, 
     stream = {"batch_rows": b, "label_batch_rows": b, "max_pending_rows": 5_000, "max_early_labels": 5_000}
     if queue == "tiny":
         stream.update(align_max_queued_messages=20)
+    if queue == "short-wait":  # a machine so busy that no fetch comes within the wait
+        stream.update(align_max_wait_ms=1)
     cfg = config_from_dict(
         worker_raw(
             kafka_bootstrap,

@@ -96,30 +96,62 @@ def test_ties_with_an_empty_lagging_partition_wait_for_it():
         assert all(at[(F, i)] < at[(L, i)] for i in range(99)), f"seed {seed}: a label before its features"
 
 
-def test_waits_for_an_empty_partition_that_is_behind_then_gives_up():
-    a = aligner(max_wait_ms=500)
+def test_waits_for_data_known_to_be_in_the_broker_however_long_the_fetch_takes(caplog):
+    """A fetch slower than any fixed wait (a loaded machine): while the features partition is known to
+    hold messages not yet consumed, the labels wait for them — they never all go ahead and overflow the
+    early-label store. A long wait is logged once; the data coming ends it."""
+    a = aligner(max_wait_ms=100)
     add(a, L, range(3), [20, 30, 40])
     lag = {F: 5, L: 0}.get
-    assert a.release(1000, lag, limit=10) == []  # features are behind: the labels wait
+    assert a.release(0, lag, limit=10) == []  # features are behind: the labels wait
+    assert a.counters["waits"] == 1 and a.wait_ms(0) is None  # no deadline: block until input comes
+    with caplog.at_level("WARNING", logger="iolstream.align"):
+        assert a.release(29_999, lag, limit=10) == [] and not caplog.records
+        assert a.release(30_000, lag, limit=10) == [] and a.release(60_000, lag, limit=10) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "('features', 0): waited 30 s for 5 messages the broker holds (no leader, or an open transaction?);"
+        " messages of the other partitions wait for them"
+    ]
+    assert a.counters == {"waits": 1, "timeouts": 0, "duplicates_dropped": 0, "pauses": 0}
+    add(a, F, [0], [10])
+    assert items(a.release(60_001, lag, limit=10)) == [(F, 0)]  # then L0 waits again (a new wait)
+    assert a.counters["waits"] == 2 and a.blocked
+    assert items(a.release(60_002, {F: 0}.get, limit=10)) == [(L, 0), (L, 1), (L, 2)]  # caught up: they go
+
+
+def test_unknown_lag_waits_at_most_max_wait_ms_then_gives_up():
+    a = aligner(max_wait_ms=500)
+    add(a, L, range(3), [20, 30, 40])
+    lag = {L: 0}.get  # the features' lag is not known (no fetch and no end offset yet)
+    assert a.release(1000, lag, limit=10) == []
     assert a.counters["waits"] == 1 and a.wait_ms(1000) == 500
     assert a.release(1300, lag, limit=10) == [] and a.wait_ms(1300) == 200
     assert items(a.release(1500, lag, limit=10)) == [(L, 0), (L, 1), (L, 2)]  # waited 500 ms: they go
     assert a.counters["timeouts"] == 1
     add(a, L, [3], [50])
     assert items(a.release(1600, lag, limit=10)) == [(L, 3)]  # no new wait: still nothing from features
-    add(a, F, [0], [10])  # features came: the next time they run dry and behind, messages wait again
+    add(a, F, [0], [10])  # features came: the next time they run dry, messages wait again
     add(a, L, [4], [60])
     assert items(a.release(1700, lag, limit=10)) == [(F, 0)]
     assert a.counters["waits"] == 2 and a.wait_ms(1700) == 500
 
 
+def test_a_given_up_partition_whose_lag_becomes_known_is_waited_for_again():
+    a = aligner(max_wait_ms=100)
+    add(a, L, range(4), [20, 30, 40, 50])
+    assert a.release(0, {}.get, limit=1) == []
+    assert items(a.release(100, {}.get, limit=1)) == [(L, 0)]  # gave up on the features (lag unknown)
+    assert a.release(101, {F: 7}.get, limit=10) == []  # now known to hold 7 messages: L1 waits for them
+    assert a.wait_ms(101) is None and a.counters["timeouts"] == 1
+    assert a.release(10_000, {F: 7}.get, limit=10) == []  # however long
+
+
 def test_after_giving_up_one_queue_s_worth_goes_ahead_then_it_waits_again():
-    """A fetch slower than the wait (a loaded machine): once given up on, a lagging partition lets at
-    most a queue's worth of messages (``max_messages``, or ``max_bytes``) go past it, then it is
-    waited for again — the other partition's prefetched backlog never all goes ahead."""
+    """Once given up on (its lag unknown), a partition lets at most a queue's worth of messages
+    (``max_messages``, or ``max_bytes``) go past it, then it is waited for again."""
     a = aligner(max_wait_ms=100, max_messages=4, max_bytes=1 << 20)
     add(a, L, range(10), range(20, 30))
-    lag = {F: 50, L: 0}.get
+    lag = {L: 0}.get
     assert a.release(0, lag, limit=100) == []
     assert items(a.release(100, lag, limit=100)) == [
         (L, i) for i in range(4)
