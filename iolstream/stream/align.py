@@ -15,16 +15,15 @@ class:
 - while an assigned partition has an empty queue but may still have data in the broker and its
   next message may be older than the candidate (the candidate's timestamp is not below the
   partition's largest timestamp seen), the candidate waits for it:
-  - if the partition is known to hold data not yet consumed (``lag`` > 0), until that data comes,
-    however long the fetch takes — as Kafka Streams does at ``max.task.idle.ms`` = 0. On a loaded
-    machine a fetch can take longer than any fixed wait, and a backlog's small label messages,
-    let past the features, would overflow the early-label store. A wait past ``STALL_WARN_MS`` is
-    logged once (a partition without a leader, or an open transaction, holds the others back);
-  - if its lag is not known (``lag`` None), at most ``max_wait_ms`` of wall-clock time, after which
-    messages go anyway until that partition gets data, catches up or its lag becomes known, or
-    until one queue's worth (``max_messages`` or ``max_bytes``) went past it: then it is waited
-    for again;
-  a message without a timestamp never waits;
+  - if the partition is known to hold data not yet consumed (``lag`` > 0), until that data comes —
+    as Kafka Streams does at ``max.task.idle.ms`` = 0 — however long the fetch takes on a loaded
+    machine: a backlog's small label messages, let past the features, would overflow the
+    early-label store. Only a partition that cannot be fetched at all (no leader, or an open
+    transaction) stops being waited for, after ``DATA_WAIT_MS`` (logged as a warning);
+  - if its lag is not known (``lag`` None), at most ``max_wait_ms`` of wall-clock time;
+  once given up on, messages go anyway until that partition gets data or catches up (or, its lag
+  unknown, the lag becomes known), or until one queue's worth (``max_messages`` or ``max_bytes``)
+  went past it: then it is waited for again. A message without a timestamp never waits;
 - a partition whose queue holds more than ``max_messages`` or ``max_bytes`` is to be paused,
   and resumed once it is down to half of both, so memory stays bounded.
 
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("iolstream.align")
 
 NO_TIME = float("-inf")  # the partition time of a partition that has shown no timestamp yet
-STALL_WARN_MS = 30_000  # a wait for data known to be in the broker that lasts longer is logged (once)
+DATA_WAIT_MS = 30_000  # the longest wait for messages known to be in the broker (then the others go on)
 
 
 @dataclass
@@ -70,7 +69,7 @@ class Aligner:
     ----------
     max_wait_ms : int
         Longest wall-clock wait for an empty partition whose lag is not known (0: no alignment); one
-        known to hold data in the broker is waited for until the data comes.
+        known to hold data in the broker is waited for until the data comes (up to ``DATA_WAIT_MS``).
     max_messages, max_bytes : int
         A partition's queue above either bound is to be paused (``to_pause``).
     """
@@ -86,12 +85,12 @@ class Aligner:
         self._seq = 0  # arrival order
         self._releases = 0
         # empty partition behind -> when something began to wait for it; those known to hold data
-        # in the broker are in ``_for_data`` too (waited for without a time bound)
+        # in the broker are in ``_for_data`` too (waited for up to DATA_WAIT_MS)
         self._wait_since: dict[Hashable, float] = {}
         self._for_data: set = set()
-        self._warned: set = set()  # waits for data logged as long (STALL_WARN_MS)
-        # waited max_wait_ms for these: not again until they get data or catch up, or until the
-        # messages / bytes left here went past them
+        # gave up waiting for these: not again until they get data or catch up, or until the messages
+        # / bytes left here went past them (or, given up on while their lag was unknown, it is known):
+        # key -> [messages, bytes, whether it was a wait for data]
         self._gave_up: dict[Hashable, list[int]] = {}
         self.blocked = False  # the last release stopped on a message that waits (not on its limit)
         self.counters = {"waits": 0, "timeouts": 0, "duplicates_dropped": 0, "pauses": 0}
@@ -129,9 +128,6 @@ class Aligner:
     def _end_wait(self, key) -> None:
         self._wait_since.pop(key, None)
         self._for_data.discard(key)
-        if key in self._warned:
-            self._warned.discard(key)
-            log.info("%s: its data came; the other partitions go on", key)
 
     # ---------------------------------------------------------------- input
     def add(self, key, offset: int, timestamp: int | None, size: int, item) -> bool:
@@ -216,45 +212,49 @@ class Aligner:
                 self._end_wait(other)
                 self._gave_up.pop(other, None)
                 continue
-            if behind is not None:  # its data is in the broker: wait for the fetch, however long it takes
-                self._gave_up.pop(other, None)
-                if other not in self._for_data:
-                    self._wait_since.pop(other, None)  # a timed wait becomes a wait for data
-                    self._for_data.add(other)
-            else:
-                if other in self._for_data:  # its lag is no longer known: a timed wait from now
-                    self._end_wait(other)
-                if other in self._gave_up:
-                    continue
+            for_data = behind is not None  # its messages are in the broker: the fetch is waited for
+            if (gave_up := self._gave_up.get(other)) is not None:
+                if gave_up[2] or not for_data:
+                    continue  # given up on: a queue's worth goes past it first
+                del self._gave_up[other]  # its lag became known: waited for again
+            if other in self._wait_since and (other in self._for_data) != for_data:
+                self._end_wait(other)  # the kind of wait changed: it starts again
+            bound = self._bound(for_data)
             since = self._wait_since.get(other)
             if since is None:
                 since = self._wait_since[other] = now_ms
+                if for_data:
+                    self._for_data.add(other)
                 self.counters["waits"] += 1
                 log.debug(
-                    "waiting %s for %s (lag %s) before messages from %s",
-                    "until its data comes" if behind is not None else f"up to {self.max_wait_ms} ms",
+                    "waiting up to %d ms for %s (lag %s) before messages from %s",
+                    bound,
                     other,
                     "unknown" if behind is None else behind,
                     key,
                 )
-            if behind is not None:
-                if now_ms - since >= STALL_WARN_MS and other not in self._warned:
-                    self._warned.add(other)
-                    log.warning(
-                        "%s: waited %.0f s for %d messages the broker holds (no leader, or an open transaction?);"
-                        " messages of the other partitions wait for them",
-                        other,
-                        (now_ms - since) / 1000,
-                        behind,
-                    )
-            elif now_ms - since >= self.max_wait_ms:
-                self._wait_since.pop(other, None)
-                self._gave_up[other] = [self.max_messages, self.max_bytes]
-                self.counters["timeouts"] += 1
-                log.debug("gave up waiting for %s after %d ms", other, self.max_wait_ms)
+            if now_ms - since < bound:
+                wait = True
                 continue
-            wait = True
+            self._end_wait(other)
+            self._gave_up[other] = [self.max_messages, self.max_bytes, for_data]
+            self.counters["timeouts"] += 1
+            if for_data:
+                log.warning(
+                    "%s: waited %.0f s for %d messages the broker holds, not fetched (no leader, or an open "
+                    "transaction?): up to %d messages of the other partitions go ahead, then it is waited for again",
+                    other,
+                    bound / 1000,
+                    behind,
+                    self.max_messages,
+                )
+            else:
+                log.debug("gave up waiting for %s after %d ms", other, bound)
         return wait
+
+    def _bound(self, for_data: bool) -> float:
+        """How long a wait may last: for messages known to be in the broker, or for a partition of unknown lag."""
+        return max(self.max_wait_ms, DATA_WAIT_MS) if for_data else self.max_wait_ms
 
     def _passed(self, key, size: int) -> None:
         """A message of ``size`` bytes from ``key`` went past the partitions given up on; those past
@@ -268,17 +268,14 @@ class Aligner:
                     del self._gave_up[other]
 
     def wait_ms(self, now_ms: float) -> float | None:
-        """How long the caller may block for input: 0 if queued messages are ready (the last release
-        stopped on its limit), until the first timed wait runs out if one is running, else None (no
-        bound: nothing is queued, or what is queued waits for data known to be in the broker)."""
+        """How long the caller may block for input: None if nothing is queued, 0 if queued messages
+        are ready (the last release stopped on its limit), else until the first wait runs out."""
         if not self.queued:
             return None
-        if not self.blocked:
+        if not self.blocked or not self._wait_since:
             return 0.0
-        timed = [since for key, since in self._wait_since.items() if key not in self._for_data]
-        if timed:
-            return max(0.0, min(timed) + self.max_wait_ms - now_ms)
-        return None if self._for_data else 0.0
+        ends = [since + self._bound(key in self._for_data) for key, since in self._wait_since.items()]
+        return max(0.0, min(ends) - now_ms)
 
     # ------------------------------------------------------- flow control
     def to_pause(self) -> list:

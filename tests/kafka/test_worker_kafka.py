@@ -596,19 +596,23 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
     options = produce.PlanOptions(batch_rows=5, label_delay_rows=30, seed=3)
     messages = produce.plan(X, y, options)
     create_topics(bootstrap, topics)
-    sent = {}
+    sent, failed = {}, []
 
     def producer():  # 100 rows/s, through the outage: librdkafka holds the messages meanwhile
-        sent.update(
-            produce.send(
-                messages,
-                producer_conf={"bootstrap.servers": bootstrap},
-                features_topic=topics[0],
-                labels_topic=topics[1],
-                rate=100.0,
-                flush_seconds=STARTUP_SECONDS,  # the stream may end long before the broker is back
+        try:
+            sent.update(
+                produce.send(
+                    messages,
+                    producer_conf={"bootstrap.servers": bootstrap},
+                    features_topic=topics[0],
+                    labels_topic=topics[1],
+                    rate=100.0,
+                    flush_seconds=STARTUP_SECONDS,  # the stream may end long before the broker is back
+                )
             )
-        )
+        except Exception as exc:  # reported by the assertion below
+            failed.append(f"{type(exc).__name__}: {exc}")
+            raise
 
     with WorkerThread(cfg) as w:
         feeder = threading.Thread(target=producer, daemon=True)
@@ -621,7 +625,9 @@ def test_broker_outage_of_30_seconds_loses_nothing(own_broker, tmp_path):
         sh("start")
         print(f"broker down for {time.monotonic() - stopped:.1f} s, from prediction {at} of {n}")
         feeder.join(120)
-        assert sent.get("feature_rows") == n, "the producer did not deliver everything"
+        assert sent.get("feature_rows") == n, (
+            f"the producer did not deliver everything: {failed or 'still sending'}"
+        )
         w.wait(
             lambda s: s["labels_in"] == n and s["predictions_out"] == n and s["rows_learned"] == n,
             90,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from iolstream.stream.align import Aligner
+from iolstream.stream.align import DATA_WAIT_MS, Aligner
 
 F, L = ("features", 0), ("labels", 0)
 CAUGHT_UP = lambda key: 0  # noqa: E731
@@ -96,27 +96,38 @@ def test_ties_with_an_empty_lagging_partition_wait_for_it():
         assert all(at[(F, i)] < at[(L, i)] for i in range(99)), f"seed {seed}: a label before its features"
 
 
-def test_waits_for_data_known_to_be_in_the_broker_however_long_the_fetch_takes(caplog):
-    """A fetch slower than any fixed wait (a loaded machine): while the features partition is known to
+def test_waits_for_data_known_to_be_in_the_broker_however_long_the_fetch_takes():
+    """A fetch slower than ``max_wait_ms`` (a loaded machine): while the features partition is known to
     hold messages not yet consumed, the labels wait for them — they never all go ahead and overflow the
-    early-label store. A long wait is logged once; the data coming ends it."""
+    early-label store. The data coming ends the wait."""
     a = aligner(max_wait_ms=100)
     add(a, L, range(3), [20, 30, 40])
     lag = {F: 5, L: 0}.get
     assert a.release(0, lag, limit=10) == []  # features are behind: the labels wait
-    assert a.counters["waits"] == 1 and a.wait_ms(0) is None  # no deadline: block until input comes
-    with caplog.at_level("WARNING", logger="iolstream.align"):
-        assert a.release(29_999, lag, limit=10) == [] and not caplog.records
-        assert a.release(30_000, lag, limit=10) == [] and a.release(60_000, lag, limit=10) == []
-    assert [r.getMessage() for r in caplog.records] == [
-        "('features', 0): waited 30 s for 5 messages the broker holds (no leader, or an open transaction?);"
-        " messages of the other partitions wait for them"
-    ]
+    assert a.counters["waits"] == 1 and a.wait_ms(0) == DATA_WAIT_MS
+    assert a.release(5_000, lag, limit=10) == [] and a.wait_ms(5_000) == DATA_WAIT_MS - 5_000
     assert a.counters == {"waits": 1, "timeouts": 0, "duplicates_dropped": 0, "pauses": 0}
     add(a, F, [0], [10])
-    assert items(a.release(60_001, lag, limit=10)) == [(F, 0)]  # then L0 waits again (a new wait)
+    assert items(a.release(5_001, lag, limit=10)) == [(F, 0)]  # then L0 waits again (a new wait)
     assert a.counters["waits"] == 2 and a.blocked
-    assert items(a.release(60_002, {F: 0}.get, limit=10)) == [(L, 0), (L, 1), (L, 2)]  # caught up: they go
+    assert items(a.release(5_002, {F: 0}.get, limit=10)) == [(L, 0), (L, 1), (L, 2)]  # caught up: they go
+
+
+def test_a_partition_that_cannot_be_fetched_is_given_up_after_data_wait_ms(caplog):
+    """Known to hold data that does not come (no leader, an open transaction): after DATA_WAIT_MS a queue's
+    worth of the other partitions goes ahead, with a warning, then it is waited for again."""
+    a = aligner(max_wait_ms=100, max_messages=2)
+    add(a, L, range(4), [20, 30, 40, 50])
+    lag = {F: 5, L: 0}.get
+    with caplog.at_level("WARNING", logger="iolstream.align"):
+        assert a.release(0, lag, limit=10) == [] and a.release(DATA_WAIT_MS - 1, lag, limit=10) == []
+        assert not caplog.records
+        assert items(a.release(DATA_WAIT_MS, lag, limit=10)) == [(L, 0), (L, 1)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "('features', 0): waited 30 s for 5 messages the broker holds, not fetched (no leader, or an open"
+        " transaction?): up to 2 messages of the other partitions go ahead, then it is waited for again"
+    ]
+    assert a.counters["timeouts"] == 1 and a.blocked and a.wait_ms(DATA_WAIT_MS) == DATA_WAIT_MS
 
 
 def test_unknown_lag_waits_at_most_max_wait_ms_then_gives_up():
@@ -142,8 +153,8 @@ def test_a_given_up_partition_whose_lag_becomes_known_is_waited_for_again():
     assert a.release(0, {}.get, limit=1) == []
     assert items(a.release(100, {}.get, limit=1)) == [(L, 0)]  # gave up on the features (lag unknown)
     assert a.release(101, {F: 7}.get, limit=10) == []  # now known to hold 7 messages: L1 waits for them
-    assert a.wait_ms(101) is None and a.counters["timeouts"] == 1
-    assert a.release(10_000, {F: 7}.get, limit=10) == []  # however long
+    assert a.wait_ms(101) == DATA_WAIT_MS and a.counters["timeouts"] == 1
+    assert a.release(10_000, {F: 7}.get, limit=10) == []  # longer than max_wait_ms
 
 
 def test_after_giving_up_one_queue_s_worth_goes_ahead_then_it_waits_again():
