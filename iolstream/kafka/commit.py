@@ -30,6 +30,7 @@ emitting. Group learning takes part through its hooks (``kafka.participant``; a 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -37,8 +38,9 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError
 
 from iolstream.kafka.assignment import Assignment
-from iolstream.kafka.calls import ClientCalls
+from iolstream.kafka.calls import CallTimedOut, ClientCalls
 from iolstream.kafka.checkpoints import Checkpointer
+from iolstream.kafka.clients import CALL_GRACE
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.offsets import fmt
@@ -57,6 +59,9 @@ log = logging.getLogger("iolstream.worker")
 def now_ms() -> int:
     """Wall-clock milliseconds, the processor's clock."""
     return int(time.time() * 1000)
+
+
+DELIVERY_SLICE = 0.5  # at a revoke or the stop, the outputs are waited for in flushes this long (seconds)
 
 
 class CommitUnit:
@@ -78,14 +83,17 @@ class CommitUnit:
         calls: ClientCalls | None = None,
         new_producer: Callable | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        reachable: Callable[[], bool] = lambda: True,
     ):
         """``calls`` (blocking client calls), ``new_producer()`` and ``sleep(seconds)`` (a wait, the loop
-        ticking): what the exactly-once strategy's transactions need (``kafka.transactions``)."""
+        ticking): what the exactly-once strategy's transactions need (``kafka.transactions``); ``new_producer()``
+        and ``reachable()`` (whether the broker answers): what at-least-once needs to replace a stalled
+        producer (``kafka.stalled_output``)."""
         self.cfg = cfg
         self.session, self.book, self.output = session, session.book, output
         self.checkpoints, self.assignment, self.aligner = checkpoints, assignment, aligner
         self.stopper, self.group, self.waiting, self.metrics = stopper, group, waiting, metrics
-        self.calls, self.new_producer, self.sleep = calls, new_producer, sleep
+        self.calls, self.new_producer, self.sleep, self.reachable = calls, new_producer, sleep, reachable
         self.receipts = Receipts(cfg, output)
 
     # ------------------------------------------------------------ what the others ask
@@ -251,11 +259,45 @@ class AtLeastOnce(CommitUnit):
             self.output.producer.flush(self.stopper.timeout(self.cfg.kafka.call_timeout_seconds))
 
     def check_deliveries(self) -> None:
-        """A failed delivery stops the worker: nothing is committed past it."""
+        """A failed delivery stops the worker: nothing is committed past it. A producer that stopped delivering
+        while the broker answers has its outputs sent again through a new one (``kafka.stalled_output``)."""
         if self.output.delivery_errors:
             raise WorkerError(
                 f"{self.output.delivery_errors} messages could not be delivered; not committing past them"
             )
+        self._resend_if_stalled()
+
+    def checkpoint(self, *, wait: float | None = None, final: bool = False) -> bool:
+        if wait is not None and self.output.stall.suspect:
+            # a revoke's or the stop's, the producer suspected of stalling: the outputs waited for first (and
+            # sent again through a new producer if it did)
+            wait = max(0.0, wait - self._deliver(wait))
+        return super().checkpoint(wait=wait, final=final)
+
+    def _deliver(self, wait: float) -> float:
+        """Wait up to ``wait`` seconds for the outputs to be delivered, in short flushes, between which a stalled
+        producer's outputs are sent again (the checkpoint's own flush then finds what is left); the seconds it
+        took."""
+        started = time.monotonic()
+        while (remaining := started + wait - time.monotonic()) > 0:
+            flush = functools.partial(self.output.producer.flush, min(DELIVERY_SLICE, remaining))
+            try:
+                left = (
+                    flush()
+                    if self.calls is None
+                    else self.calls.call("producer.flush", flush, flush.args[0], grace=CALL_GRACE)
+                )
+            except CallTimedOut:
+                break
+            if not left:
+                break
+            self._resend_if_stalled()
+            self.waiting("the outputs' delivery", time.monotonic() - started)
+        return time.monotonic() - started
+
+    def _resend_if_stalled(self) -> None:
+        if self.new_producer is not None and self.output.stalled(self.reachable(), time.monotonic()):
+            self.output.resend_stalled(self.new_producer)
 
 
 class ExactlyOnce(CommitUnit):

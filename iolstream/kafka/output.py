@@ -15,10 +15,11 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
-from iolstream.kafka import deadletters
+from iolstream.kafka import deadletters, stalled_output
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.kafka.stalled_output import StallWatch
 from iolstream.ops.faults import crash_point
 from iolstream.stream.processor import DeadLetter, StepOutput
 
@@ -56,6 +57,14 @@ class Output:
         self.waiting = waiting
         self.producer = None
         self.delivery_errors = 0
+        self.produced = (
+            0  # messages given to the current producer (with len(producer): how many it delivered)
+        )
+        self.stall = StallWatch()  # a producer that stopped delivering to a partition (kafka.stalled_output)
+        self.resent = 0  # messages taken back from a stalled producer and sent again
+        self._taking: list | None = (
+            None  # while a stalled producer is purged: the messages its reports hand back
+        )
         self.refusals = None  # reported_refusals.Refusals: a refused write is fatal, named once
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
         # start
@@ -77,6 +86,8 @@ class Output:
 
     def on_delivery(self, err, msg) -> None:
         """The producer's delivery callback (failures only: ``delivery.report.only.error``)."""
+        if self._take_back(err, msg):
+            return
         if err is not None:
             self.delivery_errors += 1
             if self.refusals is not None and self.refusals.note(
@@ -104,6 +115,7 @@ class Output:
         while True:
             try:
                 self.producer.produce(topic, value, key=key, headers=headers, **extra)
+                self.produced += 1
                 return
             except BufferError:  # local queue full (e.g. the broker is unreachable): let librdkafka drain it
                 waited = waited or time.monotonic()
@@ -132,6 +144,8 @@ class Output:
                 if self.refusals is not None and self.refusals.note(exc.args[0], topics=(topic,)):
                     raise AccessDenied(self.refusals.first) from None
                 raise
+            finally:
+                self.produced += done
         for key, value in predictions[done:]:
             self.produce(topic, value, key=key)
         self.emit_dead(out.dead_letters, count=False)
@@ -184,6 +198,8 @@ class Output:
         cuts it to the new limit. Other failures go to ``on_delivery``."""
 
         def delivered(err, msg) -> None:
+            if self._take_back(err, msg):
+                return
             if err is None or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 self.on_delivery(err, msg)
                 return
@@ -191,6 +207,46 @@ class Output:
             self._too_large(err, msg, reason)
 
         return delivered
+
+    # ------------------------------------------------------------ a stalled producer (kafka.stalled_output)
+    def stalled(self, reachable: bool, now: float) -> bool:
+        """Whether the producer stopped delivering while the broker answers (``now``: monotonic seconds)."""
+        if self.producer is None or not self.stall.suspect:
+            return False
+        return self.stall.stalled(self.produced, len(self.producer), reachable, now)
+
+    def resend_stalled(self, new_producer: Callable) -> int:
+        """Purge the stalled producer, its delivery reports handing back what it held (in order), and send that
+        again through ``new_producer()``; returns how many. Messages in flight are taken back too: the broker
+        may have written some of them already, so they may be delivered twice (at-least-once)."""
+        stalled, taken = self.producer, []
+        self._taking = taken
+        try:
+            left = stalled_output.purge(stalled)
+        finally:
+            self._taking = None
+        self.producer, self.produced = new_producer(), 0
+        self.stall.reset()
+        for topic, value, key, headers, partition in taken:
+            self.produce(
+                topic, value, key=key, headers=headers, partition=partition if partition >= 0 else None
+            )
+        self.resent += len(taken)
+        log.warning(
+            "the producer stopped delivering while the broker answers (librdkafka issue #5430): %d messages "
+            "taken back and sent again through a new producer%s",
+            len(taken),
+            f"; {left} could not be taken back" if left else "",
+            extra={"event": "producer_resend", "messages": len(taken)},
+        )
+        return len(taken)
+
+    def _take_back(self, err, msg) -> bool:
+        """While a stalled producer is purged: keep a purged message to send again (True: it was one)."""
+        if self._taking is None or (record := stalled_output.taken_back(err, msg)) is None:
+            return False
+        self._taking.append(record)
+        return True
 
     # ------------------------------------------------------------ what exactly-once produces otherwise
     fast_path = True  # predictions straight to the client (a transaction begins in ``produce``)

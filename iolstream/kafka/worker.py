@@ -133,6 +133,7 @@ class Worker:
             calls=self.calls,
             new_producer=self._new_producer,
             sleep=self._sleep_ticking,
+            reachable=lambda: self.health.down_since is None,
         )
 
     @property
@@ -292,7 +293,9 @@ class Worker:
         refused_lines = (
             self.refusals.handler()
         )  # librdkafka's log lines that name a refusal (kafka.reported_refusals)
-        logging.getLogger("iolstream.kafka").addHandler(refused_lines)
+        stall_lines = self.output.stall.handler()  # a partition without a leader (kafka.stalled_output)
+        for handler in (refused_lines, stall_lines):
+            logging.getLogger("iolstream.kafka").addHandler(handler)
         try:
             self._open()
             if freeze_startup:
@@ -332,7 +335,8 @@ class Worker:
             self._close()
             return code
         finally:
-            logging.getLogger("iolstream.kafka").removeHandler(refused_lines)
+            for handler in (refused_lines, stall_lines):
+                logging.getLogger("iolstream.kafka").removeHandler(handler)
             watchdog.stop()
             self.calls.close()
             self.stopper.cancel()

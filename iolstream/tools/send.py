@@ -50,22 +50,29 @@ def send(
     plus "seconds". Raises SendFailed on delivery errors."""
     from confluent_kafka import KafkaException, Producer
 
-    from iolstream.kafka import diagnose
+    from iolstream.kafka import diagnose, stalled_output
     from iolstream.kafka.reported_refusals import Refusals
 
-    seen = diagnose.Collector(forward=logging.getLogger(LOGGER))
+    # a producer that stopped delivering to a partition while the broker answers (kafka.stalled_output): its
+    # messages are taken back and sent again through a new one
+    stall = stalled_output.StallWatch()
+    seen = diagnose.Collector(forward=stall.tee(logging.getLogger(LOGGER)))
     refusals = Refusals(producer_conf)  # the first refusal stops the send (exit 6)
 
     def on_error(err) -> None:
         seen.error(err)
         refusals.note(err)
 
-    producer = Producer(
-        {"linger.ms": 5, "enable.idempotence": True, **producer_conf, **seen.conf(), "error_cb": on_error}
-    )
+    conf = {"linger.ms": 5, "enable.idempotence": True, **producer_conf, **seen.conf(), "error_cb": on_error}
+    producer = Producer(conf)
     errors: list = []  # (error, topic) of the failed deliveries
+    produced = 0  # messages given to the current producer
+    taking: list | None = None  # while a stalled producer is purged: what its delivery reports hand back
 
     def on_delivery(err, msg):
+        if taking is not None and (record := stalled_output.taken_back(err, msg)) is not None:
+            taking.append(record)
+            return
         if err is not None:
             errors.append((err, msg.topic()))
             refusals.note(err, topics=(msg.topic(),))
@@ -80,15 +87,46 @@ def send(
     summary = plan_summary([])
     rows_sent = 0
 
-    def produce(m: Message) -> None:
-        topic = features_topic if m.kind == "features" else labels_topic
-        value = m.encode(int(time.time() * 1000))
+    def send_one(topic: str, value: bytes, key, headers=None, partition: int = -1) -> None:
+        nonlocal produced
+        extra = {} if partition < 0 else {"partition": partition}
+        if headers:
+            extra["headers"] = headers
         while True:
             try:
-                producer.produce(topic, value, key=m.key, on_delivery=on_delivery)
-                break
+                producer.produce(topic, value, key=key, on_delivery=on_delivery, **extra)
+                produced += 1
+                return
             except BufferError:  # local queue full: let librdkafka drain it
                 producer.poll(0.05)
+
+    def answers() -> bool:
+        try:
+            return bool(producer.list_topics(timeout=1.0).brokers)
+        except KafkaException:
+            return False
+
+    def resend_stalled() -> None:
+        """The producer stalled: purge it, its reports handing back what it held, and send that again."""
+        nonlocal producer, produced, taking
+        taken, taking = [], []
+        try:
+            stalled_output.purge(producer)
+        finally:
+            taken, taking = taking, None
+        producer, produced = Producer(conf), 0
+        stall.reset()
+        for record in taken:
+            send_one(*record)
+        logging.getLogger(LOGGER).warning(
+            "the producer stopped delivering while the broker answers (librdkafka issue #5430): %d messages "
+            "taken back and sent again through a new producer",
+            len(taken),
+        )
+
+    def produce(m: Message) -> None:
+        topic = features_topic if m.kind == "features" else labels_topic
+        send_one(topic, m.encode(int(time.time() * 1000)), m.key)
         summary[f"{'feature' if m.kind == 'features' else 'label'}_messages"] += 1
         summary[f"{'feature' if m.kind == 'features' else 'label'}_rows"] += m.rows
 
@@ -119,6 +157,8 @@ def send(
     try:
         while (remaining := producer.flush(0.5)) and time.monotonic() < deadline:
             refused()
+            if stall.suspect and stall.stalled(produced, remaining, answers(), time.monotonic()):
+                resend_stalled()
     except KafkaException as exc:  # a fatal producer error
         errors.append((exc.args[0], None))
         remaining = len(producer)
