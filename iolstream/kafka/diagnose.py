@@ -349,6 +349,18 @@ def _detail(text: str) -> str:
     return re.sub(r" \(after \d+ms in state \w+\)", "", text)
 
 
+class LineHandler(logging.Handler):
+    """A logging handler passing each line at ``level`` and above to ``note(text)`` (librdkafka's lines, on the
+    ``iolstream.kafka`` logger while the worker runs)."""
+
+    def __init__(self, note, level: int = logging.WARNING):
+        super().__init__(level)
+        self.note = note
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.note(record.getMessage())
+
+
 class Collector:
     """A client's ``logger`` and ``error_cb`` at once: keeps what librdkafka reports (errors, and log lines at
     warning and above as text) instead of printing it, for ``explain``; passes log lines on to ``forward``

@@ -57,14 +57,12 @@ class Output:
         self.waiting = waiting
         self.producer = None
         self.delivery_errors = 0
-        self.produced = (
-            0  # messages given to the current producer (with len(producer): how many it delivered)
-        )
-        self.stall = StallWatch()  # a producer that stopped delivering to a partition (kafka.stalled_output)
-        self.resent = 0  # messages taken back from a stalled producer and sent again
-        self._taking: list | None = (
-            None  # while a stalled producer is purged: the messages its reports hand back
-        )
+        # a producer that stopped delivering to a partition (kafka.stalled_output): the messages given to the
+        # current producer (with len(producer): how many it delivered), how many were taken back from a stalled
+        # one and sent again, and while one is purged, what its delivery reports hand back
+        self.stall = StallWatch()
+        self.produced = self.resent = 0
+        self._taking: list | None = None
         self.refusals = None  # reported_refusals.Refusals: a refused write is fatal, named once
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
         # start

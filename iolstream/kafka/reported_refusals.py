@@ -63,13 +63,7 @@ class Refusals:
 
     def handler(self) -> logging.Handler:
         """A logging handler feeding ``note_log`` (on the ``iolstream.kafka`` logger while the worker runs)."""
-        refusals = self
-
-        class _Handler(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                refusals.note_log(record.getMessage())
-
-        return _Handler(logging.WARNING)
+        return diagnose.LineHandler(self.note_log)
 
     def check(self) -> None:
         if self.first is not None:

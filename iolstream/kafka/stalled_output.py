@@ -18,6 +18,8 @@ import logging
 
 from confluent_kafka import KafkaError
 
+from iolstream.kafka import diagnose
+
 LEADERLESS = "new leader-1 not found in cache"  # librdkafka's METADATAUPDATE warning (rdkafka_metadata.c)
 STALL_SECONDS = 5.0  # after that line, this long with outputs waiting, none delivered, the broker answering
 PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)  # a purged message's delivery report
@@ -40,13 +42,7 @@ class StallWatch:
 
     def handler(self) -> logging.Handler:
         """A logging handler feeding ``note_log`` (on the ``iolstream.kafka`` logger while the worker runs)."""
-        watch = self
-
-        class _Handler(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                watch.note_log(record.getMessage())
-
-        return _Handler(logging.WARNING)
+        return diagnose.LineHandler(self.note_log)
 
     def tee(self, logger: logging.Logger) -> _Tee:
         """``logger`` as a client's log sink sees it (``diagnose.Collector``'s ``forward``): each line noted here,
