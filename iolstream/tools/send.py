@@ -101,8 +101,11 @@ def send(
                 producer.poll(0.05)
 
     def answers() -> bool:
+        """Whether the broker answers a client of its own (not the producer under suspicion, whose view of the
+        cluster is what is in doubt)."""
+        probe = Producer({**producer_conf, **diagnose.Collector().conf()})
         try:
-            return bool(producer.list_topics(timeout=1.0).brokers)
+            return bool(probe.list_topics(timeout=2.0).brokers)
         except KafkaException:
             return False
 
