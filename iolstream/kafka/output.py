@@ -230,13 +230,7 @@ class Output:
                 topic, value, key=key, headers=headers, partition=partition if partition >= 0 else None
             )
         self.resent += len(taken)
-        log.warning(
-            "the producer stopped delivering while the broker answers (librdkafka issue #5430): %d messages "
-            "taken back and sent again through a new producer%s",
-            len(taken),
-            f"; {left} could not be taken back" if left else "",
-            extra={"event": "producer_resend", "messages": len(taken)},
-        )
+        stalled_output.report_resent(log, len(taken), left)
         return len(taken)
 
     def _take_back(self, err, msg) -> bool:

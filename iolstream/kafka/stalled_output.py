@@ -94,3 +94,14 @@ def taken_back(err, msg) -> tuple | None:
     if err is None or err.code() not in PURGED:
         return None
     return msg.topic(), msg.value(), msg.key(), msg.headers(), msg.partition()
+
+
+def report_resent(logger: logging.Logger, sent: int, left: int = 0) -> None:
+    """The warning a resend logs: how many messages went through the new producer, how many stayed behind."""
+    logger.warning(
+        "the producer stopped delivering while the broker answers (librdkafka issue #5430): %d messages "
+        "taken back and sent again through a new producer%s",
+        sent,
+        f"; {left} could not be taken back" if left else "",
+        extra={"event": "producer_resend", "messages": sent},
+    )

@@ -114,18 +114,14 @@ def send(
         nonlocal producer, produced, taking
         taken, taking = [], []
         try:
-            stalled_output.purge(producer)
+            left = stalled_output.purge(producer)
         finally:
             taken, taking = taking, None
         producer, produced = Producer(conf), 0
         stall.reset()
         for record in taken:
             send_one(*record)
-        logging.getLogger(LOGGER).warning(
-            "the producer stopped delivering while the broker answers (librdkafka issue #5430): %d messages "
-            "taken back and sent again through a new producer",
-            len(taken),
-        )
+        stalled_output.report_resent(logging.getLogger(LOGGER), len(taken), left)
 
     def produce(m: Message) -> None:
         topic = features_topic if m.kind == "features" else labels_topic
