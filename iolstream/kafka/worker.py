@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
@@ -282,14 +283,17 @@ class Worker:
         idle_stop_seconds: float | None = None,
         stop_at_end: bool = False,
         freeze_startup: bool = False,
+        on_stuck: Callable[[str], None] | None = None,
     ) -> int:
         """Run until stopped (signal, ``max_seconds``, no input for ``idle_stop_seconds`` while partitions are
         assigned — joining the group does not count — or, with ``stop_at_end``, once every assigned partition
         has reached the end it had when assigned); returns an exit code. ``freeze_startup``: once the kernels
-        and clients are up, freeze what exists then for the garbage collector (the worker process does)."""
+        and clients are up, freeze what exists then for the garbage collector (the worker process does).
+        ``on_stuck``: called with the stuck call when the loop watchdog fires, instead of ending the process
+        with exit 5 (a worker run in a thread of another program)."""
         started = last_input = time.monotonic()
         self.stop_at_end = stop_at_end
-        watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing)
+        watchdog = LoopWatchdog(self.stopper.watchdog_seconds(), lambda: self.last_tick, self.doing, on_stuck)
         refused_lines = (
             self.refusals.handler()
         )  # librdkafka's log lines that name a refusal (kafka.reported_refusals)

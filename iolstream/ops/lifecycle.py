@@ -7,7 +7,7 @@ handler only sets flags and starts timers; the exit deadline is kept by a timer 
 by the loop.
 
 ``LoopWatchdog`` ends a process whose loop has not ticked for ``bound`` seconds, naming what the
-main thread is doing (the client call in flight, else its innermost Python frame).
+loop thread is doing (the client call in flight, else its innermost Python frame) and its stack.
 
 Exit codes of ``iolstream run`` (also in README "Operations"):
 
@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 log = logging.getLogger("iolstream.worker")
@@ -105,16 +106,28 @@ class LoopWatchdog:
     """Ends the process with EXIT_STUCK when ``last_tick()`` is older than ``bound`` seconds.
 
     ``doing()`` names what the loop is in (e.g. the client call in flight); when it returns None the
-    main thread's innermost frame is named. Checks every ``bound / 10`` s (at most 1 s) on a daemon thread."""
+    loop thread's innermost frame is named. The loop thread is the one that calls ``start()``; its whole
+    stack is logged too. Checks every ``bound / 10`` s (at most 1 s) on a daemon thread. ``on_stuck``
+    replaces the exit (a worker run inside another program, such as a test, must not end that program):
+    it is called once with the place named, and the watch ends."""
 
-    def __init__(self, bound: float, last_tick: Callable[[], float], doing: Callable[[], str | None]):
+    def __init__(
+        self,
+        bound: float,
+        last_tick: Callable[[], float],
+        doing: Callable[[], str | None],
+        on_stuck: Callable[[str], None] | None = None,
+    ):
         self.bound = bound
         self.last_tick = last_tick
         self.doing = doing
+        self.on_stuck = on_stuck
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop_ident: int | None = None
 
     def start(self) -> None:
+        self._loop_ident = threading.get_ident()
         self._thread = threading.Thread(target=self._watch, name="iolstream-watchdog", daemon=True)
         self._thread.start()
 
@@ -125,25 +138,37 @@ class LoopWatchdog:
         while not self._stop.wait(min(1.0, self.bound / 10)):
             stalled = time.monotonic() - self.last_tick()
             if stalled > self.bound and not self._stop.is_set():
-                where = self.doing() or main_thread_frame()
+                where = self.doing() or thread_frame(self._loop_ident)
                 log.critical(
-                    "the loop has not ticked for %.1f s (bound %.1f s), stuck in %s: exiting with %d",
+                    "the loop has not ticked for %.1f s (bound %.1f s), stuck in %s: %s\n%s",
                     stalled,
                     self.bound,
                     where,
-                    EXIT_STUCK,
+                    f"exiting with {EXIT_STUCK}" if self.on_stuck is None else "giving up on it",
+                    thread_stack(self._loop_ident),
                     extra={"event": "stuck", "stuck_in": where, "seconds": round(stalled, 1)},
                 )
                 _flush_logs()
+                if self.on_stuck is not None:
+                    self.on_stuck(where)
+                    return
                 os._exit(EXIT_STUCK)
 
 
-def main_thread_frame() -> str:
-    """``function (file:line)`` of the main thread's innermost Python frame."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+def thread_frame(ident: int | None) -> str:
+    """``function (file:line)`` of the innermost Python frame of thread ``ident`` (None: the main thread)."""
+    frame = sys._current_frames().get(threading.main_thread().ident if ident is None else ident)
     if frame is None:
         return "an unknown place"
     return f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
+
+
+def thread_stack(ident: int | None) -> str:
+    """The Python stack of thread ``ident`` (None: the main thread), outermost call first."""
+    frame = sys._current_frames().get(threading.main_thread().ident if ident is None else ident)
+    if frame is None:
+        return "(no Python stack)"
+    return "".join(traceback.format_stack(frame)).rstrip()
 
 
 def _flush_logs() -> None:

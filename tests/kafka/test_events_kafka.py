@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 from kafka_util import consume_all, produce_json, unique_group
-from test_worker_kafka import WorkerThread
+from worker_thread import WorkerThread
 
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.errors import WorkerError

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from kafka_util import consume_all, produce_json
 from test_events_kafka import order, raw_config
-from test_worker_kafka import WorkerThread
+from worker_thread import WorkerThread
 
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.config import config_from_dict

@@ -12,7 +12,6 @@ the good traffic alone (A, c, β at rtol 1e-9). Also: the start-up checks of the
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 
@@ -20,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 from kafka_util import consume_all, produce_json, set_topic_limit, unique_group
+from worker_thread import WorkerThread
 
 from iolstream.core.model import EdRVFL
 from iolstream.kafka import deadletters, message_limits
@@ -76,36 +76,6 @@ def assert_same_model(got: EdRVFL, want: EdRVFL) -> None:
     assert got.learner.state.rows_labelled == want.learner.state.rows_labelled
 
 
-class Running:
-    """``Worker(cfg).run()`` in a thread."""
-
-    def __init__(self, cfg):
-        self.worker = Worker(cfg)
-        self.exit_code = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        self.exit_code = self.worker.run()
-
-    def wait(self, condition, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition(self.worker):
-            assert self.thread.is_alive(), (
-                f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
-            )
-            assert time.monotonic() < deadline, (
-                f"timed out waiting for {what}: {self.worker.processor.status()}"
-            )
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        self.worker.request_stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        return self.exit_code
-
-
 def send(bootstrap: str, names: dict, messages) -> None:
     produce.send(
         messages,
@@ -140,14 +110,14 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
     huge = orjson.dumps({"ids": ["h"], "x": [[1.0] * 8], "pad": "y" * 5_000_000})  # (c) 5 MB
 
     caplog.set_level(logging.INFO, logger="iolstream.worker")
-    run = Running(cfg)
+    run = WorkerThread(cfg).start()
     send(kafka_bootstrap, names, parts[0])
     big_conf = {"message.max.bytes": 8_000_000}
     (where_a,) = produce_json(kafka_bootstrap, features, [big_json], conf=big_conf)
     (where_b,) = produce_json(kafka_bootstrap, labels, [not_json], conf=big_conf)
     (where_c,) = produce_json(kafka_bootstrap, features, [huge], conf=big_conf)
     send(kafka_bootstrap, names, parts[1])
-    run.wait(
+    run.wait_for(
         lambda w: (
             w.processor.counters["predictions_out"] >= 2 * N_ROWS // 3
             and sum(w.processor.dead_letters.values()) == 3
@@ -161,7 +131,7 @@ def test_oversized_bad_messages_are_dead_lettered_as_excerpts_and_the_worker_goe
     set_topic_limit(kafka_admin, dead, 200)
     produce_json(kafka_bootstrap, features, [b"{bad 1", b"{bad 2", b"{bad 3"])
     send(kafka_bootstrap, names, parts[2])
-    run.wait(
+    run.wait_for(
         lambda w: (
             w.processor.counters["predictions_out"] >= N_ROWS
             and w.output.dead_letter_limit.counts["dropped"] >= 3

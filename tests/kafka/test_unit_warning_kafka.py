@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from test_worker_kafka import WorkerThread, segment, send, worker_raw
+from test_worker_kafka import segment, send, worker_raw
+from worker_thread import WorkerThread
 
 from iolstream.kafka.config import config_from_dict
 from iolstream.tools import produce

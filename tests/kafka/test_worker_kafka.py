@@ -31,6 +31,7 @@ from kafka_util import (
     unique_group,
     wait_for_broker,
 )
+from worker_thread import WorkerThread
 
 from iolstream.core.model import EdRVFL
 from iolstream.kafka.calls import ClientCalls
@@ -64,61 +65,6 @@ def worker_raw(bootstrap: str, topics: list[str], tmp_path, **sections) -> dict:
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     return raw
-
-
-class WorkerThread:
-    """``Worker(cfg).run()`` in a thread; ``wait`` polls its counters, ``stop`` ends it cleanly."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.worker = Worker(cfg)
-        self.exit_code = None
-        self.thread = threading.Thread(target=self._run, name="worker", daemon=True)
-
-    def _run(self):
-        self.exit_code = self.worker.run()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.thread.is_alive():
-            self.stop()
-
-    def status(self) -> dict:
-        return self.worker.processor.status()
-
-    def wait(self, condition, timeout: float, what: str) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = self.status()
-            if condition(s):
-                return s
-            assert self.thread.is_alive(), (
-                f"the worker stopped (exit {self.exit_code}) while waiting for {what}"
-            )
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
-
-    def wait_assigned(self, partitions: int = 2, timeout: float = STARTUP_SECONDS) -> None:
-        """Until the group gave the worker its partitions and its consumer has fetched from each of them once (a
-        fetch's high watermark known: then it reads new input as it comes). Without the second condition, a
-        partition whose first fetch is slow (its leader still being looked up on a busy machine) lets the other
-        topic's rows run ahead of it, as after any stall longer than the alignment's wait."""
-        deadline = time.monotonic() + timeout
-        while self.worker.partitions < partitions or any(
-            self.worker.assignment.lag(key) is None for key in list(self.worker.book.assigned)
-        ):
-            assert time.monotonic() < deadline, "the worker got no partitions, or never fetched from them"
-            assert self.thread.is_alive(), f"the worker stopped (exit {self.exit_code})"
-            time.sleep(0.05)
-
-    def stop(self, timeout: float = 60.0) -> int:
-        self.worker.request_stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        return self.exit_code
 
 
 def segment(rows: int | None = None, seed: int = 0):

@@ -119,6 +119,37 @@ def test_watchdog_names_the_main_threads_frame_when_no_call_is_in_flight():
     assert "stuck in busy_step (<string>:" in out
 
 
+def test_watchdog_of_a_loop_on_another_thread_names_its_frame_logs_its_stack_and_calls_on_stuck(caplog):
+    """A worker run in a thread of another program (a test): the frame named is the loop thread's, not the
+    main thread's, its stack is logged, and ``on_stuck`` is called once instead of ending the process."""
+    from iolstream.ops.lifecycle import LoopWatchdog
+
+    stuck, release = [], threading.Event()
+
+    def loop_step():
+        LoopWatchdog(0.3, lambda: ticked, lambda: None, on_stuck=stuck.append).start()
+        while not release.is_set():
+            time.sleep(0.01)
+
+    def outer_loop():
+        loop_step()
+
+    caplog.set_level(logging.CRITICAL, logger="iolstream.worker")
+    ticked = time.monotonic()
+    loop = threading.Thread(target=outer_loop, daemon=True)
+    loop.start()
+    deadline = time.monotonic() + 20
+    while not stuck and time.monotonic() < deadline:
+        time.sleep(0.02)
+    release.set()
+    loop.join(20)
+    assert len(stuck) == 1 and stuck[0].startswith("loop_step (test_lifecycle.py:"), stuck
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "stuck"]
+    message = record.getMessage()
+    assert "giving up on it" in message and "exiting" not in message
+    assert "in outer_loop" in message and "in loop_step" in message  # the loop thread's whole stack
+
+
 def test_repeated_warnings_are_logged_once_per_interval_with_a_count():
     f = RepeatFilter(interval=0.2)
 

@@ -19,11 +19,11 @@ import pytest
 from kafka_util import STARTUP_SECONDS, consume_all, produce_json, unique_group
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
+from worker_thread import WorkerThread
 
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.checkpoints import Checkpoint
 from iolstream.kafka.config import config_from_dict
-from iolstream.kafka.worker import Worker
 from iolstream.ops.collector import ArrayHistogram
 from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _partition_lag
 from iolstream.stream import codec
@@ -292,32 +292,17 @@ def test_counters_count_this_process_only():
 
 
 # ------------------------------------------------------------------- broker tests
-class RunningWorker:
+class RunningWorker(WorkerThread):
     """A Worker with its Metrics on an ephemeral port, run in a thread."""
 
     def __init__(self, cfg):
         self.metrics = Metrics(cfg)
         self.port = self.metrics.serve()
-        self.worker = Worker(cfg, metrics=self.metrics)
+        super().__init__(cfg, metrics=self.metrics)
         self.metrics.attach(self.worker)
-        self.exit_code = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        self.exit_code = self.worker.run()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self.worker.request_stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the worker did not stop"
 
     def __exit__(self, *exc):
-        if self.thread.is_alive():
-            self.stop()
+        super().__exit__(*exc)
         self.metrics.close()
 
 
