@@ -1,8 +1,8 @@
 """``Worker(cfg).run()`` in a thread of the test process (one process, warm JIT).
 
 The worker's loop watchdog would end the whole test session with exit 5 and its captured output
-lost; here it fails the test instead, naming the stuck call, with the loop thread's stack written to
-the real stderr (pytest's capture does not hold it back)."""
+lost; here it fails the test instead, naming the stuck call: the watchdog's log line, with the loop
+thread's stack, is in the failed test's captured log, and one line goes to the real stderr at once."""
 
 from __future__ import annotations
 
