@@ -34,8 +34,7 @@ class WorkerThread:
         print(f"\nthe in-process worker's loop is stuck in {where}", file=sys.__stderr__, flush=True)
 
     def __enter__(self):
-        self.thread.start()
-        return self
+        return self.start()
 
     def __exit__(self, *exc):
         if self.thread.is_alive() and self.stuck is None:
@@ -55,22 +54,18 @@ class WorkerThread:
 
     def wait(self, condition, timeout: float, what: str) -> dict:
         """Until ``condition(status)``; returns that status."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = self.status()
-            if condition(s):
-                return s
-            self.alive(what)
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}")
+        return self.wait_for(lambda w: s if condition(s := w.processor.status()) else None, timeout, what)
 
-    def wait_for(self, condition, timeout: float, what: str) -> None:
-        """Until ``condition(worker)``."""
+    def wait_for(self, condition, timeout: float, what: str):
+        """Until ``condition(worker)`` is true; returns what it returned."""
         deadline = time.monotonic() + timeout
-        while not condition(self.worker):
+        while not (met := condition(self.worker)):
             self.alive(what)
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.status()}"
+            assert time.monotonic() < deadline, (
+                f"timed out after {timeout:.0f} s waiting for {what}; status {self.status()}"
+            )
             time.sleep(0.05)
+        return met
 
     def wait_assigned(self, partitions: int = 2, timeout: float = STARTUP_SECONDS) -> None:
         """Until the group gave the worker its partitions and its consumer has fetched from each of them once (a

@@ -138,14 +138,15 @@ class LoopWatchdog:
         while not self._stop.wait(min(1.0, self.bound / 10)):
             stalled = time.monotonic() - self.last_tick()
             if stalled > self.bound and not self._stop.is_set():
-                where = self.doing() or thread_frame(self._loop_ident)
+                frame = sys._current_frames().get(self._loop_ident)
+                where = self.doing() or frame_name(frame)
                 log.critical(
                     "the loop has not ticked for %.1f s (bound %.1f s), stuck in %s: %s\n%s",
                     stalled,
                     self.bound,
                     where,
                     f"exiting with {EXIT_STUCK}" if self.on_stuck is None else "giving up on it",
-                    thread_stack(self._loop_ident),
+                    "".join(traceback.format_stack(frame)).rstrip() if frame else "(no Python stack)",
                     extra={"event": "stuck", "stuck_in": where, "seconds": round(stalled, 1)},
                 )
                 _flush_logs()
@@ -155,20 +156,11 @@ class LoopWatchdog:
                 os._exit(EXIT_STUCK)
 
 
-def thread_frame(ident: int | None) -> str:
-    """``function (file:line)`` of the innermost Python frame of thread ``ident`` (None: the main thread)."""
-    frame = sys._current_frames().get(threading.main_thread().ident if ident is None else ident)
+def frame_name(frame) -> str:
+    """``function (file:line)`` of a Python frame (None: unknown)."""
     if frame is None:
         return "an unknown place"
     return f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
-
-
-def thread_stack(ident: int | None) -> str:
-    """The Python stack of thread ``ident`` (None: the main thread), outermost call first."""
-    frame = sys._current_frames().get(threading.main_thread().ident if ident is None else ident)
-    if frame is None:
-        return "(no Python stack)"
-    return "".join(traceback.format_stack(frame)).rstrip()
 
 
 def _flush_logs() -> None:

@@ -100,14 +100,14 @@ def send(
             except BufferError:  # local queue full: let librdkafka drain it
                 producer.poll(0.05)
 
-    probes: list = []  # the client that asks, made on first need and kept for the rest of the send
+    probe = None  # the client that asks, made on first need and kept for the rest of the send
 
     def answers() -> bool:
         """Whether the broker answers a client of its own (not the producer under suspicion, whose view of the
         cluster is what is in doubt)."""
-        if not probes:
-            probes.append(Producer({**producer_conf, **diagnose.Collector().conf()}))
-        probe = probes[0]
+        nonlocal probe
+        if probe is None:
+            probe = Producer({**producer_conf, **diagnose.Collector().conf()})
         try:
             return bool(probe.list_topics(timeout=2.0).brokers)
         except KafkaException:
