@@ -29,12 +29,15 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --quiet --fix iolstream tests scripts benchmarks
 
 # The whole suite, with a real local broker (started here unless IOLSTREAM_TEST_BOOTSTRAP names one); the secured
-# broker and the three-node cluster are started by their own fixtures (tests/secure, tests/cluster).
+# broker and the three-node cluster are started by their own fixtures (tests/secure, tests/cluster). It runs in
+# PYTEST_WORKERS processes (pytest-xdist; each module's tests in one of them, tests/conftest.py): most of the suite
+# waits on brokers and worker processes, so two of them overlap those waits; PYTEST_WORKERS=0 runs it in one.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) lint
 	@if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh start; fi
 	@status=0; \
 	IOLSTREAM_TEST_BOOTSTRAP=$${IOLSTREAM_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} \
-	  $(PY) -m pytest -q -m "not cluster_full" $(PYTEST_ARGS) || status=$$?; \
+	  $(PY) -m pytest -q -m "not cluster_full" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || status=$$?; \
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
 

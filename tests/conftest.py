@@ -18,6 +18,12 @@ hands out a broker (and so before the first worker starts): a cold cache compile
 which no test's wait for a worker should have to cover.
 
 Helpers (produce_json, consume_all, committed_offsets, unique_group, ...) live in kafka_util.py.
+
+In parallel (``make test`` runs pytest-xdist's ``-n 2 --dist loadgroup``; ``PYTEST_WORKERS=0`` runs it in one
+process) each module's tests run in one worker process, so a module's fixtures are made once; the tests of
+tests/secure and of tests/cluster run in one worker each (their brokers listen on fixed ports, started once per
+session). The workers share the broker ``IOLSTREAM_TEST_BOOTSTRAP`` names: a broker this fixture started for
+one worker would stop under the other's feet, so in parallel it must be given (``make test`` does).
 """
 
 from __future__ import annotations
@@ -138,6 +144,18 @@ WORKER_KINDS = [
 ]
 
 
+# tests that share a broker started on a fixed port by a session fixture: one worker process runs all of them
+_SHARED_BROKERS = {"secure": TESTS_DIR / "secure", "cluster": TESTS_DIR / "cluster"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's xdist group (``--dist loadgroup``): its module's, or its shared broker's (``_SHARED_BROKERS``)."""
+    for item in items:
+        path = Path(str(item.path))
+        group = next((name for name, d in _SHARED_BROKERS.items() if d in path.parents), None)
+        item.add_marker(pytest.mark.xdist_group(group or str(path.relative_to(REPO))))
+
+
 @pytest.fixture(scope="session")
 def worker_kernels(request) -> float:
     """The kernels of every kind in WORKER_KINDS compiled into the cache (or loaded from it), in this process;
@@ -173,6 +191,11 @@ def kafka_bootstrap(worker_kernels) -> Iterator[str]:
             source = "testcontainers KafkaContainer"
         except Exception as e:  # e.g. image cannot be pulled: fall back to the local broker
             container_error = f"(testcontainers failed first: {type(e).__name__}: {e})\n"
+    if not bootstrap and os.environ.get("PYTEST_XDIST_WORKER"):
+        raise RuntimeError(
+            "in parallel (pytest -n) the workers share one broker: name it in IOLSTREAM_TEST_BOOTSTRAP "
+            "(`make test` starts one and does), or run without -n"
+        )
     if not bootstrap:
         port = os.environ.get("KAFKA_PORT", "19092")
         try:
