@@ -37,7 +37,7 @@ test: $(STAMP) lint
 	@if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh start; fi
 	@status=0; \
 	IOLSTREAM_TEST_BOOTSTRAP=$${IOLSTREAM_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} \
-	  $(PY) -m pytest -q -m "not cluster_full" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || status=$$?; \
+	  $(PY) -m pytest -q -m "not cluster_full" -n $(PYTEST_WORKERS) $(PYTEST_ARGS) || status=$$?; \
 	if [ -z "$$IOLSTREAM_TEST_BOOTSTRAP" ]; then bash scripts/kafka.sh stop; fi; \
 	exit $$status
 

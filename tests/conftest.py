@@ -19,11 +19,11 @@ which no test's wait for a worker should have to cover.
 
 Helpers (produce_json, consume_all, committed_offsets, unique_group, ...) live in kafka_util.py.
 
-In parallel (``make test`` runs pytest-xdist's ``-n 2 --dist loadgroup``; ``PYTEST_WORKERS=0`` runs it in one
-process) each module's tests run in one worker process, so a module's fixtures are made once; the tests of
-tests/secure and of tests/cluster run in one worker each (their brokers listen on fixed ports, started once per
-session). The workers share the broker ``IOLSTREAM_TEST_BOOTSTRAP`` names: a broker this fixture started for
-one worker would stop under the other's feet, so in parallel it must be given (``make test`` does).
+In parallel (``make test`` runs pytest-xdist's ``-n 2``; ``PYTEST_WORKERS=0`` runs it in one process) each
+module's tests run in one worker process, so a module's fixtures are made once; the tests of tests/secure and of
+tests/cluster run in one worker each (their brokers listen on fixed ports, started once per session). The workers
+share the broker ``IOLSTREAM_TEST_BOOTSTRAP`` names: a broker this fixture started for one worker would stop under
+the other's feet, so in parallel it must be given (``make test`` does).
 """
 
 from __future__ import annotations
@@ -145,15 +145,22 @@ WORKER_KINDS = [
 
 
 # tests that share a broker started on a fixed port by a session fixture: one worker process runs all of them
-_SHARED_BROKERS = {"secure": TESTS_DIR / "secure", "cluster": TESTS_DIR / "cluster"}
+_SHARED_BROKERS = {"secure": "tests/secure/", "cluster": "tests/cluster/"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test's xdist group (``--dist loadgroup``): its module's, or its shared broker's (``_SHARED_BROKERS``)."""
-    for item in items:
-        path = Path(str(item.path))
-        group = next((name for name, d in _SHARED_BROKERS.items() if d in path.parents), None)
-        item.add_marker(pytest.mark.xdist_group(group or str(path.relative_to(REPO))))
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent when it is not installed or disabled
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n``: each module's tests to one worker process (its fixtures made once), and the tests of each
+    shared broker (``_SHARED_BROKERS``) to one. (xdist's ``--dist loadgroup`` would take marks, but it renames
+    the tests to group them, which pytest 9 no longer lets it do.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return next((name for name, d in _SHARED_BROKERS.items() if module.startswith(d)), module)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
