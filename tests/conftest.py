@@ -152,8 +152,12 @@ _SHARED_BROKERS = {"secure": "tests/secure/", "cluster": "tests/cluster/"}
 def pytest_xdist_make_scheduler(config, log):
     """Under ``-n``: each module's tests to one worker process (its fixtures made once), and the tests of each
     shared broker (``_SHARED_BROKERS``) to one. (xdist's ``--dist loadgroup`` would take marks, but it renames
-    the tests to group them, which pytest 9 no longer lets it do.)"""
+    the tests to group them, which pytest 9 no longer lets it do.) The modules go in collection order, not xdist's
+    largest-first: a module of one or two tests may take minutes (the cluster's start, the image build), and
+    started last it would run alone at the end."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
