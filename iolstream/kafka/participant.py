@@ -89,6 +89,9 @@ class GroupMember(Solo):
         self.restarted = (
             False  # a snapshot with group state was loaded at start: its partitions may have moved
         )
+        # rows still held for the group's scaling when partitions went: learned later, here, while their labels go
+        # to the partitions' next owners, so they are handed over once learned (``on_cycle``)
+        self.handover_owed = False
 
     def attach(self, processor, saved, *, start=False) -> None:
         if start:
@@ -120,6 +123,9 @@ class GroupMember(Solo):
         self.sync.poll()
         self.sync.forward(replaying=replaying)
         if not replaying:
+            if self.handover_owed and not self.sync.processor.held_rows:
+                self.handover_owed = False
+                self.sync.hand_over(())  # the rows waiting for labels (no labels: no partition went now)
             self.sync.publish(positions)
 
     def before_checkpoint(self, positions, *, replaying) -> None:
@@ -138,6 +144,10 @@ class GroupMember(Solo):
         if not replaying:  # partitions go: so do the rows waiting for their labels
             self.sync.publish(positions, force=True)
             self.sync.hand_over(partitions)
+            # the scaling not agreed in time (too few rows in the group yet): the rows still held are learned
+            # later, their labels may come to the partitions' next owners, which would wait for them as early
+            # labels until this member's next handover
+            self.handover_owed = self.handover_owed or bool(self.sync.processor.held_rows)
 
     def assignment_changed(self) -> None:
         self.sync.assignment_changed()

@@ -509,6 +509,39 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
 
 
+@pytest.mark.kafka
+def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_once_learned(
+    group_rig, kafka_bootstrap, tmp_path
+):
+    """The first member reads rows of every partition before the others join: too few for the group's warm-up
+    scaling, so its revoke cannot wait them out and they stay held, to be learned by it once the scaling is agreed,
+    while their labels go to the partitions' next owners. Handed over once learned, they join there, and once the
+    input is quiet every member holds one worker's state (before, those labels waited as early labels until the
+    first member's stop handed its rows over: the members stopped before it missed them)."""
+    raw, path, snap_dir, topics = group_rig(False)
+    raw["kafka"]["call_timeout_seconds"] = 3  # how long the revoke waits for the scaling
+    path.write_text(yaml.safe_dump(raw))
+    messages = make_stream()
+    early = 12  # the stream's first 12 messages: feature rows, spread over the partitions by their keys
+    assert all(m.kind == "features" for m in messages[:early])
+    first = Member(tmp_path, path, "m0")
+    first.start()
+    send(kafka_bootstrap, topics, messages[:early])
+    first.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) >= early, f"reading the first {early} rows")
+    members = [first, *(Member(tmp_path, path, f"m{i}") for i in (1, 2))]
+    for m in members[1:]:
+        m.start()
+    send(kafka_bootstrap, topics, messages[early:])
+    wait_settled(members, kafka_bootstrap, raw)
+    for m in members:
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
+    log = first.log.read_text()
+    assert "still wait for the group's scaling" in log, "the revoke came before the scaling was agreed"
+    assert_group_state(
+        members, snap_dir, raw, messages, "rows held for the scaling when their partitions went"
+    )
+
+
 ASSIGNED = re.compile(r"(t-[^\s,\[]+)\[(\d+)\]@")
 
 
