@@ -531,12 +531,19 @@ def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_on
     members = [first, *(Member(tmp_path, path, f"m{i}") for i in (1, 2))]
     for m in members[1:]:
         m.start()
+    # the rest only once m0's revoke went on with its rows held: sent earlier, under load m0 could learn enough of
+    # them alone to agree the scaling before the others joined, and nothing would be held
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while "still wait for the group's scaling" not in first.log.read_text():
+        first.alive()
+        assert time.monotonic() < deadline, (
+            f"m0's revoke did not hold its rows: {first.log.read_text()[-3000:]}"
+        )
+        time.sleep(0.2)
     send(kafka_bootstrap, topics, messages[early:])
     wait_settled(members, kafka_bootstrap, raw)
     for m in members:
         stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
-    log = first.log.read_text()
-    assert "still wait for the group's scaling" in log, "the revoke came before the scaling was agreed"
     assert_group_state(
         members, snap_dir, raw, messages, "rows held for the scaling when their partitions went"
     )
