@@ -30,7 +30,8 @@ The bookkeeping is ``stream.group.GroupState``; this module moves its records th
 - **scaling**: a member's warm-up rows give a proposal (keys ``<member>/scaling/<i>``), produced at once by a
   producer of its own, outside any transaction (a proposal is never wrong, only possibly not the first);
   the first in the log is the group's scaler, on every member. Before partitions go (``settle``), a
-  member whose rows still wait for that agreement waits for it, then learns them.
+  member whose rows still wait for that agreement reads the proposals published so far (its own among them),
+  then learns them; without one, it learns them once the agreement comes and hands them over then.
 
 The processor proposes its warm-up scaling to this object (``stream.scaler_warmup.ScalingAgreement``, given to
 the processor when it is made, ``kafka.resume``). Records as Kafka messages (chunks, headers, keys):
@@ -309,15 +310,8 @@ class GroupSync:
         self.handovers.stop()
         if self.consumer is None:  # stopped before the log was opened: nothing read, nothing to say
             return False
-        try:
-            ends = {
-                p: self.consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=max(0.5, timeout), cached=False
-                )[1]
-                for p in sorted(self.partitions)
-            }
-        except KafkaException as exc:
-            log.warning("the model-deltas topic's end is unknown at the stop (%s): the snapshot says so", exc)
+        ends = self._ends(timeout)
+        if ends is None:  # the snapshot says so
             self.stop_reached = {p: (self.positions.get(p, 0), -1) for p in sorted(self.partitions)}
             return False
         until = time.monotonic() + timeout
@@ -347,8 +341,11 @@ class GroupSync:
         return not behind
 
     def settle(self, timeout: float, tick=lambda: None) -> None:
-        """Partitions are about to go: wait (up to ``timeout`` s) until rows held for the group's warm-up
-        scaling can be learned (the scaling agreed); what still waits then is logged."""
+        """Partitions are about to go: wait until rows held for the group's warm-up scaling can be learned (the
+        scaling agreed), but no longer than it takes to read every record published before now (this member's
+        own proposal among them, if it made one), nor than ``timeout`` s. A proposal another member makes later
+        is not waited for: the whole group's rebalance would wait with this member, and the rows still held are
+        learned once it comes and handed over then (``GroupMember.handover_owed``). What still waits is logged."""
         until = time.monotonic() + timeout
         model = self.processor.model
 
@@ -357,15 +354,45 @@ class GroupSync:
                 (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)
             )
 
+        ends = None
         while waiting() and time.monotonic() < until:
-            self.poll(timeout=0.1)
+            self.poll(
+                timeout=0.1
+            )  # publishes this member's own proposal, once it has read the log to its start ends
             tick()
+            if ends is None and self.caught_up:  # its own proposal, if any, is in the log now (flushed)
+                ends = self._ends(until - time.monotonic())
+            if ends is not None and all(r >= ends[p] for p, r in self._read_to(ends).items()):
+                if waiting():
+                    log.warning(
+                        "%d rows and %d labels still wait for the group's scaling: every proposal published "
+                        "before this revoke is read, and none made it (the group has too few rows yet); they "
+                        "are learned and handed over once it comes",
+                        self.processor.held_rows,
+                        sum(len(h[1]) for h in model.targets.held),
+                    )
+                return
         if waiting():
             log.warning(
-                "%d rows and %d labels still wait for the group's scaling",
+                "%d rows and %d labels still wait for the group's scaling: not agreed within %.0f s; they are "
+                "learned and handed over once it comes",
                 self.processor.held_rows,
                 sum(len(h[1]) for h in model.targets.held),
+                timeout,
             )
+
+    def _ends(self, timeout: float) -> dict[int, int] | None:
+        """partition -> the log's end now (None if the broker does not say within ``timeout`` s)."""
+        try:
+            return {
+                p: self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=max(0.5, timeout), cached=False
+                )[1]
+                for p in sorted(self.partitions)
+            }
+        except KafkaException as exc:
+            log.warning("the model-deltas topic's end is unknown (%s)", exc)
+            return None
 
     def _take(self, msg) -> int:
         """One message of the topic: a record once its last chunk is read, applied (1) or refused (0)."""
