@@ -354,32 +354,31 @@ class GroupSync:
                 (self.processor.held and not model.ready) or (model.targets.held and not model.targets.frozen)
             )
 
+        def say(why: str) -> None:
+            log.warning(
+                "%d rows and %d labels still wait for the group's scaling: %s; they are learned once it comes (the "
+                "rows handed over then)",
+                self.processor.held_rows,
+                sum(len(h[1]) for h in model.targets.held),
+                why,
+            )
+
         ends = None
         while waiting() and time.monotonic() < until:
-            self.poll(
-                timeout=0.1
-            )  # publishes this member's own proposal, once it has read the log to its start ends
+            # publishes this member's own proposal, once it has read the log to the ends it had at its start
+            self.poll(timeout=0.1)
             tick()
             if ends is None and self.caught_up:  # its own proposal, if any, is in the log now (flushed)
                 ends = self._ends(until - time.monotonic())
             if ends is not None and all(r >= ends[p] for p, r in self._read_to(ends).items()):
                 if waiting():
-                    log.warning(
-                        "%d rows and %d labels still wait for the group's scaling: every proposal published "
-                        "before this revoke is read, and none made it (the group has too few rows yet); they "
-                        "are learned and handed over once it comes",
-                        self.processor.held_rows,
-                        sum(len(h[1]) for h in model.targets.held),
+                    say(
+                        "every proposal published before this revoke is read, and none made it (the group has "
+                        "too few rows yet)"
                     )
                 return
         if waiting():
-            log.warning(
-                "%d rows and %d labels still wait for the group's scaling: not agreed within %.0f s; they are "
-                "learned and handed over once it comes",
-                self.processor.held_rows,
-                sum(len(h[1]) for h in model.targets.held),
-                timeout,
-            )
+            say(f"not agreed within {timeout:.0f} s")
 
     def _ends(self, timeout: float) -> dict[int, int] | None:
         """partition -> the log's end now (None if the broker does not say within ``timeout`` s)."""
