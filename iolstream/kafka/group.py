@@ -40,13 +40,11 @@ the processor when it is made, ``kafka.resume``). Records as Kafka messages (chu
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
 
 import numpy as np
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -56,7 +54,7 @@ from iolstream.kafka.errors import WorkerError
 from iolstream.kafka.group_records import EACH_KEPT, Reassembly, chunked
 from iolstream.kafka.handover import Handovers
 from iolstream.ops.faults import crash_point
-from iolstream.stream.group import GroupState
+from iolstream.stream.group import GroupState, model_digest
 
 log = logging.getLogger("iolstream.group")
 
@@ -341,11 +339,10 @@ class GroupSync:
         return not behind
 
     def settle(self, timeout: float, tick=lambda: None) -> None:
-        """Partitions are about to go: wait until rows held for the group's warm-up scaling can be learned (the
-        scaling agreed), but no longer than it takes to read every record published before now (this member's
-        own proposal among them, if it made one), nor than ``timeout`` s. A proposal another member makes later
-        is not waited for: the whole group's rebalance would wait with this member, and the rows still held are
-        learned once it comes and handed over then (``GroupMember.handover_owed``). What still waits is logged."""
+        """Partitions are about to go: wait for the group's warm-up scaling (rows held for it can then be learned)
+        only as long as it takes to read the records published before now, this member's own proposal among them,
+        and at most ``timeout`` s: the whole rebalance waits with it. Rows still held are learned once it comes and
+        handed over then (``GroupMember.handover_owed``); what still waits is logged."""
         until = time.monotonic() + timeout
         model = self.processor.model
 
@@ -365,8 +362,7 @@ class GroupSync:
 
         ends = None
         while waiting() and time.monotonic() < until:
-            # publishes this member's own proposal, once it has read the log to the ends it had at its start
-            self.poll(timeout=0.1)
+            self.poll(timeout=0.1)  # publishes its own proposal once the log is read to its ends at the start
             tick()
             if ends is None and self.caught_up:  # its own proposal, if any, is in the log now (flushed)
                 ends = self._ends(until - time.monotonic())
@@ -603,24 +599,3 @@ class GroupSync:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def model_digest(config, candidates: list[tuple] | None = None, modes: list[str] | None = None) -> str:
-    """A short digest of what the members must share: the model config and, with ``lam``, ``forgetting`` or
-    ``mode: auto``, the candidate grid the model keeps. The grid is not in the config: it is the release's
-    (``core.candidates``), and a member restored from a snapshot keeps the one it was saved with
-    (``core.state_io``). After a release that changed it, sums of the old grid and the new are laid out alike
-    but hold other settings, and must not be added. A fixed config has one candidate, given by the config."""
-    described = config.to_dict()
-    # which batches the candidates are scored on: the selector's sums of members that score more or fewer add
-    # alike (each on its clock of scored rows), so members may differ in it, and a release that adds it changes
-    # no digest
-    described.pop("scoring_share", None)
-    described.pop(
-        "interval", None
-    )  # the coverage emitted: the residual counts behind it add alike whatever it is
-    if candidates is not None and len(candidates) > 1:
-        described["candidate_grid"] = [[lam, h] for lam, h in candidates]
-        if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too
-            described["candidate_modes"] = list(modes)
-    return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -30,9 +30,11 @@ warm-up rows are in proposes its scaling, and the first proposal in the log is t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from iolstream.core import contribution
 from iolstream.core.scaling import Scaler
@@ -369,3 +371,24 @@ class HandedOverLabels:
 
 def _plus(a: dict, b: dict) -> dict:
     return {k: (np.maximum(v, b[k]) if k.endswith(".maxes") else v + b[k]) for k, v in a.items()}
+
+
+def model_digest(config, candidates: list[tuple] | None = None, modes: list[str] | None = None) -> str:
+    """A short digest of what the members must share: the model config and, with ``lam``, ``forgetting`` or
+    ``mode: auto``, the candidate grid the model keeps. The grid is not in the config: it is the release's
+    (``core.candidates``), and a member restored from a snapshot keeps the one it was saved with
+    (``core.state_io``). After a release that changed it, sums of the old grid and the new are laid out alike
+    but hold other settings, and must not be added. A fixed config has one candidate, given by the config."""
+    described = config.to_dict()
+    # which batches the candidates are scored on: the selector's sums of members that score more or fewer add
+    # alike (each on its clock of scored rows), so members may differ in it, and a release that adds it changes
+    # no digest
+    described.pop("scoring_share", None)
+    described.pop(
+        "interval", None
+    )  # the coverage emitted: the residual counts behind it add alike whatever it is
+    if candidates is not None and len(candidates) > 1:
+        described["candidate_grid"] = [[lam, h] for lam, h in candidates]
+        if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too
+            described["candidate_modes"] = list(modes)
+    return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

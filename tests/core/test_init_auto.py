@@ -16,7 +16,7 @@ from iolstream.core import state_io
 from iolstream.core.activation_kernels import ACTIVATIONS
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.network import AUTO_INITS, INITS, SPREAD, RandomNetwork, resolve_init
-from iolstream.kafka.group import model_digest
+from iolstream.stream.group import model_digest
 
 K = 6
 

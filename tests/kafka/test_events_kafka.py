@@ -14,9 +14,9 @@ from worker_thread import WorkerThread
 
 from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.errors import WorkerError
-from iolstream.kafka.group import model_digest
 from iolstream.kafka.snapshots import SnapshotStore
 from iolstream.kafka.worker import EXIT_OK, Worker
+from iolstream.stream.group import model_digest
 
 pytestmark = pytest.mark.kafka
 

@@ -14,7 +14,8 @@ from iolstream.core.candidates import FIRST_GRID, candidate_grid
 from iolstream.core.model import EdRVFL
 from iolstream.kafka import snapshots
 from iolstream.kafka.config import config_from_dict
-from iolstream.kafka.group import GroupSync, model_digest
+from iolstream.kafka.group import GroupSync
+from iolstream.stream.group import model_digest
 from iolstream.stream.processor import StreamProcessor
 
 MODEL = {"n_inputs": 3, "classes": [0, 1], "n_nodes": 8, "scaler": "none"}

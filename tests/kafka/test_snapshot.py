@@ -317,8 +317,8 @@ def test_a_restart_may_change_the_scoring_share_and_nothing_else_of_the_model(tm
     hold: a worker restarts from a snapshot made with another share and scores with its own; another λ grid
     setting is still refused. Group members may differ in it too (it is not in the model digest)."""
     from iolstream.kafka.config import config_from_dict
-    from iolstream.kafka.group import model_digest
     from iolstream.kafka.worker import Worker
+    from iolstream.stream.group import model_digest
 
     model_raw = {"n_inputs": 3, "classes": ["a", "b"], "n_nodes": 8, "n_layers": 2, "scaler": "none"}
     model_raw["lam"] = "auto"
