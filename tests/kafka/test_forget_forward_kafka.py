@@ -59,11 +59,11 @@ def first_alone_then_two(
     wait_settled([m0], kafka_bootstrap, raw)
     start(m1, (env or {}).get("m1"), monkeypatch)
     m1.wait(ready, "ready with its share")
-    deadline = time.monotonic() + 120
-    while not {p for t, p in assigned_in(m1.log.read_text()) if t == topics["forget"]}:
-        m1.alive()
-        assert time.monotonic() < deadline, "m1 was assigned no forget partition"
-        time.sleep(0.2)
+    m1.wait_log(
+        lambda text: any(t == topics["forget"] for t, _ in assigned_in(text)),
+        "assigned a forget partition",
+        120,
+    )
     wait_settled([m0, m1], kafka_bootstrap, raw)
     return m0, m1
 

@@ -182,6 +182,17 @@ class Member:
             assert time.monotonic() < deadline, f"{self.member}: not {what} within {timeout:.0f} s"
             time.sleep(0.2)
 
+    def wait_log(self, condition, what: str, timeout: float = STARTUP_SECONDS) -> str:
+        """Until ``condition(its log's text)`` holds (the process alive meanwhile); returns that text."""
+        deadline = time.monotonic() + timeout
+        while not condition(text := self.log.read_text()):
+            self.alive()
+            assert time.monotonic() < deadline, (
+                f"{self.member}: not {what} within {timeout:.0f} s: {text[-3000:]}"
+            )
+            time.sleep(0.2)
+        return text
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 120.0) -> int:
         self.proc.send_signal(sig)
         try:
@@ -532,13 +543,9 @@ def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_on
     # the rest only once m0's revoke went on with its rows held: sent earlier, under load m0 could learn enough of
     # them alone to agree the scaling before the others joined, and nothing would be held. It goes on as soon as it
     # has read every proposal published before the revoke (none), not after kafka.call_timeout_seconds (30 s here)
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while "before this revoke is read, and none made it" not in first.log.read_text():
-        first.alive()
-        assert time.monotonic() < deadline, (
-            f"m0's revoke did not hold its rows: {first.log.read_text()[-3000:]}"
-        )
-        time.sleep(0.2)
+    first.wait_log(
+        lambda text: "before this revoke is read, and none made it" in text, "holding its rows at the revoke"
+    )
     send(kafka_bootstrap, topics, messages[early:])
     wait_settled(members, kafka_bootstrap, raw)
     for m in members:
