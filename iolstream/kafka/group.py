@@ -58,19 +58,7 @@ from iolstream.stream.group import GroupState, model_digest
 
 log = logging.getLogger("iolstream.group")
 
-HEADROOM = 4096  # above group.chunk_bytes for the record's key, headers and framing
 HANDOVER_SKEW_MS = 10_000  # a handover published this long before a member started reading still counts
-
-
-def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
-    """The model-deltas topic: compacted (the newest record per key is the group's state), records up to a
-    chunk."""
-    return {
-        "cleanup.policy": "compact",
-        "max.message.bytes": str(max(message_limits.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + HEADROOM)),
-        "segment.ms": "600000",  # compaction works on closed segments: close one every 10 minutes
-        "min.cleanable.dirty.ratio": "0.1",
-    }
 
 
 class GroupSync:
@@ -171,7 +159,7 @@ class GroupSync:
                 [self.topic],
                 partitions=1,
                 replication_factor=self.cfg.topics.replication_factor,
-                configs={self.topic: delta_topic_config(self.gc.chunk_bytes)},
+                configs={self.topic: topics.delta_topic_config(self.gc.chunk_bytes)},
             )
             if created:
                 log.info("created the model-deltas topic %s", self.topic)
@@ -181,8 +169,11 @@ class GroupSync:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
-            "fetch.max.bytes": max(52428800, self.gc.chunk_bytes + HEADROOM),
-            "receive.message.max.bytes": max(100000000, self.gc.chunk_bytes + HEADROOM + 512),
+            "fetch.max.bytes": max(52428800, self.gc.chunk_bytes + message_limits.DELTA_HEADROOM),
+            "receive.message.max.bytes": max(
+                100000000,
+                self.gc.chunk_bytes + message_limits.DELTA_HEADROOM + message_limits.RECEIVE_OVERHEAD,
+            ),
         }
         self.consumer = Consumer(conf)
         self.proposer = Producer({**client_conf(self.cfg), "enable.idempotence": True, "acks": "all"})

@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 log = logging.getLogger("iolstream.worker")
 
 DEAD_LETTER_HEADROOM = 8192  # above M for a dead letter's headers (≤ ~3 KB) and the record framing
+DELTA_HEADROOM = 4096  # above group.chunk_bytes for a model-deltas record's key, headers and framing
 LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes and batch.size
 KAFKA_TOPIC_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default max.message.bytes of a topic
 MIN_DEAD_LETTER_BYTES = 8192  # a dead-letter limit below this leaves no room for the headers and an excerpt

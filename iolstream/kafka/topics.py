@@ -1,7 +1,8 @@
 """Topic creation, one owner: the worker's topics as its config names them (``ensure_topics``, with
 ``topics.create: true``), and the one call every creator goes through (``create_topics``: the worker, the
 model-deltas topic of group learning, ``iolstream produce --create-topics`` and ``iolstream topics --create``).
-The ``max.message.bytes`` a created topic gets is ``kafka.message_limits``'.
+The model-deltas topic's settings are here too (``delta_topic_config``: compacted, records up to a chunk). The
+``max.message.bytes`` a created topic gets is ``kafka.message_limits``'.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def ensure_topics(cfg: WorkerConfig, admin: AdminClient | None = None, timeout: 
         if why.refusal:
             raise AccessDenied(why) from None
         raise WorkerError(f"{why} (topics.create: true; create them beforehand, or allow it)") from None
+
+
+def delta_topic_config(chunk_bytes: int) -> dict[str, str]:
+    """The model-deltas topic: compacted (the newest record per key is the group's state), records up to a
+    chunk."""
+    return {
+        "cleanup.policy": "compact",
+        "max.message.bytes": str(
+            max(message_limits.KAFKA_TOPIC_MAX_MESSAGE_BYTES, chunk_bytes + message_limits.DELTA_HEADROOM)
+        ),
+        "segment.ms": "600000",  # compaction works on closed segments: close one every 10 minutes
+        "min.cleanable.dirty.ratio": "0.1",
+    }
 
 
 def create_topics(

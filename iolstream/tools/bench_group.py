@@ -331,7 +331,7 @@ def sync_costs(name: str, bootstrap: str | None, names: bench_names.Names, repea
     if bootstrap is not None:
         topic = names.topic("group", "sync", uuid.uuid4().hex[:8])
         from iolstream.kafka import topics as topics_mod
-        from iolstream.kafka.group import delta_topic_config
+        from iolstream.kafka.topics import delta_topic_config
 
         topics_mod.create_topics(
             clients.admin({"bootstrap.servers": bootstrap}),

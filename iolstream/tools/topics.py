@@ -56,7 +56,7 @@ class Planned:
 def planned(cfg) -> list[Planned]:
     """The topics of ``cfg`` as the worker creates them (``kafka.topics.ensure_topics``, ``group.GroupSync.open``)."""
     from iolstream.kafka import message_limits
-    from iolstream.kafka.group import delta_topic_config
+    from iolstream.kafka.topics import delta_topic_config
 
     t = cfg.topics
     sized = message_limits.topic_configs(cfg.stream.max_message_bytes, [t.features, t.labels, t.dead_letters])
