@@ -89,8 +89,8 @@ class GroupMember(Solo):
         self.restarted = (
             False  # a snapshot with group state was loaded at start: its partitions may have moved
         )
-        # rows still held for the group's scaling when partitions went: learned later, here, while their labels go
-        # to the partitions' next owners, so they are handed over once learned (``on_cycle``)
+        # rows still held for the group's scaling when partitions went (or, restarted, in its snapshot): learned
+        # later, here, while their labels go to the partitions' next owners, so handed over once learned (``on_cycle``)
         self.handover_owed = False
 
     def attach(self, processor, saved, *, start=False) -> None:
@@ -118,6 +118,9 @@ class GroupMember(Solo):
     def joined(self) -> None:
         if self.restarted:  # the rows waiting for labels go where their labels go
             self.sync.hand_over()
+            # and those its snapshot still holds for the group's scaling, once learned (``on_cycle``): their
+            # partitions may have gone to others meanwhile
+            self.handover_owed = bool(self.sync.processor.held_rows)
 
     def on_cycle(self, positions, *, replaying) -> None:
         self.sync.poll()

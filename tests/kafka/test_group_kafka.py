@@ -555,6 +555,43 @@ def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_on
     )
 
 
+@pytest.mark.kafka
+def test_rows_held_for_the_scaling_in_a_snapshot_are_handed_over_once_learned_after_a_restart(
+    group_rig, kafka_bootstrap, tmp_path
+):
+    """The first member stops with rows of every partition still held for the group's warm-up scaling (its
+    snapshot keeps them), and comes back to a group whose other members own most of those partitions: learned
+    by it once the scaling is agreed, they are handed over, so their labels, which go to the partitions' new
+    owners, join there (before, a restart handed over only the rows already waiting for labels)."""
+    raw, path, snap_dir, topics = group_rig(False)
+    messages = make_stream()
+    early = 12  # the stream's first 12 messages: feature rows, spread over the partitions by their keys
+    assert all(m.kind == "features" for m in messages[:early])
+    first = Member(tmp_path, path, "m0")
+    first.start()
+    send(kafka_bootstrap, topics, messages[:early])
+    first.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) >= early, f"reading the first {early} rows")
+    assert first.stop() == 0, first.log.read_text()[-3000:]
+    assert first.newest(snap_dir).manifest["stream"]["counters"]["rows_in"] >= early
+    members = [first, *(Member(tmp_path, path, f"m{i}") for i in (1, 2))]
+    for m in members[1:]:
+        m.start()
+    for m in members[1:]:
+        m.wait(ready, "ready")
+    first.start()
+    first.wait(ready, "ready again")
+    mine = assigned_in(first.log.read_text())
+    assert 0 < len(mine) < 2 * PARTITIONS, f"m0 came back to the partitions {sorted(mine)}"
+    assert first.metrics().get(("iolstream_held_rows",), 0) > 0, "m0 came back holding no rows"
+    send(kafka_bootstrap, topics, messages[early:])
+    wait_settled(members, kafka_bootstrap, raw)
+    for m in members:
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
+    assert_group_state(
+        members, snap_dir, raw, messages, "rows held for the scaling in a restarted member's snapshot"
+    )
+
+
 ASSIGNED = re.compile(r"(t-[^\s,\[]+)\[(\d+)\]@")
 
 
