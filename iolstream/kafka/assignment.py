@@ -70,9 +70,11 @@ class Assignment:
         # group learning: commits carry this member's id as metadata, so that an assignment tells another
         # member's committed offset (its sums hold the input below it) from this member's own
         self.member = member = cfg.member_id if cfg.group.enabled else None
-        # (topic, partition) -> the metadata of this member's commit of it (``offsets.commit_metadata``); None
-        # without group learning
-        self.commit_metadata = None if member is None else (lambda key: book.metadata(member, key))
+        # (topic, partition), held -> the metadata of this member's commit of it (``offsets.commit_metadata``);
+        # None without group learning
+        self.commit_metadata = (
+            None if member is None else (lambda key, held=False: book.metadata(member, key, held))
+        )
         self.committed_by: dict[tuple[str, int], str] = {}
         self.revokes = 0  # partitions revoked or lost so far (the loop drops what it released of them)
 

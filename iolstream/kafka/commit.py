@@ -332,9 +332,12 @@ class ExactlyOnce(CommitUnit):
         """Commit the cycle's transaction with the input offsets; roll back if it was lost."""
         offsets = self.book.to_commit()
         assignment = self.assignment
-        why = self.txn.commit(
-            offsets, assignment.consumer.consumer_group_metadata, assignment.commit_metadata
-        )
+        metadata = assignment.commit_metadata
+        if metadata is not None and not self.session.processor.model.ready:
+            # group learning: every row read so far waits for the group's scaling, none predicted; should this
+            # member die, a restart that re-learns them owes their predictions (kafka.relearn)
+            metadata = functools.partial(metadata, held=True)
+        why = self.txn.commit(offsets, assignment.consumer.consumer_group_metadata, metadata)
         if why is None:
             self.book.committed(offsets)
         else:

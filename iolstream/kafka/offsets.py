@@ -66,9 +66,9 @@ class OffsetBook:
         """The positions of a state just loaded (a roll-back)."""
         self.positions = dict(positions)
 
-    def metadata(self, member: str, key: Key) -> str:
+    def metadata(self, member: str, key: Key, held: bool = False) -> str:
         """The metadata of this member's commit of ``key`` (``commit_metadata``)."""
-        return commit_metadata(member, self.bases.get(key))
+        return commit_metadata(member, self.bases.get(key), held)
 
     def start(self, key: Key) -> int | None:
         """Where ``key`` resumes: the state's position (None: the partition's beginning, never read by this
@@ -201,10 +201,15 @@ def commit_partitions(
     return [TopicPartition(t, p, o, metadata=metadata((t, p))) for t, p, o in offsets]
 
 
-def commit_metadata(member: str, base: int | None) -> str:
+HELD = "held"
+
+
+def commit_metadata(member: str, base: int | None, held: bool = False) -> str:
     """``member``, or ``member/base`` for a partition this member took over from another at offset ``base``
-    (member ids have no '/')."""
-    return member if base is None else f"{member}/{base}"
+    (member ids have no '/'); ``held``: the member had predicted none of its rows yet, all held for the group's
+    warm-up scaling (``/held`` at the end; ``kafka.relearn`` owes their predictions after a restart)."""
+    text = member if base is None else f"{member}/{base}"
+    return f"{text}/{HELD}" if held else text
 
 
 def parse_metadata(text: str | None) -> tuple[str, int | None]:
@@ -212,10 +217,23 @@ def parse_metadata(text: str | None) -> tuple[str, int | None]:
 
     >>> parse_metadata("w1/200"), parse_metadata("w1"), parse_metadata(None), parse_metadata("a/b")
     (('w1', 200), ('w1', None), ('', None), ('a/b', None))
+    >>> parse_metadata("w1/200/held"), parse_metadata("w1/held")
+    (('w1', 200), ('w1', None))
     """
     text = text or ""
-    member, slash, base = text.rpartition("/")
-    return (member, int(base)) if slash and base.isdigit() else (text, None)
+    rest = text[: -len(HELD) - 1] if held_at_commit(text) else text
+    member, slash, base = rest.rpartition("/")
+    return (member, int(base)) if slash and base.isdigit() else (rest, None)
+
+
+def held_at_commit(text: str | None) -> bool:
+    """Whether a commit's metadata says its member had predicted none of its rows yet (``commit_metadata``).
+
+    >>> held_at_commit("w1/200/held"), held_at_commit("w1/held"), held_at_commit("w1/200"), held_at_commit(None)
+    (True, True, False, False)
+    """
+    text = text or ""
+    return text.endswith("/" + HELD) and len(text) > len(HELD) + 1
 
 
 def fmt(offsets: dict) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from iolstream.kafka import relearn
 from iolstream.kafka.group import GroupSync
 from iolstream.kafka.offsets import OffsetBook
+from iolstream.stream.outputs import StepOutput
 from iolstream.stream.processor import StreamProcessor
 
 Tick = Callable[[], None]
@@ -44,8 +45,10 @@ class Solo:
 
     def before_joining(
         self, processor: StreamProcessor, book: OffsetBook, *, replays: bool, timeout: float
-    ) -> None:
-        """At start, the producer made, before the input consumer joins its group."""
+    ) -> list[StepOutput]:
+        """At start, the producer made, before the input consumer joins its group. Returns the predictions owed
+        (to go out with the first transaction)."""
+        return []
 
     def joined(self) -> None:
         """At start, the input consumer made."""
@@ -110,10 +113,15 @@ class GroupMember(Solo):
         here, before it joins the group and another member may take its partitions (``kafka.relearn``); also of
         partitions taken over after the snapshot (their commits say where)."""
         if not replays:
-            return
-        ahead = relearn.own_commits_ahead(self.cfg, book.positions, book.bases)
-        if ahead:
-            relearn.relearn(self.cfg, processor, book.positions, book.bases, ahead, timeout)
+            return []
+        held: set = set()
+        ahead = relearn.own_commits_ahead(self.cfg, book.positions, book.bases, held)
+        if not ahead:
+            return []
+        # every commit past the snapshot made while its rows were all held for the group's scaling (its last
+        # among them): none was predicted (kafka.relearn)
+        owe = held == set(ahead)
+        return relearn.relearn(self.cfg, processor, book.positions, book.bases, ahead, timeout, owe=owe)
 
     def joined(self) -> None:
         if self.restarted:  # the rows waiting for labels go where their labels go

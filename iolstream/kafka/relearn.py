@@ -11,6 +11,11 @@ over from another member after its snapshot: from the take-over offset its commi
 without emitting, with a consumer of its own (outside the group). Its positions then stand at C, and
 the rows of that range still waiting for labels are handed over with the next checkpoint's records.
 
+Rows committed while held for the group's warm-up scaling were never predicted: a member commits every row it
+reads, and predicts none until the group agrees the scaling. Its commits say so (``offsets.commit_metadata``,
+``held``); when every commit of its ahead of the snapshot does, the predictions the re-learning makes (the
+scaling agreed meanwhile) are owed, and go out with the member's first transaction (``Session.owe``).
+
 Not covered: a member that comes back after another member has taken its partitions *and committed
 past C* (it was away longer than the session timeout): its own commit is gone; the range [S, C) of
 those partitions stays out of the group's sums (docs/scaling.md).
@@ -25,17 +30,20 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from iolstream.kafka import output
 from iolstream.kafka.clients import client_conf
-from iolstream.kafka.offsets import parse_metadata
+from iolstream.kafka.offsets import held_at_commit, parse_metadata
+from iolstream.stream.outputs import StepOutput
 
 log = logging.getLogger("iolstream.group")
 
 
-def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int], int]:
+def own_commits_ahead(
+    cfg, positions: dict, bases: dict, held: set | None = None
+) -> dict[tuple[str, int], int]:
     """{key: committed offset} of the input partitions whose group commit is this member's own and ahead of
     the state: of the snapshot's position, or, for a partition the snapshot does not hold (first read after it
     was written), of the offset the commit names as the take-over from another member
     (``offsets.commit_metadata``; ``bases`` gets it), else of the partition's beginning (this member read it
-    from there)."""
+    from there). ``held`` gets the keys of those whose commit says none of the member's rows was predicted yet."""
     consumer = Consumer({**client_conf(cfg), "group.id": cfg.kafka.group_id, "enable.auto.commit": False})
     try:
         keys = set(positions)
@@ -62,15 +70,26 @@ def own_commits_ahead(cfg, positions: dict, bases: dict) -> dict[tuple[str, int]
                 bases[key] = base
             if tp.offset > (base or 0):
                 ahead[key] = tp.offset
+        if key in ahead and held is not None and held_at_commit(tp.metadata):
+            held.add(key)
     return ahead
 
 
 def relearn(
-    cfg, processor, positions: dict, bases: dict, ranges: dict[tuple[str, int], int], timeout: float
-) -> int:
+    cfg,
+    processor,
+    positions: dict,
+    bases: dict,
+    ranges: dict[tuple[str, int], int],
+    timeout: float,
+    *,
+    owe: bool = False,
+) -> list[StepOutput]:
     """Feed ``processor`` the messages from ``positions[key]`` (else ``bases[key]``, else the partition's
     beginning) up to ``ranges[key]`` (exclusive) of every key, in timestamp order, outputs dropped (they were
-    emitted before); positions move to the range ends. Returns the messages re-learned."""
+    emitted before); positions move to the range ends. ``owe``: the rows were committed before any was
+    predicted (``own_commits_ahead``'s ``held``), so the predictions made here are returned, to be sent (the
+    dead letters were)."""
     conf = {
         **client_conf(cfg),
         "group.id": f"{cfg.kafka.group_id}.relearn.{cfg.member_id}",
@@ -101,6 +120,12 @@ def relearn(
         log.warning("re-learning %s did not finish within %.0f s", sorted(left), timeout)
     features = cfg.topics.features
     now = int(time.time() * 1000)
+    owed: list[StepOutput] = []
+
+    def keep(out: StepOutput | None) -> None:
+        if owe and out is not None and out.rows_predicted:
+            owed.append(out.predictions_only())
+
     for msg in sorted(msgs, key=lambda m: (m.timestamp()[1], m.topic() != features, m.offset())):
         key, mkey = (msg.topic(), msg.partition()), msg.key()
         source = (
@@ -109,16 +134,19 @@ def relearn(
         if key[0] == cfg.topics.forget:  # a forget request: the same removal again
             processor.on_forget(msg.value(), source, now, mkey)
         else:
-            processor.feed(msg.value(), source, now, labels=key[0] != features, key=mkey)
+            keep(processor.feed(msg.value(), source, now, labels=key[0] != features, key=mkey))
         positions[key] = msg.offset() + 1
-    processor.step(now, force=True)
+    keep(processor.step(now, force=True))
     for key, end in ranges.items():
         if key not in left:
             positions[key] = max(positions[key], end)
     log.info(
-        "re-learned %d messages this member had committed past its snapshot: %s",
+        "re-learned %d messages this member had committed past its snapshot: %s%s",
         len(msgs),
         ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(ranges.items())),
+        f"; {sum(o.rows_predicted for o in owed)} rows committed before any was predicted are predicted now"
+        if owe
+        else "",
         extra={"event": "group_relearned"},
     )
-    return len(msgs)
+    return owed

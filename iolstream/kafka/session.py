@@ -30,6 +30,7 @@ class Session:
         self.processor, self.book = processor, book
         self.output, self.metrics, self.view = output, metrics, view
         self._replaying = False
+        self._owed: list[StepOutput] = []  # predictions owed from before a restart (``owe``)
 
     @property
     def replaying(self) -> bool:
@@ -60,8 +61,19 @@ class Session:
         self._replaying = False
 
     # ------------------------------------------------------------ output
+    def owe(self, outputs: list[StepOutput]) -> None:
+        """Predictions a re-learning made of rows a committed transaction covered before any was predicted
+        (group learning, exactly-once: ``kafka.relearn``): sent first at the next step that is not a replay."""
+        self._owed.extend(outputs)
+
     def step(self, now: int, *, force: bool = False) -> None:
         """Run what is due (``force``: flush partial batches and queued labels) and emit it."""
+        if self._owed and not self.replaying:
+            owed, self._owed = self._owed, []
+            for out in owed:
+                if self.metrics is not None:
+                    self.metrics.on_owed(out)
+                self.output.emit(out)
         self.emit(self.processor.step(now, force=force))
 
     def emit(self, out: StepOutput | None) -> None:

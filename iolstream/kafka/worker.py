@@ -185,9 +185,12 @@ class Worker:
         self.output.producer = self._new_producer()
         # before this member joins the group, nobody has taken its partitions yet: what it committed past its
         # snapshot is re-learned now (group learning, exactly-once: kafka.relearn)
-        self.group.before_joining(
+        owed = self.group.before_joining(
             self.processor, self.book, replays=self.commit.replays_committed, timeout=self.call_timeout
         )
+        self.session.owe(
+            owed
+        )  # predictions of rows committed before any was predicted: with the first output
         self.consumer = self._new_consumer()
         self.group.joined()  # a restart: its partitions may have moved while it was away (kafka.handover)
         self.commit.receipts_after_load()  # forget receipts of the snapshot loaded, not out before a restart

@@ -252,6 +252,11 @@ class Metrics:
             ts = np.asarray(out.event_ts, dtype=np.float64)
             self.event_latency.observe(np.maximum(now_ms - ts[ts >= 0], 0.0) / 1000.0)
 
+    def on_owed(self, out) -> None:
+        """Predictions of rows read before a restart, sent now (``kafka.session.Session.owe``): counted, with no
+        latency (when their rows came is not known here)."""
+        self.predictions.inc(out.rows_predicted)
+
     def on_dead_letters(self, dead) -> None:
         """Dead letters emitted, by reason."""
         for d in dead:

@@ -55,5 +55,12 @@ class StepOutput:
             self._unencoded = []
         return self._encoded
 
+    def predictions_only(self) -> StepOutput:
+        """Its predictions alone (no dead letters, nothing learned): what a re-learning owes (``kafka.relearn``)."""
+        out = StepOutput(event_ts=self.event_ts)
+        out._unencoded, out._encoded = list(self._unencoded), list(self._encoded)
+        out.rows_predicted = self.rows_predicted
+        return out
+
     def __bool__(self):
         return bool(self.rows_predicted or self.dead_letters or self.rows_learned)

@@ -75,6 +75,8 @@ def test_a_partition_taken_over_resumes_at_the_take_over_after_a_roll_back_or_re
     assert book.start(("f", 1)) == 200 and book.bases == {("f", 1): 200}
     book.processed(("f", 1), 249)
     assert book.metadata("w1", ("f", 1)) == "w1/200" and book.metadata("w1", ("f", 0)) == "w1"
+    # a commit made while every row waited for the group's scaling says so, and names the same member and base
+    assert parse_metadata(book.metadata("w1", ("f", 1), held=True)) == ("w1", 200)
     book.reset(snapshot)  # the roll-back: the state before the take-over
     book.assign(("f", 1), committed=250, by_other=False)
     assert book.start(("f", 1)) == 200

@@ -632,10 +632,8 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
         m.wait(ready, "ready")
     sender = threading.Thread(target=send, args=(kafka_bootstrap, topics, first, 600.0))  # ~5 s of input
     sender.start()
-    # mid-stream, no goodbye: once its first predictions are committed. Not earlier: exactly-once commits the
-    # offsets of rows held for the group's warm-up scaling before they are predicted, and the restarted member
-    # re-learns them without emitting (kafka/relearn.py), the scaling agreed by then: their predictions are lost
-    # (a known gap of the group's warm-up, not this test's subject)
+    # mid-stream, no goodbye: once its first predictions are committed (a kill during the group's warm-up, its
+    # rows committed while held for the scaling: test_rows_committed_while_held_for_the_scaling_are_predicted_...)
     first = members[1].wait(lambda s: s.get(("iolstream_predictions_total",), 0) > 0, "predicting")
     committed = ("iolstream_transactions_total", ("outcome", "committed"))
     if exactly_once:  # a transaction committed after them: theirs, or a later one
@@ -653,6 +651,62 @@ def test_kill_restart_and_leave_count_everything_once(group_rig, kafka_bootstrap
     assert_group_state(survivors, snap_dir, raw, messages, context)
     if exactly_once:
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, context)
+
+
+@pytest.mark.kafka
+def test_rows_committed_while_held_for_the_scaling_are_predicted_after_a_kill(
+    group_rig, kafka_bootstrap, tmp_path
+):
+    """Exactly-once: a member commits the rows it reads while they wait for the group's warm-up scaling, none
+    predicted. Killed then (its snapshot older than those commits), it comes back to a group that agreed the
+    scaling meanwhile and re-learns them (kafka/relearn.py): their predictions, never sent, go out with its first
+    transaction, so every row has one prediction (before, those were missing)."""
+    raw, path, snap_dir, topics = group_rig(True, session_timeout_ms=45_000)
+    raw["snapshot"].update(every_seconds=3600, every_batches=100_000)  # no snapshot after the first
+    path.write_text(yaml.safe_dump(raw))
+    messages = make_stream(seed=17)
+    ids = [m.obj["id"] for m in messages if m.kind == "features"]
+    early = 60  # feature rows, fewer than either member's warm-up (128): held, no proposal
+    assert all(m.kind == "features" for m in messages[:early])
+    members = [Member(tmp_path, path, f"m{i}") for i in range(2)]
+    victim = members[0]
+    victim.start()
+    victim.wait(ready, "ready")
+    before = len(victim.log.read_text())
+    members[1].start()
+    members[1].wait(ready, "ready")
+    # the rebalance m1's join began is over for m0 too: its share assigned to it again
+    victim.wait_log(lambda text: " assigned " in text[before:], "assigned its share")
+    send(kafka_bootstrap, topics, messages[:early])
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:  # every one of them committed (a transaction's offsets), none predicted
+        committed = committed_offsets(
+            kafka_bootstrap, raw["kafka"]["group_id"], topics["features"], PARTITIONS
+        )
+        if sum(o or 0 for o in committed.values()) >= early:
+            break
+        assert time.monotonic() < deadline, f"the first {early} rows not committed: {committed}"
+        time.sleep(0.2)
+    scrape = victim.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) > 0, "reading some of them")
+    assert not scrape.get(("iolstream_predictions_total",))
+    assert (
+        victim.newest(snap_dir).manifest["stream"]["counters"]["rows_in"] == 0
+    )  # they are past its snapshot
+    assert victim.stop(signal.SIGKILL) == -signal.SIGKILL
+    send(kafka_bootstrap, topics, messages[early:])  # its partitions wait for it (static membership)
+    members[1].wait(
+        lambda s: s.get(("iolstream_predictions_total",), 0) > 0, "predicting: the scaling agreed"
+    )
+    victim.start()
+    text = victim.wait_log(lambda text: "re-learned " in text, "re-learning what it committed")
+    wait_settled(members, kafka_bootstrap, raw)
+    for m in members:
+        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
+    context = "rows committed while held for the scaling, then kill -9"
+    assert_group_state(members, snap_dir, raw, messages, context)
+    assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, context)
+    owed = re.search(r"; (\d+) rows committed before any was predicted are predicted now", text)
+    assert owed is not None and int(owed.group(1)) > 0, text[-3000:]
 
 
 @pytest.mark.kafka
@@ -713,7 +767,7 @@ def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_
     commits = {
         (features, 0): (90, commit_metadata("w1", None)),
         (features, 1): (250, commit_metadata("w1", 200)),
-        (features, 2): (40, commit_metadata("w1", None)),
+        (features, 2): (40, commit_metadata("w1", None, held=True)),
         (features, 3): (70, commit_metadata("w2", None)),
         (labels, 0): (30, commit_metadata("w1", None)),
     }
@@ -729,9 +783,11 @@ def test_a_restart_relearns_own_commits_past_the_snapshot_from_where_the_member_
         committer.close()
     positions = {(features, 0): 60, (labels, 0): 30}  # the snapshot's
     bases: dict = {}
-    ahead = relearn.own_commits_ahead(cfg, positions, bases)
+    held: set = set()
+    ahead = relearn.own_commits_ahead(cfg, positions, bases, held)
     assert ahead == {(features, 0): 90, (features, 1): 250, (features, 2): 40}
     assert bases == {(features, 1): 200}
+    assert held == {(features, 2)}  # committed before the member predicted any row
     assert positions == {
         (features, 0): 60,
         (labels, 0): 30,
