@@ -140,13 +140,18 @@ def relearn(
     for key, end in ranges.items():
         if key not in left:
             positions[key] = max(positions[key], end)
+    owed_rows = sum(o.rows_predicted for o in owed)
+    if owed_rows:
+        note = f"; {owed_rows} rows committed before any was predicted are predicted now (sent with the next output)"
+    elif owe:
+        note = "; none of its rows predicted yet: they wait for the group's scaling"
+    else:
+        note = ""
     log.info(
         "re-learned %d messages this member had committed past its snapshot: %s%s",
         len(msgs),
         ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(ranges.items())),
-        f"; {sum(o.rows_predicted for o in owed)} rows committed before any was predicted are predicted now"
-        if owe
-        else "",
+        note,
         extra={"event": "group_relearned"},
     )
     return owed
