@@ -259,6 +259,17 @@ def stop_holding_everything_published(member: Member, snap_dir: Path, bootstrap:
         )
 
 
+def settle_stop_and_compare(
+    members, bootstrap: str, raw: dict, snap_dir: Path, messages, context: str
+) -> None:
+    """Once the group settled (``wait_settled``), stop every member (each holding everything published) and
+    compare their states with one worker's on the same stream (``assert_group_state``)."""
+    wait_settled(members, bootstrap, raw)
+    for m in members:
+        stop_holding_everything_published(m, snap_dir, bootstrap, raw["topics"]["model_deltas"])
+    assert_group_state(members, snap_dir, raw, messages, context)
+
+
 def agreed_model(raw_cfg: dict, snap) -> dict:
     """The model section with the scaling the group agreed on (a member's snapshot) fixed: inputs, and targets."""
     model = {
@@ -520,6 +531,20 @@ def test_three_members_hold_one_model(group_rig, kafka_bootstrap, tmp_path, exac
         assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, "3 members")
 
 
+EARLY = 12  # the stream's first 12 messages: feature rows, spread over the partitions by their keys
+
+
+def first_member_holding_the_first_rows(tmp_path, path, bootstrap: str, topics: dict, messages) -> Member:
+    """m0 alone, once it has read the stream's first ``EARLY`` messages: too few rows for the group's warm-up
+    scaling, so it holds them."""
+    assert all(m.kind == "features" for m in messages[:EARLY])
+    first = Member(tmp_path, path, "m0")
+    first.start()
+    send(bootstrap, topics, messages[:EARLY])
+    first.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) >= EARLY, f"reading the first {EARLY} rows")
+    return first
+
+
 @pytest.mark.kafka
 def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_once_learned(
     group_rig, kafka_bootstrap, tmp_path
@@ -531,12 +556,7 @@ def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_on
     first member's stop handed its rows over: the members stopped before it missed them)."""
     raw, path, snap_dir, topics = group_rig(False)
     messages = make_stream()
-    early = 12  # the stream's first 12 messages: feature rows, spread over the partitions by their keys
-    assert all(m.kind == "features" for m in messages[:early])
-    first = Member(tmp_path, path, "m0")
-    first.start()
-    send(kafka_bootstrap, topics, messages[:early])
-    first.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) >= early, f"reading the first {early} rows")
+    first = first_member_holding_the_first_rows(tmp_path, path, kafka_bootstrap, topics, messages)
     members = [first, *(Member(tmp_path, path, f"m{i}") for i in (1, 2))]
     for m in members[1:]:
         m.start()
@@ -546,13 +566,9 @@ def test_rows_held_for_the_scaling_when_their_partitions_went_are_handed_over_on
     first.wait_log(
         lambda text: "before this revoke is read, and none made it" in text, "holding its rows at the revoke"
     )
-    send(kafka_bootstrap, topics, messages[early:])
-    wait_settled(members, kafka_bootstrap, raw)
-    for m in members:
-        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
-    assert_group_state(
-        members, snap_dir, raw, messages, "rows held for the scaling when their partitions went"
-    )
+    send(kafka_bootstrap, topics, messages[EARLY:])
+    context = "rows held for the scaling when their partitions went"
+    settle_stop_and_compare(members, kafka_bootstrap, raw, snap_dir, messages, context)
 
 
 @pytest.mark.kafka
@@ -565,14 +581,9 @@ def test_rows_held_for_the_scaling_in_a_snapshot_are_handed_over_once_learned_af
     owners, join there (before, a restart handed over only the rows already waiting for labels)."""
     raw, path, snap_dir, topics = group_rig(False)
     messages = make_stream()
-    early = 12  # the stream's first 12 messages: feature rows, spread over the partitions by their keys
-    assert all(m.kind == "features" for m in messages[:early])
-    first = Member(tmp_path, path, "m0")
-    first.start()
-    send(kafka_bootstrap, topics, messages[:early])
-    first.wait(lambda s: s.get(("iolstream_rows_in_total",), 0) >= early, f"reading the first {early} rows")
+    first = first_member_holding_the_first_rows(tmp_path, path, kafka_bootstrap, topics, messages)
     assert first.stop() == 0, first.log.read_text()[-3000:]
-    assert first.newest(snap_dir).manifest["stream"]["counters"]["rows_in"] >= early
+    assert first.newest(snap_dir).manifest["stream"]["counters"]["rows_in"] >= EARLY
     members = [first, *(Member(tmp_path, path, f"m{i}") for i in (1, 2))]
     for m in members[1:]:
         m.start()
@@ -583,13 +594,9 @@ def test_rows_held_for_the_scaling_in_a_snapshot_are_handed_over_once_learned_af
     mine = assigned_in(first.log.read_text())
     assert 0 < len(mine) < 2 * PARTITIONS, f"m0 came back to the partitions {sorted(mine)}"
     assert first.metrics().get(("iolstream_held_rows",), 0) > 0, "m0 came back holding no rows"
-    send(kafka_bootstrap, topics, messages[early:])
-    wait_settled(members, kafka_bootstrap, raw)
-    for m in members:
-        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
-    assert_group_state(
-        members, snap_dir, raw, messages, "rows held for the scaling in a restarted member's snapshot"
-    )
+    send(kafka_bootstrap, topics, messages[EARLY:])
+    context = "rows held for the scaling in a restarted member's snapshot"
+    settle_stop_and_compare(members, kafka_bootstrap, raw, snap_dir, messages, context)
 
 
 ASSIGNED = re.compile(r"(t-[^\s,\[]+)\[(\d+)\]@")
@@ -699,11 +706,8 @@ def test_rows_committed_while_held_for_the_scaling_are_predicted_after_a_kill(
     )
     victim.start()
     text = victim.wait_log(lambda text: "re-learned " in text, "re-learning what it committed")
-    wait_settled(members, kafka_bootstrap, raw)
-    for m in members:
-        stop_holding_everything_published(m, snap_dir, kafka_bootstrap, topics["model_deltas"])
     context = "rows committed while held for the scaling, then kill -9"
-    assert_group_state(members, snap_dir, raw, messages, context)
+    settle_stop_and_compare(members, kafka_bootstrap, raw, snap_dir, messages, context)
     assert_one_prediction_per_row(kafka_bootstrap, topics["predictions"], ids, context)
     owed = re.search(r"; (\d+) rows committed before any was predicted are predicted now", text)
     assert owed is not None and int(owed.group(1)) > 0, text[-3000:]
