@@ -188,9 +188,8 @@ class Worker:
         owed = self.group.before_joining(
             self.processor, self.book, replays=self.commit.replays_committed, timeout=self.call_timeout
         )
-        self.session.owe(
-            owed
-        )  # predictions of rows committed before any was predicted: with the first output
+        # predictions of rows it committed before it had predicted any: they go out with its first output
+        self.session.owe(owed)
         self.consumer = self._new_consumer()
         self.group.joined()  # a restart: its partitions may have moved while it was away (kafka.handover)
         self.commit.receipts_after_load()  # forget receipts of the snapshot loaded, not out before a restart
