@@ -340,6 +340,7 @@ class ExactlyOnce(CommitUnit):
         why = self.txn.commit(offsets, assignment.consumer.consumer_group_metadata, metadata)
         if why is None:
             self.book.committed(offsets)
+            self.session.committed()
         else:
             self.roll_back(why)
 

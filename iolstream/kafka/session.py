@@ -31,6 +31,7 @@ class Session:
         self.output, self.metrics, self.view = output, metrics, view
         self._replaying = False
         self._owed: list[StepOutput] = []  # predictions owed from before a restart (``owe``)
+        self._owed_open: list[StepOutput] = []  # those sent in the open transaction: owed again if it is lost
 
     @property
     def replaying(self) -> bool:
@@ -59,17 +60,25 @@ class Session:
         self.processor = processor
         self.book.reset(positions)
         self._replaying = False
+        self._owed = self._owed_open + self._owed  # those the lost transaction carried are owed again
+        self._owed_open = []
 
     # ------------------------------------------------------------ output
     def owe(self, outputs: list[StepOutput]) -> None:
         """Predictions a re-learning made of rows a committed transaction covered before any was predicted
-        (group learning, exactly-once: ``kafka.relearn``): sent first at the next step that is not a replay."""
+        (group learning, exactly-once: ``kafka.relearn``): sent first at the next step that is not a replay, and
+        again after a roll-back until a transaction that carries them commits (``committed``)."""
         self._owed.extend(outputs)
+
+    def committed(self) -> None:
+        """The open transaction committed (exactly-once): the owed predictions it carried are sent."""
+        self._owed_open = []
 
     def step(self, now: int, *, force: bool = False) -> None:
         """Run what is due (``force``: flush partial batches and queued labels) and emit it."""
         if self._owed and not self.replaying:
             owed, self._owed = self._owed, []
+            self._owed_open.extend(owed)
             for out in owed:
                 if self.metrics is not None:
                     self.metrics.on_owed(out)

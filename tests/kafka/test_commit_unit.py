@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from confluent_kafka import KafkaError
@@ -24,6 +25,7 @@ from iolstream.kafka.config import config_from_dict
 from iolstream.kafka.output import Output
 from iolstream.kafka.participant import Solo
 from iolstream.kafka.transactions import TransactionalOutput
+from iolstream.stream.outputs import StepOutput
 
 F0 = ("f", 0)
 
@@ -191,3 +193,34 @@ def test_the_modules_one_commit_crosses_are_the_ones_docs_architecture_names(tmp
     assert crossed[False] | crossed[True] == named, (sorted(crossed[False]), sorted(crossed[True]))
     assert {"iolstream/kafka/transactions.py"} == crossed[True] - crossed[False]
     assert {"iolstream/kafka/assignment.py"} == crossed[False] - crossed[True]  # the offsets' commit
+
+
+def test_owed_predictions_go_out_once_and_again_after_a_lost_transaction(tmp_path):
+    """Predictions a re-learning owes (kafka.relearn: rows committed before any was predicted) go out at the
+    first step, in its transaction; that transaction lost, the roll-back owes them again, and the next one that
+    commits carries them: sent once to a read_committed reader."""
+    journal = []
+    unit = commit_unit(_cfg(tmp_path, True), journal, committed={F0: 2})
+    owed = StepOutput()
+    owed.add_predictions(
+        ["a", "b"],
+        y_hat=np.array([0, 1]),
+        proba=np.array([[0.8, 0.2], [0.3, 0.7]]),
+        model_version=1,
+        ts_in=None,
+        ts_out_ms=0,
+        mode="forward",
+        classes=(0, 1),
+    )
+    unit.session.owe([owed.predictions_only()])
+    unit.output.producer.commit_errors.append(KafkaError(KafkaError._STATE, "lost", txn_requires_abort=True))
+    unit.end_cycle(int(time.time() * 1000), processed=False)
+    assert journal.count("produce p") == 2 and journal[-3:] == ["commit", "abort", "poll"]
+    del journal[:]
+    # the roll-back: the group's committed input is replayed without emitting; the owed go out after it
+    unit.book.replay_until.clear()
+    unit.end_cycle(int(time.time() * 1000), processed=False)
+    assert journal.count("produce p") == 2 and "commit" in journal and "abort" not in journal
+    del journal[:]
+    unit.end_cycle(int(time.time() * 1000), processed=False)
+    assert "produce p" not in journal  # sent, committed: no longer owed
