@@ -107,6 +107,10 @@ def free_port() -> int:
 class Member:
     """One member's successive processes (same member id, same snapshot directory), each with its /metrics."""
 
+    started: list[
+        subprocess.Popen
+    ] = []  # every member's processes of the test (``group_rig`` stops those left)
+
     def __init__(self, tmp_path: Path, config_path: Path, member: str):
         self.tmp, self.config_path, self.member = tmp_path, config_path, member
         self.proc: subprocess.Popen | None = None
@@ -130,6 +134,7 @@ class Member:
             self.proc = subprocess.Popen(
                 cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb")
             )
+            Member.started.append(self.proc)
             if self._serving():
                 return
         raise AssertionError(f"{self.member}: five free ports were taken before the process bound them")
@@ -447,7 +452,14 @@ def group_rig(tmp_path, kafka_bootstrap, kafka_topics):
         path.write_text(yaml.safe_dump(raw))
         return raw, path, snap_dir, topics
 
-    return make
+    yield make
+    # a test that failed midway leaves its members running (alone, for --idle-stop-seconds): they would load the
+    # machine under the tests after it
+    for proc in Member.started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    Member.started.clear()
 
 
 def send(bootstrap: str, topics: dict, messages, rate: float | None = None):
