@@ -16,6 +16,17 @@ class NotPositiveDefinite(np.linalg.LinAlgError):
     """A matrix that must be symmetric positive definite is not (numerically)."""
 
 
+def raise_for(info: np.ndarray) -> None:
+    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed in a fused kernel
+    (``info``: one entry per layer)."""
+    layer = int(np.flatnonzero(info)[0])
+    if info[layer] > 0:
+        raise NotPositiveDefinite(
+            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
+        )
+    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")
+
+
 def gram_update(gram: np.ndarray, d_t: np.ndarray, sign: float = 1.0) -> None:
     """A ← A + sign · DᵀD on the lower triangle, in place (one symmetric rank-b update).
 

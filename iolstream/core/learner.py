@@ -32,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from iolstream.core import gram_cholesky, row_erasure, shared_step_kernels, step_kernels, work
+from iolstream.core import gram_cholesky, row_erasure, shared_step_kernels, step_kernels, weighted_rows, work
 from iolstream.core.learner_state import LayerArrays, LayerState, LearnerState, solve_stale
 
 MODES = ("forward", "ridge")
@@ -41,21 +41,6 @@ SOLVERS = ("auto", "cholesky", "woodbury")
 # auto: Woodbury when b·WOODBURY_RATIO ≤ n. Measured (docs/benchmarks.md, "The update's building blocks"): Woodbury wins only
 # below b ≈ n/8 to n/4; n/6 sits in between.
 WOODBURY_RATIO = 6
-
-
-def check_half_life(half_life) -> float | None:
-    """None (no forgetting) or a finite number of rows > 0; raises ValueError naming ``forgetting``."""
-    if half_life is None:
-        return None
-    if (
-        isinstance(half_life, bool)
-        or not isinstance(half_life, (int, float))
-        or not (np.isfinite(half_life) and half_life > 0)
-    ):
-        raise ValueError(
-            f"forgetting: must be null (off) or a half-life in rows, a number > 0, got {half_life!r}"
-        )
-    return float(half_life)
 
 
 def as_lams(lam, n_layers: int) -> list[float]:
@@ -130,7 +115,7 @@ class OnlineLearner:
             raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
         if refactor_every < 1:
             raise ValueError(f"refactor_every must be ≥ 1, got {refactor_every}")
-        half_life = check_half_life(half_life)
+        half_life = weighted_rows.check_half_life(half_life)
         if half_life is not None and solver == "woodbury":
             raise ValueError(
                 "solver 'woodbury' cannot forget (forgetting scales A, not a rank-b change): "
@@ -184,7 +169,7 @@ class OnlineLearner:
         info = np.zeros(self.n_layers, dtype=np.int32)
         kernel = step_kernels.solve_predict_parallel if self.parallel else step_kernels.solve_predict_serial
         if kernel(features_t, gram, shift, self.scratch(), rhs, beta, out, info):
-            raise_for(info)
+            gram_cholesky.raise_for(info)
 
     def scoring_flops(self, b: int) -> float:
         """FLOPs of predicting a b-row batch it would not predict otherwise (``candidates.ScoringBudget``): a
@@ -305,7 +290,7 @@ class OnlineLearner:
                 if solve_r and not failed:
                     ridge.mark_solved()
             if failed:
-                raise_for(info)
+                gram_cholesky.raise_for(info)
         st.rows_observed += b
         st.version += 1
         return features_t, (out if solve else None), (out_r if ridge_predicts else None)
@@ -326,7 +311,7 @@ class OnlineLearner:
             else:
                 failed = step_kernels.observe_serial(*inputs, *arrays)
             if failed:
-                raise_for(info)
+                gram_cholesky.raise_for(info)
         st.rows_observed += b
         st.version += 1
         return out
@@ -421,10 +406,10 @@ class OnlineLearner:
             if (sample_weight == 1.0).all():
                 sample_weight = None
         if (self.half_life is not None or sample_weight is not None) and b:
-            return self._learn_weighted(
-                features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight
+            return weighted_rows.learn_weighted(
+                self, features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight
             )
-        return self._learn(features_t, targets, gram_in, predicted, labelled_gram)
+        return self.learn_rows(features_t, targets, gram_in, predicted, labelled_gram)
 
     def row_weights(self, observed_at, b: int) -> np.ndarray:
         """(b,) weights 2^(−(clock − stamp)/half_life) of rows stamped ``observed_at`` (all 1 without forgetting)."""
@@ -438,73 +423,11 @@ class OnlineLearner:
             )
         return np.exp2(-ages / self.half_life)
 
-    def _learn_weighted(
-        self, features_t, targets, gram_in, predicted, observed_at, labelled_gram, sample_weight=None
+    def learn_rows(
+        self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0
     ) -> np.ndarray:
-        """``learn`` with row weights w (forgetting's decay times ``sample_weight``): every row's D, Y and
-        prediction are scaled by √w, so the same kernels add Dᵀ w Y to c, Dᵀ w D to A (-R, rows not yet in A) and
-        A_r, and Σ w ½‖Dβ − Y‖² to the loss; then -F's rows already in A are brought to their weight there."""
-        b = features_t.shape[2]
-        if predicted is None:
-            predicted = self.layer_outputs(features_t)
-        predicted = np.ascontiguousarray(predicted, dtype=np.float64)
-        plain = np.empty(self.n_layers)
-        step_kernels.label_losses(predicted, targets, plain)
-        decay = self.row_weights(observed_at, b)
-        weights = decay if sample_weight is None else decay * sample_weight
-        if sample_weight is not None:
-            if labelled_gram is not None:
-                raise ValueError("labelled_gram: not with row weights (each row's Gram enters at its own)")
-            self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights)
-            if self.mode == "forward":
-                self._reweigh_entered(features_t, gram_in, decay * (sample_weight - 1.0))
-            return plain
-        if labelled_gram is not None and np.ptp(weights):
-            raise ValueError("labelled_gram: the rows must share one stamp (one weight)")
-        no_gram = self.mode == "forward" and (gram_in is None or np.all(gram_in))  # no Gram enters A now
-        if (
-            no_gram
-            and not np.ptp(weights)
-            and (labelled_gram is not None or not len(self.state.arrays.gram_labelled))
-        ):
-            # one weight w for all, and no Gram to form: c += Dᵀ(wY) from Y and predictions times w, D as it is
-            # (no copy); the kernel's losses and ‖Y‖² then come out w² times, and are taken back by 1/w
-            w = float(weights[0])
-            given = None if labelled_gram is None else labelled_gram * w
-            self._learn(features_t, targets * w, gram_in, predicted * w, given, 1.0 / w)
-            return plain
-        self._learn_scaled_rows(features_t, targets, gram_in, predicted, weights, labelled_gram)
-        return plain
-
-    def _learn_scaled_rows(
-        self, features_t, targets, gram_in, predicted, weights, labelled_gram=None
-    ) -> None:
-        """``_learn`` of the rows scaled by √weights (D, Y and the prediction: Dᵀ w Y, Dᵀ w D, w ½‖Dβ − Y‖²)."""
-        if not (weights == 1.0).all():
-            root = np.sqrt(weights)
-            features_t = np.ascontiguousarray(features_t * root.astype(features_t.dtype))
-            targets = targets * root[:, None]
-            predicted = predicted * root[:, None]
-        self._learn(features_t, targets, gram_in, predicted, labelled_gram)
-
-    def _reweigh_entered(self, features_t, gram_in, extra: np.ndarray) -> None:
-        """-F: A += Σ extraᵢ·dᵢᵀdᵢ over the rows whose Gram is in A already (``gram_in``; they entered at weight 1,
-        decayed since): a labelled row of weight wᵢ ends at wᵢ. extra < 0 (w < 1) is a downdate of a part of what
-        the row put in, so A stays positive definite. The factors are rebuilt from A when next read."""
-        entered = np.ones(len(extra), dtype=bool) if gram_in is None else np.asarray(gram_in, dtype=bool)
-        parts = [(sign, np.flatnonzero(entered & (sign * extra > 0))) for sign in (1.0, -1.0)]
-        parts = [(sign, rows) for sign, rows in parts if rows.size]
-        if not parts:
-            return
-        with self.state.changing_gram():
-            for sign, rows in parts:
-                scaled = features_t[:, :, rows] * np.sqrt(np.abs(extra[rows])).astype(features_t.dtype)
-                for layer, ls in enumerate(self.state.layers):
-                    gram_cholesky.gram_update(ls.gram, np.ascontiguousarray(scaled[layer]), sign=sign)
-
-    def _learn(self, features_t, targets, gram_in, predicted, labelled_gram=None, scale=1.0) -> np.ndarray:
         """``learn`` of rows at weight 1 (or scaled by the caller); ``scale`` multiplies the losses and ‖Y‖² added
-        (``_learn_weighted``)."""
+        (``weighted_rows``)."""
         b = features_t.shape[2]
         if self.mode == "ridge":
             new, n_new = slice(None), b  # -R: no row's Gram is in A
@@ -538,7 +461,7 @@ class OnlineLearner:
             with st.changing_gram(factor="made" if n_new else "kept"):  # n_new: the kernel factored A
                 sum_y2 = kernel(features_t, targets, predicted, *state, n_new == b, info, losses)
                 if info.any():
-                    raise_for(info)
+                    gram_cholesky.raise_for(info)
         else:
             sum_y2 = step_kernels.label_losses(predicted, targets, losses)
             if b == 0:
@@ -694,13 +617,3 @@ def unpredicted_as_targets(predicted, targets: np.ndarray):
     if not missing.any():
         return predicted
     return np.where(missing[None, :, None], targets[None], predicted)
-
-
-def raise_for(info: np.ndarray) -> None:
-    """Raise for the first layer whose factorisation (info > 0) or solve (info < 0) failed."""
-    layer = int(np.flatnonzero(info)[0])
-    if info[layer] > 0:
-        raise gram_cholesky.NotPositiveDefinite(
-            f"layer {layer}: Cholesky failed at column {info[layer]}: the Gram matrix is not positive definite"
-        )
-    raise ValueError(f"layer {layer}: dpotrs: illegal argument {-info[layer]}")

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from iolstream.core import activation_kernels, learner
+from iolstream.core import activation_kernels, learner, weighted_rows
 from iolstream.core.candidates import (
     AUTO_START_MODE,
     HALF_LIFE_CANDIDATES,
@@ -135,7 +135,7 @@ class ModelConfig:
         object.__setattr__(self, "init", resolve_init(self.init, self.activation))  # names the weights drawn
         if self.forgetting != "auto":
             try:
-                learner.check_half_life(self.forgetting)
+                weighted_rows.check_half_life(self.forgetting)
             except ValueError:
                 bad(
                     "forgetting",
