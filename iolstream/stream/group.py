@@ -384,9 +384,8 @@ def model_digest(config, candidates: list[tuple] | None = None, modes: list[str]
     # alike (each on its clock of scored rows), so members may differ in it, and a release that adds it changes
     # no digest
     described.pop("scoring_share", None)
-    described.pop(
-        "interval", None
-    )  # the coverage emitted: the residual counts behind it add alike whatever it is
+    # the coverage emitted: the residual counts behind it add alike whatever it is
+    described.pop("interval", None)
     if candidates is not None and len(candidates) > 1:
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
         if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too
