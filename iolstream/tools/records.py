@@ -33,13 +33,20 @@ def choose_schema(table, schema: FeatureSchema | None, *, source: str, say=None)
     schema, notes = infer_schema(table.columns)
     if say is not None:
         kinds = {k: sum(f.type == k for f in schema.fields) for k in ("number", "category", "boolean")}
+        fields = {f.name for f in schema.fields}
         gaps = sum(
             "missing" in notes[f.name] and not notes[f.name].startswith("no gaps") for f in schema.fields
         )
+        left_out = [
+            f"{name!r}, {note.removeprefix('left out: ')}"
+            for name, note in notes.items()
+            if name not in fields
+        ]
         say(
             f"schema: inferred from {table.name} ({kinds['number']} numbers, {kinds['category']} categories, "
-            f"{kinds['boolean']} booleans, {gaps} with gaps: {schema.width} inputs); "
-            "`iolstream schema infer` prints it as a worker config"
+            f"{kinds['boolean']} booleans, {gaps} with gaps: {schema.width} inputs"
+            + (f"; left out: {'; '.join(left_out)}" if left_out else "")
+            + "); `iolstream schema infer` prints it as a worker config"
         )
     return schema
 

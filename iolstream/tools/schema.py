@@ -17,6 +17,7 @@ import re
 
 MAX_VALUES_DEFAULT = 20
 BUCKETS_DEFAULT = 64
+COMMENT_COLUMN = 72  # the fields' comments line up here (a longer field's follows it)
 
 
 def add_parser(subparsers):
@@ -130,7 +131,7 @@ def render(csv_path, target, id_column, table, schema, notes) -> str:
         out.append(f"  n_outputs: 1  # regression: {target!r} is a number")
     out.append(f"  features:  # {schema.width} inputs")
     entries = [flow(f.to_config()) for f in schema.fields]
-    width = max(len(e) for e in entries)
+    width = min(max(len(e) for e in entries), COMMENT_COLUMN)  # a long field's comment follows it, unaligned
     for f, entry in zip(schema.fields, entries):
         out.append(f"    - {entry.ljust(width)}  # {notes[f.name]}")
     out += [f"  # {name}: {note}" for name, note in notes.items() if note.startswith("left out")]

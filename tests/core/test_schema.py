@@ -15,7 +15,7 @@ from iolstream.core.encoder import RecordEncoder, Refused
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.scaling import Scaler
 from iolstream.core.schema import FeatureSchema, SchemaError, bucket_of, category_key
-from iolstream.core.schema_infer import infer_schema
+from iolstream.core.schema_infer import id_like, infer_schema
 
 FIELDS = [
     {"name": "amount", "type": "number"},
@@ -336,3 +336,32 @@ def test_inference_types_gaps_values_and_identifiers():
         {"name": "count", "type": "number", "indicator": False},
     ]
     assert notes["order_id"].startswith("left out") and notes["amount"] == "20 of 40 missing"
+
+
+def test_inference_leaves_out_numbers_that_count_rows():
+    """A row number (in any order), an auto-increment id with a break, a clock: distinct numbers that say where a
+    row sits, not what it is, are left out; the integers among them are identifiers, the clock is not. Distinct
+    measurements in no order, a sorted column with a repeat, and a short column stay inputs."""
+    rng = np.random.default_rng(0)
+    n = 60
+    columns = {
+        "amount": rng.lognormal(3, 1, n).round(4).tolist(),  # distinct, in no order: an input
+        "rownames": rng.permutation(np.arange(1, n + 1)).tolist(),
+        "order_no": list(range(1000, 1030)) + list(range(7, 37)),  # two runs: rising in 58 of 59 steps
+        "ts": (1.7e9 + np.cumsum(rng.uniform(0.1, 2.0, n))).tolist(),
+        "level": sorted(rng.integers(0, 5, n).tolist()),  # sorted, but repeats: an input
+    }
+    schema, notes = infer_schema(columns)
+    assert [f.name for f in schema.fields] == ["amount", "level"]
+    assert (
+        notes["rownames"]
+        == f"left out: an identifier or a row number: 1..{n}, each once, in no order ({n} rows)"
+    )
+    assert (
+        notes["order_no"]
+        == f"left out: an identifier or a counter: every value distinct, rising in 58 of 59 steps ({n} rows)"
+    )
+    assert notes["ts"] == f"left out: a clock: every value distinct, rising ({n} rows)"
+    assert id_like(notes) == ["rownames", "order_no"]
+    short = {"rownames": list(range(10)), "amount": columns["amount"][:10]}
+    assert [f.name for f in infer_schema(short)[0].fields] == ["rownames", "amount"]  # too few rows to tell

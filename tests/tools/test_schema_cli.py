@@ -42,6 +42,41 @@ def test_schema_infer_prints_a_config_that_runs(tmp_path, capsys):
     )
 
 
+def test_a_row_number_column_is_the_id_not_an_input(tmp_path, capsys):
+    """pandas' ``to_csv`` writes the index as a first column; schema infer takes it as the events' id (the file
+    has no ``id``), and evaluate --csv says it left it out."""
+    import csv
+
+    orders = orders_csv(tmp_path / "orders.csv")
+    with open(orders, newline="") as fh:
+        rows = list(csv.reader(fh))
+    data = tmp_path / "frame.csv"
+    with open(data, "w", newline="") as fh:
+        csv.writer(fh).writerows(
+            [["Unnamed: 0", *rows[0][1:]]] + [[i, *r[1:]] for i, r in enumerate(rows[1:])]
+        )
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud"]) == 0
+    cfg = config_from_dict(yaml.safe_load(capsys.readouterr().out), environ={})
+    assert cfg.events.id_field == "Unnamed: 0"
+    assert [f.name for f in cfg.model.features] == ["amount", "country", "device.os", "coupon"]
+    args = [
+        "evaluate",
+        "--csv",
+        str(data),
+        "--target",
+        "is_fraud",
+        "--mode",
+        "ridge",
+        "--nodes",
+        "16",
+        "--quiet",
+    ]
+    assert cli.main(args) == 0
+    assert "left out: 'Unnamed: 0', an identifier or a row number: 0..399, each once, rising (400 rows)" in (
+        capsys.readouterr().out
+    )
+
+
 def test_evaluate_csv_with_text_and_gaps_infers_a_schema_and_says_so(tmp_path, capsys):
     data = orders_csv(tmp_path / "orders.csv")
     args = ["evaluate", "--csv", str(data), "--target", "is_fraud", "--order", "stream", "--mode", "ridge"]
