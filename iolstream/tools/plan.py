@@ -36,8 +36,9 @@ class PlanOptions:
     duplicate_fraction: float = 0.0  # labels sent twice
     shuffle_window: int = 0  # labels shuffled within windows of this many (out of order)
     with_ts: bool = True  # event time on features (the wall clock when sent)
-    id_prefix: str = "r"
+    id_prefix: str = "r"  # numbered rows' ids: PREFIX0, PREFIX1, ...; with ``ids``, put before each
     seed: int = 0
+    ids: tuple[str, ...] | None = None  # the rows' own ids (a file's id column), in the order sent
 
     def __post_init__(self):
         for key in ("missing_fraction", "duplicate_fraction"):
@@ -49,7 +50,7 @@ class PlanOptions:
                 raise ValueError(f"--{key.replace('_', '-')}: out of range: {getattr(self, key)}")
         if not (math.isfinite(self.label_delay_seconds) and self.label_delay_seconds >= 0):
             raise ValueError(f"--label-delay-seconds: must be ≥ 0, got {self.label_delay_seconds}")
-        if not self.id_prefix:
+        if not self.id_prefix and self.ids is None:
             raise ValueError("--id-prefix: must not be empty")
 
 
@@ -115,8 +116,12 @@ def label_value(y):
 
 
 def row_ids(n: int, options: PlanOptions) -> list[str]:
-    """The ids of ``n`` rows: ``options.id_prefix`` and the row's index."""
-    return [f"{options.id_prefix}{i}" for i in range(n)]
+    """The ids of ``n`` rows: ``options.id_prefix`` and the row's index, or before each of ``options.ids``."""
+    if options.ids is None:
+        return [f"{options.id_prefix}{i}" for i in range(n)]
+    if len(options.ids) != n:
+        raise ValueError(f"{len(options.ids)} ids for {n} rows")
+    return [f"{options.id_prefix}{i}" for i in options.ids]
 
 
 def iter_plan(X, y, options: PlanOptions, shape: EventShape | None = None) -> Iterator[Message]:

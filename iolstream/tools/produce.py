@@ -11,6 +11,7 @@ model first (``fit``). ``--follow`` reads the predictions back (``follow.Followe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -63,7 +64,11 @@ def add_parser(subparsers):
         help="shuffle the rows with the seed first (the order `evaluate --seed` streams)",
     )
     src.add_argument(
-        "--id-prefix", default="r", help="row ids are PREFIX0, PREFIX1, ... (default: %(default)s)"
+        "--id-prefix",
+        help=(
+            "row ids are PREFIX0, PREFIX1, ... (default: r); a CSV holding the config's id field "
+            "(events.id_field) sends its own ids, PREFIX before each if given (new ids for a replay)"
+        ),
     )
 
     kafka = p.add_argument_group("kafka")
@@ -201,9 +206,10 @@ def resolve_target(args) -> KafkaTarget:
     return target
 
 
-def load_rows(args, model=None):
-    """(X, y, task, description) of the data set, shuffled and capped as asked. With ``model`` (a worker's
-    ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent)."""
+def load_rows(args, model=None, shape: EventShape | None = None):
+    """(X, y, task, description, ids) of the data set, shuffled and capped as asked. With ``model`` (a worker's
+    ModelConfig) that has a feature schema, X is the rows as records of its named fields (the events sent), and
+    ``ids`` the CSV's own ids when it has the id field of ``shape`` (else None: the rows are numbered)."""
     from iolstream.tools import builtin_datasets
     from iolstream.tools.csv_file import load_csv, load_table
 
@@ -212,7 +218,7 @@ def load_rows(args, model=None):
     if args.csv is None and args.target:
         raise ValueError("--target applies only to --csv")
     if model is not None and model.schema is not None:
-        return _load_records(args, model)
+        return _load_records(args, model, shape)
     if args.csv is not None:
         table = load_table(args.csv, args.target)
         if table.needs_schema():
@@ -231,7 +237,7 @@ def load_rows(args, model=None):
     else:
         ds = builtin_datasets.load(args.dataset, seed=args.seed)
     order = _order(args, ds.n_rows)
-    return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description
+    return np.ascontiguousarray(ds.X[order]), ds.y[order], ds.task, ds.description, None
 
 
 def _order(args, n: int) -> np.ndarray:
@@ -239,9 +245,10 @@ def _order(args, n: int) -> np.ndarray:
     return order[: args.rows] if args.rows is not None else order
 
 
-def _load_records(args, model):
+def _load_records(args, model, shape: EventShape | None):
     """``load_rows`` for a worker with a feature schema: the records its events carry (a CSV's columns by the
-    schema; a built-in data set's features by their names), and the labels typed as its classes."""
+    schema; a built-in data set's features by their names), the labels typed as its classes, and the CSV's ids
+    (``file_ids``)."""
     from iolstream.tools import builtin_datasets
     from iolstream.tools.csv_file import load_table
     from iolstream.tools.records import choose_schema, declared_labels, table_records
@@ -251,6 +258,7 @@ def _load_records(args, model):
         table = load_table(args.csv, args.target, task=model.task)
         choose_schema(table, schema, source=args.config)  # every field of the schema is a column
         records, y, task, description = table_records(table, schema), table.y, table.task, table.description
+        ids = file_ids(table, shape)
     else:
         if args.dataset not in builtin_datasets.DATASETS:
             raise builtin_datasets.DataError(
@@ -262,10 +270,45 @@ def _load_records(args, model):
         from iolstream.tools.records import check_records
 
         check_records(records, schema, ds.name)
-        y, task, description = ds.y, ds.task, ds.description
+        y, task, description, ids = ds.y, ds.task, ds.description, None
     order = _order(args, len(records))
     labels = declared_labels(np.asarray(y)[order], model)
-    return [records[i] for i in order.tolist()], labels, task, description + " (as named-field events)"
+    if ids is not None:
+        ids = tuple(ids[i] for i in order.tolist())
+    return [records[i] for i in order.tolist()], labels, task, description + " (as named-field events)", ids
+
+
+def file_ids(table, shape: EventShape | None) -> list[str] | None:
+    """The table's own ids: the column named as the events' id field (its text, stripped), or None when the
+    table has no such column (or the id is the message key). ValueError naming the column and the first rows
+    (1-based, as in the file) when an id is missing or repeated: the worker would refuse those rows."""
+    from iolstream.core.schema_infer import is_missing
+
+    if shape is None or shape.id_from_key or shape.id_field not in table.columns:
+        return None
+    name = shape.id_field
+    ids = [str(v).strip() for v in table.columns[name]]
+    blank = [i + 1 for i, v in enumerate(table.columns[name]) if is_missing(v)]
+    if blank:
+        rows = ", ".join(map(str, blank[:5]))
+        raise ValueError(
+            f"{table.name}: column {name!r} (events.id_field) is empty at {len(blank)} rows ({rows}"
+            f"{', ...' if len(blank) > 5 else ''}): every event needs its id"
+        )
+    first: dict[str, int] = {}
+    repeated = []
+    for i, v in enumerate(ids):
+        if v in first:
+            repeated.append(f"{v!r} at rows {first[v]} and {i + 1}")
+        else:
+            first[v] = i + 1
+    if repeated:
+        raise ValueError(
+            f"{table.name}: column {name!r} (events.id_field) repeats {len(repeated)} ids ({'; '.join(repeated[:3])}"
+            f"{'; ...' if len(repeated) > 3 else ''}): the worker takes a repeated id for the same row sent "
+            "again (a duplicate_id dead letter)"
+        )
+    return ids
 
 
 def main(args) -> int:
@@ -303,13 +346,17 @@ def replay(args) -> int:
         duplicate_fraction=args.duplicate_fraction,
         shuffle_window=args.shuffle_window,
         with_ts=args.with_ts,
-        id_prefix=args.id_prefix,
         seed=args.seed,
     )
     target = resolve_target(args)
     logs.setup("WARNING", target.log_format)  # librdkafka's complaints through the repeat filter, never raw
-    X, y, task, description = load_rows(args, target.model)
     shape = None if target.events is None else EventShape.of(target.events)
+    X, y, task, description, own_ids = load_rows(args, target.model, shape)
+    if own_ids is not None:
+        options = dataclasses.replace(options, ids=own_ids, id_prefix=args.id_prefix or "")
+        description += f"; ids from its column {shape.id_field!r}"
+    elif args.id_prefix is not None:
+        options = dataclasses.replace(options, id_prefix=args.id_prefix)
     if shape is not None and shape.id_from_key and args.batch_rows > 1:
         raise ValueError(
             "--batch-rows: the worker takes the id from the message key (events.id_from_key): 1 only"

@@ -137,7 +137,9 @@ def render(csv_path, target, id_column, table, schema, notes) -> str:
     out += [f"  # {name}: {note}" for name, note in notes.items() if note.startswith("left out")]
     out.append("events:")
     if id_column is not None:
-        out.append(f"  id_field: {flow(id_column)}")
+        out.append(
+            f"  id_field: {flow(id_column)}  # a column of the file: `iolstream produce` sends its ids"
+        )
     else:
         out.append("  id_field: id  # the file has no id column: `iolstream produce` numbers the rows")
     out.append(f"  label_field: {flow(target)}")

@@ -203,7 +203,8 @@ def test_a_group_of_two_with_one_schema_holds_one_model(kafka_bootstrap, kafka_t
 
 def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, tmp_path):
     """A table to a running worker with no hand-written config: `schema infer` writes it, `produce --csv`
-    sends the rows as named-field events (the id and label fields of the config), every row is predicted."""
+    sends the rows as named-field events (the id and label fields of the config, the ids the file's own), every
+    row is predicted under its id."""
     import yaml
     from tables_util import orders_csv
 
@@ -239,4 +240,4 @@ def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, t
         assert w.stop() == EXIT_OK
     assert (status["rows_in"], status["predictions_out"], status["dead_letters"]) == (300, 300, 0)
     predictions = [orjson.loads(v) for _, v, _, _, _ in consume_all(kafka_bootstrap, topics[2], expected=300)]
-    assert {p["order_id"] for p in predictions} == {f"r{i}" for i in range(300)}  # produce numbers the rows
+    assert {p["order_id"] for p in predictions} == {f"o-{i}" for i in range(300)}  # the file's own ids

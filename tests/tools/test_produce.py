@@ -190,10 +190,10 @@ def test_shuffle_sends_evaluates_training_rows_first():
         csv = target = None
         dataset, shuffle, seed, rows = "wine", True, 3, None
 
-    X, y, task, _ = produce.load_rows(Args)
+    X, y, task, _, ids = produce.load_rows(Args)
     split = make_split(load("wine"), Protocol(seed=3))
     n = len(split.x_train)
-    assert task == "classification" and np.array_equal(X[:n], split.x_train)
+    assert task == "classification" and ids is None and np.array_equal(X[:n], split.x_train)
     assert np.array_equal(np.searchsorted(split.classes, y[:n]), split.y_train)
 
 

@@ -146,6 +146,32 @@ def test_the_plan_sends_named_field_events():
     ]
 
 
+def test_produce_sends_the_file_s_own_ids_and_refuses_blank_or_repeated_ones(tmp_path):
+    """A CSV holding the config's id field: its ids go out (in the order sent, --id-prefix before each when
+    given); a file without it is numbered; a blank or a repeated id is refused before anything is sent, naming
+    the column and the rows, as the worker would refuse those rows one by one."""
+    from iolstream.tools.csv_file import load_table
+    from iolstream.tools.plan import row_ids
+    from iolstream.tools.produce import file_ids
+
+    data = orders_csv(tmp_path / "orders.csv", n=30)
+    table = load_table(data, "is_fraud")
+    shape = EventShape(id_field="order_id", label_field="is_fraud")
+    ids = file_ids(table, shape)
+    assert ids == [f"o-{i}" for i in range(30)]
+    assert file_ids(table, EventShape(id_field="id")) is None  # no such column: produce numbers the rows
+    assert file_ids(table, EventShape(id_field="order_id", id_from_key=True)) is None
+    assert row_ids(2, PlanOptions(ids=("o-7", "o-3"), id_prefix="")) == ["o-7", "o-3"]
+    assert row_ids(2, PlanOptions(ids=("o-7", "o-3"), id_prefix="again-")) == ["again-o-7", "again-o-3"]
+    text = data.read_text().splitlines()
+    (tmp_path / "blank.csv").write_text("\n".join([text[0], "," + text[1].split(",", 1)[1], *text[2:]]))
+    with pytest.raises(ValueError, match=r"column 'order_id' \(events.id_field\) is empty at 1 rows \(1\)"):
+        file_ids(load_table(tmp_path / "blank.csv", "is_fraud"), shape)
+    (tmp_path / "twice.csv").write_text("\n".join([*text, text[3]]))
+    with pytest.raises(ValueError, match=r"repeats 1 ids \('o-2' at rows 3 and 31\)"):
+        file_ids(load_table(tmp_path / "twice.csv", "is_fraud"), shape)
+
+
 def test_estimators_take_a_dataframe_or_dicts_and_encode_as_the_worker():
     pd = pytest.importorskip("pandas")
     from iolstream import EdRVFLClassifier
