@@ -295,6 +295,8 @@ class PrequentialMetric:
         self.n, self.total = int(manifest["n"]), float(manifest["total"])
         if "sums" not in manifest:
             return
+        if self.n == 0 and np.size(arrays["metrics/confusion"]) != self.confusion.size:
+            return  # nothing scored yet, kept at another shape (an older `iolstream seed`'s, two classes): fresh
         self.sums.update({k: float(v) for k, v in manifest["sums"].items()})
         self.confusion = np.array(arrays["metrics/confusion"], dtype=np.float64).reshape(self.confusion.shape)
         self.auc_counts = np.array(arrays["metrics/auc_counts"], dtype=np.float64).reshape(

@@ -46,7 +46,11 @@ def add_parser(subparsers):
 
 def seed_processor(cfg, X, y):
     """A StreamProcessor that has learned (X, y) as the worker would have, batch by batch: ``X`` rows of numbers,
-    or, for a model with a feature schema, records of named fields sent as its events."""
+    or, for a model with a feature schema, records of named fields sent as its events. Fewer rows than a
+    warm-up scaler waits for fix the scaling themselves (at least 2): held for a warm-up the stream would go on
+    with, they would be predicted there, and their predictions emitted under the seed's ids."""
+    import numpy as np
+
     from iolstream.core.model import EdRVFL
     from iolstream.stream.processor import StreamProcessor
     from iolstream.tools.plan import EventShape, PlanOptions, iter_plan
@@ -66,6 +70,11 @@ def seed_processor(cfg, X, y):
         proc.step(now_ms, force=True)  # a batch's Gram in and predicted, then its labels folded in
     if dead:  # the rows were checked against the model first: a refusal here is a bug, not bad data
         raise RuntimeError(f"{dead} seed rows or labels were refused by the stream logic")
+    if proc.held and not proc.model.ready:  # fewer rows than the warm-up waits for: they fix the scaling
+        scaler = proc.model.scaler
+        scaler.partial_fit(np.concatenate([rows.X for rows in proc.held.batches])[scaler.count :])
+        scaler.freeze()
+        proc.step(now_ms, force=True)  # the held batches predicted in order, their labels folded in
     return proc
 
 
@@ -90,6 +99,8 @@ def main(args) -> int:
             "them; move them away, or pass --replace to write the seed as the newest"
         )
     cfg, X, y, task, n_rows = _rows(args, cfg)
+    if cfg.model.scaler == "warmup" and n_rows < 2:
+        raise ValueError(f"{args.csv}: {n_rows} rows: a seed needs at least 2 to fix the input scaling")
     found = mismatches(X, y, task, cfg.model)
     if found:
         raise ValueError(f"the data does not fit the model of {args.config}: {'; '.join(found)}")
@@ -99,7 +110,7 @@ def main(args) -> int:
     # the seed's rows never came through Kafka and none of its predictions was emitted: the worker's counters
     # and prequential metric (the status line, the gauges) start from 0, as for a fresh model
     proc.counters.update(dict.fromkeys(proc.counters, 0))
-    proc.metric = PrequentialMetric(proc.metric.task, cfg.metrics.window_rows)
+    proc.metric = PrequentialMetric(proc.metric.task, cfg.metrics.window_rows, proc.metric.m)
     manifest, arrays = proc.to_state()
     manifest["offsets"] = []  # no input consumed: the worker reads every partition from its beginning
     manifest["worker"] = {
@@ -114,10 +125,10 @@ def main(args) -> int:
         f"{c['rows_learned']} learned, prequential {metric} {metric_value:.4f}, model version "
         f"{proc.model.version}"
     )
-    if not proc.model.ready:
+    if n_rows < cfg.model.warmup_rows and cfg.model.scaler == "warmup":
         print(
             f"iolstream seed: warning: {n_rows} rows are fewer than model.warmup_rows "
-            f"({cfg.model.warmup_rows}): the scaler's warm-up goes on with the stream",
+            f"({cfg.model.warmup_rows}): the input scaling is fixed from these {n_rows}",
             file=sys.stderr,
         )
     return 0

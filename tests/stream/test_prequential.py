@@ -74,6 +74,13 @@ def test_state_round_trip_and_an_old_state_keeps_its_accuracy():
     old = PrequentialMetric("classification", window=300, m=2)
     old.load_state({"n": 10, "total": 7.0}, {})  # a snapshot from before these metrics
     assert old.value == 0.7 and np.isnan(old.values()["log_loss"]) and len(old.ring) == 0
+    # an older `iolstream seed`'s emptied metric of a three-class model: two classes
+    empty = PrequentialMetric("classification", window=300, m=2).to_state()
+    three = PrequentialMetric("classification", window=300, m=3)
+    three.load_state(*empty)
+    assert three.confusion.shape == (3, 3) and three.n == 0
+    with pytest.raises(ValueError, match="cannot reshape"):  # rows were scored: a shape that is not ours
+        three.load_state(*metric.to_state())
 
 
 def test_the_window_is_read_at_one_moment_while_the_loop_adds_rows():

@@ -116,6 +116,53 @@ def test_a_regression_seed_round_trips(tmp_path):
     assert reg.score(X, y) > 0.5
 
 
+def test_a_seed_shorter_than_the_warm_up_fixes_the_scaling_from_its_rows(tmp_path, capsys):
+    """40 rows, warmup_rows 64: the seed is the offline fit with the scaler on those 40 (``offline`` takes the
+    first 64, here all), every row learned; the worker resumed from it holds nothing for a warm-up, so it never
+    predicts (and emits) the seed's rows, and predicts its own first batch at once."""
+    from iolstream.core.snapshot_file import load_newest
+    from iolstream.kafka.resume import restored
+
+    X, y = data(40)
+    cfg_path, csv = write(tmp_path, X, y, model={"mode": "forward"})
+    assert main(["seed", "-c", cfg_path, "--csv", csv, "--target", "label"]) == 0
+    out = capsys.readouterr()
+    assert "40 learned" in out.out and "the input scaling is fixed from these 40" in out.err
+    seeded, reference = iolstream.load_snapshot(tmp_path / "snapshots"), offline(cfg_path, X, y)
+    X_new, _ = data(BATCH, seed=1)
+    assert_allclose(
+        seeded.predict_batch(X_new).proba, reference.predict_batch(X_new).proba, rtol=1e-9, atol=1e-12
+    )
+    cfg = load_config(cfg_path, environ={"IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": "b:9"})
+    proc = restored(cfg, load_newest(tmp_path / "snapshots"), None).processor
+    assert proc.model.ready and not proc.held
+    message = orjson.dumps({"ids": [f"s{i}" for i in range(BATCH)], "x": X_new[:BATCH].tolist()})
+    assert proc.on_features(message, None, 0, b"s0") == []
+    assert proc.step(0).predictions is not None  # a full batch: predicted at once, no warm-up to wait for
+    (tmp_path / "one.csv").write_text("x0,x1,x2,x3,label\n1,2,3,4,up\n")
+    assert (
+        main(["seed", "-c", cfg_path, "--csv", str(tmp_path / "one.csv"), "--target", "label", "--replace"])
+        == 2
+    )
+    assert "1 rows: a seed needs at least 2 to fix the input scaling" in capsys.readouterr().err
+
+
+def test_a_worker_resumes_from_a_seed_of_three_classes(tmp_path, capsys):
+    """The seed's prequential metric starts empty with the model's classes: seeded with two (its shape by
+    default), a three-class worker could not restore it ("cannot reshape array of size 4 into shape (3,3)")."""
+    from iolstream.core.snapshot_file import load_newest
+    from iolstream.kafka.resume import restored
+
+    X, y = data()
+    y = np.where(X[:, 0] > 0.5, "flat", y)
+    cfg_path, csv = write(tmp_path, X, y, model={"classes": ["down", "flat", "up"]})
+    assert main(["seed", "-c", cfg_path, "--csv", csv, "--target", "label"]) == 0
+    cfg = load_config(cfg_path, environ={"IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": "b:9"})
+    loaded = restored(cfg, load_newest(tmp_path / "snapshots"), None)
+    assert loaded.processor.metric.confusion.shape == (3, 3) and loaded.processor.metric.n == 0
+    assert loaded.processor.model.version == iolstream.load_snapshot(tmp_path / "snapshots").version > 0
+
+
 def test_seed_refusals_are_one_line_exit_2(tmp_path, capsys):
     X, y = data()
     cfg, csv = write(tmp_path, X, y)
