@@ -8,7 +8,11 @@ from the first data the estimator sees (all of X in ``fit``, the first batch in
 
 X is an array of numbers, or named fields: a pandas DataFrame or a list of dicts (events as a topic
 carries them), encoded by the feature schema ``features`` (a list of fields as in ``model.features``), or
-by one inferred from the data the first fit sees (``schema_``), the worker's own encoding:
+by one inferred from the data the first fit sees (``schema_``), the worker's own encoding. A DataFrame is
+read as ``evaluate --csv`` reads a table (texts stripped, NA texts and NaN missing, numbers written as text
+read as numbers, dates as their ISO text; a column not taken as an input, such as an identifier, is named in
+a warning); a list of dicts as the worker reads its events. y is checked beside them as beside an array, and
+a call refused for its data learns nothing of it:
 
     >>> rows = [{"amount": a, "country": c} for a, c in zip(range(40), ["FR", "DE", None, "US"] * 10)]
     >>> clf = EdRVFLClassifier(n_nodes=16, random_state=0).fit(rows, [a % 2 == 0 for a in range(40)])
@@ -27,16 +31,23 @@ by one inferred from the data the first fit sees (``schema_``), the worker's own
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    check_array,
+    check_consistent_length,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
 
 from iolstream.core.encoder import RecordEncoder
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.core.schema import FeatureSchema
-from iolstream.core.schema_infer import infer_schema
+from iolstream.core.schema_infer import infer_schema, typed_records
 from iolstream.core.snapshot_file import load_snapshot
 
 
@@ -106,25 +117,40 @@ class _EdRVFLBase(BaseEstimator):
         """Named fields encoded by the schema: the given ``features``, else (on the first fit) one inferred from X,
         kept in ``schema_``; None for numbers (an array, or a DataFrame of numbers without gaps), which go on
         as they are. Named fields are a list of dicts, or a DataFrame with a text, category or boolean column or
-        a gap, or any DataFrame once ``features`` is given."""
+        a gap, or any DataFrame once ``features`` is given.
+
+        A DataFrame is a table, read as ``evaluate --csv`` reads one (``schema_infer.typed_records``): texts
+        stripped, NA texts missing, numbers written as text read as numbers, dates as ISO text, a dotted column
+        name the nested field it names; every field of the schema must be a column. A list of dicts is events,
+        encoded as the worker encodes them."""
         if first:
-            records = _records(X) if self.features is not None or _named(X) else None
-            if records is None:
+            if self.features is None and not _named(X):
                 return None
+            if _table(X) is None and _events(X) is None:
+                raise ValueError(
+                    "features: X must hold named fields (a pandas DataFrame or a list of dicts), got "
+                    f"{type(X).__name__}"
+                )
+            if len(X) == 0:
+                raise ValueError("Found X with 0 rows while a minimum of 1 is required.")
             if self.features is not None:
                 self.schema_ = FeatureSchema.parse(self.features)
             else:
-                self.schema_ = infer_schema(_columns(records))[0]
+                columns = _table(X) if _table(X) is not None else _columns(_events(X))
+                self.schema_, notes = infer_schema(columns, counters=False)
+                inputs = {f.name for f in self.schema_.fields}
+                for name, note in notes.items():
+                    if name not in inputs:
+                        warnings.warn(
+                            f"X column {name!r} is not an input: {note.removeprefix('left out: ')}",
+                            UserWarning,
+                            stacklevel=4,
+                        )
             self.feature_names_in_ = np.asarray([f.name for f in self.schema_.fields], dtype=object)
             self.n_features_in_ = len(self.schema_.fields)
         elif getattr(self, "schema_", None) is None:
             return None
-        else:
-            records = _records(X)
-            if records is None:
-                raise ValueError(
-                    "this estimator was fitted on named fields: pass a pandas DataFrame or a list of dicts"
-                )
+        records = _named_records(X, self.schema_)
         out = RecordEncoder(self.schema_).encode(records)
         if out.refused:
             i, reason, detail = out.refused[0]
@@ -241,7 +267,7 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
         if rows is None:
             X, y = validate_data(self, X, y, dtype=np.float64)
         else:
-            X, y = rows, np.asarray(y)
+            X, y = rows, _named_y(rows, y, regression=False)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         classes = tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
@@ -259,16 +285,21 @@ class EdRVFLClassifier(ClassifierMixin, _EdRVFLBase):
         if rows is None:
             X, y = validate_data(self, X, y, dtype=np.float64, reset=first)
         else:
-            X, y = rows, np.asarray(y)
+            X, y = rows, _named_y(rows, y, regression=False)
         check_classification_targets(y)
         if first:
             if classes is None:
                 raise ValueError("classes must be given on the first call to partial_fit")
-            self.classes_ = np.asarray(
-                sorted(classes) if not isinstance(classes, np.ndarray) else np.unique(classes)
-            )
+            self.classes_ = np.unique(np.asarray(classes))
             self.model_ = self._new_model(
                 X, self.schema_, classes=tuple(c.item() if hasattr(c, "item") else c for c in self.classes_)
+            )
+        known = set(self.classes_.tolist())
+        unknown = [c for c in dict.fromkeys(np.asarray(y).tolist()) if c not in known]
+        if unknown:  # before any row enters: -F would have put the batch's Gram in already
+            raise ValueError(
+                f"y holds {unknown[0]!r}, not one of the classes {self.classes_.tolist()} "
+                f"({len(unknown)} unknown); the model learned nothing of this call"
             )
         self._stream(X, y)
         return self
@@ -358,7 +389,7 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         if rows is None:
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True)
         else:
-            X, y = rows, np.asarray(y, dtype=np.float64)
+            X, y = rows, _named_y(rows, y, regression=True)
         self._single_output = y.ndim == 1
         y2 = y.reshape(len(y), -1)
         self.model_ = self._new_model(X, self.schema_, n_outputs=y2.shape[1], **_target_scaling(y2))
@@ -373,7 +404,7 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         if rows is None:
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, multi_output=True, reset=first)
         else:
-            X, y = rows, np.asarray(y, dtype=np.float64)
+            X, y = rows, _named_y(rows, y, regression=True)
         y2 = y.reshape(len(y), -1)
         if first:
             self._single_output = y.ndim == 1
@@ -400,13 +431,56 @@ class EdRVFLRegressor(RegressorMixin, _EdRVFLBase):
         return tags
 
 
-def _records(X) -> list[dict] | None:
-    """X as records of named fields (a pandas DataFrame, or a list of dicts), or None for an array of numbers."""
-    if hasattr(X, "columns") and hasattr(X, "to_dict"):  # a DataFrame (pandas is not a dependency)
-        return X.to_dict(orient="records")
+def _named_y(rows: np.ndarray, y, *, regression: bool) -> np.ndarray:
+    """y beside rows of named fields, checked as ``validate_data`` checks it beside an array: one label per
+    row; a classifier's a column (a (n, 1) one flattened with a warning), a regressor's finite numbers."""
+    if regression:
+        y = check_array(y, ensure_2d=False, dtype=np.float64, input_name="y")
+    else:
+        y = column_or_1d(y, warn=True)
+    check_consistent_length(rows, y)
+    return y
+
+
+def _table(X) -> dict[str, list] | None:
+    """A DataFrame's columns (pandas is not a dependency): each name as text -> its cells, a date or time as its
+    ISO text, a missing one (NaN, NaT, NA) None; None when X is not a DataFrame."""
+    if not (hasattr(X, "columns") and hasattr(X, "to_dict")):
+        return None
+
+    def cell(v):
+        if v is None or (not isinstance(v, str) and v != v):  # NaN, NaT, pd.NA compare unequal to themselves
+            return None
+        return v.isoformat() if hasattr(v, "isoformat") else v
+
+    return {str(name): [cell(v) for v in values] for name, values in X.to_dict(orient="list").items()}
+
+
+def _events(X) -> list[dict] | None:
+    """X as a list of events (dicts of named fields), or None."""
     if isinstance(X, (list, tuple)) and X and all(isinstance(r, dict) for r in X):
         return list(X)
     return None
+
+
+def _named_records(X, schema: FeatureSchema) -> list[dict]:
+    """The records ``schema`` encodes: a DataFrame's rows typed as a table's (every field of the schema must be
+    a column), or the events of a list of dicts as they are."""
+    table = _table(X)
+    if table is not None:
+        missing = [f.name for f in schema.fields if f.name not in table]
+        if missing:
+            raise ValueError(
+                f"X has no column {missing[0]!r} for a field of the schema this estimator learns by "
+                f"({len(missing)} missing); columns: {', '.join(table)}"
+            )
+        return typed_records(table, schema)
+    events = _events(X)
+    if events is None:
+        raise ValueError(
+            "this estimator was fitted on named fields: pass a pandas DataFrame or a list of dicts"
+        )
+    return events
 
 
 def _named(X) -> bool:

@@ -84,19 +84,35 @@ def as_boolean(value) -> bool | None:
     return None
 
 
+def reads_as_number(value) -> bool:
+    """Whether an example value is a number, finite or not, or a text that reads as one: its column is a number
+    field (an infinite value is then refused by the encoder with its row, not taken for a category)."""
+    return as_number(value) is not None or (
+        not isinstance(value, (bool, np.bool_)) and not math.isfinite(_float_or_zero(value))
+    )
+
+
+def _float_or_zero(value) -> float:
+    try:
+        return float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def infer_field(
-    name: str, values, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS
+    name: str, values, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS, counters: bool = True
 ) -> tuple[FieldSpec | None, str]:
     """(the field, a note: how many values are missing and, for a category, how many distinct ones); the field
-    is None for an identifier (every value a distinct text)."""
+    is None for an identifier (every value a distinct text) and, with ``counters``, for numbers that count rows
+    (``counts_rows``)."""
     present = [v for v in values if not is_missing(v)]
     n, gaps = len(values), len(values) - len(present)
     note = f"{gaps} of {n} missing" if gaps else "no gaps"
     if present and all(as_boolean(v) is not None for v in present):
         return FieldSpec(name, "boolean", indicator=bool(gaps)), note
-    if present and all(as_number(v) is not None for v in present):
-        counter = None if gaps else counts_rows([as_number(v) for v in present])
-        if counter is not None:
+    if present and all(reads_as_number(v) for v in present):
+        numbers = [as_number(v) for v in present]
+        if counters and not gaps and None not in numbers and (counter := counts_rows(numbers)) is not None:
             return None, f"left out: {counter} ({n} rows)"
         return FieldSpec(name, "number", indicator=bool(gaps)), note
     keys = Counter()
@@ -149,13 +165,16 @@ def counts_rows(numbers: list[float]) -> str | None:
 
 
 def infer_schema(
-    columns: dict, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS
+    columns: dict, *, max_values: int = MAX_VALUES, buckets: int = BUCKETS, counters: bool = True
 ) -> tuple[FeatureSchema, dict[str, str]]:
     """The schema of ``columns`` (name -> its values, in the table's order) and a note per column (those left
-    out too: ``id_like``)."""
+    out too: ``id_like``). ``counters``: leave out numbers that count rows (a stream's order is the file's); the
+    estimators, which scale by the whole of X and learn in the order they are given, keep them."""
     fields, notes = [], {}
     for name, values in columns.items():
-        spec, note = infer_field(str(name), list(values), max_values=max_values, buckets=buckets)
+        spec, note = infer_field(
+            str(name), list(values), max_values=max_values, buckets=buckets, counters=counters
+        )
         notes[str(name)] = note
         if spec is not None:
             fields.append(spec)

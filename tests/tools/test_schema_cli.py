@@ -201,3 +201,72 @@ def test_estimators_take_a_dataframe_or_dicts_and_encode_as_the_worker():
         clf.predict(np.zeros((2, 3)))
     given = EdRVFLClassifier(n_nodes=8, features=[{"name": "amount", "type": "number"}]).fit(records, y)
     assert given.model_.config.n_inputs == 2
+
+
+def test_a_dataframe_is_read_as_a_table_by_the_estimators():
+    """A DataFrame's cells are read as ``evaluate --csv`` reads a table's: a category's values with spaces,
+    numbers written as text, NA texts, a dotted or non-text column name, dates: each encodes as its clean
+    frame does (before, spaces sent every value to the other slot, a dotted name read every value as missing,
+    and numbers as text were refused by the schema inferred from them). A column sorted by its values stays an
+    input (the estimators scale by the whole of X); an identifier is left out with a warning naming it."""
+    pd = pytest.importorskip("pandas")
+    from iolstream import EdRVFLClassifier
+
+    rng = np.random.default_rng(0)
+    n = 300
+    x, c = rng.normal(size=n), rng.choice(["a", "b", "c"], n)
+    y = (x + (c == "a")) > 0.5
+    clean = pd.DataFrame({"x": x, "c": c})
+    reference = EdRVFLClassifier(n_nodes=32).fit(clean, y).predict_proba(clean)
+    messy = pd.DataFrame({"x": [repr(float(v)) for v in x], "c": [f" {v} " for v in c]})
+    for frame in (messy, clean.rename(columns={"x": "x.val"}), pd.DataFrame({0: x, 1: c})):
+        np.testing.assert_allclose(EdRVFLClassifier(n_nodes=32).fit(frame, y).predict_proba(frame), reference)
+    gaps = clean.assign(c=np.where(np.arange(n) % 7 == 0, "NA", c))
+    assert set(EdRVFLClassifier(n_nodes=32).fit(gaps, y).schema_.fields[1].values) == {"a", "b", "c"}
+    dated = clean.assign(day=pd.Timestamp("2024-01-01") + pd.to_timedelta(np.arange(n) % 5, unit="D"))
+    day = EdRVFLClassifier(n_nodes=32).fit(dated, y).schema_.fields[2]
+    assert (day.type, day.values[0]) == ("category", "2024-01-01T00:00:00")
+    order = np.argsort(x)
+    ranked = EdRVFLClassifier(n_nodes=32).fit(clean.iloc[order], y[order])
+    assert list(ranked.feature_names_in_) == ["x", "c"]
+    with pytest.warns(
+        UserWarning, match=r"X column 'oid' is not an input: every value distinct, an identifier"
+    ):
+        keyed = EdRVFLClassifier(n_nodes=32).fit(clean.assign(oid=[f"o{i}" for i in range(n)]), y)
+    assert list(keyed.feature_names_in_) == ["x", "c"]
+    with pytest.raises(ValueError, match=r"X has no column 'x' for a field of the schema .*; columns: c"):
+        keyed.predict(clean[["c"]])
+    with pytest.raises(ValueError, match=r"X row 3: bad_field: field 'x' is inf"):
+        EdRVFLClassifier(n_nodes=32).fit(clean.assign(x=np.where(np.arange(n) == 3, np.inf, x)), y)
+
+
+def test_the_estimators_check_y_beside_named_fields_and_refuse_before_learning():
+    """As ``validate_data`` checks y beside an array: one label per row, a regressor's finite; a label outside
+    the classes is refused before any row of the call enters (-F would have put its Gram in already)."""
+    pd = pytest.importorskip("pandas")
+    from iolstream import EdRVFLClassifier, EdRVFLRegressor
+
+    rng = np.random.default_rng(1)
+    n = 300
+    frame = pd.DataFrame({"x": rng.normal(size=n), "c": rng.choice(["a", "b"], n)})
+    y = frame["x"].to_numpy() > 0
+    target = 3 * frame["x"].to_numpy()
+    with pytest.raises(ValueError, match="inconsistent numbers of samples: \\[300, 299\\]"):
+        EdRVFLClassifier(n_nodes=16).fit(frame, y[:-1])
+    reg = EdRVFLRegressor(n_nodes=16).partial_fit(frame, target)
+    before = reg.predict(frame)
+    broken = target.copy()
+    broken[7] = np.nan
+    with pytest.raises(ValueError, match="Input y contains NaN"):
+        reg.partial_fit(frame, broken)
+    np.testing.assert_array_equal(reg.predict(frame), before)  # nothing of the refused call entered
+    labels = y.astype(int)
+    clf = EdRVFLClassifier(n_nodes=16, mode="forward")
+    clf.partial_fit(frame[:100], labels[:100], classes=[1, 0, 1])
+    assert clf.classes_.tolist() == [0, 1]
+    before = clf.predict_proba(frame)
+    with pytest.raises(ValueError, match=r"y holds 2, not one of the classes \[0, 1\] \(1 unknown\)"):
+        clf.partial_fit(frame[100:200], np.r_[labels[100:199], 2])
+    np.testing.assert_array_equal(clf.predict_proba(frame), before)
+    with pytest.raises(ValueError, match="features: X must hold named fields"):
+        EdRVFLClassifier(n_nodes=16, features=[{"name": "x", "type": "number"}]).fit(np.zeros((4, 1)), y[:4])
