@@ -239,6 +239,11 @@ class EdRVFL:
         (``decide``), or with ``threshold`` the second class where its
         probability reaches it."""
         rule = self.config.ensemble_rule
+        if self._class_index is None and not self.targets.frozen:
+            # every label waits for the target scaling, so the layers know none: the labels' mean so far (not the
+            # 0 their untouched outputs map back to)
+            b = layer_outputs.shape[1]
+            return None, None, np.tile(self.targets.labels_mean(), (b, 1))
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
                 return None, None, self.targets.inverse(np.median(layer_outputs, axis=0))

@@ -232,6 +232,13 @@ class TargetScaler:
             return np.full(features_t.shape[0], np.nan)
         return 0.5 * ((np.asarray(predicted) - targets[None]) ** 2).sum(axis=(1, 2))
 
+    def labels_mean(self) -> np.ndarray:
+        """(m,) the mean of the labels held so far (0 before the first): what a model that has learned none of
+        them predicts best, and where the scaling will centre."""
+        if not self.held:
+            return np.zeros_like(self.mean)
+        return np.concatenate([h[1] for h in self.held]).mean(axis=0)
+
     def agree(self, mean, std) -> None:
         """Freeze to a scaling decided elsewhere (group learning: the first proposal in the log)."""
         mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)

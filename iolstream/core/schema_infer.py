@@ -3,8 +3,9 @@
 
 Per column, over the values present (missing: absent, null, NaN, a blank text, or one of ``NA_TEXTS``):
 
+- none at all -> left out (nothing tells its type);
 - only booleans, or the texts true/false (any case) -> ``boolean``;
-- only numbers, or texts that read as finite numbers -> ``number``;
+- only numbers, or texts that read as numbers -> ``number`` (an infinite one is refused with its row later);
 - anything else -> ``category``: its values, most frequent first, when there are at most ``max_values``
   distinct ones, else ``buckets`` hashed slots; but a text column whose every value is present and
   distinct (``MIN_ID_ROWS`` rows or more) is an identifier, not an input: it is left out (``id_like``).
@@ -108,9 +109,11 @@ def infer_field(
     present = [v for v in values if not is_missing(v)]
     n, gaps = len(values), len(values) - len(present)
     note = f"{gaps} of {n} missing" if gaps else "no gaps"
-    if present and all(as_boolean(v) is not None for v in present):
+    if not present:
+        return None, f"left out: every value missing ({n} rows)"
+    if all(as_boolean(v) is not None for v in present):
         return FieldSpec(name, "boolean", indicator=bool(gaps)), note
-    if present and all(reads_as_number(v) for v in present):
+    if all(reads_as_number(v) for v in present):
         numbers = [as_number(v) for v in present]
         if counters and not gaps and None not in numbers and (counter := counts_rows(numbers)) is not None:
             return None, f"left out: {counter} ({n} rows)"

@@ -17,6 +17,9 @@ import numpy as np
 from iolstream.tools.dataset import TASKS, DataError, Dataset, check_count, classification
 
 CSV_MAX_CLASSES = 50  # task="auto": an integer target with more distinct values is regression
+MIXED_TARGET_TEXTS = (
+    0.05  # task="auto": a target of numbers but for this share of texts is refused (see below)
+)
 
 
 def load_csv(path, target: str, *, task: str = "auto", rows: int | None = None) -> Dataset:
@@ -54,7 +57,7 @@ def load_csv(path, target: str, *, task: str = "auto", rows: int | None = None) 
     rows = check_count("rows", rows)
     label = os.fspath(path)
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             return parse_csv(fh, target, task=task, rows=rows, label=label)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{label}: cannot read: {exc}") from exc
@@ -93,6 +96,11 @@ def read_cells(
     if target not in header:
         if all(_is_number(name) for name in header):
             raise DataError(f"{label}: the first line looks like data, a header row is required")
+        if len(header) == 1 and ";" in header[0]:
+            raise DataError(
+                f"{label}: no target column {target!r}: the header is one column, {header[0]!r}; columns are "
+                "separated by commas here (a file written with ';' needs saving with ',')"
+            )
         raise DataError(f"{label}: no target column {target!r}; columns: {', '.join(header)}")
     t = header.index(target)
     feature_names = tuple(name for i, name in enumerate(header) if i != t)
@@ -158,6 +166,8 @@ def _parse_target(values: list[str], name: str, task: str, label: str) -> tuple[
             break
         numbers.append(number)
     if numbers is None:  # some label is not a number: string classes
+        if task == "auto":
+            _refuse_numbers_with_a_few_texts(values, name, label)
         return np.array(values), "classification"
     y = np.array(numbers, dtype=np.float64)
     integer = bool(np.all(y == np.round(y))) and bool(np.all(np.abs(y) < 2**53))
@@ -167,6 +177,22 @@ def _parse_target(values: list[str], name: str, task: str, label: str) -> tuple[
     if task == "regression":
         return y, task
     return (y.astype(np.int64) if integer else np.array(values)), task
+
+
+def _refuse_numbers_with_a_few_texts(values: list[str], name: str, label: str) -> None:
+    """task "auto": a target of numbers but for a few texts (at most ``MIXED_TARGET_TEXTS`` of the rows) with more
+    distinct values than ``CSV_MAX_CLASSES`` is a number to predict with bad cells, not that many classes:
+    DataError naming the texts and the way to take them as classes."""
+    texts = [(i, v) for i, v in enumerate(values, start=1) if _to_float(v) is None]
+    distinct = len(set(values))
+    if len(texts) > MIXED_TARGET_TEXTS * len(values) or distinct <= CSV_MAX_CLASSES:
+        return
+    named = "; ".join(f"row {i}: {v!r}" for i, v in texts[:3]) + ("; ..." if len(texts) > 3 else "")
+    raise DataError(
+        f"{label}: target column {name!r}: {len(values) - len(texts)} of {len(values)} values are numbers and "
+        f"{len(texts)} are not ({named}): a number to predict with bad cells? fix or drop those rows; "
+        f"--task classification takes its {distinct} distinct values as classes"
+    )
 
 
 def _to_float(value: str) -> float | None:
@@ -220,7 +246,7 @@ def load_table(path, target: str, *, task: str = "auto", rows: int | None = None
     rows = check_count("rows", rows)
     label = os.fspath(path)
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             names, cells, targets = read_cells(fh, target, rows=rows, label=label)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{label}: cannot read: {exc}") from exc

@@ -41,7 +41,12 @@ def add_parser(subparsers):
     infer.add_argument("--csv", required=True, metavar="FILE", help="a CSV file with a header row")
     infer.add_argument("--target", required=True, metavar="COLUMN", help="the label column")
     infer.add_argument(
-        "--id", metavar="COLUMN", help="the id column (default: a column named 'id', if any; else none)"
+        "--id",
+        metavar="COLUMN",
+        help=(
+            "the id column (default: a column named 'id'; else the first whose every value is a distinct text, "
+            "or a distinct integer counting the rows; else none: `produce` numbers the rows)"
+        ),
     )
     infer.add_argument(
         "--task",

@@ -438,6 +438,33 @@ def test_target_scaling_is_the_first_w_labels_wherever_the_label_batches_end(siz
     np.testing.assert_allclose(model.targets.std, [y[:4].std(ddof=1)], rtol=1e-15)
 
 
+def test_before_the_target_scaling_a_regression_predicts_the_labels_mean_so_far():
+    """Until warmup_rows labels are in, every label waits and the layers know none: a prediction is the mean of
+    the labels held so far (0 before the first), not the 0 of the untouched layers mapped back (a house priced
+    at $0 for its first 512 rows), with no interval; the first after the scaling is the model's own."""
+    rng = np.random.default_rng(2)
+    model = EdRVFL(small(scaler="none", classes=None, n_outputs=2, warmup_rows=24, interval=0.9))
+    assert (model.observe(rng.standard_normal((8, K))).value == 0).all()
+    seen = []
+    for _ in range(2):
+        x = rng.standard_normal((8, K))
+        p = model.observe(x)
+        y = np.c_[1000 + 10 * x[:, 0], -5 + x[:, 1]]
+        model.learn(p.features_t, y, predicted=p.predicted, observed_at=p.clock)
+        seen.append(y)
+        after = model.observe(rng.standard_normal((5, K)))
+        np.testing.assert_allclose(
+            after.value, np.tile(np.concatenate(seen).mean(axis=0), (5, 1)), rtol=1e-12
+        )
+        assert after.interval is None or np.isnan(after.interval[0]).all()
+    x = rng.standard_normal((8, K))
+    p = model.observe(x)
+    model.learn(p.features_t, np.c_[1000 + 10 * x[:, 0], -5 + x[:, 1]], predicted=p.predicted)
+    assert model.targets.frozen
+    value = model.observe(rng.standard_normal((5, K))).value
+    assert np.ptp(value[:, 0]) > 1  # the layers' own now, row by row
+
+
 def test_one_output_regression_targets_of_shape_b_are_one_column():
     """``predict`` gives (b,) for one output, and users pass labels back the same way: learned as (b, 1), the
     same β and the same choice among the auto candidates (the row losses must not broadcast to (b, b))."""

@@ -326,8 +326,10 @@ def test_inference_types_gaps_values_and_identifiers():
         "city": [f"c{i % 25}" for i in range(n)],
         "plan": ["a", "b", "b", "?"] * (n // 4),
         "count": [1, 2, 3, 4] * (n // 4),
+        "blank": ["", None, "NA", float("nan")] * (n // 4),  # nothing to learn from: no type to give it
     }
     schema, notes = infer_schema(columns, max_values=20, buckets=16)
+    assert notes["blank"] == f"left out: every value missing ({n} rows)"
     assert [f.to_config() for f in schema.fields] == [
         {"name": "amount", "type": "number"},
         {"name": "vip", "type": "boolean"},

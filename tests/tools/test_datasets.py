@@ -394,6 +394,33 @@ def test_csv_regression_target_must_be_numeric(tmp_path):
         load_csv(path, "y", task="regression")
 
 
+def test_csv_numbers_with_a_few_texts_are_not_taken_for_classes(tmp_path):
+    """task "auto": 97 numbers and 3 texts in the target are a number to predict with bad cells, not 100
+    classes (refused, naming the texts and --task classification); --task classification takes them; a target
+    of texts with a few numbers, or of few distinct values, stays classes."""
+    rows = [f"{i},{i * 1.5:.1f}" for i in range(100)]
+    rows[7], rows[20], rows[33] = "7,n/a", "20,abc", "33,?"
+    path = _write(tmp_path, "x,y\n" + "\n".join(rows) + "\n")
+    message = r"97 of 100 values are numbers and 3 are not \(row 8: 'n/a'; row 21: 'abc'; row 34: '\?'\)"
+    with pytest.raises(DataError, match=message):
+        load_csv(path, "y")
+    assert len(load_csv(path, "y", task="classification").classes) == 100
+    few = _write(
+        tmp_path, "x,y\n" + "\n".join(f"{i},{i % 3}" for i in range(99)) + "\n1,unknown\n", "few.csv"
+    )
+    assert load_csv(few, "y").classes == ("0", "1", "2", "unknown")
+
+
+def test_csv_a_byte_order_mark_and_semicolons(tmp_path):
+    """A file saved as Excel's "CSV UTF-8" starts with a byte-order mark: not part of the first column's name.
+    A file separated by ';' is named as such, not listed as one column that seems to hold the target."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffy,x\n1,0.5\n0,1.5\n".encode())
+    assert load_csv(path, "y").feature_names == ("x",)
+    with pytest.raises(DataError, match="the header is one column, 'x;y'; columns are separated by commas"):
+        load_csv(_write(tmp_path, "x;y\n1;2\n", "semi.csv"), "y")
+
+
 def test_csv_missing_file_and_bad_task(tmp_path):
     with pytest.raises(DataError, match="cannot read"):
         load_csv(tmp_path / "absent.csv", "y")
