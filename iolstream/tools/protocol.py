@@ -15,8 +15,8 @@ Protocol (pure, in :func:`run_protocol`; the CLI is ``tools.evaluate``):
 Per batch it records the prequential metric (accuracy, or RMSE for regression) and the
 immediate loss ½‖D_l β_l − Y‖² (mean over layers) with the β that made the prediction.
 Regression: the rows predicted before the target scaling is known (the first ``warmup_rows``
-labels are held until then, and the model predicts 0) are left out of the prequential metric
-and counted in ``warmup_rows_excluded``.
+labels are held until then, and the model predicts their mean so far) are left out of the prequential
+metric and counted in ``warmup_rows_excluded``; so are the same rows of the baselines beside it.
 Rows per second count training rows over the seconds spent predicting and learning on the
 stream; the Numba kernels are compiled (or loaded from the cache) on a tiny model of the same
 kind before the clock starts (``compile_seconds``), and test evaluation is timed apart.
@@ -229,8 +229,12 @@ def run_protocol(
     *,
     on_point: Callable[[CurvePoint], None] | None = None,
     on_batch: Callable[[int, int], None] | None = None,
+    scored_from_label: int = 0,
 ) -> EvaluationResult:
-    """Stream ``split`` through ``learner`` by the protocol (module docstring) and measure it."""
+    """Stream ``split`` through ``learner`` by the protocol (module docstring) and measure it.
+    ``scored_from_label``: for a learner without a warm-up of its own (a baseline), the rows predicted before
+    this many labels arrived are left out as the model's are (the regression warm-up), so that every learner of
+    one evaluation is scored on the same rows."""
     task = split.task
     n_train = len(split.x_train)
     b = protocol.batch_rows(n_train)
@@ -245,7 +249,8 @@ def run_protocol(
     sizes = {min(b, n_train), n_train - (n_batches - 1) * b}  # every batch has b rows but the last
     learner.start(split.x_train, batch_sizes=sizes)  # untimed: a warm-up scaler, compiled kernels
     learner.predict(split.x_train[:1])  # untimed: the inference kernels
-    warming_up = getattr(learner, "warming_up", lambda: False)
+    delivered = [0]  # labels that have arrived
+    warming_up = getattr(learner, "warming_up", lambda: delivered[0] < scored_from_label)
 
     batch_prequential = np.full(n_batches, np.nan)
     batch_errors, batch_counts = np.zeros(n_batches), np.zeros(n_batches)
@@ -264,6 +269,7 @@ def run_protocol(
         while pending and pending[0][0] <= upto:
             index, handle, y = pending.popleft()
             batch_loss[index] = learner.label(handle, y)
+            delivered[0] += len(y)
 
     for t in range(1, n_batches + 1):
         x = split.x_train[(t - 1) * b : t * b]
@@ -434,10 +440,15 @@ def evaluate(
     protocol = protocol or Protocol()
     split = make_split(dataset, protocol, classes=classes)
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]  # validate all first
+    held = 0  # the labels the models hold for their target scaling: the baselines are scored from there too
     if baselines:
-        learners += [make_baseline(name, split, model_config(split, "ridge", model)) for name in baselines]
+        config = model_config(split, "ridge", model)
+        learners += [make_baseline(name, split, config) for name in baselines]
+        if modes and config.task == "regression" and config.target_scaler == "warmup":
+            held = config.warmup_rows
     return [
-        run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch) for learner in learners
+        run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch, scored_from_label=held)
+        for learner in learners
     ]
 
 

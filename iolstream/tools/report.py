@@ -90,7 +90,7 @@ def summary(results, stream) -> None:
         if r.warmup_rows_excluded:
             notes.append(
                 f"{r.name}: preq leaves out the first {r.warmup_rows_excluded:,} rows, predicted before the "
-                "target scaling was known (the regression warm-up)"
+                "target scaling was known (the regression warm-up; a baseline beside it, the same rows)"
             )
     compile_seconds = sum(r.compile_seconds for r in results)
     if compile_seconds:

@@ -295,6 +295,24 @@ def test_baselines_do_regression(name):
     assert result.metric == "rmse" and math.isfinite(result.test_metric)
 
 
+def test_regression_baselines_are_scored_on_the_model_s_rows():
+    """The model's rows predicted before its target scaling are left out of its preq; a baseline beside it
+    leaves out the same rows (it was scored on all of them, its cold start included, against the model's rest)."""
+    protocol = Protocol(batch=30, order="stream")
+    model = {**SMALL, "warmup_rows": 64}
+    ridge, river = evaluate(
+        toy_regression(), model=model, modes=("ridge",), baselines=("river-softmax",), protocol=protocol
+    )
+    assert ridge.warmup_rows_excluded == river.warmup_rows_excluded == 90  # labels of 3 batches: 30, 60, 90
+    (alone,) = evaluate(
+        toy_regression(), model=model, modes=(), baselines=("river-softmax",), protocol=protocol
+    )
+    assert alone.warmup_rows_excluded == 0  # no model beside it: every row
+    per_batch = np.asarray(alone.batch_prequential)[3:]  # RMSE of each batch of 30 rows (the last 30 too)
+    np.testing.assert_allclose(river.prequential_metric, np.sqrt((per_batch**2).mean()), rtol=1e-12)
+    assert river.prequential_metric != alone.prequential_metric
+
+
 def test_one_row_one_layer_forward_predicts_the_same_classes_as_ridge():
     """b = 1, L = 1: the -F output is the -R output divided by 1 + x A⁻¹ xᵀ (push-through identity),
     so the predicted classes, hence the prequential accuracy, coincide; the squared losses do not."""
