@@ -387,14 +387,17 @@ def main(args) -> int:
 
 
 def _csv_dataset(args, say) -> Dataset:
-    """The --csv data: numbers as they are; with --schema, or when a cell is text or blank, the rows as named
-    fields encoded by the config's schema or the one inferred from the file (``say`` is told which)."""
+    """The --csv data: numbers as they are; with --schema, when a cell is text or blank, or when a column only
+    counts the rows (``schema_infer.counts_rows``: left out, as ``schema infer`` leaves it out of a worker's
+    config), the rows as named fields encoded by the config's schema or the one inferred from the file (``say``
+    is told which)."""
+    from iolstream.core.schema_infer import infer_schema
     from iolstream.tools.csv_file import load_csv, load_table
     from iolstream.tools.records import choose_schema, schema_dataset
 
     if args.schema is None:
         table = load_table(args.csv, args.target, task=args.task)
-        if not table.needs_schema():
+        if not table.needs_schema() and len(infer_schema(table.columns)[0].fields) == len(table.columns):
             return load_csv(args.csv, args.target, task=args.task)
         return schema_dataset(table, choose_schema(table, None, source=args.csv, say=say))
     from iolstream.kafka.config import load_config
