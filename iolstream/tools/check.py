@@ -39,8 +39,10 @@ def add_parser(subparsers):
     )
     p.add_argument("-c", "--config", required=True, help="worker YAML (see config/worker.yaml)")
     p.add_argument("--bootstrap", metavar="HOST:PORT", help="override kafka.bootstrap_servers")
-    p.add_argument("--csv", metavar="FILE", help="a CSV sample of the data to send (with --target)")
-    p.add_argument("--target", metavar="COLUMN", help="the CSV's label column")
+    p.add_argument("--csv", metavar="FILE", help="a CSV sample of the data to send")
+    p.add_argument(
+        "--target", metavar="COLUMN", help="the CSV's label column (default: the config's events.label_field)"
+    )
     p.add_argument(
         "--rows", type=int, default=10_000, metavar="N", help="CSV rows read (default: %(default)s)"
     )
@@ -89,21 +91,28 @@ def main(args) -> int:
     from iolstream.ops import logs
 
     report = Report()
-    if bool(args.csv) != bool(args.target):
-        raise ValueError("--csv and --target go together")
+    if args.target and not args.csv:
+        raise ValueError("--target applies to --csv")
     try:
         cfg = load_config(args.config)
         check_login(cfg.kafka)
     except ConfigError as exc:
         report.say(False, "config", str(exc), cluster=False)
         return report.code
+    target = args.target
+    if args.csv and not target:  # named-field events name their label field; arrays have none to name
+        if cfg.model.schema is None:
+            raise ValueError(
+                "--csv needs --target COLUMN (the config's rows are arrays: no label field to take)"
+            )
+        target = cfg.events.label_field
     if args.bootstrap:
         cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, bootstrap_servers=args.bootstrap))
     logs.setup("WARNING", cfg.logging.format)  # librdkafka's complaints through the repeat filter, never raw
     check_config(cfg, args.config, report)
     check_snapshot(cfg, report)
     if args.csv:
-        check_csv(cfg, args.csv, args.target, args.rows, report)
+        check_csv(cfg, args.csv, target, args.rows, report)
     try:
         check_cluster(cfg, args.timeout, report)
     except ConfigError as exc:  # client settings librdkafka refuses (diagnose.settings_refused)

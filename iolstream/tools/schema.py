@@ -131,7 +131,16 @@ def render(csv_path, target, id_column, table, schema, notes) -> str:
         "model:",
     ]
     if table.task == "classification":
-        out.append(f"  classes: {flow(class_values(table))}  # the values of {target!r}")
+        classes = class_values(table)
+        note = f"the values of {target!r}"
+        if len(classes) > 2 and all(type(c) is int for c in classes):  # a count or a rating, maybe
+            missing = max(classes) - min(classes) + 1 - len(classes)
+            note += (
+                f": integers {min(classes)}..{max(classes)} taken as {len(classes)} classes"
+                + (f" ({missing} in between never seen: such a label would be refused)" if missing else "")
+                + "; `--task regression` predicts a number instead"
+            )
+        out.append(f"  classes: {flow(classes)}  # {note}")
     else:
         out.append(f"  n_outputs: 1  # regression: {target!r} is a number")
     out.append(f"  features:  # {schema.width} inputs")

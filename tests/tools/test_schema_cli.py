@@ -270,3 +270,31 @@ def test_the_estimators_check_y_beside_named_fields_and_refuse_before_learning()
     np.testing.assert_array_equal(clf.predict_proba(frame), before)
     with pytest.raises(ValueError, match="features: X must hold named fields"):
         EdRVFLClassifier(n_nodes=16, features=[{"name": "x", "type": "number"}]).fit(np.zeros((4, 1)), y[:4])
+
+
+def test_schema_infer_says_when_integer_classes_may_be_a_number(tmp_path, capsys):
+    """A target of a dozen integers is taken as classes (the documented rule); the config says so beside them,
+    with the ones in between never seen (a later label of one would be refused) and the way to a number."""
+    rows = [f"{i % 7},{c}" for i, c in enumerate([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12] * 5)]
+    data = tmp_path / "counts.csv"
+    data.write_text("x,visits\n" + "\n".join(rows) + "\n")
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "visits"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("classes:"))
+    assert line.endswith(
+        "# the values of 'visits': integers 0..12 taken as 12 classes (1 in between never seen: such a label "
+        "would be refused); `--task regression` predicts a number instead"
+    )
+    assert (
+        cli.main(["schema", "infer", "--csv", str(data), "--target", "visits", "--task", "regression"]) == 0
+    )
+    assert "n_outputs: 1  # regression: 'visits' is a number" in capsys.readouterr().out
+
+
+def test_check_reads_a_csv_by_the_config_s_label_field(tmp_path, capsys):
+    """`check -c CONFIG --csv FILE`: named-field events name their label field, so --target is not needed."""
+    data = orders_csv(tmp_path / "orders.csv", n=50)
+    config = tmp_path / "orders.yaml"
+    assert cli.main(["schema", "infer", "--csv", str(data), "--target", "is_fraud", "-o", str(config)]) == 0
+    args = ["check", "-c", str(config), "--csv", str(data), "--bootstrap", "127.0.0.1:1", "--timeout", "0.2"]
+    cli.main(args)  # the cluster is not there: its lines fail, the file's is checked
+    assert "ok    csv: " in capsys.readouterr().out
