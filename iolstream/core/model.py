@@ -239,11 +239,6 @@ class EdRVFL:
         (``decide``), or with ``threshold`` the second class where its
         probability reaches it."""
         rule = self.config.ensemble_rule
-        if self._class_index is None and not self.targets.frozen:
-            # every label waits for the target scaling, so the layers know none: the labels' mean so far (not the
-            # 0 their untouched outputs map back to)
-            b = layer_outputs.shape[1]
-            return None, None, np.tile(self.targets.labels_mean(), (b, 1))
         if self._class_index is None:  # the layers learn scaled targets: their ensemble is mapped back
             if rule == "median":
                 return None, None, self.targets.inverse(np.median(layer_outputs, axis=0))
@@ -291,6 +286,10 @@ class EdRVFL:
         """The batch's prediction from the layers' ``outputs`` of the candidate in force (``combine``), at this
         version and clock; ``candidate_outputs``: every candidate's, for learning their labels later."""
         proba, index, value = self.combine(outputs)
+        if value is not None and not self.targets.frozen:
+            # every label waits for the target scaling, so the layers know none: the labels' mean so far (not the
+            # 0 their untouched outputs map back to)
+            value = np.tile(self.targets.labels_mean(), (len(value), 1))
         return Prediction(
             features_t,
             outputs,

@@ -9,6 +9,12 @@ With a feature schema (docs/design.md §11) the scaler is told which columns to 
 number values; one-hot, boolean and indicator columns keep their 0/1), and a number may be missing: NaN in
 the raw row. The warm-up then estimates each column's mean and spread from the values present, and
 ``transform`` maps NaN to 0, the column's mean (with ``none``: to 0 itself).
+
+A z-score (``warmup``, ``fixed``) is clipped to ±``Z_LIMIT`` (100 deviations of the scaling). Real inputs stay
+far inside; a value far outside (an amount of 1e10 where the warm-up saw tens, a unit error, a sentinel such as
+9.99e307) would otherwise square into the Gram at a scale where λ and every other row are lost to round-off,
+and the sums stop being positive definite. Clipped, the row still gets its prediction, as an extreme one;
+``beyond`` counts such values (the worker reports them).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 SCALER_MODES = ("warmup", "fixed", "none")
+Z_LIMIT = 100.0  # a z-score beyond ±Z_LIMIT is clipped to it (module docstring)
 
 
 class ScalerNotReady(RuntimeError):
@@ -146,11 +153,18 @@ class Scaler:
             raise ScalerNotReady(f"the warm-up scaler needs {self.rows_needed} more rows before it can scale")
         if self.scaled is not None:  # a schema's row: a missing number (NaN) is the mean, z = 0
             z = np.asarray(x, dtype=np.float64)
-            z = z if self.mode == "none" else (z - self.mean) / self.scale
+            z = z if self.mode == "none" else np.clip((z - self.mean) / self.scale, -Z_LIMIT, Z_LIMIT)
             return np.where(np.isnan(z), 0.0, z)
         if self.mode == "none":
             return np.asarray(x, dtype=np.float64)
-        return (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
+        return np.clip((np.asarray(x, dtype=np.float64) - self.mean) / self.scale, -Z_LIMIT, Z_LIMIT)
+
+    def beyond(self, x: np.ndarray) -> int:
+        """How many values of the rows ``x`` ``transform`` clips (0 with ``none``, or before the scaling is set)."""
+        if self.mode == "none" or not self.frozen:
+            return 0
+        with np.errstate(invalid="ignore"):  # a schema's missing number, NaN, is not beyond
+            return int((np.abs((np.asarray(x, dtype=np.float64) - self.mean) / self.scale) > Z_LIMIT).sum())
 
     def to_state(self) -> dict:
         state = {

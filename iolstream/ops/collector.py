@@ -52,6 +52,10 @@ PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "batches": ("batches", "Forward steps (feature batches)"),
     "label_batches": ("label_batches", "Label batches folded in"),
     "labels_in": ("labels_received", "Labels decoded (before the join)"),
+    "values_clipped": (
+        "values_clipped",
+        "Input values beyond 100 deviations of the feature scaling, clipped to it (docs/design.md §4)",
+    ),
     "ids_forgotten": ("forgotten_ids", "Ids forgotten on request: out of the model and the worker's stores"),
     "ids_refused": ("forget_refused_ids", "Ids of forget requests refused (dead letters by forget_* reason)"),
     "rows_erased": ("forgotten_rows_erased", "Rows forgotten on request whose terms left the model's sums"),

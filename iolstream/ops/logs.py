@@ -258,6 +258,8 @@ def log_status_line(
     if group is not None:  # group learning: its size and how far the sums applied here are behind
         s["group"] = group
         tail += f" group={group['members']} members (sums up to {max(group['lag_ms'].values(), default=0) / 1000:.1f} s old)"
+    if s.get("values_clipped"):  # inputs far outside the scaling (core.scaling.Z_LIMIT)
+        tail += f" clipped={s['values_clipped']}"
     fields = s.get("fields", {})  # named-field events: values not declared, and missing, per field
     if fields.get("undeclared"):
         tail += " undeclared=" + ",".join(f"{name}:{n}" for name, n in fields["undeclared"].items())

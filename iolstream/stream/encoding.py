@@ -44,6 +44,23 @@ def label_message(row_id: str, label, target: TargetSpec) -> bytes:
     return row_message(row_id, "y", encode_label(label, target))
 
 
+def event_label_message(row_id: str, label, target: TargetSpec, events) -> bytes:
+    """A one-row label event in the team's shape (``events``: an ``EventsConfig``) for a stored label:
+    ``{label_field: the class or value, id_field: the id}`` (a dotted name nests; with ``id_from_key`` no id
+    field: the id is the message key), so that it can be sent to the labels topic again as it is."""
+    event: dict = {}
+    fields = [(events.label_field, encode_label(label, target))]
+    if not events.id_from_key:
+        fields.append((events.id_field, row_id))
+    for path, value in fields:
+        node = event
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return bytes(memoryview(orjson.dumps(event)))
+
+
 def forget_message(row_id: str) -> bytes:
     """A one-id forget request ``{"id":..}`` (the dead letter of one refused id of a request)."""
     return bytes(memoryview(orjson.dumps({"id": row_id})))

@@ -108,6 +108,7 @@ class JoinBuffer:
         early_label_ttl_ms: int,
         max_early_labels: int,
         remember_done: int,
+        label_dead_letter=None,
     ):
         for name, value, low in (
             ("n_features", n_features, 1),
@@ -125,6 +126,8 @@ class JoinBuffer:
         if not isinstance(target, TargetSpec):
             raise TypeError(f"target must be a TargetSpec, got {type(target).__name__}")
         self.target = target
+        # a refused label as a message of its own: (id, stored label) -> bytes; the array format's by default
+        self._label_dead_letter = label_dead_letter or (lambda row_id, y: label_message(row_id, y, target))
         self.n_features = int(n_features)
         self.max_pending_rows = int(max_pending_rows)
         self.row_ttl_ms = None if row_ttl_ms is None else int(row_ttl_ms)
@@ -454,11 +457,11 @@ class JoinBuffer:
             elif kind == EXPIRED:
                 n_expired += 1
                 bad = BadInput("expired_id", f"label for id {row_id!r} came after its row expired unlabelled")
-                rejected.append((bad, label_message(row_id, y, self.target)))
+                rejected.append((bad, self._label_dead_letter(row_id, y)))
             elif kind == FORGOTTEN:
                 n_forgotten += 1
                 bad = BadInput("forgotten_id", f"label for id {row_id!r}, which was forgotten on request")
-                rejected.append((bad, label_message(row_id, y, self.target)))
+                rejected.append((bad, self._label_dead_letter(row_id, y)))
             else:
                 early.add(row_id, y, now_ms, source)
                 n_held += 1
@@ -470,7 +473,7 @@ class JoinBuffer:
                         f"label for id {old_id!r} pushed out of the full early-label buffer "
                         f"({self.max_early_labels}) before its row came",
                     )
-                    rejected.append((bad, label_message(old_id, old_y, self.target)))
+                    rejected.append((bad, self._label_dead_letter(old_id, old_y)))
                     orphan_sources.append(old_source)
         if done is not None:
             done.commit()
@@ -537,7 +540,7 @@ class JoinBuffer:
                 f"label for id {row_id!r} waited {now_ms - added_ms} ms "
                 f"(limit {self.early_label_ttl_ms}) and its row never came",
             )
-            rejected.append((bad, label_message(row_id, y, self.target)))
+            rejected.append((bad, self._label_dead_letter(row_id, y)))
             sources.append(source)
         self.counters["labels_orphan"] += len(rejected)
         return self._release(out_ids, out_slots, rejected, sources, ordered=False)

@@ -53,13 +53,14 @@ Rules worth knowing:
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
 
 from iolstream.core import state_io
 from iolstream.core.model import EdRVFL
-from iolstream.stream import codec, processor_state
+from iolstream.stream import codec, encoding, processor_state
 from iolstream.stream.batcher import MicroBatcher
 from iolstream.stream.config import EventsConfig, StreamConfig
 from iolstream.stream.erasure import Erasure, Located
@@ -117,7 +118,15 @@ class StreamProcessor:
         self.n_candidates = len(model.learners)
         self.layout = PayloadLayout(mc.n_inputs, self.n_candidates, mc.n_layers, mc.m)  # pending rows' fields
         self.batcher = MicroBatcher(cfg.batch_rows, cfg.max_batch_latency_ms)
-        self.join = JoinBuffer(**cfg.join_settings(self.target, self.layout.width))
+        # a refused label is written in the team's shape when the labels are named-field events
+        as_event = (
+            None
+            if self.events is None
+            else functools.partial(encoding.event_label_message, target=self.target, events=self.event_shape)
+        )
+        self.join = JoinBuffer(
+            **cfg.join_settings(self.target, self.layout.width), label_dead_letter=as_event
+        )
         self.held = WarmUpHold(mc.n_inputs)  # batches waiting for the warm-up scaler
         # group learning: gets the warm-up rows (and the model its target scaling); the group freezes them
         self.agreement = agreement
@@ -140,6 +149,7 @@ class StreamProcessor:
             "label_batches": 0,
             "rows_forgotten": 0,
             "messages_forget": 0,
+            "values_clipped": 0,  # input values beyond the scaling's ±Z_LIMIT deviations (core.scaling)
         }
         self.dead_letters: dict[str, int] = {reason: 0 for reason in codec.REASONS}
         self.metric = PrequentialMetric(mc.task, window_rows, mc.m)
@@ -337,6 +347,7 @@ class StreamProcessor:
         self.batch_seq += 1
         pred = self.model.observe(rows.X)  # -F: Gram in before the prediction (Algorithm 2); -R: β in force
         self.counters["batches"] += 1
+        self.counters["values_clipped"] += self.model.scaler.beyond(rows.X)
         b = len(rows.ids)
         out.add_predictions(
             rows.ids,

@@ -28,7 +28,11 @@ CFG = StreamConfig(batch_rows=4, label_batch_rows=4, max_batch_latency_ms=0, max
 
 def processor(shape=SHAPE, warmup_rows=8, **model) -> StreamProcessor:
     config = ModelConfig(
-        classes=(False, True), features=FIELDS, n_nodes=8, warmup_rows=warmup_rows, mode="forward", **model
+        classes=(False, True),
+        features=FIELDS,
+        n_nodes=8,
+        warmup_rows=warmup_rows,
+        **{"mode": "forward", **model},
     )
     return StreamProcessor(EdRVFL(config), CFG, events=shape)
 
@@ -326,3 +330,49 @@ def test_a_forget_request_keyed_by_id_takes_the_id_from_the_message_key():
     ]
     ids, dead = codec.forget(b"{}", key=b"\xff\xfe")
     assert ids is None and dead[0][0].reason == "bad_schema" and "not UTF-8" in dead[0][0].detail
+
+
+@pytest.mark.parametrize("mode", ["forward", "ridge", "auto"])
+@pytest.mark.parametrize("amount", [1e10, 1e308])
+def test_a_value_far_outside_the_scaling_is_clipped_predicted_and_counted(mode, amount):
+    """The warm-up saw amounts of tens; an amount of 1e10 (or 1e308) z-scored as it is squared into the Gram
+    past what float64 holds beside λ: the worker stopped at the next update ("not positive definite") and again
+    at every restart from its snapshot. Clipped to 100 deviations, the row is predicted (finite probabilities),
+    learned, the model stays usable, and the value is counted."""
+    proc = processor(mode=mode)
+    for start in range(0, 16, 4):
+        proc.feed(orjson.dumps([event(i) for i in range(start, start + 4)]), ("f", 0, start), 0)
+        proc.on_labels(orjson.dumps([label(i) for i in range(start, start + 4)]), ("l", 0, start), 0)
+    predictions = []
+    for start in range(16, 40, 4):
+        events = [event(i) for i in range(start, start + 4)]
+        if start == 20:
+            events[1]["amount"] = amount
+        out = proc.feed(orjson.dumps(events), ("f", 0, start), 0)
+        predictions += [orjson.loads(v) for _, v in out.predictions] if out is not None else []
+        assert (
+            proc.on_labels(orjson.dumps([label(i) for i in range(start, start + 4)]), ("l", 0, start), 0)
+            == []
+        )
+    predictions += [orjson.loads(v) for _, v in proc.step(0, force=True).predictions]
+    assert len(predictions) == 24 and all(np.isfinite(p["proba"]).all() for p in predictions)
+    assert proc.status()["values_clipped"] == 1 and proc.status()["rows_learned"] == 40
+    assert np.isfinite(proc.model.predict_batch(proc.model.encode([event(50)])).proba).all()
+
+
+def test_a_label_refused_after_it_was_held_is_a_dead_letter_in_the_team_s_shape():
+    """An early label whose row never came (unknown_id after the ttl) and a batch's label for an expired row are
+    written as the labels topic's own events ({order_id, is_fraud}, nested where the field is dotted), not as
+    the array format's {"id", "y"}: sent again as they are, the worker would take them."""
+    shape = EventsConfig(id_field="meta.order_id", label_field="is_fraud")
+    cfg = StreamConfig(batch_rows=4, early_label_ttl_ms=10, max_batch_latency_ms=0, max_label_latency_ms=0)
+    config = ModelConfig(classes=(False, True), features=FIELDS, n_nodes=8, warmup_rows=4, mode="forward")
+    proc = StreamProcessor(EdRVFL(config), cfg, events=shape)
+    sent = [{"meta": {"order_id": "ghost"}, "is_fraud": "true", "note": "kept by the sender only"}]
+    assert proc.on_labels(orjson.dumps(sent), ("l", 0, 0), 0) == []  # held early
+    dead = proc.step(1000).dead_letters
+    assert [(d.bad.reason, orjson.loads(d.value)) for d in dead] == [
+        ("unknown_id", {"is_fraud": True, "meta": {"order_id": "ghost"}})
+    ]
+    again = proc.on_labels(dead[0].value, ("l", 0, 1), 2000)  # re-sent as it is: decoded and held again
+    assert again == [] and proc.status()["labels_in"] == 2
