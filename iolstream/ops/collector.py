@@ -54,7 +54,7 @@ PLAIN_COUNTERS = {  # state counter -> (metric, help)
     "labels_in": ("labels_received", "Labels decoded (before the join)"),
     "values_clipped": (
         "values_clipped",
-        "Input values beyond 100 deviations of the feature scaling, clipped to it (docs/design.md §4)",
+        "Input values beyond 1,000 deviations of the feature scaling, clipped to it (docs/design.md §4)",
     ),
     "ids_forgotten": ("forgotten_ids", "Ids forgotten on request: out of the model and the worker's stores"),
     "ids_refused": ("forget_refused_ids", "Ids of forget requests refused (dead letters by forget_* reason)"),

@@ -33,7 +33,7 @@ rows_replayed_total                    counter     rows predicted again but not 
 rows_learned_total                     counter     labelled rows folded into the model
 batches_total / label_batches_total    counter     forward steps / label fold-ins
 labels_received_total                  counter     labels decoded
-values_clipped_total                   counter     input values beyond 100 deviations of the scaling, clipped to it
+values_clipped_total                   counter     input values beyond 1,000 deviations of the scaling, clipped to it
 labels_total                           counter     outcome = joined | duplicate | expired | orphan | handed_over
 rows_unlabelled_total                  counter     why = expired | evicted
 dead_letters_total                     counter     reason (every codec.REASONS value)

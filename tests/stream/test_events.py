@@ -337,7 +337,7 @@ def test_a_forget_request_keyed_by_id_takes_the_id_from_the_message_key():
 def test_a_value_far_outside_the_scaling_is_clipped_predicted_and_counted(mode, amount):
     """The warm-up saw amounts of tens; an amount of 1e10 (or 1e308) z-scored as it is squared into the Gram
     past what float64 holds beside λ: the worker stopped at the next update ("not positive definite") and again
-    at every restart from its snapshot. Clipped to 100 deviations, the row is predicted (finite probabilities),
+    at every restart from its snapshot. Clipped to 1,000 deviations, the row is predicted (finite probabilities),
     learned, the model stays usable, and the value is counted."""
     proc = processor(mode=mode)
     for start in range(0, 16, 4):
