@@ -126,7 +126,8 @@ class _EdRVFLBase(BaseEstimator):
         if first:
             if self.features is None and not _named(X):
                 return None
-            if _table(X) is None and _events(X) is None:
+            table, events = _table(X), _events(X)
+            if table is None and events is None:
                 raise ValueError(
                     "features: X must hold named fields (a pandas DataFrame or a list of dicts), got "
                     f"{type(X).__name__}"
@@ -136,7 +137,7 @@ class _EdRVFLBase(BaseEstimator):
             if self.features is not None:
                 self.schema_ = FeatureSchema.parse(self.features)
             else:
-                columns = _table(X) if _table(X) is not None else _columns(_events(X))
+                columns = table if table is not None else _columns(events)
                 self.schema_, notes = infer_schema(columns, counters=False)
                 inputs = {f.name for f in self.schema_.fields}
                 for name, note in notes.items():
@@ -449,7 +450,12 @@ def _table(X) -> dict[str, list] | None:
         return None
 
     def cell(v):
-        if v is None or (not isinstance(v, str) and v != v):  # NaN, NaT, pd.NA compare unequal to themselves
+        if v is None or isinstance(v, str):
+            return v
+        try:
+            if v != v:  # NaN and NaT compare unequal to themselves
+                return None
+        except TypeError:  # pd.NA: its truth is ambiguous, and it is missing
             return None
         return v.isoformat() if hasattr(v, "isoformat") else v
 

@@ -11,9 +11,10 @@ the raw row. The warm-up then estimates each column's mean and spread from the v
 ``transform`` maps NaN to 0, the column's mean (with ``none``: to 0 itself).
 
 A z-score (``warmup``, ``fixed``) is clipped to ±``Z_LIMIT`` (1,000 deviations of the scaling). Real inputs stay
-inside (the largest of the built-in and real tables, a loan applicant's income, is at 234); a value far outside (an amount of 1e10 where the warm-up saw tens, a unit error, a sentinel such as
-9.99e307) would otherwise square into the Gram at a scale where λ and every other row are lost to round-off,
-and the sums stop being positive definite. Clipped, the row still gets its prediction, as an extreme one;
+inside (the largest of the built-in and real tables, a loan applicant's income, is at 234); a value far
+outside (an amount of 1e10 where the warm-up saw tens, a unit error, a sentinel such as 9.99e307) would
+otherwise square into the Gram at a scale where λ and every other row are lost to round-off, and the sums
+stop being positive definite. Clipped, the row still gets its prediction, as an extreme one;
 ``beyond`` counts such values (the worker reports them).
 """
 

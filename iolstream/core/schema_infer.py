@@ -13,10 +13,10 @@ Per column, over the values present (missing: absent, null, NaN, a blank text, o
 A number column without a gap whose every value is distinct (``MIN_ID_ROWS`` rows or more) is left out too when
 it counts rows: integers that are each of lo..hi once (a row number, in any order: pandas' ``Unnamed: 0``, R's
 ``rownames``), or values rising (or falling) from row to row (an auto-increment id, a clock; from
-``MONOTONIC_SHARE`` of the rows to the next). Such a field says where a row sits in the stream, nothing about it,
-and a stream takes it past the warm-up's range for ever after (a row number scaled on rows 1..256 has a z-score of
-93 at row 7,000). Integers left out so are identifiers too (``id_like``: ``schema infer`` names the first as the events' id when the file has no ``id`` column); a
-clock of fractions is only left out.
+``MONOTONIC_SHARE`` of the rows to the next). Such a field says where a row sits in the stream, nothing about
+it, and a stream takes it past the warm-up's range for ever after (a row number scaled on rows 1..256 has a
+z-score of 93 at row 7,000). Integers left out so are identifiers too (``id_like``: ``schema infer`` names the
+first as the events' id when the file has no ``id`` column); a clock of fractions is only left out.
 
 A number or boolean column without a gap gets ``indicator: false`` (its missing-indicator column would be
 constant); a value missing later becomes the warm-up mean, and is counted per field.
@@ -41,9 +41,7 @@ from iolstream.core.schema import FeatureSchema, FieldSpec, category_key
 
 MAX_VALUES = 20  # declared category values, at most; more distinct values: hashed buckets
 MIN_ID_ROWS = 20  # a text column all distinct over at least this many rows is an identifier
-MONOTONIC_SHARE = (
-    0.95  # a column of distinct numbers rising from this share of its rows to the next counts them
-)
+MONOTONIC_SHARE = 0.95  # distinct numbers rising from this share of the rows to the next count them
 BUCKETS = 64
 NA_TEXTS = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})  # compared stripped and lower-case
 BOOL_TEXTS = {"true": True, "false": False}
