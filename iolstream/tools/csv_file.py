@@ -17,9 +17,7 @@ import numpy as np
 from iolstream.tools.dataset import TASKS, DataError, Dataset, check_count, classification
 
 CSV_MAX_CLASSES = 50  # task="auto": an integer target with more distinct values is regression
-MIXED_TARGET_TEXTS = (
-    0.05  # task="auto": a target of numbers but for this share of texts is refused (see below)
-)
+MIXED_TARGET_TEXTS = 0.05  # task="auto": numbers but for this share of texts: refused (see below)
 
 
 def load_csv(path, target: str, *, task: str = "auto", rows: int | None = None) -> Dataset:
