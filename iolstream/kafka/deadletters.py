@@ -8,7 +8,8 @@ size. Three limits decide whether a dead letter can be written as it is:
 - the dead-letter topic's ``max.message.bytes`` (D), read at start with ``describe_configs``: the
   broker refuses a larger record batch (after compression).
 
-A dead letter whose value and headers do not fit ``min(P, D)`` less ``framing_bytes`` is produced as
+A dead letter whose value and headers do not fit ``min(P, D)`` less ``framing_bytes`` (1 KiB, and 1 % more when
+the producer compresses) is produced as
 an excerpt (``dead_letter_excerpt``): its first bytes, with headers naming the original size
 and why it was cut. Sizes are decided before producing, so an excerpt never enters an exactly-once
 transaction in a form the broker refuses (a refused record fails the whole transaction).
@@ -40,6 +41,7 @@ from iolstream.kafka.message_limits import (
     DEAD_LETTER_HEADROOM,
     LIBRDKAFKA_MESSAGE_MAX_BYTES,
     MIN_DEAD_LETTER_BYTES,
+    compresses,
     describe_max_message_bytes,
     framing_bytes,
 )
@@ -158,9 +160,16 @@ class DeadLetterLimit:
     """
 
     def __init__(
-        self, producer_bytes: int, topic: str, topic_bytes: int | None = None, admin_conf: dict | None = None
+        self,
+        producer_bytes: int,
+        topic: str,
+        topic_bytes: int | None = None,
+        admin_conf: dict | None = None,
+        *,
+        compressed: bool = True,
     ):
         self.producer_bytes = producer_bytes
+        self.compressed = compressed  # the producer compresses: room for compression's growth (framing_bytes)
         self.topic = topic
         self.topic_bytes = topic_bytes
         self.admin_conf = admin_conf
@@ -190,7 +199,7 @@ class DeadLetterLimit:
     ) -> tuple[bytes, list[tuple[str, bytes]]] | None:
         """The dead letter as it is when it fits, else an excerpt that does; None if not even its headers
         fit."""
-        budget = self.limit - framing_bytes(self.limit)
+        budget = self.limit - framing_bytes(self.limit, self.compressed)
         why = f"value of {len(value)} bytes and its headers over the dead-letter limit of {self.limit} bytes ({self.source})"
         return dead_letter_excerpt(value, headers, budget, why)
 
@@ -241,7 +250,11 @@ def start_limit(cfg, admin_conf: dict) -> tuple[DeadLetterLimit, list[str]]:
     admin = AdminClient(admin_conf)
     p = producer_bytes(producer)
     limit = DeadLetterLimit(
-        p, cfg.topics.dead_letters, describe_max_message_bytes(admin, cfg.topics.dead_letters), admin_conf
+        p,
+        cfg.topics.dead_letters,
+        describe_max_message_bytes(admin, cfg.topics.dead_letters),
+        admin_conf,
+        compressed=compresses(producer),
     )
     batch = min(p, int(producer.get("batch.size", LIBRDKAFKA_MESSAGE_MAX_BYTES)))
     warnings = check_dead_letter_topic(
@@ -297,6 +310,6 @@ def check_dead_letter_topic(
         warnings.append(
             f"dead-letter topic {limit.topic} (topics.dead_letters) has max.message.bytes={limit.topic_bytes}, below "
             f"stream.max_message_bytes ({max_message_bytes}) + {DEAD_LETTER_HEADROOM}: dead letters over "
-            f"{limit.limit - framing_bytes(limit.limit)} bytes (value and headers) go to it as excerpts"
+            f"{limit.limit - framing_bytes(limit.limit, limit.compressed)} bytes (value and headers) go to it as excerpts"
         )
     return warnings

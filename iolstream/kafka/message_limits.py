@@ -20,10 +20,18 @@ MIN_DEAD_LETTER_BYTES = 8192  # a dead-letter limit below this leaves no room fo
 RECEIVE_OVERHEAD = 512  # librdkafka: receive.message.max.bytes must exceed the fetch size by this much
 
 
-def framing_bytes(limit: int) -> int:
-    """Bytes of ``limit`` kept free for the record batch and record framing (~100 bytes) and for
-    compression, which can grow incompressible data a little (lz4: 0.4 %): 1 KiB + 1 %."""
-    return 1024 + limit // 100
+def framing_bytes(limit: int, compressed: bool = True) -> int:
+    """Bytes of ``limit`` kept free for the record batch and record framing (~100 bytes: 1 KiB kept) and, when
+    the producer compresses, for compression, which can grow incompressible data a little (lz4: 0.4 %): 1 %
+    more. Uncompressed (librdkafka's default), a dead letter of M bytes and its headers then fits M + 8,192."""
+    return 1024 + (limit // 100 if compressed else 0)
+
+
+def compresses(producer: dict) -> bool:
+    """Whether the producer settings compress record batches (``compression.type``, or its alias
+    ``compression.codec``; librdkafka's default is none)."""
+    value = producer.get("compression.type", producer.get("compression.codec", "none"))
+    return str(value).strip().lower() not in ("none", "")
 
 
 def producer_message_max_bytes(max_message_bytes: int) -> int:

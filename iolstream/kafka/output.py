@@ -19,6 +19,7 @@ from iolstream.kafka import deadletters, stalled_output
 from iolstream.kafka.clients import client_conf
 from iolstream.kafka.config import WorkerConfig
 from iolstream.kafka.errors import AccessDenied, WorkerError
+from iolstream.kafka.message_limits import compresses
 from iolstream.kafka.stalled_output import StallWatch
 from iolstream.ops.faults import crash_point
 from iolstream.stream.processor import DeadLetter, StepOutput
@@ -67,7 +68,9 @@ class Output:
         # the largest dead letter produced as it is (larger ones go as excerpts); the topic's limit is read at
         # start
         self.dead_letter_limit = deadletters.DeadLetterLimit(
-            deadletters.producer_bytes(cfg.kafka.producer), cfg.topics.dead_letters
+            deadletters.producer_bytes(cfg.kafka.producer),
+            cfg.topics.dead_letters,
+            compressed=compresses(cfg.kafka.producer),
         )
         self.reasons = deadletters.ReasonLog(cfg.topics.dead_letters)  # each reason logged once a minute
 

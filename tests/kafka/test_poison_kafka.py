@@ -222,6 +222,27 @@ def test_dead_letter_excerpt_keeps_the_first_bytes_and_says_so():
     assert deadletters.dead_letter_excerpt(b"v" * 100, headers, 100, "why") is None
 
 
+def test_a_dead_letter_of_the_largest_input_fits_the_default_topic_whole_unless_compressed():
+    """At the defaults (M = 1,040,396; the producer's and the topic's limit 1,048,588), a refused input of M bytes
+    goes whole with its headers: the 1 % kept for compression's growth (11.5 KB) is kept only when the producer
+    compresses; then the largest inputs go as excerpts, as the start-up warning says."""
+    m = 1_040_396
+    p = message_limits.producer_message_max_bytes(m)  # what the worker sets unless kafka.producer does
+    assert p == 1_048_588 and not message_limits.compresses({})
+    assert message_limits.compresses({"compression.type": "lz4"}) and message_limits.compresses(
+        {"compression.codec": "zstd"}
+    )
+    assert not message_limits.compresses({"compression.type": "none"})
+    detail = "field 'amount' is a string, not a number (row 0; " + "x" * 300 + ")"
+    headers = deadletters.dead_letter_headers(codec.BadInput("bad_field", detail), "iol.features", 11, 2**40)
+    value = b"v" * m
+    plain = deadletters.DeadLetterLimit(p, "dead", topic_bytes=1_048_588, compressed=False)
+    assert plain.fit(value, headers) == (value, headers)
+    squeezed = deadletters.DeadLetterLimit(p, "dead", topic_bytes=1_048_588, compressed=True)
+    cut, cut_headers = squeezed.fit(value, headers)
+    assert len(cut) < m and dict(cut_headers)["iolstream.truncated"] == b"true"
+
+
 @pytest.mark.kafka
 def test_start_up_check_of_the_output_topics_limits(kafka_bootstrap, kafka_topics, tmp_path):
     """A dead-letter topic too small for the headers, or for the producer's batches, stops the worker at start
