@@ -57,7 +57,15 @@ def check_id(v) -> tuple[str | None, str | None, str]:
         return str(v), None, ""
     if v is None:
         return None, "missing_id", "id is missing or null"
-    return None, "bad_schema", f"id is {json_type(v)}, not a string"
+    if (
+        t is float
+    ):  # 18.0 would be "18.0", never the "18" of its label sent as 18: refused rather than guessed
+        return (
+            None,
+            "bad_schema",
+            f"id is a number with a decimal point ({short(v)}), not a string or an integer",
+        )
+    return None, "bad_schema", f"id is {json_type(v)}, not a string or an integer"
 
 
 def check_ts(v) -> tuple[int | None, str]:
@@ -69,7 +77,7 @@ def check_ts(v) -> tuple[int | None, str]:
         return v, ""
     if t is float and 0.0 <= v <= MAX_TS_MS:  # also rejects nan
         return int(v), ""
-    return None, f"ts {short(v)} is not a time in ms (an int >= 0)"
+    return None, f"ts {short(v)} is not a time in ms (a number from 0 to 2^62; a fraction is dropped)"
 
 
 def fast_ids(ids: list) -> bool:
