@@ -253,7 +253,9 @@ class EventCodec:
 
     def _empty_why(self) -> str:
         names = ", ".join(self.field_names[:4]) + (", ..." if len(self.field_names) > 4 else "")
-        return f"none of the fields of model.features ({names}) is in the event"
+        return (
+            f"none of the fields of model.features ({names}) has a value in the event (each absent or null)"
+        )
 
     @staticmethod
     def _index(events: list, event) -> int:

@@ -130,7 +130,10 @@ def test_an_event_with_none_of_the_fields_is_refused():
     rows, dead = codec.features(b'[{"order_id": "a", "x": [1, 2]}, {"order_id": "b", "amount": 3}]')
     assert rows.ids == ["b"]
     assert [(b.reason, b.detail) for b, _ in dead] == [
-        ("missing_field", "event 0: none of the fields of model.features (amount, country) is in the event")
+        (
+            "missing_field",
+            "event 0: none of the fields of model.features (amount, country) has a value in the event (each absent or null)",
+        )
     ]
     assert codec.counts() == {"missing": {"country": 1}, "undeclared": {}}
 
