@@ -147,9 +147,8 @@ class CommitUnit:
         receipts = self.checkpoints.take_receipts()
         if receipts:
             unsent = self.receipts.unsent(receipts, self.checkpoints.last_written_ms)
-            self.session.processor.erasure.sent(
-                [r for r in receipts if r not in unsent]
-            )  # out before the restart
+            out_before = [r for r in receipts if r not in unsent]  # by the process before the restart
+            self.session.processor.erasure.sent(out_before, here=False)
             self._send_receipts(unsent)
 
     def _send_receipts(self, receipts: list[dict]) -> None:

@@ -417,11 +417,15 @@ class Erasure:
             self.retention.durable(state["retention"], now_ms)
         return list(self.sealed)  # this snapshot's, and any an earlier one named and are not out yet
 
-    def sent(self, receipts: list[dict]) -> None:
-        """``receipts`` were produced: no longer held."""
+    def sent(self, receipts: list[dict], *, here: bool = True) -> None:
+        """``receipts`` were produced: no longer held. ``here``: by this process (counted); not: by the one
+        before a restart, after the snapshot it left (they went out then, and count there)."""
         gone = {id(r) for r in receipts}
         self.sealed = [r for r in self.sealed if id(r) not in gone]
-        self.counters["receipts_out"] += sum("refused" not in r for r in receipts)  # refusals: dead letters
+        if here:
+            self.counters["receipts_out"] += sum(
+                "refused" not in r for r in receipts
+            )  # refusals: dead letters
 
     def due(self) -> list[dict]:
         """Receipts a restart from a snapshot hands out again (the ones it was the first to hold)."""

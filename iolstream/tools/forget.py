@@ -163,7 +163,7 @@ def verify(cfg, ids: list[str]) -> int:
             print(f"{path.name}: cannot be read ({exc})", file=sys.stderr)
             continue
         rows = set()
-        for key in ("join/pending_ids", "batcher/ids", "held/ids", "queue/ids"):
+        for key in ("join/pending_ids", "join/early_ids", "batcher/ids", "held/ids", "queue/ids"):
             if key in snap.arrays:
                 rows.update(str(i) for i in snap.arrays[key].tolist())
         erasure = snap.manifest.get("stream", {}).get("erasure", {})

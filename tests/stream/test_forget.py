@@ -183,6 +183,15 @@ def test_receipts_wait_for_a_snapshot_and_a_restart_from_it_finds_them_and_the_s
     kept = [i for i in range(64) if i not in (3, 60, 20)]
     labelled = [i for i in range(48) if i not in (3, 20)]  # 48..51 joined, not folded in yet
     assert_sums(again, offline_sums(again.model.config, X, y, WARMUP, kept, labelled))
+    # r3's receipt went out before the restart (the commit unit finds it on the topic): no longer held, and not
+    # counted as this process's; r60's goes out now and is
+    before = again.status()["receipts_out"]
+    r3, r60 = [r for r in again.erasure.due() if r["id"] in ("r3", "r60")]
+    again.erasure.sent([r3], here=False)
+    again.erasure.sent([r60])
+    assert again.status()["receipts_out"] == before + 1 and not {"r3", "r60"} & {
+        r["id"] for r in again.erasure.due()
+    }
 
 
 def test_a_restart_from_the_snapshot_before_the_removal_replays_it_the_same(tmp_path):
