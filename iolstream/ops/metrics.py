@@ -403,12 +403,13 @@ class Metrics:
 
 def _partition_lag(p: dict) -> int | None:
     """Messages between the consumer's position and the end of the partition (the last stable
-    offset under read_committed). Position: the next offset handed to the application, else the
-    committed offset, else the log start; None while the end is unknown."""
+    offset under read_committed). Position: the next offset handed to the application, else the next one to
+    fetch (a partition assigned at a snapshot's offset, nothing read since: a worker restarted at the end of
+    its input), else the committed offset, else the log start; None while the end is unknown."""
     end = p.get("ls_offset", -1) if p.get("ls_offset", -1) >= 0 else p.get("hi_offset", -1)
     if end < 0:
         return None
-    for key in ("app_offset", "committed_offset", "lo_offset"):
+    for key in ("app_offset", "next_offset", "committed_offset", "lo_offset"):
         if p.get(key, -1) >= 0:
             return max(0, end - p[key])
     return None

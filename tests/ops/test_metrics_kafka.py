@@ -155,6 +155,17 @@ def test_arrivals_follow_the_fifo_of_queued_rows():
         ({"ls_offset": 7, "hi_offset": 7, "app_offset": -1001, "committed_offset": -1001, "lo_offset": 3}, 4),
         ({"ls_offset": -1001, "hi_offset": -1001, "app_offset": 5}, None),  # end unknown
         ({"ls_offset": 5, "hi_offset": 5, "app_offset": 5}, 0),
+        (  # restarted at a snapshot's offsets, at the end of the input: nothing handed over, nothing committed
+            {
+                "ls_offset": 104,
+                "hi_offset": 104,
+                "app_offset": -1001,
+                "next_offset": 104,
+                "committed_offset": -1001,
+            },
+            0,
+        ),
+        ({"hi_offset": 104, "app_offset": 90, "next_offset": 104}, 14),  # fetched ahead: the application's
     ],
 )
 def test_partition_lag(stats, lag):
