@@ -378,7 +378,7 @@ def replay(args) -> int:
     )
 
     ids = row_ids(n, options)
-    repeated, scanned = ids_sent_before(target.client_conf, target.features, ids)
+    repeated, scanned = ids_sent_before(target.client_conf, target.features, ids, shape=shape)
     if repeated:
         print(
             f"iolstream produce: warning: {repeated} of the {n} ids to send ({ids[0]} .. {ids[-1]}) are in "

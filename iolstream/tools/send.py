@@ -261,6 +261,33 @@ SEEN_SCAN_MESSAGES = 20_000  # at most this many of the features topic's newest 
 SEEN_SCAN_SECONDS = 5.0
 
 
+def message_ids(value, key: bytes | None, shape=None) -> list[str]:
+    """The row ids a features message carries, as text: an array message's ``id``/``ids``, or (``shape``) each
+    named-field event's id field (a dotted path), or the message key (``id_from_key``).
+
+        >>> from iolstream.tools.plan import EventShape
+        >>> message_ids({"ids": ["r0", "r1"], "x": [[1], [2]]}, None)
+        ['r0', 'r1']
+        >>> message_ids([{"meta": {"oid": "o-1"}}, {"meta": {"oid": 7}}], None, EventShape(id_field="meta.oid"))
+        ['o-1', '7']
+    """
+    if shape is None:
+        if not isinstance(value, dict):
+            return []
+        got = value.get("ids") if isinstance(value.get("ids"), list) else [value.get("id")]
+        return [i for i in got if isinstance(i, str)]
+    if shape.id_from_key:
+        return [key.decode("utf-8", "replace")] if key else []
+    out = []
+    for event in value if isinstance(value, list) else [value]:
+        node = event
+        for part in shape.id_field.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str) or (isinstance(node, int) and not isinstance(node, bool)):
+            out.append(str(node))
+    return out
+
+
 def ids_sent_before(
     conf: dict,
     topic: str,
@@ -268,11 +295,13 @@ def ids_sent_before(
     *,
     messages: int = SEEN_SCAN_MESSAGES,
     seconds: float = SEEN_SCAN_SECONDS,
+    shape=None,
 ) -> tuple[int, int]:
     """(how many of ``ids`` are in the features ``topic`` already, how many messages were read): its newest
     ``messages`` messages (spread over its partitions), for at most ``seconds``. A worker refuses a row whose id
     it has seen (``duplicate_id``); a replay of the same data set sends the same ids unless ``--id-prefix``
-    changes them. Best effort: (0, 0) when the topic cannot be read."""
+    changes them. ``shape`` (``plan.EventShape``): the messages are named-field events, their id under its
+    field (or the message key); else array messages. Best effort: (0, 0) when the topic cannot be read."""
     import orjson
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -310,9 +339,7 @@ def ids_sent_before(
                     value = orjson.loads(msg.value())
                 except (orjson.JSONDecodeError, TypeError):
                     continue
-                if isinstance(value, dict):
-                    got = value.get("ids") if isinstance(value.get("ids"), list) else [value.get("id")]
-                    seen.update(i for i in got if isinstance(i, str) and i in wanted)
+                seen.update(i for i in message_ids(value, msg.key(), shape) if i in wanted)
         return len(seen), read
     except KafkaException:
         return 0, 0

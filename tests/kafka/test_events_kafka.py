@@ -201,7 +201,7 @@ def test_a_group_of_two_with_one_schema_holds_one_model(kafka_bootstrap, kafka_t
     assert a.status()["rows_in"] + b.status()["rows_in"] == n
 
 
-def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, tmp_path):
+def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, tmp_path, capsys):
     """A table to a running worker with no hand-written config: `schema infer` writes it, `produce --csv`
     sends the rows as named-field events (the id and label fields of the config, the ids the file's own), every
     row is predicted under its id."""
@@ -241,3 +241,6 @@ def test_schema_infer_then_produce_csv_then_run(kafka_bootstrap, kafka_topics, t
     assert (status["rows_in"], status["predictions_out"], status["dead_letters"]) == (300, 300, 0)
     predictions = [orjson.loads(v) for _, v, _, _, _ in consume_all(kafka_bootstrap, topics[2], expected=300)]
     assert {p["order_id"] for p in predictions} == {f"o-{i}" for i in range(300)}  # the file's own ids
+    capsys.readouterr()
+    assert cli.main([*args, "--quiet"]) == 0  # the same file again: its ids are on the topic, and it says so
+    assert f"300 of the 300 ids to send (o-0 .. o-299) are in {topics[0]} already" in capsys.readouterr().err
