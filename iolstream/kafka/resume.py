@@ -105,10 +105,12 @@ def mismatch(cfg: WorkerConfig, snap) -> str | None:
     """Why the worker of ``cfg`` cannot resume from ``snap`` (its model config differs in a key a restart may not
     change, or its config cannot be read), else None. ``run`` stops with this line (exit 3); ``check`` says it."""
     try:  # as this build spells it: a version-1 snapshot has no forgetting / target_scaler keys
-        saved = state_io.saved_config(snap.manifest).to_dict()
+        saved_config = state_io.saved_config(snap.manifest)
     except StateFormatError as exc:
         return f"snapshot {snap.path} cannot be restored: {exc}"
-    wanted = cfg.model.to_dict()
+    saved, wanted = saved_config.to_dict(), cfg.model.to_dict()
+    # a default spelled out is the same model: ensemble null is the task's rule (softmax, mean)
+    saved["ensemble"], wanted["ensemble"] = saved_config.ensemble_rule, cfg.model.ensemble_rule
     keys = list(wanted) + (["features"] if "features" in saved and "features" not in wanted else [])
     diff = [k for k in keys if k not in FREE_MODEL_KEYS and _jsonish(wanted.get(k)) != _jsonish(saved.get(k))]
     if not diff:
@@ -117,7 +119,7 @@ def mismatch(cfg: WorkerConfig, snap) -> str | None:
     if "features" in diff:  # a schema changes the encoded width too: the schema says what changed
         schema = cfg.model.schema
         what = (
-            schema.changes(state_io.saved_config(snap.manifest).schema)
+            schema.changes(saved_config.schema)
             if schema is not None
             else ["the saved model reads named fields, this config has no model.features"]
         )

@@ -66,6 +66,17 @@ __all__ = ["EXIT_FATAL", "EXIT_OK", "Worker", "WorkerError", "check_timing", "en
 log = logging.getLogger("iolstream.worker")
 
 
+class Compiling:
+    """What /healthz says while the kernels compile: the sets done so far, and the seconds since the compile
+    began, counted when it is read (a set can take a minute)."""
+
+    def __init__(self, total: int):
+        self.done, self.total, self.since = 0, total, time.monotonic()
+
+    def __str__(self) -> str:
+        return f"compiling the kernels ({self.done}/{self.total} sets, {time.monotonic() - self.since:.0f} s)"
+
+
 class Worker:
     """One long-running worker process around one model: the loop, and the collaborators it calls.
 
@@ -83,7 +94,7 @@ class Worker:
         self.crash_points = bool(os.environ.get(CRASH_ENV))
         self.last_tick = self.last_status = time.monotonic()
         # what the start is doing, for /healthz ("starting: ..."); None once the loop runs
-        self.starting: str | None = "loading the snapshot"
+        self.starting: str | Compiling | None = "loading the snapshot"
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.consumers_replaced = 0
         self.stop_at_end = False
@@ -209,11 +220,13 @@ class Worker:
                 kernel_warmup.COLD_COMPILE_SECONDS,
                 extra={"event": "compiling"},
             )
-        self.starting = "loading the compiled kernels"
+        compiling = Compiling(len(kernel_warmup.kernel_runs(self.processor.model.config, parallel=parallel)))
+        self.starting = compiling if cold else "loading the compiled kernels"
 
         def progress(done: int, total: int, seconds: float, compiled: int) -> None:
             if compiled:
-                self.starting = f"compiling the kernels ({done}/{total} sets, {seconds:.0f} s)"
+                compiling.done = done
+                self.starting = compiling
                 if done < total:
                     log.info(
                         "kernels: %d/%d sets ready (%.0f s)",

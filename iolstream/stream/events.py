@@ -399,6 +399,11 @@ class EventCodec:
             for kind, arr in (("missing", self.missing), ("undeclared", self.undeclared))
         }
 
+    def reset_counts(self) -> None:
+        """Counts from 0 (a seed's rows, which never came through Kafka, are not the stream's)."""
+        self.missing[:] = 0
+        self.undeclared[:] = 0
+
     def load_counts(self, counts: dict) -> None:
         """Back from ``counts`` (a snapshot's)."""
         for kind, arr in (("missing", self.missing), ("undeclared", self.undeclared)):

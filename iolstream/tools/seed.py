@@ -110,6 +110,8 @@ def main(args) -> int:
     # the seed's rows never came through Kafka and none of its predictions was emitted: the worker's counters
     # and prequential metric (the status line, the gauges) start from 0, as for a fresh model
     proc.counters.update(dict.fromkeys(proc.counters, 0))
+    if proc.events is not None:  # named fields: their missing / undeclared counts too
+        proc.events.reset_counts()
     proc.metric = PrequentialMetric(proc.metric.task, cfg.metrics.window_rows, proc.metric.m)
     manifest, arrays = proc.to_state()
     manifest["offsets"] = []  # no input consumed: the worker reads every partition from its beginning

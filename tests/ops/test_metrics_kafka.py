@@ -24,6 +24,7 @@ from worker_thread import WorkerThread
 from iolstream.core.model import EdRVFL, ModelConfig
 from iolstream.kafka.checkpoints import Checkpoint
 from iolstream.kafka.config import config_from_dict
+from iolstream.kafka.worker import Compiling
 from iolstream.ops.collector import ArrayHistogram
 from iolstream.ops.metrics import LATENCY_BUCKETS, Metrics, _Arrivals, _partition_lag
 from iolstream.stream import codec
@@ -182,9 +183,12 @@ def test_health_and_readiness_endpoints():
         metrics.starting = "waiting for the broker"
         assert get(port, "/healthz") == (503, "starting: waiting for the broker\n")
         # a first start compiling its kernels for a minute: starting, never "loop stalled"
-        w = fake_worker(connected=False, partitions=0, starting="compiling the kernels (1/4 sets, 31 s)")
+        compiling = Compiling(4)  # said from the start of the compile, its seconds counted when read
+        w = fake_worker(connected=False, partitions=0, starting=compiling)
         w.last_tick -= 60.0
         metrics.attach(w)
+        assert get(port, "/healthz") == (503, "starting: compiling the kernels (0/4 sets, 0 s)\n")
+        compiling.done, compiling.since = 1, compiling.since - 31.2
         assert get(port, "/healthz") == (503, "starting: compiling the kernels (1/4 sets, 31 s)\n")
         assert get(port, "/readyz") == (503, "starting\n")
         w.starting, w.last_tick = None, time.monotonic()  # the loop runs

@@ -104,6 +104,15 @@ def test_seed_reads_the_csv_by_the_config_schema_or_the_inferred_one(tmp_path, c
     model = load_snapshot(tmp_path / "snap")
     assert model.config.schema == load_config(config, environ={}).model.schema
     assert model.predict_batch(model.encode([{"amount": 55.0, "country": "US"}])).proba.shape == (1, 2)
+    from iolstream.core.snapshot_file import load_newest
+    from iolstream.kafka.resume import restored
+
+    cfg = load_config(config, environ={"IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": "b:9"})
+    status = restored(cfg, load_newest(tmp_path / "snap"), None).processor.status()
+    assert status["rows_in"] == 0 and status["fields"] == {
+        "missing": {},
+        "undeclared": {},
+    }  # the stream's own
     from iolstream import EdRVFLClassifier
 
     clf = EdRVFLClassifier.from_snapshot(tmp_path / "snap")  # the worker's schema: it takes events too

@@ -231,3 +231,23 @@ def test_a_seeded_worker_predicts_its_first_rows_as_the_offline_model(
     proba = np.array([got[i]["proba"] for i in ids])
     assert_allclose(proba, want.proba, rtol=1e-9, atol=1e-12)
     assert [got[i]["y_hat"] for i in ids] == list(model.predict(X_new))
+
+
+def test_a_default_spelled_out_resumes_the_same_model(tmp_path, capsys):
+    """ensemble: softmax is what ensemble: null means for classes: a worker whose config spells it out resumes
+    the snapshot (it was refused, "model.ensemble (None there, 'softmax' here)"); vote is another model."""
+    import dataclasses
+
+    from iolstream.core.snapshot_file import load_newest
+    from iolstream.kafka.resume import mismatch
+
+    X, y = data()
+    cfg_path, csv = write(tmp_path, X, y)
+    assert main(["seed", "-c", cfg_path, "--csv", csv, "--target", "label"]) == 0
+    cfg = load_config(cfg_path, environ={"IOLSTREAM_KAFKA__BOOTSTRAP_SERVERS": "b:9"})
+    snap = load_newest(tmp_path / "snapshots")
+    assert cfg.model.ensemble is None and mismatch(cfg, snap) is None
+    spelled = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, ensemble="softmax"))
+    assert mismatch(spelled, snap) is None
+    vote = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, ensemble="vote"))
+    assert "model.ensemble ('softmax' there, 'vote' here)" in mismatch(vote, snap)
