@@ -88,9 +88,15 @@ def summary(results, stream) -> None:
             notes.append(f"in force at the end, {r.name}: {force}")
     for r in results:
         if r.warmup_rows_excluded:
+            every = (
+                f": every row, the stream is shorter than the warm-up's {r.config.get('warmup_rows')} labels "
+                "(--warmup-rows sets them)"
+                if r.warmup_rows_excluded >= r.rows and r.config.get("warmup_rows")
+                else ""
+            )
             notes.append(
                 f"{r.name}: preq leaves out the first {r.warmup_rows_excluded:,} rows, predicted before the "
-                "target scaling was known (the regression warm-up; a baseline beside it, the same rows)"
+                f"target scaling was known (the regression warm-up; a baseline beside it, the same rows){every}"
             )
     compile_seconds = sum(r.compile_seconds for r in results)
     if compile_seconds:

@@ -258,6 +258,11 @@ def test_regression_reports_the_warmup_rows_left_out(capsys):
     )
     assert rc == 0 and "nan" not in out.lower()
     assert "edRVFL-F: preq leaves out the first" in out and "target scaling was known" in out
+    assert "every row" not in out
+    rc, out, _ = run(
+        capsys, "evaluate", "--dataset", "friedman", "--rows", "300", *FAST, "--mode", "ridge", "--quiet"
+    )
+    assert rc == 0 and "every row, the stream is shorter than the warm-up's 256 labels (--warmup-rows" in out
 
 
 def test_defaults_come_from_model_config(capsys):
