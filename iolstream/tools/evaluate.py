@@ -17,6 +17,7 @@ from iolstream.tools.protocol import (
     ORDERS,
     EdRVFLLearner,
     Protocol,
+    baselines_scored_from,
     make_split,
     model_config,
     plain_label,
@@ -298,10 +299,12 @@ def main(args) -> int:
     # Validate every learner before the first batch runs (a bad value fails here, not mid-run).
     split = make_split(dataset, protocol, classes=classes)
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]
+    held = 0  # a baseline beside a regression model: scored on the model's rows (``baselines_scored_from``)
     if args.baseline:
         learners += [
             make_baseline(name, split, model_config(split, "ridge", model)) for name in args.baseline
         ]
+        held = baselines_scored_from(model_config(split, "ridge", model), modes)
 
     table_stream = sys.stderr if args.json else sys.stdout
     verbose = not args.quiet  # --quiet: no progress, no curve table; the summary still (unless --json)
@@ -356,7 +359,9 @@ def main(args) -> int:
             bar.update(t, f"batch {t}/{total}")
 
         try:
-            result = run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch)
+            result = run_protocol(
+                learner, split, protocol, on_point=on_point, on_batch=on_batch, scored_from_label=held
+            )
         except np.linalg.LinAlgError as exc:  # the Gram lost positive definiteness: features ≫ λ
             raise ValueError(
                 f"{learner.name}: {exc} (the hidden features are too large for λ = {model.get('lam', defaults['lam'])}: "

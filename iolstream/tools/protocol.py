@@ -425,6 +425,15 @@ def _fixed_fields(split: Split) -> tuple:
     return tuple(out)
 
 
+def baselines_scored_from(config, modes) -> int:
+    """``run_protocol``'s ``scored_from_label`` for the baselines beside the models of ``modes`` (``config``: one
+    of them): the labels a regression model holds for its target scaling, its rows before them left out of its
+    prequential metric and so of theirs; 0 without a model beside them or without that warm-up."""
+    if modes and config.task == "regression" and config.target_scaler == "warmup":
+        return config.warmup_rows
+    return 0
+
+
 def evaluate(
     dataset: Dataset,
     *,
@@ -440,12 +449,11 @@ def evaluate(
     protocol = protocol or Protocol()
     split = make_split(dataset, protocol, classes=classes)
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]  # validate all first
-    held = 0  # the labels the models hold for their target scaling: the baselines are scored from there too
+    held = 0
     if baselines:
         config = model_config(split, "ridge", model)
         learners += [make_baseline(name, split, config) for name in baselines]
-        if modes and config.task == "regression" and config.target_scaler == "warmup":
-            held = config.warmup_rows
+        held = baselines_scored_from(config, modes)
     return [
         run_protocol(learner, split, protocol, on_point=on_point, on_batch=on_batch, scored_from_label=held)
         for learner in learners
@@ -463,5 +471,6 @@ __all__ = [
     "make_split",
     "model_config",
     "run_protocol",
+    "baselines_scored_from",
     "time_points",
 ]

@@ -263,6 +263,20 @@ def test_regression_reports_the_warmup_rows_left_out(capsys):
         capsys, "evaluate", "--dataset", "friedman", "--rows", "300", *FAST, "--mode", "ridge", "--quiet"
     )
     assert rc == 0 and "every row, the stream is shorter than the warm-up's 256 labels (--warmup-rows" in out
+    args = [
+        "--dataset",
+        "friedman",
+        "--rows",
+        "1200",
+        *FAST,
+        "--mode",
+        "ridge",
+        "--baseline",
+        "river-softmax",
+    ]
+    rc, out, _ = run(capsys, "evaluate", *args, "--json", "--quiet")
+    ridge, river = (json.loads(line) for line in out.splitlines())
+    assert rc == 0 and ridge["warmup_rows_excluded"] == river["warmup_rows_excluded"] > 0  # the same rows
 
 
 def test_defaults_come_from_model_config(capsys):
