@@ -9,9 +9,8 @@ size. Three limits decide whether a dead letter can be written as it is:
   broker refuses a larger record batch (after compression).
 
 A dead letter whose value and headers do not fit ``min(P, D)`` less ``framing_bytes`` (1 KiB, and 1 % more when
-the producer compresses) is produced as
-an excerpt (``dead_letter_excerpt``): its first bytes, with headers naming the original size
-and why it was cut. Sizes are decided before producing, so an excerpt never enters an exactly-once
+the producer compresses) is produced as an excerpt (``dead_letter_excerpt``): its first bytes, with headers
+naming the original size and why it was cut. Sizes are decided before producing, so an excerpt never enters an exactly-once
 transaction in a form the broker refuses (a refused record fails the whole transaction).
 
 Start-up checks (``message_limits.check_producer_limits`` when the config loads, ``check_dead_letter_topic`` when the

@@ -422,10 +422,8 @@ class Erasure:
         before a restart, after the snapshot it left (they went out then, and count there)."""
         gone = {id(r) for r in receipts}
         self.sealed = [r for r in self.sealed if id(r) not in gone]
-        if here:
-            self.counters["receipts_out"] += sum(
-                "refused" not in r for r in receipts
-            )  # refusals: dead letters
+        if here:  # refusals are dead letters, not receipts
+            self.counters["receipts_out"] += sum("refused" not in r for r in receipts)
 
     def due(self) -> list[dict]:
         """Receipts a restart from a snapshot hands out again (the ones it was the first to hold)."""

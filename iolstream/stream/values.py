@@ -57,14 +57,9 @@ def check_id(v) -> tuple[str | None, str | None, str]:
         return str(v), None, ""
     if v is None:
         return None, "missing_id", "id is missing or null"
-    if (
-        t is float
-    ):  # 18.0 would be "18.0", never the "18" of its label sent as 18: refused rather than guessed
-        return (
-            None,
-            "bad_schema",
-            f"id is a number with a decimal point ({short(v)}), not a string or an integer",
-        )
+    if t is float:  # 18.0 would be "18.0", never the "18" of its label sent as 18: refused, not guessed
+        why = f"id is a number with a decimal point ({short(v)}), not a string or an integer"
+        return None, "bad_schema", why
     return None, "bad_schema", f"id is {json_type(v)}, not a string or an integer"
 
 
