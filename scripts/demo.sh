@@ -4,7 +4,8 @@
 #   1. starts the local Kafka broker (scripts/kafka.sh) unless one is running on $KAFKA_PORT;
 #   2. runs the worker (`iolstream run -c config/worker.yaml`) in the background, on topics,
 #      a consumer group and a snapshot dir of its own (IOLSTREAM_* overrides, see config.py);
-#   3. replays the `segment` stream (or $DATASET) with `iolstream produce` (shuffled, labels 50 rows late, a few
+#   3. once the worker has its compiled kernels (a fresh clone's first start compiles them: about a minute),
+#      replays the `segment` stream (or $DATASET) with `iolstream produce` (shuffled, labels 50 rows late, a few
 #      out of order, duplicated or never sent), creating the topics, and follows the predictions:
 #      live rows and prequential accuracy of -F;
 #   4. writes the learning curve of the worker's predictions (joined with the true labels);
@@ -142,6 +143,28 @@ else
         WORKER_PIDS+=($!)
         echo "member demo-$i: pid $!, metrics http://127.0.0.1:${PORTS[$((i - 1))]}/metrics, log $OUT/worker-$i.log"
     done
+fi
+
+# The first start of a fresh clone compiles the worker's kernels (about a minute, longer on a busy machine): the
+# replay starts once every worker has them, so that --follow waits for predictions, not for a compiler.
+wait_for_kernels() {  # log pid: until the worker's log says its kernels are loaded or compiled
+    local waited=0
+    until grep -qE "kernels (loaded|compiled)" "$1" 2>/dev/null; do
+        if ! kill -0 "$2" 2>/dev/null; then
+            echo "demo: the worker (pid $2) stopped before it was ready: $1" >&2
+            tail -n 20 "$1" >&2
+            exit 1
+        fi
+        if [ "$waited" = 5 ]; then echo "waiting for the worker's kernels (a first start compiles them: about a minute)"; fi
+        if [ "$waited" -ge 900 ]; then echo "demo: the worker was not ready after 900 s: $1" >&2; exit 1; fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+}
+if [ "$WORKERS" = 1 ]; then
+    wait_for_kernels "$OUT/worker.log" "$WORKER_PID"
+else
+    for i in $(seq 1 "$WORKERS"); do wait_for_kernels "$OUT/worker-$i.log" "${WORKER_PIDS[$((i - 1))]}"; done
 fi
 
 say "producer: $DATASET at $RATE rows/s; labels 50 rows late, shuffled within 20 rows, 3 % sent twice, 2 % never"
