@@ -390,4 +390,21 @@ def model_digest(config, candidates: list[tuple] | None = None, modes: list[str]
         described["candidate_grid"] = [[lam, h] for lam, h in candidates]
         if modes is not None and config.mode == "auto":  # -F and -R candidates: each one's mode too
             described["candidate_modes"] = list(modes)
+    described = _spelled_once(described)
     return hashlib.sha256(orjson.dumps(described, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _spelled_once(value):
+    """``value`` with every whole float as the integer it is: YAML's ``lam: 1`` and ``forgetting: 1000`` are
+    ints in a fresh model and floats in one restored from a snapshot (``core.state_io``), the same model.
+
+        >>> _spelled_once({"lam": 1.0, "grid": [[0.5, 1000.0], [5, None]], "flag": True})
+        {'lam': 1, 'grid': [[0.5, 1000], [5, None]], 'flag': True}
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _spelled_once(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_spelled_once(v) for v in value]
+    return value

@@ -353,3 +353,28 @@ def test_members_agree_on_the_calibration_and_the_class_counts(forgetting):
         np.testing.assert_allclose(
             m.predict_batch(x[:50]).proba, first.predict_batch(x[:50]).proba, rtol=1e-7
         )
+
+
+@pytest.mark.parametrize("settings", [{"lam": 1}, {"forgetting": 1000}, {"lam": 1, "forgetting": 1000.0}])
+def test_a_member_restored_from_its_snapshot_has_the_digest_it_had(settings):
+    """YAML's ``lam: 1`` or ``forgetting: 1000`` is an int in a fresh model and a float in one restored from a
+    snapshot: the same model, one digest (it was another after any restart, and the group split in two models,
+    each member skipping the other's sums)."""
+    from iolstream.stream.config import StreamConfig
+    from iolstream.stream.group import model_digest
+    from iolstream.stream.processor import StreamProcessor
+
+    def digest(model):
+        return model_digest(model.config, model.candidates, model.modes)
+
+    fresh = StreamProcessor(
+        EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, **settings)), StreamConfig()
+    )
+    restored = StreamProcessor.from_state(*fresh.to_state(), StreamConfig())
+    assert digest(restored.model) == digest(fresh.model)
+    spelled = {k: float(v) for k, v in settings.items()}  # 1.0 and 1000.0 in another member's YAML
+    assert digest(EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, **spelled))) == digest(
+        fresh.model
+    )
+    other = EdRVFL(ModelConfig(n_inputs=3, classes=(0, 1), n_nodes=8, **{**settings, "lam": 2}))
+    assert digest(other) != digest(fresh.model)
