@@ -6,7 +6,8 @@ are those of ``kafka.required_acls.worker_acls``. Every probe writes nothing int
     topics               DescribeTopics with the principal's authorised operations: each topic exists (a
                          missing one: CreateTopics with validate_only when topics.create is on, nothing
                          created) and the principal may Read the inputs and Write the outputs
-    partition counts     the features and labels topics have the same
+    partition counts     the features and labels topics have the same (at start: a group refuses to run
+                         without, a single worker warns)
     output configs       DescribeConfigs of the predictions and dead-letter topics (their max.message.bytes;
                          a worker refused it runs without knowing the limits: a warning)
     the groups           its description (DescribeGroups) and Read on it (the principal's authorised
@@ -326,6 +327,7 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
             return {}
         access = Access(cfg, conf, timeout)
         findings = access.at_start()
+        counts = access.check_partition_counts()
         ids = access.topic_ids()
     for finding in findings:
         if finding.refused:
@@ -335,6 +337,17 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
             raise WorkerError(f"{finding.what}: {finding.line}")
         if finding.warning and getattr(finding.line, "refusal", False):
             log.warning("%s: %s", finding.what, finding.line, extra={"event": "access"})
+    if (
+        not counts.ok
+    ):  # a group routes a label to the member of its partition number: it would never meet its row
+        if cfg.group.enabled:
+            raise WorkerError(f"{counts.what}: {counts.line}")
+        log.warning(  # one worker holds every partition and joins a label to its row wherever they are
+            "%s: %s (one worker joins them all the same; a group of workers would lose labels)",
+            counts.what,
+            counts.line,
+            extra={"event": "access"},
+        )
     return ids
 
 

@@ -180,6 +180,34 @@ def test_check_features_and_labels_with_different_partition_counts_exit_3(
     assert f"{features} has 3 partitions" in line and f"{others[0]} has 1" in line
 
 
+def test_a_group_refuses_to_start_on_features_and_labels_of_different_partition_counts(
+    tmp_path, kafka_bootstrap, kafka_topics, caplog
+):
+    """A group routes a label to the member of its partition number: with 4 features and 3 labels partitions
+    about half the labels never met their rows, and `run` said nothing where `check` failed. A group now stops
+    at start with `check`'s line (exit 3); a single worker, which joins them all, warns."""
+    import logging
+
+    from iolstream.kafka import access_probes
+    from iolstream.kafka.clients import client_conf
+    from iolstream.kafka.config import load_config
+    from iolstream.kafka.errors import WorkerError
+
+    features = kafka_topics("f", partitions=4)[0]
+    labels = kafka_topics("l", partitions=3)[0]
+    names = [features, labels, *kafka_topics("p", "d")]
+    group = {"enabled": True, "member_id": "m1"}
+    deltas = {"model_deltas": f"{features}.deltas"}
+    cfg = load_config(write_config(tmp_path, kafka_bootstrap, names, group=group, topics=deltas), environ={})
+    log = logging.getLogger("iolstream.test")
+    with pytest.raises(WorkerError, match=rf"partition counts: features topic {features} has 4 partitions"):
+        access_probes.startup(cfg, client_conf(cfg), log)
+    single = load_config(write_config(tmp_path, kafka_bootstrap, names), environ={})
+    with caplog.at_level(logging.WARNING, logger="iolstream.test"):
+        access_probes.startup(single, client_conf(single), log)
+    assert "labels topic" in caplog.text and "one worker joins them all the same" in caplog.text
+
+
 def test_check_missing_topics_without_topics_create_exit_3(tmp_path, kafka_bootstrap):
     names = [f"missing-{unique_group(s)}" for s in "flpd"]
     cfg = write_config(tmp_path, kafka_bootstrap, names, topics={"create": False})
