@@ -64,6 +64,25 @@ from iolstream.stream.outputs import StepOutput
 
 __all__ = ["EXIT_FATAL", "EXIT_OK", "Worker", "WorkerError", "check_timing", "ensure_topics"]
 log = logging.getLogger("iolstream.worker")
+# fenced this often within the window by a consumer with our group.instance.id: another live worker has our id
+# (an outage longer than the session timeout fences a stale member once, and the new consumer joins)
+FENCED_TIMES, FENCED_WINDOW_SECONDS = 3, 300.0
+
+
+def fenced_by_our_instance_id(err: KafkaError) -> bool:
+    """Whether the consumer's fatal error is the broker fencing it for another consumer with its group.instance.id
+    (FENCED_INSTANCE_ID; librdkafka reports it as _FATAL, the cause in the text).
+
+        >>> fenced_by_our_instance_id(KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer "
+        ...     "fenced by other consumer with same group.instance.id"))
+        True
+        >>> fenced_by_our_instance_id(KafkaError(KafkaError._FATAL, "Fatal error: out of memory"))
+        False
+    """
+    if err.code() == KafkaError.FENCED_INSTANCE_ID:
+        return True
+    text = err.str()
+    return err.code() == KafkaError._FATAL and "fenced" in text.lower() and "group.instance.id" in text
 
 
 class Compiling:
@@ -97,6 +116,7 @@ class Worker:
         self.starting: str | Compiling | None = "loading the snapshot"
         self.fatal_error: KafkaError | None = None  # reported by librdkafka's error callback
         self.consumers_replaced = 0
+        self.fenced_at: list[float] = []  # when another consumer with our group.instance.id fenced ours
         self.stop_at_end = False
         self.call_timeout = cfg.kafka.call_timeout_seconds
         self.calls = ClientCalls(on_wait=self._waiting, faults=self.crash_points)
@@ -277,6 +297,18 @@ class Worker:
         fenced our static member, FENCED_INSTANCE_ID): drop its partitions and queued input, close it, start a
         new one (its assignment seeks to the state's positions). Exactly-once, the open transaction belonged
         to the old consumer's group generation: the producer is replaced and the model rolled back first."""
+        if fenced_by_our_instance_id(err):
+            now = time.monotonic()
+            self.fenced_at = [t for t in self.fenced_at if now - t < FENCED_WINDOW_SECONDS] + [now]
+            if (
+                len(self.fenced_at) >= FENCED_TIMES
+            ):  # not an outage's stale member: another one, live, fences us
+                raise WorkerError(
+                    f"the consumer was fenced {len(self.fenced_at)} times in {FENCED_WINDOW_SECONDS:.0f} s by another "
+                    f"consumer of group {self.cfg.kafka.group_id!r} with the same group.instance.id "
+                    f"({self.cfg.transactional_id!r}): another worker runs with this member id "
+                    "(group.member_id, or durability.transactional_id): give each worker its own"
+                )
         log.warning(
             "the consumer failed fatally (%s): replacing it", err.str(), extra={"event": "consumer_replaced"}
         )

@@ -251,3 +251,48 @@ def test_a_first_start_says_it_compiles_and_healthz_says_starting(tmp_path, kafk
     again = iolstream("run", "-c", str(cfg), "--stop-at-end", "--max-seconds", "120", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "kernels loaded in" in again.stderr and "nothing cached there yet" not in again.stderr
+
+
+@pytest.mark.kafka
+def test_two_workers_with_one_member_id_stop_one_of_them_naming_it(
+    tmp_path, kafka_bootstrap, kafka_topics, caplog
+):
+    """Two live workers with the same group.instance.id (a member id copied to a second deployment) fence each
+    other's consumers for ever, each replacing its own and predicting every row again. Fenced three times within
+    five minutes, a worker stops (exit 3) with a line naming the id; the other goes on alone."""
+    from worker_thread import WorkerThread
+
+    from iolstream.kafka.config import config_from_dict
+
+    names = kafka_topics("f", "l", "p", "d")
+    group = unique_group("same-id")
+
+    def cfg(i: int):
+        raw = {
+            "model": {"n_inputs": 3, "classes": [0, 1], "n_nodes": 8},
+            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group},
+            "durability": {"transactional_id": f"{group}-copied"},
+            "topics": dict(zip(["features", "labels", "predictions", "dead_letters"], names)),
+            "metrics": {"port": 0},
+            "snapshot": {"dir": str(tmp_path / f"snap-{i}")},
+        }
+        return config_from_dict(raw, environ={})
+
+    a, b = WorkerThread(cfg(0)).start(), WorkerThread(cfg(1)).start()
+    try:
+        deadline = time.monotonic() + 240
+        while a.thread.is_alive() and b.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        stopped = [w for w in (a, b) if not w.thread.is_alive()]
+        assert len(stopped) == 1, "neither stopped: they fence each other for ever"
+        assert stopped[0].exit_code == 3
+        assert (
+            f"same group.instance.id ('{group}-copied'): another worker runs with this member id"
+            in caplog.text
+        )
+        survivor = b if stopped[0] is a else a
+        survivor.wait_assigned(2)  # the other goes on, alone in the group
+    finally:
+        for w in (a, b):
+            if w.thread.is_alive():
+                w.stop()
