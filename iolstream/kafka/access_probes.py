@@ -337,9 +337,8 @@ def startup(cfg: WorkerConfig, conf: dict, log: logging.Logger, timeout: float =
             raise WorkerError(f"{finding.what}: {finding.line}")
         if finding.warning and getattr(finding.line, "refusal", False):
             log.warning("%s: %s", finding.what, finding.line, extra={"event": "access"})
-    if (
-        not counts.ok
-    ):  # a group routes a label to the member of its partition number: it would never meet its row
+    # a group routes a label to the member of its partition number: there it would never meet its row
+    if not counts.ok:
         if cfg.group.enabled:
             raise WorkerError(f"{counts.what}: {counts.line}")
         log.warning(  # one worker holds every partition and joins a label to its row wherever they are

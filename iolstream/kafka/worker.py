@@ -300,9 +300,7 @@ class Worker:
         if fenced_by_our_instance_id(err):
             now = time.monotonic()
             self.fenced_at = [t for t in self.fenced_at if now - t < FENCED_WINDOW_SECONDS] + [now]
-            if (
-                len(self.fenced_at) >= FENCED_TIMES
-            ):  # not an outage's stale member: another one, live, fences us
+            if len(self.fenced_at) >= FENCED_TIMES:  # not an outage's stale member: a live one fences us
                 raise WorkerError(
                     f"the consumer was fenced {len(self.fenced_at)} times in {FENCED_WINDOW_SECONDS:.0f} s by another "
                     f"consumer of group {self.cfg.kafka.group_id!r} with the same group.instance.id "
