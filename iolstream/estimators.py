@@ -151,7 +151,9 @@ class _EdRVFLBase(BaseEstimator):
             self.n_features_in_ = len(self.schema_.fields)
         elif getattr(self, "schema_", None) is None:
             return None
-        records = _named_records(X, self.schema_)
+        else:
+            table = _table(X)
+        records = _named_records(X, table, self.schema_)
         out = RecordEncoder(self.schema_).encode(records)
         if out.refused:
             i, reason, detail = out.refused[0]
@@ -469,10 +471,9 @@ def _events(X) -> list[dict] | None:
     return None
 
 
-def _named_records(X, schema: FeatureSchema) -> list[dict]:
-    """The records ``schema`` encodes: a DataFrame's rows typed as a table's (every field of the schema must be
-    a column), or the events of a list of dicts as they are."""
-    table = _table(X)
+def _named_records(X, table: dict | None, schema: FeatureSchema) -> list[dict]:
+    """The records ``schema`` encodes: a DataFrame's rows (``table``, as ``_table`` read them) typed as a table's
+    (every field of the schema must be a column), or the events of a list of dicts as they are."""
     if table is not None:
         missing = [f.name for f in schema.fields if f.name not in table]
         if missing:

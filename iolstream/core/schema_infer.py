@@ -86,16 +86,13 @@ def as_boolean(value) -> bool | None:
 def reads_as_number(value) -> bool:
     """Whether an example value is a number, finite or not, or a text that reads as one: its column is a number
     field (an infinite value is then refused by the encoder with its row, not taken for a category)."""
-    return as_number(value) is not None or (
-        not isinstance(value, (bool, np.bool_)) and not math.isfinite(_float_or_zero(value))
-    )
-
-
-def _float_or_zero(value) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        return False
     try:
-        return float(value.strip() if isinstance(value, str) else value)
+        float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
-        return 0.0
+        return False
+    return True
 
 
 def infer_field(

@@ -301,10 +301,9 @@ def main(args) -> int:
     learners = [EdRVFLLearner(model_config(split, mode, model)) for mode in modes]
     held = 0  # a baseline beside a regression model: scored on the model's rows (``baselines_scored_from``)
     if args.baseline:
-        learners += [
-            make_baseline(name, split, model_config(split, "ridge", model)) for name in args.baseline
-        ]
-        held = baselines_scored_from(model_config(split, "ridge", model), modes)
+        config = model_config(split, "ridge", model)
+        learners += [make_baseline(name, split, config) for name in args.baseline]
+        held = baselines_scored_from(config, modes)
 
     table_stream = sys.stderr if args.json else sys.stdout
     verbose = not args.quiet  # --quiet: no progress, no curve table; the summary still (unless --json)
