@@ -610,6 +610,10 @@ def test_rebalance_keeps_offsets_behind_the_state(tmp_path, kafka_bootstrap, kaf
         )
         other.subscribe([features, labels])
         wait_for(log_path, r"assigned ", count=2, poll=lambda: other.poll(0.1))
+        # the worker may log its new assignment before the other consumer's poll has delivered its own
+        deadline = time.monotonic() + 30
+        while not other.assignment() and time.monotonic() < deadline:
+            other.poll(0.1)
         assert other.assignment(), "the second member got no partitions"
         for _ in range(10):  # it reads for a while, and commits nothing
             other.poll(0.1)
